@@ -94,6 +94,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.warmup_epochs = 1.5
   config.optimizer.grad_clip_norm = 1.0
   config.optimizer.frozen = ()
+  config.optimizer.lr_multipliers = ()  # ((path regex, factor), ...): per-tower learning rates
 
   config.train = ml_collections.ConfigDict()
   config.train.batch_size = 256

@@ -61,6 +61,29 @@ def test_grad_clipping():
   np.testing.assert_allclose(u["w"], [-0.6, -0.8], rtol=1e-6)
 
 
+def test_lr_multipliers_scale_adamw_steps_per_path_by_hand():
+  """First matching regex wins; the decoupled decay is scaled with the step (per-group lr)."""
+  config = opt_config(name="adamw", schedule="constant", warmup_epochs=None,
+                      learning_rate=0.1, weight_decay=0.5,
+                      lr_multipliers=((r"^video/", 10.0), (r"^video/|^text/", 0.25)))
+  tx, _ = optimizers.make_optimizer(config, total_steps=10, steps_per_epoch=1)
+  p = {"video": {"w": jnp.array([2.0])}, "text": {"w": jnp.array([2.0])},
+       "proj": {"w": jnp.array([2.0])}}
+  g = jax.tree.map(lambda x: jnp.array([0.3]), p)
+  u, _ = tx.update(g, tx.init(p), p)
+  # Adam's first step is lr * g/|g| = lr (bias-corrected, eps ~ 0); decay adds lr * wd * p.
+  base = -0.1 * (1.0 + 0.5 * 2.0)
+  np.testing.assert_allclose(u["video"]["w"], [10.0 * base], rtol=1e-5)
+  np.testing.assert_allclose(u["text"]["w"], [0.25 * base], rtol=1e-5)
+  np.testing.assert_allclose(u["proj"]["w"], [base], rtol=1e-5)
+  with pytest.raises(ValueError, match="matches no trainable parameter"):
+    bad = opt_config(lr_multipliers=((r"^audio/", 2.0),))
+    optimizers.make_optimizer(bad, total_steps=10, steps_per_epoch=1)[0].init(p)
+  with pytest.raises(ValueError, match="pairs"):
+    optimizers.make_optimizer(opt_config(lr_multipliers=((r"^video/",),)), total_steps=10,
+                              steps_per_epoch=1)
+
+
 def test_frozen_parameters_get_no_gradient_no_state_no_update():
   params = {"text": {"encoderblock_0": {"k": jnp.ones(3)}, "encoderblock_1": {"k": jnp.ones(3)}},
             "video": {"k": jnp.ones(2)}}

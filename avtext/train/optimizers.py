@@ -8,6 +8,10 @@
     optimizer.grad_clip_norm: global-norm clipping when > 0
     optimizer.frozen: regexes over parameter paths ("text/encoderblock_0/...")
         that are neither differentiated nor updated (see `split_frozen`)
+    optimizer.lr_multipliers: ((regex, factor), ...); a parameter's update
+        (the whole step, weight decay included, as a per-group learning rate
+        in other frameworks) is scaled by the factor of the first regex that
+        matches its path; unmatched parameters use 1
 """
 import re
 from typing import Any, Callable
@@ -89,6 +93,47 @@ def merge_frozen(trainable: Any, frozen: Any) -> Any:
                       is_leaf=lambda x: x is None)
 
 
+def _parse_multipliers(pairs) -> list[tuple[str, re.Pattern, float]]:
+  parsed = []
+  for pair in pairs or ():
+    if len(pair) != 2:
+      raise ValueError(f"config.optimizer.lr_multipliers: expected (regex, factor) pairs, "
+                       f"got {pair!r}")
+    pattern, factor = pair
+    if not float(factor) >= 0:
+      raise ValueError(f"config.optimizer.lr_multipliers: factor for {pattern!r} must be "
+                       f">= 0, got {factor!r}")
+    parsed.append((pattern, re.compile(pattern), float(factor)))
+  return parsed
+
+
+def scale_by_path(pairs) -> optax.GradientTransformation:
+  """Multiplies each update by the factor of the first matching (regex, factor) pair.
+
+  The factors are resolved from parameter paths at trace time, so this keeps no
+  state; `init` checks that every regex matches some parameter.
+  """
+  parsed = _parse_multipliers(pairs)
+
+  def factor(path) -> float:
+    name = _path_name(path)
+    return next((f for _, r, f in parsed if r.search(name)), 1.0)
+
+  def init_fn(params):
+    names = [_path_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    for pattern, regex, _ in parsed:
+      if not any(regex.search(n) for n in names):
+        raise ValueError(f"config.optimizer.lr_multipliers: {pattern!r} matches no "
+                         "trainable parameter")
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(lambda p, u: u * factor(p), updates), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
 def make_optimizer(opt: ml_collections.ConfigDict, *, total_steps: int,
                    steps_per_epoch: int) -> tuple[optax.GradientTransformation, Callable]:
   """Returns (transformation, schedule); the schedule is logged as `lr`.
@@ -97,6 +142,8 @@ def make_optimizer(opt: ml_collections.ConfigDict, *, total_steps: int,
   """
   schedule = learning_rate_schedule(opt, total_steps, steps_per_epoch)
   tx = _base(opt, schedule)
+  if opt.get("lr_multipliers"):
+    tx = optax.chain(tx, scale_by_path(opt.lr_multipliers))
   if opt.get("grad_clip_norm"):
     tx = optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), tx)
   return tx, schedule
