@@ -68,11 +68,16 @@ def frozen_mask(params: Any, patterns) -> Any:
   compiled = [re.compile(p) for p in patterns]
   mask = jax.tree_util.tree_map_with_path(
       lambda path, _: any(r.search(_path_name(path)) for r in compiled), params)
-  for pattern, regex in zip(patterns, compiled):
-    if not any(regex.search(_path_name(path)) for path, _ in
-               jax.tree_util.tree_flatten_with_path(params)[0]):
-      raise ValueError(f"config.optimizer.frozen: {pattern!r} matches no parameter")
+  _require_matches(params, zip(patterns, compiled), "config.optimizer.frozen", "parameter")
   return mask
+
+
+def _require_matches(params: Any, named_regexes, field: str, what: str) -> None:
+  """Raises naming `field` if some (pattern, regex) matches no parameter path."""
+  names = [_path_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  for pattern, regex in named_regexes:
+    if not any(regex.search(n) for n in names):
+      raise ValueError(f"{field}: {pattern!r} matches no {what}")
 
 
 def split_frozen(params: Any, mask: Any) -> tuple[Any, Any]:
@@ -120,11 +125,8 @@ def scale_by_path(pairs) -> optax.GradientTransformation:
     return next((f for _, r, f in parsed if r.search(name)), 1.0)
 
   def init_fn(params):
-    names = [_path_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    for pattern, regex, _ in parsed:
-      if not any(regex.search(n) for n in names):
-        raise ValueError(f"config.optimizer.lr_multipliers: {pattern!r} matches no "
-                         "trainable parameter")
+    _require_matches(params, [(p, r) for p, r, _ in parsed], "config.optimizer.lr_multipliers",
+                     "trainable parameter")
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
