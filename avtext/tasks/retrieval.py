@@ -86,6 +86,7 @@ class AVRTask(registry.Task):
     vocab = config.data.get("vocab") or (
         weights / "vocab.txt" if weights is not None else assets.minilm_l6_dir() / "vocab.txt")
     self.tokenizer = preprocessing.Tokenizer(vocab, max_len=config.data.max_text_len)
+    self._encode_cache = (None, None)  # (mesh, jitted encoder), see _encode_fn
 
   @property
   def model(self) -> dual_encoder.DualEncoder:
@@ -158,7 +159,7 @@ class AVRTask(registry.Task):
 
   def _encode_fn(self, mesh):
     """jit(params, batch) -> (text [B, D], video [B, K, D]); compiled once per mesh."""
-    if getattr(self, "_encode_cache", (None,))[0] is not mesh:
+    if self._encode_cache[0] is not mesh:
       model, shard = self._model, partitioning.data_sharding(mesh)
 
       def encode(params, batch):

@@ -32,4 +32,3 @@ def minilm_l6_dir() -> pathlib.Path:
   WordPiece vocabulary; the demo text tower.
   """
   return _dist_dir_containing(MINILM_DIST, "model.safetensors")
-
