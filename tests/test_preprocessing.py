@@ -9,6 +9,9 @@ from the BERT paper's description, reading ids straight from vocab.txt.
 import math
 import pickle
 import re
+import subprocess
+import sys
+import textwrap
 import unicodedata
 
 import hypothesis
@@ -447,3 +450,33 @@ def test_tokenizer_pickles_before_and_after_use(bert_vocab_path):
     for key in ("input_ids", "attention_mask"):
       np.testing.assert_array_equal(other(texts)[key], first[key])
   assert tok.vocab_size == 30522
+
+
+def test_tokenizer_first_use_from_many_threads(bert_vocab_path):
+  """grain's reader threads tokenize at once on a fresh tokenizer: every call must work.
+
+  Run in a fresh interpreter, where transformers is not imported yet; its lazy
+  module import used to fail in all but one thread.
+  """
+  script = textwrap.dedent(f"""
+      import sys, threading
+      from avtext.data import preprocessing
+      assert "transformers" not in sys.modules
+      tok = preprocessing.Tokenizer({str(bert_vocab_path)!r}, max_len=8)
+      out, errors = [], []
+      def work():
+        try:
+          out.append(tok("a red circle")["input_ids"].tolist())
+        except Exception as e:  # reported below
+          errors.append(repr(e))
+      threads = [threading.Thread(target=work) for _ in range(8)]
+      for t in threads:
+        t.start()
+      for t in threads:
+        t.join()
+      print(len(out), len(set(map(tuple, out))), errors[:1])
+      """)
+  run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert run.stdout.split()[:2] == ["8", "1"], run.stdout

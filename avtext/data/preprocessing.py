@@ -18,6 +18,7 @@ The conventions follow VideoCC (Nagrani et al. 2022):
 import functools
 import math
 import pathlib
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -41,6 +42,7 @@ UPPER_EDGE_HZ = 7600.0
 LOG_OFFSET = 1e-6
 
 _FRAMES_PER_BLOCK = 256  # log-mel frames transformed at a time
+_TOKENIZER_LOCK = threading.Lock()  # see Tokenizer.backend
 
 # ViT/MBT "zero centring": pixels in [0, 1] map to [-1, 1].
 IMAGE_MEAN = (0.5, 0.5, 0.5)
@@ -543,15 +545,18 @@ class Tokenizer:
   @property
   def backend(self):
     """The `tokenizers.Tokenizer` doing the work, padding/cropping to max_len."""
-    if self._backend is None:
-      import transformers  # slow import, and only needed where text is tokenized
-      hf = transformers.BertTokenizerFast(vocab_file=str(self.vocab_path),
-                                          do_lower_case=self.lowercase)
-      backend = hf.backend_tokenizer
-      backend.enable_truncation(max_length=self.max_len)
-      backend.enable_padding(length=self.max_len, pad_id=hf.pad_token_id,
-                             pad_token=hf.pad_token)
-      self._backend = backend
+    # grain's reader threads reach this at the same time on a fresh tokenizer;
+    # transformers' lazy module import is not thread-safe, so build under a lock.
+    with _TOKENIZER_LOCK:
+      if self._backend is None:
+        import transformers  # slow import, and only needed where text is tokenized
+        hf = transformers.BertTokenizerFast(vocab_file=str(self.vocab_path),
+                                            do_lower_case=self.lowercase)
+        backend = hf.backend_tokenizer
+        backend.enable_truncation(max_length=self.max_len)
+        backend.enable_padding(length=self.max_len, pad_id=hf.pad_token_id,
+                               pad_token=hf.pad_token)
+        self._backend = backend
     return self._backend
 
   @property
