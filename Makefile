@@ -23,8 +23,12 @@ $(STAMP): requirements.lock requirements-dev.txt requirements-assets.txt setup.p
 	$(PY) -c "import avtext, jax, flax, optax, orbax.checkpoint, grain, clu, transformers, tensorflow_datasets; from avtext.weights.assets import minilm_l6_dir; minilm_l6_dir()"
 	@touch $(STAMP)
 
+# Two stages: pretrain the RGB tower (VideoCC starts from a pretrained ViT),
+# then train AVR from it. Re-running resumes or reuses finished stages.
 demo: $(STAMP)
-	$(PY) -m avtext.main --config=configs/videocc_avr.py:demo --workdir=$(WORKDIR)
+	$(PY) -m avtext.main --config=configs/synthetic_video_pretrain.py --workdir=$(WORKDIR)/video_pretrain
+	$(PY) -m avtext.main --config=configs/videocc_avr.py:demo --workdir=$(WORKDIR)/avr \
+	  --config.init_from.workdir=$(WORKDIR)/video_pretrain
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

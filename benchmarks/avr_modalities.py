@@ -2,8 +2,11 @@ r"""A+V vs V-only vs A-only AVR on the synthetic test split (issue: BENCHMARKS.m
 
     .venv/bin/python benchmarks/avr_modalities.py [--workdir_root=workdirs/bench_modalities]
 
-Trains the `configs/videocc_avr.py:demo` setup three times (modalities
-rgb+audio, rgb, audio), evaluates each on the 1000-clip synthetic test split,
+Runs `make demo`'s two stages: the RGB tower's pretraining
+(`configs/synthetic_video_pretrain.py`, once), then the `configs/videocc_avr.py:demo`
+setup three times (modalities rgb+audio, rgb, audio; the first two start from
+the pretrained RGB tower, the A-only model has none), evaluates each on the
+1000-clip synthetic test split,
 and prints a markdown table: overall t2v/v2t R@1, R@5, MdR, and t2v R@1 on the
 captions that mention the sound (words about sound can only be matched through
 audio), next to chance and oracle R@1. Re-running resumes/reuses finished runs.
@@ -25,12 +28,19 @@ def main():
   parser.add_argument("--workdir_root", default="workdirs/bench_modalities")
   args, extra = parser.parse_known_args()
   extra = [a for a in extra if a != "--"]
+  pretrain = REPO / args.workdir_root / "video_pretrain"
+  cmd = [sys.executable, "-m", "avtext.main", "--config=configs/synthetic_video_pretrain.py",
+         f"--workdir={pretrain}"]
+  print("+", " ".join(cmd), flush=True)
+  subprocess.run(cmd, cwd=REPO, check=True)
   rows = []
   for name, variant in VARIANTS:
     workdir = REPO / args.workdir_root / variant.replace(",", "_")
     t0 = time.time()
     cmd = [sys.executable, "-m", "avtext.main", f"--config=configs/videocc_avr.py:{variant}",
            f"--workdir={workdir}", *extra]
+    if "V" in name:
+      cmd.append(f"--config.init_from.workdir={pretrain}")
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=REPO, check=True)
     r = json.loads((workdir / "results.json").read_text())["latest"]

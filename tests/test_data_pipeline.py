@@ -49,8 +49,8 @@ def test_paper_defaults():
 
 def _examples(source, *, train):
   data = tiny_data()
-  return pipelines.AVRExamples(pipelines.ClipReader(source), data,
-                               preprocessing.Tokenizer(max_len=data.max_text_len), train=train)
+  return pipelines.ClipExamples(pipelines.ClipReader(source), data,
+                                preprocessing.Tokenizer(max_len=data.max_text_len), train=train)
 
 
 def test_lazy_rendering_equals_full_example_path(tmp_path):
@@ -130,8 +130,8 @@ def test_missing_audio_gives_zeros_and_flag_or_a_clear_error():
   assert not ex["has_audio"] and not ex["audio"].any()
   data = tiny_data()
   data.allow_missing_audio = False
-  strict = pipelines.AVRExamples(pipelines.ClipReader(Silent()), data,
-                                 preprocessing.Tokenizer(max_len=16), train=True)
+  strict = pipelines.ClipExamples(pipelines.ClipReader(Silent()), data,
+                                  preprocessing.Tokenizer(max_len=16), train=True)
   with pytest.raises(ValueError, match="example 0: audio track missing.*allow_missing_audio"):
     strict(0, np.random.default_rng(0))
 

@@ -51,6 +51,8 @@ class ClipReader:
     """Example with frames[frame_indices_fn(num_frames)] and the audio window.
 
     `audio_window_fn(frame_indices, num_samples)` -> [(start, length)] windows.
+    Also returned: 'caption', 'has_audio', and what labels exist: the
+    synthetic world's ground-truth 'attributes', or a stored 'label' field.
     """
     if self._lazy:
       desc = self.source.describe(index)
@@ -66,7 +68,7 @@ class ClipReader:
           part = self.source.render_audio(index, lo, hi - lo) if hi > lo else np.zeros(0)
           audio.append(_place(part, lo - start, length))
       return {"frames": frames, "audio": audio, "caption": desc["caption"],
-              "has_audio": desc["has_audio"]}
+              "has_audio": desc["has_audio"], "attributes": desc.get("attributes")}
     ex = self.source[index]
     all_frames = np.asarray(ex["frames"])
     idx = frame_indices_fn(len(all_frames))
@@ -78,7 +80,7 @@ class ClipReader:
     caption = ex["caption"]
     caption = caption.decode() if isinstance(caption, bytes) else str(caption)
     return {"frames": all_frames[idx], "audio": audio, "caption": caption,
-            "has_audio": audio is not None}
+            "has_audio": audio is not None, "label": ex.get("label")}
 
 
 def _place(part: np.ndarray, offset: int, length: int) -> np.ndarray:
@@ -93,8 +95,8 @@ def _slice_padded(wave: np.ndarray, start: int, length: int) -> np.ndarray:
   return _place(wave[lo:hi] if hi > lo else wave[:0], lo - start, length)
 
 
-class AVRExamples:
-  """Clip -> model inputs for audio-visual retrieval (VideoCC §4.1, §5.2, app. C).
+class ClipExamples:
+  """Clip -> model inputs: frames and log-mel audio (VideoCC §4.1, §5.2, app. C).
 
   train: one segment of `num_frames` frames at `frame_stride` with a random
     start; K=1. eval: `eval_num_clips` equally spaced segments; every output
@@ -102,13 +104,17 @@ class AVRExamples:
     `spec_segment_frames` frames, `spec_segment_stride_frames` apart, centred
     on the RGB segment (app. C: 8 x 100 frames, 3 s apart, 800 x 128 over 24 s);
     zeros and has_audio=False when the clip has no audio.
+  With a `tokenizer`, the caption's 'input_ids' / 'attention_mask' are added
+  (retrieval); with a `label_fn(clip)`, its 'labels' (classification).
   """
 
   def __init__(self, reader: ClipReader, data: ml_collections.ConfigDict,
-               tokenizer: preprocessing.Tokenizer, *, train: bool):
+               tokenizer: preprocessing.Tokenizer | None = None, *, train: bool,
+               label_fn: Callable[[dict], np.ndarray] | None = None):
     self.reader = reader
     self.data = data
     self.tokenizer = tokenizer
+    self.label_fn = label_fn
     self.train = train
     self.hop = int(round(data.sample_rate * preprocessing.HOP_MS / 1000))
     self.win = int(round(data.sample_rate * preprocessing.WINDOW_MS / 1000))
@@ -159,10 +165,14 @@ class AVRExamples:
           w, sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins)[:d.spec_segment_frames]
               for w in clip["audio"]]
       audio = np.stack(segs).reshape((k,) + spec_shape).astype(np.float32)
-    tokens = self.tokenizer([clip["caption"]])
     out = {"rgb": rgb.astype(np.float32), "audio": audio,
-           "has_audio": np.full((k,), clip["has_audio"]),
-           "input_ids": tokens["input_ids"][0], "attention_mask": tokens["attention_mask"][0]}
+           "has_audio": np.full((k,), clip["has_audio"])}
+    if self.tokenizer is not None:
+      tokens = self.tokenizer([clip["caption"]])
+      out["input_ids"] = tokens["input_ids"][0]
+      out["attention_mask"] = tokens["attention_mask"][0]
+    if self.label_fn is not None:
+      out["labels"] = self.label_fn(clip)
     if self.train:  # K = 1 at training time
       out = {key: (v[0] if key in ("rgb", "audio", "has_audio") else v) for key, v in out.items()}
     return out

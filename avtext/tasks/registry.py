@@ -6,11 +6,16 @@ brings a task module that registers itself here, never its own loop.
 import importlib
 from typing import Any, Callable
 
+import jax
 import ml_collections
+import numpy as np
+
+from avtext.data import pipelines
+from avtext.train import partitioning
 
 _TASKS: dict[str, type] = {}
 # Modules imported on first lookup so `config.task` alone selects a task.
-_MODULES = ("avtext.tasks.retrieval",)
+_MODULES = ("avtext.tasks.retrieval", "avtext.tasks.classification")
 
 
 def register(name: str) -> Callable[[type], type]:
@@ -71,3 +76,25 @@ class Task:
   def evaluate(self, params, *, mesh, workdir, step: int) -> dict[str, float]:
     """Runs the task's evaluation; returns scalar metrics to log."""
     raise NotImplementedError
+
+
+def map_examples(fn: Callable[[dict], Any], examples: Callable[[int], dict], n: int, *,
+                 mesh, global_batch_size: int) -> Any:
+  """`fn` (jitted, on global batches) over examples 0..n-1, outputs gathered on host.
+
+  Each process builds its share of every global batch; the last batch is
+  padded and the padding dropped again. Returns `fn`'s output tree with the
+  leading axes of all batches concatenated ([n, ...] per leaf).
+  """
+  local_bs = partitioning.per_process_batch_size(global_batch_size, mesh)
+  first = jax.process_index() * local_bs
+  outputs = []
+  for start in range(0, n, global_batch_size):
+    rows = range(start + first, min(start + first + local_bs, n))
+    local = [examples(i) for i in rows] or [examples(n - 1)]
+    batch = {k: np.stack([ex[k] for ex in local]) for k in local[0]}
+    batch, _ = pipelines.pad_batch(batch, local_bs)
+    out = partitioning.global_to_host(fn(partitioning.host_to_global(batch, mesh)))
+    valid = min(global_batch_size, n - start)
+    outputs.append(jax.tree.map(lambda x, v=valid: x[:v], out))
+  return jax.tree.map(lambda *xs: np.concatenate(xs), *outputs)

@@ -46,15 +46,20 @@ def text_weights_dir(text: ml_collections.ConfigDict) -> pathlib.Path | None:
   return path
 
 
-def build_model(config: ml_collections.ConfigDict) -> dual_encoder.DualEncoder:
-  v, t = config.model.video, config.model.text
-  video = mbt_lib.MBT(
+def build_video_encoder(v: ml_collections.ConfigDict) -> mbt_lib.MBT:
+  """The MBT of `config.model.video`."""
+  return mbt_lib.MBT(
       modalities=v.modalities, hidden_size=v.hidden_size, num_layers=v.num_layers,
       num_heads=v.num_heads, mlp_dim=v.mlp_dim,
       rgb_patch_size=tuple(v.rgb_patch), audio_patch_size=tuple(v.audio_patch),
       n_bottlenecks=v.n_bottlenecks, fusion_layer=v.fusion_layer,
       dropout_rate=v.dropout_rate, attention_dropout_rate=v.attention_dropout_rate,
       stochastic_depth=v.get("stochastic_depth", 0.0))
+
+
+def build_model(config: ml_collections.ConfigDict) -> dual_encoder.DualEncoder:
+  t = config.model.text
+  video = build_video_encoder(config.model.video)
   weights = text_weights_dir(t)
   if weights is not None:  # architecture from the checkpoint's own config.json
     text_kwargs = bert_weights.bert_kwargs_from_hf_config(
@@ -95,9 +100,9 @@ class AVRTask(registry.Task):
   def num_train_examples(self) -> int:
     return len(self._train_source)
 
-  def examples(self, source, *, train: bool) -> pipelines.AVRExamples:
-    return pipelines.AVRExamples(pipelines.ClipReader(source), self.config.data,
-                                 self.tokenizer, train=train)
+  def examples(self, source, *, train: bool) -> pipelines.ClipExamples:
+    return pipelines.ClipExamples(pipelines.ClipReader(source), self.config.data,
+                                  self.tokenizer, train=train)
 
   def train_data(self, *, batch_size, seed, process_index, process_count):
     return pipelines.train_batches(
@@ -138,24 +143,10 @@ class AVRTask(registry.Task):
 
   def embed(self, params, source, *, mesh) -> tuple[np.ndarray, np.ndarray]:
     """(text [N, D], video [N, K, D]) embeddings of a split, K test clips per video."""
-    n = len(source)
-    global_bs = self.config.eval.batch_size
-    local_bs = partitioning.per_process_batch_size(global_bs, mesh)
-    examples = self.examples(source, train=False)
     encode = self._encode_fn(mesh)
-    texts, videos = [], []
-    first = jax.process_index() * local_bs
-    for start in range(0, n, global_bs):
-      rows = range(start + first, min(start + first + local_bs, n))
-      local = [examples(i) for i in rows] or [examples(n - 1)]
-      batch = {k: np.stack([ex[k] for ex in local]) for k in local[0]}
-      batch, _ = pipelines.pad_batch(batch, local_bs)
-      text, video = encode(params, partitioning.host_to_global(batch, mesh))
-      text, video = partitioning.global_to_host((text, video))
-      valid = min(global_bs, n - start)
-      texts.append(text[:valid])
-      videos.append(video[:valid])
-    return np.concatenate(texts), np.concatenate(videos)
+    return registry.map_examples(
+        lambda batch: encode(params, batch), self.examples(source, train=False), len(source),
+        mesh=mesh, global_batch_size=self.config.eval.batch_size)
 
   def _encode_fn(self, mesh):
     """jit(params, batch) -> (text [B, D], video [B, K, D]); compiled once per mesh."""

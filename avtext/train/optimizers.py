@@ -59,7 +59,8 @@ def _base(opt: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.GradientT
       f"config.optimizer.name={name!r}; expected one of sgd, adam, adamw, radam")
 
 
-def _path_name(path) -> str:
+def path_name(path) -> str:
+  """A parameter's tree path as "a/b/c" (the form config regexes and prefixes match)."""
   return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
@@ -67,14 +68,14 @@ def frozen_mask(params: Any, patterns) -> Any:
   """True for parameters whose path matches any regex in `patterns`."""
   compiled = [re.compile(p) for p in patterns]
   mask = jax.tree_util.tree_map_with_path(
-      lambda path, _: any(r.search(_path_name(path)) for r in compiled), params)
+      lambda path, _: any(r.search(path_name(path)) for r in compiled), params)
   _require_matches(params, zip(patterns, compiled), "config.optimizer.frozen", "parameter")
   return mask
 
 
 def _require_matches(params: Any, named_regexes, field: str, what: str) -> None:
   """Raises naming `field` if some (pattern, regex) matches no parameter path."""
-  names = [_path_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  names = [path_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
   for pattern, regex in named_regexes:
     if not any(regex.search(n) for n in names):
       raise ValueError(f"{field}: {pattern!r} matches no {what}")
@@ -121,7 +122,7 @@ def scale_by_path(pairs) -> optax.GradientTransformation:
   parsed = _parse_multipliers(pairs)
 
   def factor(path) -> float:
-    name = _path_name(path)
+    name = path_name(path)
     return next((f for _, r, f in parsed if r.search(name)), 1.0)
 
   def init_fn(params):

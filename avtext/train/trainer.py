@@ -32,6 +32,7 @@ from avtext.tasks import registry
 from avtext.train import checkpointing
 from avtext.train import optimizers
 from avtext.train import partitioning
+from avtext.train import warm_start
 
 
 @flax.struct.dataclass
@@ -94,7 +95,8 @@ class Trainer:
                              prefetch_buffer_size=data.get("prefetch", 4))
     return dataset, iter(dataset.to_iter_dataset(read))
 
-  def _init_state(self, example_batch) -> tuple[TrainState, Any]:
+  def _init_state(self, example_batch, *, warm_start_params: bool = True
+                  ) -> tuple[TrainState, Any]:
     rng = jax.random.PRNGKey(self.config.seed)
     init_rng, state_rng = jax.random.split(rng)
     batch = partitioning.host_to_global(example_batch, self.mesh)
@@ -102,7 +104,10 @@ class Trainer:
     abstract_params = jax.eval_shape(self.task.init_params, init_rng, batch)
     param_sharding = partitioning.param_shardings(abstract_params, self.mesh, rules)
     params = jax.jit(self.task.init_params, out_shardings=param_sharding)(init_rng, batch)
-    params = jax.device_put(self.task.load_pretrained(params), param_sharding)
+    params = self.task.load_pretrained(params)
+    if warm_start_params:
+      params = warm_start.apply(params, self.config)
+    params = jax.device_put(params, param_sharding)
     self.frozen = optimizers.frozen_mask(params, tuple(self.config.optimizer.get("frozen") or ()))
     tx, schedule = optimizers.make_optimizer(
         self.config.optimizer, total_steps=self.total_steps,
@@ -152,8 +157,10 @@ class Trainer:
   def restore_or_init(self):
     """(state, optimizer pieces, data iterator, dataset); resumes when possible."""
     dataset, data_iter = self._data()
-    state, opt_pieces = self._init_state(dataset[0])
-    if self.checkpointer.latest_step() is not None:
+    resuming = self.checkpointer.latest_step() is not None
+    # A resumed run restores its own params, so config.init_from is not read again.
+    state, opt_pieces = self._init_state(dataset[0], warm_start_params=not resuming)
+    if resuming:
       state, data_state, step = self.checkpointer.restore(state)
       data_iter.set_state(data_state)
       logging.info("resumed from %s at step %d", self.checkpointer.directory, step)

@@ -11,9 +11,12 @@ from avtext.data.synthetic.captions import num_fitting_clips
 from avtext.data.synthetic.clips import ClipCaptionSource
 from avtext.data.synthetic.clips import DEFAULT_SPLIT_SIZES
 from avtext.data.synthetic.clips import oracle_recall_at_1
+from avtext.data.synthetic.world import attribute_labels
 from avtext.data.synthetic.world import BACKGROUNDS
 from avtext.data.synthetic.world import COLOURS
 from avtext.data.synthetic.world import example_rng
+from avtext.data.synthetic.world import LABEL_GROUPS
+from avtext.data.synthetic.world import LABEL_NAMES
 from avtext.data.synthetic.world import MOTIONS
 from avtext.data.synthetic.world import render_audio
 from avtext.data.synthetic.world import render_frames

@@ -176,6 +176,38 @@ class Scene:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
+# ---------------------------------------------------------------- labels
+# Multi-hot attribute labels: what a pretraining stage can be supervised with
+# (the world's stand-in for ImageNet / Kinetics classes). Group -> values.
+LABEL_GROUPS: Mapping[str, tuple[str, ...]] = {
+    'shape': SHAPES,
+    'colour': COLOUR_NAMES,
+    'motion': MOTION_NAMES,
+    'background': BACKGROUNDS,
+    'sound': SOUNDS,
+    'count': tuple(str(n) for n in range(1, MAX_OBJECTS + 1)),
+}
+LABEL_NAMES = tuple(f'{g}:{v}' for g, values in LABEL_GROUPS.items()
+                    for v in values)
+
+
+def attribute_labels(attributes: Mapping[str, Any]) -> np.ndarray:
+  """float32 multi-hot [len(LABEL_NAMES)] of `Scene.attributes()`.
+
+  Shape, colour and motion are set for every object present (1-2 each);
+  background, sound and count are one-hot.
+  """
+  index = {name: i for i, name in enumerate(LABEL_NAMES)}
+  y = np.zeros(len(LABEL_NAMES), np.float32)
+  for obj in attributes['objects']:
+    for field in OBJECT_FIELDS:
+      y[index[f'{field}:{obj[field]}']] = 1.0
+  y[index[f"background:{attributes['background']}"]] = 1.0
+  y[index[f"sound:{attributes['sound']}"]] = 1.0
+  y[index[f"count:{attributes['num_objects']}"]] = 1.0
+  return y
+
+
 # ---------------------------------------------------------------- RNG
 class ExampleRng(NamedTuple):
   """Independent generators for one example; callers draw in a fixed order."""

@@ -1,0 +1,128 @@
+"""Warm start: initialize parts of a new run from another run's checkpoint.
+
+    config.init_from = ml_collections.ConfigDict(dict(
+        workdir="workdirs/video_pretrain",  # an avtext run directory
+        step=None,                          # its latest checkpoint by default
+        params=(("video/", "video/rgb/"),)  # (source prefix, target prefix), ...
+    ))
+
+Every parameter of the new model whose path starts with a target prefix is
+replaced by the source parameter at the same path below the source prefix.
+Both sides must match exactly: a target parameter with no source, a source
+parameter with no target, or a shape/dtype mismatch is an error naming the
+paths. Parameters outside the target prefixes keep their initialization.
+
+This is how a pretraining stage hands its encoder to a downstream task (VideoCC
+initializes its towers from pretrained ViT/BERT; a model trained on one dataset
+is fine-tuned on another). It runs only when a run starts from scratch; a
+resumed run restores its own checkpoint instead.
+"""
+import pathlib
+from typing import Any
+
+from absl import logging
+import jax
+import ml_collections
+import numpy as np
+
+from avtext.train import checkpointing
+from avtext.train import optimizers
+
+
+def _flatten(tree: Any) -> dict[str, Any]:
+  return {optimizers.path_name(path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _normalize(prefix: str) -> str:
+  prefix = prefix.strip("/")
+  return prefix + "/" if prefix else ""
+
+
+def configured(config: ml_collections.ConfigDict) -> bool:
+  spec = config.get("init_from")
+  return bool(spec and spec.get("workdir"))
+
+
+def load_source_params(workdir: str | pathlib.Path, step: int | None) -> tuple[Any, int]:
+  """(params as nested dicts of numpy arrays, step) of the run in `workdir`."""
+  directory = pathlib.Path(workdir) / "checkpoints"
+  if not directory.is_dir():
+    raise FileNotFoundError(
+        f"config.init_from.workdir={str(workdir)!r}: no checkpoints/ directory there; "
+        "expected the run directory of a finished avtext run")
+  ckpt = checkpointing.Checkpointer(directory, async_save=False)
+  try:
+    state, step = ckpt.restore_raw(step)
+  finally:
+    ckpt.close()
+  if "params" not in state:
+    raise ValueError(f"{directory}: checkpoint at step {step} holds no 'params'")
+  return state["params"], step
+
+
+def transplant(params: Any, source: Any, pairs, *, where: str = "source") -> Any:
+  """`params` with the leaves under each target prefix taken from `source`.
+
+  Args:
+    params: the new model's parameter tree (any leaves with .shape/.dtype).
+    source: the source parameter tree.
+    pairs: ((source_prefix, target_prefix), ...); '' means the whole tree.
+    where: names the source in error messages.
+
+  Returns:
+    A tree with the structure of `params`; replaced leaves are the source's
+    numpy arrays (shapes and dtypes must already agree).
+  """
+  pairs = [tuple(p) for p in pairs]
+  if not pairs or any(len(p) != 2 for p in pairs):
+    raise ValueError(f"config.init_from.params must be ((source_prefix, target_prefix), ...), "
+                     f"got {pairs!r}")
+  target = _flatten(params)
+  src = _flatten(source)
+  replaced: dict[str, Any] = {}
+  for src_prefix, dst_prefix in pairs:
+    src_prefix, dst_prefix = _normalize(src_prefix), _normalize(dst_prefix)
+    dst_names = [n for n in target if n.startswith(dst_prefix)]
+    src_names = [n for n in src if n.startswith(src_prefix)]
+    if not dst_names:
+      raise ValueError(f"config.init_from.params: target prefix {dst_prefix!r} matches no "
+                       f"parameter of the model; its top-level parameters are "
+                       f"{sorted({n.split('/')[0] for n in target})}")
+    wanted = {src_prefix + n[len(dst_prefix):]: n for n in dst_names}
+    missing = sorted(set(wanted) - set(src_names))
+    extra = sorted(set(src_names) - set(wanted))
+    if missing or extra:
+      raise ValueError(
+          f"config.init_from.params ({src_prefix!r} -> {dst_prefix!r}): the {where} "
+          f"does not match the model; missing in the {where}: {missing[:5]}"
+          f"{' ...' if len(missing) > 5 else ''}; in the {where} but not in the model: "
+          f"{extra[:5]}{' ...' if len(extra) > 5 else ''}")
+    for src_name, dst_name in wanted.items():
+      have, want = src[src_name], target[dst_name]
+      if tuple(np.shape(have)) != tuple(want.shape) or np.dtype(have.dtype) != np.dtype(want.dtype):
+        raise ValueError(
+            f"config.init_from.params: {where} {src_name!r} is {np.dtype(have.dtype)}"
+            f"{tuple(np.shape(have))}, the model's {dst_name!r} is "
+            f"{np.dtype(want.dtype)}{tuple(want.shape)}")
+      if dst_name in replaced:
+        raise ValueError(f"config.init_from.params: {dst_name!r} is under two target prefixes")
+      replaced[dst_name] = np.asarray(have)
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  names = list(target)
+  return jax.tree_util.tree_unflatten(
+      treedef, [replaced.get(n, leaf) for n, leaf in zip(names, leaves)])
+
+
+def apply(params: Any, config: ml_collections.ConfigDict) -> Any:
+  """`params` warm-started as `config.init_from` says (unchanged when it is unset)."""
+  if not configured(config):
+    return params
+  spec = config.init_from
+  source, step = load_source_params(spec.workdir, spec.get("step"))
+  pairs = spec.get("params") or (("", ""),)
+  params = transplant(params, source, pairs,
+                      where=f"checkpoint {spec.workdir} (step {step})")
+  logging.info("warm start from %s step %d: %s", spec.workdir, step,
+               ", ".join(f"{s or '<all>'} -> {d or '<all>'}" for s, d in pairs))
+  return params

@@ -1,0 +1,86 @@
+r"""Supervised pretraining of the demo's RGB tower on the synthetic world's labels.
+
+    python -m avtext.main --config=configs/synthetic_video_pretrain.py --workdir=workdirs/video_pretrain
+    python -m avtext.main --config=configs/videocc_avr.py:demo --workdir=workdirs/demo \
+        --config.init_from.workdir=workdirs/video_pretrain
+
+VideoCC (§5.2) does not train MBT from scratch: it starts from a ViT
+pretrained on ImageNet-21k. The synthetic world has no ImageNet, so this stage
+plays that part: the same RGB tower as `videocc_avr.py:demo` (same data
+sampling, same MBT sizes), trained on the world's multi-hot attribute labels
+with a sigmoid loss, as the ImageNet-21k ViTs are. `make demo` runs it first
+and hands its `video/rgb/` parameters to the AVR run (`config.init_from`).
+
+Only the RGB tower is pretrained (VideoCC's audio tower also starts from the
+image ViT; here the audio tower learns its easier sounds from scratch).
+Labels are from the train split only; the retrieval test split is disjoint.
+
+Variants: (none) the demo's tower; tiny: the tiny AVR config's tower (tests).
+"""
+import pathlib
+import sys
+
+import ml_collections
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  variants = set(filter(None, (arg or "").split(",")))
+  if variants - {"tiny"}:
+    raise ValueError(f"configs/synthetic_video_pretrain.py: unknown variant(s) "
+                     f"{sorted(variants - {'tiny'})}; expected tiny")
+  tiny = "tiny" in variants
+  avr = videocc_avr.get_config("tiny" if tiny else "demo")
+
+  config = ml_collections.ConfigDict()
+  config.task = "video_cls"
+  config.seed = 0
+  config.num_devices = None
+  # Same world, sampling and tower as the AVR run it initializes.
+  config.dataset = avr.dataset
+  config.data = avr.data
+  config.model = ml_collections.ConfigDict()
+  config.model.video = avr.model.video
+  config.model.video.modalities = "rgb"
+
+  config.loss = ml_collections.ConfigDict()
+  config.loss.name = "sigmoid_xent"  # multi-label, as ImageNet-21k ViT pretraining
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.name = "adamw"
+  config.optimizer.learning_rate = 1e-3
+  config.optimizer.weight_decay = 0.01
+  config.optimizer.schedule = "cosine"
+  config.optimizer.warmup_epochs = None
+  config.optimizer.warmup_steps = 50
+  config.optimizer.grad_clip_norm = 1.0
+  config.optimizer.frozen = ()
+  config.optimizer.lr_multipliers = ()
+
+  config.init_from = ml_collections.ConfigDict()
+  config.init_from.workdir = ml_collections.config_dict.placeholder(str)
+  config.init_from.step = ml_collections.config_dict.placeholder(int)
+  config.init_from.params = (("video/", "video/"),)
+
+  config.train = ml_collections.ConfigDict()
+  config.train.batch_size = 64
+  config.train.num_epochs = None
+  config.train.num_steps = 300
+  config.train.log_every_steps = 50
+  config.train.checkpoint_every_steps = 300
+  config.train.keep_checkpoints = 1
+  config.train.async_checkpointing = True
+
+  config.eval = ml_collections.ConfigDict()
+  config.eval.batch_size = 100
+  config.eval_every_steps = 0
+  if tiny:
+    config.train.batch_size = 8
+    config.train.num_steps = 4
+    config.train.log_every_steps = 2
+    config.train.checkpoint_every_steps = 2
+    config.optimizer.warmup_steps = 1
+    config.eval.batch_size = 8
+  return config

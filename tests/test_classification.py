@@ -1,0 +1,99 @@
+"""video_cls: losses, labels and metrics by hand; the task trains and evaluates."""
+import json
+import math
+
+import numpy as np
+import optax
+import pytest
+
+from avtext.data import synthetic
+from avtext.losses import classification as losses
+from avtext.tasks import classification
+from avtext.train import trainer as trainer_lib
+from configs import synthetic_video_pretrain  # pylint: disable=g-bad-import-order
+from tests import test_trainer  # noqa: F401  (puts the repo root on sys.path)
+
+
+def test_sigmoid_cross_entropy_by_hand():
+  logits = np.array([[0.0, 2.0], [-1.0, 3.0]], np.float32)
+  labels = np.array([[1.0, 0.0], [1.0, 1.0]], np.float32)
+  softplus = lambda x: math.log1p(math.exp(x))
+  # row 0: -log s(0) - log(1 - s(2)); row 1: -log s(-1) - log s(3)
+  want = ((math.log(2) + softplus(2.0)) + (softplus(1.0) + softplus(-3.0))) / 2
+  assert float(losses.sigmoid_cross_entropy(logits, labels)) == pytest.approx(want, rel=1e-6)
+  other = optax.sigmoid_binary_cross_entropy(logits, labels).sum(axis=1).mean()
+  assert float(losses.sigmoid_cross_entropy(logits, labels)) == pytest.approx(float(other))
+  # Stable far from zero: log(1 - s(100)) would be -inf computed naively.
+  assert float(losses.sigmoid_cross_entropy(np.array([[100.0]]), np.array([[0.0]]))) == \
+      pytest.approx(100.0)
+
+
+def test_softmax_cross_entropy_by_hand():
+  logits = np.array([[1.0, 2.0, 3.0]], np.float32)
+  want = -math.log(math.exp(3) / (math.exp(1) + math.exp(2) + math.exp(3)))
+  got = losses.softmax_cross_entropy(logits, np.array([[0.0, 0.0, 1.0]]))
+  assert float(got) == pytest.approx(want, rel=1e-6)
+  with pytest.raises(ValueError, match=r"\[B, C\].*\(1, 3\).*\(1, 2\)"):
+    losses.softmax_cross_entropy(logits, np.zeros((1, 2)))
+
+
+def test_attribute_labels_of_a_two_object_scene():
+  attributes = {"objects": [{"shape": "circle", "colour": "red", "motion": "still"},
+                            {"shape": "circle", "colour": "blue", "motion": "left"}],
+                "background": "striped", "sound": "silence", "num_objects": 2}
+  y = synthetic.attribute_labels(attributes)
+  on = {synthetic.LABEL_NAMES[i] for i in np.flatnonzero(y)}
+  assert on == {"shape:circle", "colour:red", "colour:blue", "motion:still", "motion:left",
+                "background:striped", "sound:silence", "count:2"}
+  assert len(synthetic.LABEL_NAMES) == 4 + 6 + 5 + 4 + 5 + 2
+
+
+def test_clip_labels_from_stored_label_fields():
+  labels = classification.ClipLabels(3)
+  np.testing.assert_array_equal(labels({"label": np.int64(2)}), [0, 0, 1])
+  np.testing.assert_array_equal(labels({"label": [1, 0, 1]}), [1, 0, 1])
+  with pytest.raises(ValueError, match=r"label 3 outside \[0, 3\)"):
+    labels({"label": 3})
+  with pytest.raises(ValueError, match=r"shape \(2,\), expected \(3,\)"):
+    labels({"label": [1, 0]})
+  with pytest.raises(ValueError, match="no labels"):
+    labels({"caption": "x"})
+
+
+def test_classification_metrics_by_hand():
+  names = ("g:a", "g:b", "h:x")
+  labels = np.array([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 1, 1]])
+  logits = np.array([[3.0, 1.0, 0.5], [0.0, 2.0, 0.1], [1.0, 0.0, 0.2], [2.0, 1.0, 0.3]])
+  m = classification.classification_metrics(logits, labels, names)
+  # g:a scores 3, 0, 1, 2 -> ranking v0(+), v3(-), v2(+), v1(-): AP = (1 + 2/3) / 2
+  # g:b scores 1, 2, 0, 1 -> v1(+), then the tie v0(-)/v3(+) with the irrelevant first,
+  #   then v2(+): AP = (1 + 2/3 + 3/4) / 3
+  # h:x scores .5, .1, .2, .3 -> v0(+), v3(+): AP = 1
+  ap = [(1 + 2 / 3) / 2, (1 + 2 / 3 + 3 / 4) / 3, 1.0]
+  assert m["mAP"] == pytest.approx(100 * np.mean(ap))
+  assert m["g_mAP"] == pytest.approx(100 * np.mean(ap[:2]))
+  assert m["h_mAP"] == pytest.approx(100.0)
+  # group g, videos with exactly one positive: v0 (argmax a, right), v1 (b, right),
+  # v3 (argmax a, wrong); v2 has two positives and is not counted.
+  assert m["g_accuracy"] == pytest.approx(100 * 2 / 3)
+  assert m["h_accuracy"] == pytest.approx(100.0)
+  assert "top1_accuracy" not in m  # multi-label
+  single = classification.classification_metrics(logits[:2, :2], np.eye(2), ("a", "b"))
+  assert single["top1_accuracy"] == 100.0 and single["classes_without_positives"] == 0
+
+
+def test_pretrain_task_trains_and_evaluates(tmp_path):
+  config = synthetic_video_pretrain.get_config("tiny")
+  state = trainer_lib.Trainer(config, tmp_path).train()
+  assert int(state.step) == config.train.num_steps
+  latest = json.loads((tmp_path / "results.json").read_text())["latest"]
+  for key in ("mAP", "shape_accuracy", "motion_mAP", "sound_accuracy", "count_accuracy"):
+    assert 0.0 <= latest[key] <= 100.0
+  assert latest["num_videos"] == config.dataset.num_eval
+
+
+def test_unknown_loss_is_an_error():
+  config = synthetic_video_pretrain.get_config("tiny")
+  config.loss.name = "hinge"
+  with pytest.raises(ValueError, match="config.loss.name='hinge'"):
+    classification.VideoClassificationTask(config)

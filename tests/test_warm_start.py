@@ -1,0 +1,103 @@
+"""config.init_from: parameters carried from another run's checkpoint."""
+import shutil
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from avtext.train import checkpointing
+from avtext.train import trainer as trainer_lib
+from avtext.train import warm_start
+from tests.test_trainer import tiny_config
+from configs import synthetic_video_pretrain  # pylint: disable=g-bad-import-order
+
+
+def _tree():
+  return {"video": {"rgb": {"kernel": np.zeros((2, 3), np.float32), "bias": np.zeros(3, np.float32)},
+                    "audio": {"kernel": np.zeros((4,), np.float32)}},
+          "text": {"kernel": np.full((5,), 7.0, np.float32)}}
+
+
+def test_transplant_renames_prefix_and_leaves_the_rest():
+  source = {"encoder": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3),
+                        "bias": np.array([1, 2, 3], np.float32)},
+            "head": {"kernel": np.ones((3, 9), np.float32)}}
+  out = warm_start.transplant(_tree(), source, (("encoder", "video/rgb/"),))
+  np.testing.assert_array_equal(out["video"]["rgb"]["kernel"], source["encoder"]["kernel"])
+  np.testing.assert_array_equal(out["video"]["rgb"]["bias"], [1, 2, 3])
+  np.testing.assert_array_equal(out["video"]["audio"]["kernel"], np.zeros(4))  # not a target
+  np.testing.assert_array_equal(out["text"]["kernel"], np.full(5, 7.0))
+  assert jax.tree.structure(out) == jax.tree.structure(_tree())
+
+
+def test_transplant_whole_tree_with_empty_prefixes():
+  source = jax.tree.map(lambda x: x + 1, _tree())
+  out = warm_start.transplant(_tree(), source, (("", ""),))
+  for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(source)):
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("source, pairs, message", [
+    ({"encoder": {"kernel": np.zeros((2, 3), np.float32)}}, (("encoder", "video/rgb"),),
+     r"missing in the source: \['encoder/bias'\]"),
+    ({"encoder": {"kernel": np.zeros((2, 3), np.float32), "bias": np.zeros(3, np.float32),
+                  "scale": np.zeros(3, np.float32)}}, (("encoder", "video/rgb"),),
+     r"not in the model: \['encoder/scale'\]"),
+    ({"encoder": {"kernel": np.zeros((3, 3), np.float32), "bias": np.zeros(3, np.float32)}},
+     (("encoder", "video/rgb"),), r"'encoder/kernel' is float32\(3, 3\).*'video/rgb/kernel' is "
+     r"float32\(2, 3\)"),
+    ({"encoder": {"kernel": np.zeros((2, 3), np.int32), "bias": np.zeros(3, np.float32)}},
+     (("encoder", "video/rgb"),), r"int32"),
+    ({}, (("encoder", "vision"),), r"'vision/' matches no parameter.*\['text', 'video'\]"),
+    ({}, (), r"\(\(source_prefix, target_prefix\), \.\.\.\)"),
+    ({}, (("a", "b", "c"),), r"source_prefix"),
+])
+def test_transplant_mismatches_are_errors(source, pairs, message):
+  with pytest.raises(ValueError, match=message):
+    warm_start.transplant(_tree(), source, pairs)
+
+
+def test_missing_source_run_names_the_field(tmp_path):
+  config = tiny_config()
+  config.init_from = ml_collections.ConfigDict(dict(workdir=str(tmp_path / "nope"), step=None,
+                                                    params=(("video", "video"),)))
+  with pytest.raises(FileNotFoundError, match="config.init_from.workdir=.*nope"):
+    warm_start.apply({"video": {}}, config)
+
+
+def test_pretrained_rgb_tower_reaches_avr_and_resume_does_not_reread(tmp_path):
+  """The demo's two stages: video_cls pretraining -> AVR with init_from (tiny sizes)."""
+  source_dir, run_dir = tmp_path / "pretrain", tmp_path / "avr"
+  pretrain = synthetic_video_pretrain.get_config("tiny")
+  pretrain.train.num_steps = 2
+  trainer_lib.Trainer(pretrain, source_dir).train()
+  ckpt = checkpointing.Checkpointer(source_dir / "checkpoints", async_save=False)
+  source_params = ckpt.restore_raw()[0]["params"]
+  ckpt.close()
+  assert set(source_params) == {"video", "head"} and set(source_params["video"]) == {"rgb"}
+
+  config = tiny_config(**{"train.num_steps": 2, "train.checkpoint_every_steps": 2})
+  config.init_from.workdir = str(source_dir)
+  assert config.init_from.params == (("video/rgb/", "video/rgb/"),)  # the demo's mapping
+  run = trainer_lib.Trainer(config, run_dir)
+  state = run.restore_or_init()[0]
+  first_batch = run.task.train_data(batch_size=config.train.batch_size, seed=config.seed,
+                                    process_index=0, process_count=1)[0]
+  fresh = run._init_state(first_batch, warm_start_params=False)[0].params  # pylint: disable=protected-access
+  pairs = [(state.params["video"]["rgb"], source_params["video"]["rgb"])]
+  pairs += [(state.params[k], fresh[k]) for k in ("text", "video_projection")]
+  pairs += [(state.params["video"][k], fresh["video"][k]) for k in ("audio", "bottleneck")]
+  for got_tree, want_tree in pairs:
+    assert jax.tree.structure(got_tree) == jax.tree.structure(want_tree)
+    for got, want in zip(jax.tree.leaves(got_tree), jax.tree.leaves(want_tree)):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert not np.array_equal(np.asarray(fresh["video"]["rgb"]["patch_embedding"]["kernel"]),
+                            source_params["video"]["rgb"]["patch_embedding"]["kernel"])
+
+  # Train to a checkpoint, remove the source run: resuming must not need it.
+  run.train()
+  shutil.rmtree(source_dir)
+  config.train.num_steps = 3
+  resumed = trainer_lib.Trainer(config, run_dir).restore_or_init()[0]
+  assert int(resumed.step) == 2
