@@ -1,16 +1,16 @@
 r"""A+V vs V-only vs A-only AVR on the synthetic test split (issue: BENCHMARKS.md table).
 
-    .venv/bin/python benchmarks/avr_modalities.py [--workdir_root=workdirs/bench_modalities]
+    .venv/bin/python benchmarks/avr_modalities.py [--workdir_root=workdirs/demo]
 
 Runs `make demo`'s two stages: the RGB tower's pretraining
 (`configs/synthetic_video_pretrain.py`, once), then the `configs/videocc_avr.py:demo`
 setup three times (modalities rgb+audio, rgb, audio; the first two start from
-the pretrained RGB tower, the A-only model has none), evaluates each on the
-1000-clip synthetic test split,
-and prints a markdown table: overall t2v/v2t R@1, R@5, MdR, and t2v R@1 on the
-captions that mention the sound (words about sound can only be matched through
-audio), next to chance and oracle R@1. Re-running resumes/reuses finished runs.
-Extra flags after `--` are passed to every run, e.g. `-- --config.train.num_steps=300`.
+the pretrained RGB tower, the A-only model has none). Each is evaluated on the
+1000-clip synthetic test split. It prints a markdown table: overall t2v/v2t
+R@1, R@5, MdR, and t2v R@1 on the captions that mention the sound (words about
+sound can only be matched through audio), next to chance and oracle R@1.
+Re-running resumes or reuses finished runs, `make demo`'s included. Extra
+flags after `--` go to the three AVR runs, e.g. `-- --config.train.num_steps=300`.
 """
 import argparse
 import json
@@ -20,12 +20,16 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-VARIANTS = (("A+V", "demo"), ("V", "demo,rgb"), ("A", "demo,audio"))
+# (row, config variant, run directory under --workdir_root); A+V and the
+# pretraining use `make demo`'s directory names, so `make demo WORKDIR=<root>`
+# runs are reused.
+VARIANTS = (("A+V", "demo", "avr"), ("V", "demo,rgb", "avr_rgb"),
+            ("A", "demo,audio", "avr_audio"))
 
 
 def main():
   parser = argparse.ArgumentParser()
-  parser.add_argument("--workdir_root", default="workdirs/bench_modalities")
+  parser.add_argument("--workdir_root", default="workdirs/demo")
   args, extra = parser.parse_known_args()
   extra = [a for a in extra if a != "--"]
   pretrain = REPO / args.workdir_root / "video_pretrain"
@@ -34,8 +38,8 @@ def main():
   print("+", " ".join(cmd), flush=True)
   subprocess.run(cmd, cwd=REPO, check=True)
   rows = []
-  for name, variant in VARIANTS:
-    workdir = REPO / args.workdir_root / variant.replace(",", "_")
+  for name, variant, run_dir in VARIANTS:
+    workdir = REPO / args.workdir_root / run_dir
     t0 = time.time()
     cmd = [sys.executable, "-m", "avtext.main", f"--config=configs/videocc_avr.py:{variant}",
            f"--workdir={workdir}", *extra]

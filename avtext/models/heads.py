@@ -6,10 +6,12 @@ import jax
 class VideoClassifier(nn.Module):
   """Linear classifier on a video encoder's pooled embedding.
 
-  `video` is any module returning {'embedding': [B, d]} (MBT). The head is
-  zero-initialized, as ViT/MBT heads are, so training starts from uniform
-  predictions; its parameters live under 'head', the encoder's under 'video',
-  which is what `config.init_from` hands to a downstream task.
+  `video` is any module returning {'embedding': [B, d]} (MBT). Its parameters
+  live under 'video' and the head's under 'head', so `config.init_from` can
+  hand the encoder to a downstream task. The head has flax's default (LeCun
+  normal) init, not the zero init ViT uses when fine-tuning a pretrained
+  encoder: training the demo's RGB tower from scratch with a zero head left
+  motion at chance after 300 steps (loss 9.7 vs 7.1, see BENCHMARKS.md).
   """
   video: nn.Module
   num_classes: int

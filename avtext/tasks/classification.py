@@ -71,10 +71,6 @@ class ClipLabels:
     return label.astype(np.float32)
 
 
-def _video_inputs(batch: dict) -> dict:
-  return {"rgb": batch["rgb"], "audio": batch["audio"]}
-
-
 @registry.register("video_cls")
 class VideoClassificationTask(registry.Task):
   """MBT + linear head, sigmoid (multi-label) or softmax cross-entropy."""
@@ -109,10 +105,10 @@ class VideoClassificationTask(registry.Task):
         process_count=process_count)
 
   def init_params(self, rng, batch):
-    return self._model.init({"params": rng}, _video_inputs(batch))["params"]
+    return self._model.init({"params": rng}, retrieval.video_inputs(batch))["params"]
 
   def loss_fn(self, params, batch, rng):
-    logits = self._model.apply({"params": params}, _video_inputs(batch), train=True,
+    logits = self._model.apply({"params": params}, retrieval.video_inputs(batch), train=True,
                                rngs={"dropout": rng})
     loss = losses.LOSSES[self.config.loss.name](logits, batch["labels"])
     return loss, {"label_accuracy": 100.0 * jnp.mean((logits > 0) == (batch["labels"] > 0.5))}
@@ -126,7 +122,8 @@ class VideoClassificationTask(registry.Task):
 
       def predict(params, batch):
         b, k = batch["rgb"].shape[:2]
-        flat = jax.tree.map(lambda x: x.reshape((b * k,) + x.shape[2:]), _video_inputs(batch))
+        flat = jax.tree.map(lambda x: x.reshape((b * k,) + x.shape[2:]),
+                            retrieval.video_inputs(batch))
         logits = model.apply({"params": params}, flat).reshape(b, k, -1)
         return jnp.mean(logits, axis=1), batch["labels"]
 

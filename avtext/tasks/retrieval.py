@@ -75,7 +75,8 @@ def build_model(config: ml_collections.ConfigDict) -> dual_encoder.DualEncoder:
                                   embed_dim=config.model.embed_dim)
 
 
-def _video_inputs(batch: dict) -> dict:
+def video_inputs(batch: dict) -> dict:
+  """The MBT's inputs in a batch (both modalities; MBT ignores the one it lacks)."""
   return {"rgb": batch["rgb"], "audio": batch["audio"]}
 
 
@@ -111,7 +112,7 @@ class AVRTask(registry.Task):
         process_count=process_count)
 
   def init_params(self, rng, batch):
-    return self._model.init({"params": rng}, _video_inputs(batch), batch["input_ids"],
+    return self._model.init({"params": rng}, video_inputs(batch), batch["input_ids"],
                             batch["attention_mask"])["params"]
 
   def load_pretrained(self, params):
@@ -131,7 +132,7 @@ class AVRTask(registry.Task):
 
   def loss_fn(self, params, batch, rng):
     video, text = self._model.apply(
-        {"params": params}, _video_inputs(batch), batch["input_ids"],
+        {"params": params}, video_inputs(batch), batch["input_ids"],
         batch["attention_mask"], train=True, rngs={"dropout": rng})
     sim = text @ video.T  # [B_text, B_video], global batch
     loss = contrastive.nce(sim, temperature=self.config.loss.temperature)
@@ -155,7 +156,7 @@ class AVRTask(registry.Task):
 
       def encode(params, batch):
         b, k = batch["rgb"].shape[:2]
-        flat = jax.tree.map(lambda x: x.reshape((b * k,) + x.shape[2:]), _video_inputs(batch))
+        flat = jax.tree.map(lambda x: x.reshape((b * k,) + x.shape[2:]), video_inputs(batch))
         video = model.apply({"params": params}, flat, method=model.encode_video)
         text = model.apply({"params": params}, batch["input_ids"], batch["attention_mask"],
                            method=model.encode_text)
