@@ -1,8 +1,8 @@
 """Notebook API: open a run directory and poke at its model.
 
     from avtext import inspect
-    run = inspect.load_run("workdirs/demo")          # latest checkpoint
-    run = inspect.load_run("workdirs/demo", step=500)
+    run = inspect.load_run("workdirs/demo/avr")          # latest checkpoint
+    run = inspect.load_run("workdirs/demo/avr", step=250)
     video_emb = run.model.apply({"params": run.params}, inputs, method=run.model.encode_video)
 
 Nothing is trained or written; the optimizer state is not loaded.

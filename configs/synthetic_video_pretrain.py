@@ -1,8 +1,9 @@
 r"""Supervised pretraining of the demo's RGB tower on the synthetic world's labels.
 
-    python -m avtext.main --config=configs/synthetic_video_pretrain.py --workdir=workdirs/video_pretrain
-    python -m avtext.main --config=configs/videocc_avr.py:demo --workdir=workdirs/demo \
-        --config.init_from.workdir=workdirs/video_pretrain
+    python -m avtext.main --config=configs/synthetic_video_pretrain.py \
+        --workdir=workdirs/demo/video_pretrain
+    python -m avtext.main --config=configs/videocc_avr.py:demo --workdir=workdirs/demo/avr \
+        --config.init_from.workdir=workdirs/demo/video_pretrain
 
 VideoCC (§5.2) does not train MBT from scratch: it starts from a ViT
 pretrained on ImageNet-21k. The synthetic world has no ImageNet, so this stage

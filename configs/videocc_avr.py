@@ -1,11 +1,14 @@
 r"""VideoCC audio-visual retrieval (AVR): MBT video encoder + BERT text encoder, NCE.
 
     python -m avtext.main --config=configs/videocc_avr.py --workdir=workdirs/avr
-    python -m avtext.main --config=configs/videocc_avr.py:demo --workdir=workdirs/demo
+    python -m avtext.main --config=configs/videocc_avr.py:demo --workdir=workdirs/demo/avr \
+        --config.init_from.workdir=workdirs/demo/video_pretrain
 
 Variants (after the colon, comma-separated):
   (none)  the paper's setup (VideoCC §5.2, app. C) on VideoCC3M.
-  demo    small MBT + MiniLM-L6 text tower on the synthetic world; `make demo`.
+  demo    small MBT + MiniLM-L6 text tower on the synthetic world; `make demo`
+          runs it after configs/synthetic_video_pretrain.py, whose RGB tower it
+          starts from (without init_from.workdir the MBT starts from scratch).
   rgb / audio   V-only or A-only video encoder (default rgb+audio).
   tiny    seconds-long smoke run (tests).
 

@@ -61,7 +61,8 @@ def clip_source(dataset: ml_collections.ConfigDict, split: str, *, name: str | N
     raise FileNotFoundError(
         f"config.dataset: {name!r} has no builder in avtext yet, so the paper setup cannot "
         f"run here. To prepare it: {_REAL[name]}. To run this experiment end to end on the "
-        "embedded synthetic world instead, use the ':demo' variant, e.g. "
-        "`python -m avtext.main --config=configs/videocc_avr.py:demo --workdir=workdirs/demo`.")
+        "embedded synthetic world instead, use the ':demo' variant: `make demo`, or "
+        "`python -m avtext.main --config=configs/videocc_avr.py:demo --workdir=workdirs/demo` "
+        "(see configs/synthetic_video_pretrain.py for its pretrained RGB tower).")
   raise ValueError(f"config.dataset.name={name!r}; expected synthetic_clips, tfds:<name>, "
                    f"or one of {sorted(_REAL)}")
