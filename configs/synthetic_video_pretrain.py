@@ -65,23 +65,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.init_from.step = ml_collections.config_dict.placeholder(int)
   config.init_from.params = (("video/", "video/"),)
 
-  config.train = ml_collections.ConfigDict()
-  config.train.batch_size = 64
-  config.train.num_epochs = None
+  # Batch size, logging, checkpointing and eval as the AVR run; 300 steps.
+  config.train = avr.train
   config.train.num_steps = 300
-  config.train.log_every_steps = 50
   config.train.checkpoint_every_steps = 300
   config.train.keep_checkpoints = 1
-  config.train.async_checkpointing = True
-
-  config.eval = ml_collections.ConfigDict()
-  config.eval.batch_size = 100
+  config.eval = avr.eval
   config.eval_every_steps = 0
   if tiny:
-    config.train.batch_size = 8
     config.train.num_steps = 4
     config.train.log_every_steps = 2
     config.train.checkpoint_every_steps = 2
     config.optimizer.warmup_steps = 1
-    config.eval.batch_size = 8
   return config

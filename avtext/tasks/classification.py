@@ -72,37 +72,22 @@ class ClipLabels:
 
 
 @registry.register("video_cls")
-class VideoClassificationTask(registry.Task):
+class VideoClassificationTask(registry.ClipTask):
   """MBT + linear head, sigmoid (multi-label) or softmax cross-entropy."""
 
   def __init__(self, config: ml_collections.ConfigDict):
-    super().__init__(config)
     if config.loss.name not in losses.LOSSES:
       raise ValueError(f"config.loss.name={config.loss.name!r}; video_cls expects one of "
                        f"{sorted(losses.LOSSES)}")
     self.label_names = label_names(config)
-    self._model = heads.VideoClassifier(
+    super().__init__(config, heads.VideoClassifier(
         video=retrieval.build_video_encoder(config.model.video),
-        num_classes=len(self.label_names))
-    self._train_source = builders.clip_source(config.dataset, "train")
+        num_classes=len(self.label_names)))
     self._predict_cache = (None, None)  # (mesh, jitted predictor), see _predict_fn
-
-  @property
-  def model(self) -> heads.VideoClassifier:
-    return self._model
-
-  def num_train_examples(self) -> int:
-    return len(self._train_source)
 
   def examples(self, source, *, train: bool) -> pipelines.ClipExamples:
     return pipelines.ClipExamples(pipelines.ClipReader(source), self.config.data, train=train,
                                   label_fn=ClipLabels(len(self.label_names)))
-
-  def train_data(self, *, batch_size, seed, process_index, process_count):
-    return pipelines.train_batches(
-        len(self._train_source), self.examples(self._train_source, train=True),
-        batch_size=batch_size, seed=seed, process_index=process_index,
-        process_count=process_count)
 
   def init_params(self, rng, batch):
     return self._model.init({"params": rng}, retrieval.video_inputs(batch))["params"]

@@ -10,6 +10,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from avtext.data import builders
 from avtext.data import pipelines
 from avtext.train import partitioning
 
@@ -76,6 +77,36 @@ class Task:
   def evaluate(self, params, *, mesh, workdir, step: int) -> dict[str, float]:
     """Runs the task's evaluation; returns scalar metrics to log."""
     raise NotImplementedError
+
+
+class ClipTask(Task):
+  """A task trained on the clips of `config.dataset`'s train split.
+
+  Subclasses set the model and say how a clip becomes an example
+  (`examples`); the train split, its size and the training batches are here.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, model: Any):
+    super().__init__(config)
+    self._model = model
+    self._train_source = builders.clip_source(config.dataset, "train")
+
+  @property
+  def model(self):
+    return self._model
+
+  def examples(self, source, *, train: bool) -> Callable[..., dict]:
+    """`(index[, rng]) -> example` over `source` (a `pipelines.ClipExamples`)."""
+    raise NotImplementedError
+
+  def num_train_examples(self) -> int:
+    return len(self._train_source)
+
+  def train_data(self, *, batch_size, seed, process_index, process_count):
+    return pipelines.train_batches(
+        len(self._train_source), self.examples(self._train_source, train=True),
+        batch_size=batch_size, seed=seed, process_index=process_index,
+        process_count=process_count)
 
 
 def map_examples(fn: Callable[[dict], Any], examples: Callable[[int], dict], n: int, *,

@@ -81,35 +81,20 @@ def video_inputs(batch: dict) -> dict:
 
 
 @registry.register("avr")
-class AVRTask(registry.Task):
+class AVRTask(registry.ClipTask):
   """VideoCC audio-visual retrieval."""
 
   def __init__(self, config: ml_collections.ConfigDict):
-    super().__init__(config)
-    self._model = build_model(config)
-    self._train_source = builders.clip_source(config.dataset, "train")
+    super().__init__(config, build_model(config))
     weights = text_weights_dir(config.model.text)
     vocab = config.data.get("vocab") or (
         weights / "vocab.txt" if weights is not None else assets.minilm_l6_dir() / "vocab.txt")
     self.tokenizer = preprocessing.Tokenizer(vocab, max_len=config.data.max_text_len)
     self._encode_cache = (None, None)  # (mesh, jitted encoder), see _encode_fn
 
-  @property
-  def model(self) -> dual_encoder.DualEncoder:
-    return self._model
-
-  def num_train_examples(self) -> int:
-    return len(self._train_source)
-
   def examples(self, source, *, train: bool) -> pipelines.ClipExamples:
     return pipelines.ClipExamples(pipelines.ClipReader(source), self.config.data,
                                   self.tokenizer, train=train)
-
-  def train_data(self, *, batch_size, seed, process_index, process_count):
-    return pipelines.train_batches(
-        len(self._train_source), self.examples(self._train_source, train=True),
-        batch_size=batch_size, seed=seed, process_index=process_index,
-        process_count=process_count)
 
   def init_params(self, rng, batch):
     return self._model.init({"params": rng}, video_inputs(batch), batch["input_ids"],
