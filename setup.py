@@ -12,7 +12,7 @@ _HERE = pathlib.Path(__file__).parent
 _DIRECT = (
     "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml_collections",
     "clu", "grain", "tensorflow-cpu", "tensorboard", "tensorflow-datasets",
-    "array_record", "transformers", "tokenizers", "safetensors", "einops",
+    "array_record", "h5py", "transformers", "tokenizers", "safetensors", "einops",
     "absl-py", "numpy", "scipy", "pillow", "importlib_resources", "pycocoevalcap",
     "sacrebleu",
 )

@@ -3,36 +3,49 @@
     from avtext import inspect
     run = inspect.load_run("workdirs/demo/avr")          # latest checkpoint
     run = inspect.load_run("workdirs/demo/avr", step=250)
-    video_emb = run.model.apply({"params": run.params}, inputs, method=run.model.encode_video)
+    run = inspect.load_run("workdirs/demo/avr", step="best")   # with config.eval.select
+    video_emb = run.model.apply(run.variables, inputs, method=run.model.encode_video)
 
-Nothing is trained or written; the optimizer state is not loaded.
+The model is rebuilt from the run's `config.json` alone (`config.model` through
+the model registry): no dataset is opened, so a run trained on data you do not
+have can still be inspected. Nothing is trained or written; the optimizer state
+is not loaded.
 """
 import dataclasses
 import json
 import pathlib
 from typing import Any
 
-import jax
 import ml_collections
 
-from avtext.tasks import registry
+from avtext.models import registry as models_registry
 from avtext.train import checkpointing
 
 
 @dataclasses.dataclass
 class Run:
   config: ml_collections.ConfigDict
-  model: Any  # the task's flax module
-  params: Any  # numpy/jax arrays, as trained
+  model: Any  # the flax module of config.model
+  params: Any  # numpy arrays, as trained
+  model_state: dict  # non-param collections (e.g. batch_stats); {} if none
   step: int
-  task: Any  # the task object: its data pipeline, evaluation, tokenizer
   workdir: pathlib.Path
+
+  @property
+  def variables(self) -> dict:
+    """{"params": ..., **model_state}: what `model.apply` takes."""
+    return {"params": self.params, **self.model_state}
 
   @property
   def results(self) -> dict:
     """Contents of workdir/results.json ({} if no evaluation ran yet)."""
     path = self.workdir / "results.json"
     return json.loads(path.read_text()) if path.exists() else {}
+
+  def task(self):
+    """The run's task (tokenizer, example pipeline, predict functions); opens no data."""
+    from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+    return registry.build_task(self.config)
 
 
 def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
@@ -42,16 +55,11 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
-def load_run(workdir: str | pathlib.Path, step: int | None = None) -> Run:
-  """(config, model, params) of the run in `workdir` at `step` (default: latest)."""
+def load_run(workdir: str | pathlib.Path, step: int | str | None = None) -> Run:
+  """(config, model, params) of the run in `workdir` at `step` (None: latest, "best", N)."""
   workdir = pathlib.Path(workdir).absolute()
   config = load_config(workdir)
-  task = registry.build_task(config)
-  ckpt = checkpointing.Checkpointer(workdir / "checkpoints", async_save=False)
-  try:
-    state, step = ckpt.restore_raw(step)
-  finally:
-    ckpt.close()
-  params = jax.tree.map(lambda x: x, state["params"])
-  return Run(config=config, model=task.model, params=params, step=step, task=task,
-             workdir=workdir)
+  state, step = checkpointing.restore_raw(workdir, step)
+  return Run(config=config, model=models_registry.build_model(config.model),
+             params=state["params"], model_state=dict(state.get("model_state") or {}),
+             step=step, workdir=workdir)

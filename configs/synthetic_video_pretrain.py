@@ -43,6 +43,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.dataset = avr.dataset
   config.data = avr.data
   config.model = ml_collections.ConfigDict()
+  config.model.name = "video_classifier"
+  config.model.num_classes = 26  # the world's attribute labels (synthetic.LABEL_NAMES)
   config.model.video = avr.model.video
   config.model.video.modalities = "rgb"
 
@@ -62,7 +64,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.init_from = ml_collections.ConfigDict()
   config.init_from.workdir = ml_collections.config_dict.placeholder(str)
-  config.init_from.step = ml_collections.config_dict.placeholder(int)
+  config.init_from.step = ml_collections.config_dict.placeholder(str)
   config.init_from.params = (("video/", "video/"),)
 
   # Batch size, logging, checkpointing and eval as the AVR run; 300 steps.
@@ -71,7 +73,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.train.checkpoint_every_steps = 300
   config.train.keep_checkpoints = 1
   config.eval = avr.eval
-  config.eval_every_steps = 0
+  config.evals = ml_collections.ConfigDict()
+  config.evals.test = ml_collections.ConfigDict(dict(
+      type="classification", every_steps=0, split="test", logits_fn="logits"))
   if tiny:
     config.train.num_steps = 4
     config.train.log_every_steps = 2

@@ -33,8 +33,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.dataset = ml_collections.ConfigDict()
   config.dataset.name = "videocc3m"
   config.dataset.data_dir = None  # where the prepared TFDS/array_record dataset lives
-  config.dataset.eval_name = "msrvtt"  # VideoCC reports retrieval on MSR-VTT
-  config.dataset.eval_split = "test"
 
   config.data = ml_collections.ConfigDict()
   config.data.fps = 25  # app. C: frames extracted at 25 fps
@@ -59,8 +57,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # ---- model ---------------------------------------------------------------
   config.model = ml_collections.ConfigDict()
+  config.model.name = "dual_encoder"  # avtext/models/registry.py
   config.model.embed_dim = 256  # §4.1 / §5.2: D = 256
   config.model.video = ml_collections.ConfigDict()
+  config.model.video.name = "mbt"
   config.model.video.modalities = "rgb+audio"
   config.model.video.hidden_size = 768  # ViT-B
   config.model.video.num_layers = 12
@@ -74,6 +74,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.video.attention_dropout_rate = 0.0
   config.model.video.stochastic_depth = 0.0
   config.model.text = ml_collections.ConfigDict()
+  config.model.text.name = "bert"
   config.model.text.weights = None  # dir with HF BERT-base config.json + safetensors
   config.model.text.vocab_size = 30522  # BERT-base uncased
   config.model.text.hidden_size = 768
@@ -103,7 +104,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # e.g. --config.init_from.workdir=workdirs/video_pretrain
   config.init_from = ml_collections.ConfigDict()
   config.init_from.workdir = ml_collections.config_dict.placeholder(str)
-  config.init_from.step = ml_collections.config_dict.placeholder(int)  # None: latest
+  config.init_from.step = ml_collections.config_dict.placeholder(str)  # None: latest; N; "best"
   config.init_from.params = (("video/", "video/"),)  # (source prefix, target prefix), ...
 
   config.train = ml_collections.ConfigDict()
@@ -115,9 +116,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.train.keep_checkpoints = 3
   config.train.async_checkpointing = True
 
-  config.eval = ml_collections.ConfigDict()
-  config.eval.batch_size = 64
-  config.eval_every_steps = 5000
+  # ---- evaluation (avtext/evals): zero-shot retrieval on MSR-VTT (§5.3) ----
+  config.evals = ml_collections.ConfigDict()
+  config.evals.msrvtt = ml_collections.ConfigDict(dict(
+      type="retrieval", every_steps=5000, dataset=dict(name="msrvtt"), split="test",
+      text_fn="embed_text", video_fn="embed_video"))
+  config.eval = eval_config(batch_size=64)
 
   if "demo" in variants or "tiny" in variants:
     _synthetic(config, tiny="tiny" in variants)
@@ -128,10 +132,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   return config
 
 
+def eval_config(batch_size: int) -> ml_collections.ConfigDict:
+  """`config.eval`: batch size, model selection, plateau and early stopping (all off).
+
+  See avtext/train/control.py: select = ("<evaluator>/<metric>", "max"|"min")
+  keeps the best `keep_best` checkpoints; plateau.factor (e.g. COOT's 0.1)
+  turns reduce-on-plateau on; early_stopping_patience (e.g. XML's 10) turns
+  early stopping on.
+  """
+  return ml_collections.ConfigDict(dict(
+      batch_size=batch_size,
+      select=ml_collections.config_dict.placeholder(tuple),
+      keep_best=1,
+      plateau=dict(factor=ml_collections.config_dict.placeholder(float), patience=2,
+                   cooldown=3, min_lr=0.0, threshold=1e-4),
+      early_stopping_patience=ml_collections.config_dict.placeholder(int)))
+
+
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   """Small MBT + MiniLM-L6 on the synthetic world, sized for a 2-core CPU."""
   config.dataset.name = "synthetic_clips"
-  config.dataset.eval_name = "synthetic_clips"
   config.dataset.world = ml_collections.ConfigDict(
       dict(height=64, width=64, fps=25, duration_s=10.0, sample_rate=16000))
   config.dataset.num_train = 100_000
@@ -180,7 +200,11 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   config.train.log_every_steps = 50
   config.train.checkpoint_every_steps = 250
   config.eval.batch_size = 100
-  config.eval_every_steps = 0
+  # The 1000-clip synthetic test split, once at the end of training.
+  config.evals = ml_collections.ConfigDict()
+  config.evals.test = ml_collections.ConfigDict(dict(
+      type="retrieval", every_steps=0, split="test",
+      text_fn="embed_text", video_fn="embed_video"))
 
   if tiny:
     config.dataset.world = ml_collections.ConfigDict(

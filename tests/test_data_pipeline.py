@@ -159,3 +159,92 @@ def test_pad_batch():
   batch, valid = pipelines.pad_batch({"x": np.arange(3)}, 5)
   np.testing.assert_array_equal(batch["x"], [0, 1, 2, 2, 2])
   np.testing.assert_array_equal(valid, [1, 1, 1, 0, 0])
+
+
+class _Forbidden:
+  """Stands in for data a pipeline must not touch: any use fails the test."""
+
+  def __init__(self, what):
+    self.what = what
+
+  def __array__(self, *args, **kwargs):
+    raise AssertionError(f"{self.what} was read")
+
+  def __getitem__(self, index):
+    raise AssertionError(f"{self.what} was indexed")
+
+
+def _modality_sources():
+  """A lazy source and a full-example source whose unused modality must stay untouched."""
+  inner = ClipCaptionSource("test", num_examples=2,
+                            spec=WorldSpec(height=32, width=32, duration_s=2.0))
+
+  class Lazy:
+    def __init__(self, forbid):
+      self.forbid = forbid
+
+    def __len__(self):
+      return len(inner)
+
+    def describe(self, i):
+      return inner.describe(i)
+
+    def render_frames(self, i, idx):
+      assert self.forbid != "rgb", "render_frames called for an audio-only model"
+      return inner.render_frames(i, idx)
+
+    def render_audio(self, i, start, n):
+      assert self.forbid != "audio", "render_audio called for an RGB-only model"
+      return inner.render_audio(i, start, n)
+
+  class Full:
+    def __init__(self, forbid):
+      self.forbid = forbid
+
+    def __len__(self):
+      return len(inner)
+
+    def __getitem__(self, i):
+      ex = inner[i]
+      if self.forbid == "audio":
+        ex["audio"] = _Forbidden("the waveform")
+      if self.forbid == "rgb":  # its length is all an audio-only model may use
+        num_frames = len(ex["frames"])
+        ex["frames"] = type("Frames", (_Forbidden,), {"__len__": lambda s: num_frames})(
+            "the frames")
+      return ex
+  return Lazy, Full
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_modalities_read_only_what_the_model_uses_and_change_nothing_else(train):
+  data = tiny_data()
+  tok = preprocessing.Tokenizer(max_len=data.max_text_len)
+  for source_cls in _modality_sources():
+    both = pipelines.ClipExamples(pipelines.ClipReader(source_cls(None)), data, tok, train=train)
+    for modality, forbid in (("rgb", "audio"), ("audio", "rgb")):
+      only = pipelines.ClipExamples(pipelines.ClipReader(source_cls(forbid)), data, tok,
+                                    train=train, modalities=(modality,))
+      for i in range(2):
+        want = both(i, np.random.default_rng(i))
+        got = only(i, np.random.default_rng(i))
+        dropped = {"audio", "has_audio"} if modality == "rgb" else {"rgb"}
+        assert set(got) == set(want) - dropped
+        for key in got:  # same RNG draws in the same order: identical bytes
+          assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape
+          assert got[key].tobytes() == want[key].tobytes(), (source_cls.__name__, modality, key)
+
+
+def test_modalities_argument_forms():
+  data = tiny_data()
+  source = ClipCaptionSource("test", num_examples=1,
+                             spec=WorldSpec(height=32, width=32, duration_s=2.0))
+  reader = pipelines.ClipReader(source)
+  assert pipelines.ClipExamples(reader, data, train=False).modalities == ("rgb", "audio")
+  assert pipelines.ClipExamples(reader, data, train=False,
+                                modalities="rgb+audio").modalities == ("rgb", "audio")
+  assert pipelines.ClipExamples(reader, data, train=False, modalities="audio").modalities == (
+      "audio",)
+  for bad in ((), ("rgb", "rgb"), ("depth",), "rgb+text"):
+    with pytest.raises(ValueError, match="modalities must be a non-empty, duplicate-free"):
+      pipelines.ClipExamples(reader, data, train=False, modalities=bad)

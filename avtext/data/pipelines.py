@@ -1,12 +1,12 @@
 """Input pipelines: grain datasets of host-local numpy batches per task.
 
-Training data is `MapDataset.range(n) -> shard by host -> seed -> shuffle
-(a new order each epoch) -> repeat -> random_map(example) -> batch`, so batch
-k is a pure function of (seed, k): the iterator's state is just its position,
-saved in every checkpoint, and a resumed run sees exactly the batches an
-uninterrupted one would.
+Training data is `MapDataset.range(n) -> seed -> shuffle (a new order each
+epoch) -> repeat -> random_map(example) -> batch -> this host's rows`, so
+global batch k is a pure function of (seed, k), whatever the number of hosts:
+the iterator's state is just its position, saved in every checkpoint, and a
+resumed run sees exactly the batches an uninterrupted one would.
 """
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import grain
 import ml_collections
@@ -18,13 +18,23 @@ from avtext.data import preprocessing
 def train_batches(num_examples: int, example_fn: Callable[[int, np.random.Generator], dict],
                   *, batch_size: int, seed: int, process_index: int = 0,
                   process_count: int = 1) -> grain.MapDataset:
-  """Infinite, deterministic, shuffled batches of `example_fn(index, rng)`."""
-  ds = grain.MapDataset.range(num_examples)[process_index::process_count]
-  if len(ds) < batch_size:
-    raise ValueError(f"{len(ds)} training examples on this host, fewer than one batch "
-                     f"of {batch_size}")
-  ds = ds.seed(seed).shuffle().repeat()
-  return ds.random_map(example_fn).batch(batch_size, drop_remainder=True)
+  """Infinite, deterministic, shuffled batches of `example_fn(index, rng)`.
+
+  `batch_size` is the per-process size L. All processes walk one global
+  stream of examples (one shuffle, one augmentation rng per stream position),
+  and global batch k is its positions [k*G, (k+1)*G), G = L * process_count;
+  process p yields rows [p*L, (p+1)*L) of it. So the global batches, and a
+  checkpointed run, do not depend on how many processes feed them.
+  """
+  global_size = batch_size * process_count
+  if num_examples < global_size:
+    raise ValueError(f"{num_examples} training examples, fewer than one batch of "
+                     f"{global_size} ({process_count} process(es) x {batch_size})")
+  ds = grain.MapDataset.range(num_examples).seed(seed).shuffle().repeat()
+  # random_map seeds each example by its stream position, so the rows are
+  # picked after it; MapDatasets are lazy, so a process only builds its own.
+  chunks = ds.random_map(example_fn).batch(batch_size, drop_remainder=True)
+  return chunks[process_index::process_count] if process_count > 1 else chunks
 
 
 def pad_batch(batch: dict, size: int) -> tuple[dict, np.ndarray]:
@@ -37,6 +47,18 @@ def pad_batch(batch: dict, size: int) -> tuple[dict, np.ndarray]:
   return {k: pad(np.asarray(v)) for k, v in batch.items()}, valid
 
 
+MODALITIES = ("rgb", "audio")
+
+
+def parse_modalities(modalities: str | Sequence[str]) -> tuple[str, ...]:
+  """'rgb', 'audio', 'rgb+audio' or a sequence of them -> a tuple in that order."""
+  parsed = tuple(modalities.split("+") if isinstance(modalities, str) else modalities)
+  if not parsed or len(set(parsed)) != len(parsed) or set(parsed) - set(MODALITIES):
+    raise ValueError(f"modalities must be a non-empty, duplicate-free subset of {MODALITIES} "
+                     f"(or 'rgb', 'audio', 'rgb+audio'), got {modalities!r}")
+  return parsed
+
+
 class ClipReader:
   """Frames and audio of clip `i`, rendering only what is asked when the source can."""
 
@@ -47,40 +69,52 @@ class ClipReader:
   def __len__(self) -> int:
     return len(self.source)
 
-  def read(self, index: int, frame_indices_fn, audio_window_fn) -> dict:
+  def read(self, index: int, frame_indices_fn, audio_window_fn,
+           modalities: Sequence[str] = MODALITIES) -> dict:
     """Example with frames[frame_indices_fn(num_frames)] and the audio window.
 
     `audio_window_fn(frame_indices, num_samples)` -> [(start, length)] windows.
-    Also returned: 'caption', 'has_audio', and what labels exist: the
+    Only the `modalities` asked for are read: without 'rgb' no frame is
+    rendered or indexed and 'frames' is absent; without 'audio' no audio is
+    rendered or sliced and 'audio' / 'has_audio' are absent ('audio' is None
+    when the clip has no audio track). Always returned: 'frame_indices' (the
+    audio windows are centred on them), 'caption', and what labels exist: the
     synthetic world's ground-truth 'attributes', or a stored 'label' field.
     """
     if self._lazy:
       desc = self.source.describe(index)
       idx = frame_indices_fn(desc["num_frames"])
-      frames = self.source.render_frames(index, np.ravel(idx))
-      frames = frames.reshape(np.shape(idx) + frames.shape[1:])
-      audio = None
-      if desc["has_audio"]:
-        total = desc["num_samples"]
-        audio = []
-        for start, length in audio_window_fn(idx, total):
-          lo, hi = max(start, 0), min(start + length, total)
-          part = self.source.render_audio(index, lo, hi - lo) if hi > lo else np.zeros(0)
-          audio.append(_place(part, lo - start, length))
-      return {"frames": frames, "audio": audio, "caption": desc["caption"],
-              "has_audio": desc["has_audio"], "attributes": desc.get("attributes")}
+      out = {"frame_indices": idx, "caption": desc["caption"],
+             "attributes": desc.get("attributes")}
+      if "rgb" in modalities:
+        frames = self.source.render_frames(index, np.ravel(idx))
+        out["frames"] = frames.reshape(np.shape(idx) + frames.shape[1:])
+      if "audio" in modalities:
+        audio = None
+        if desc["has_audio"]:
+          total = desc["num_samples"]
+          audio = []
+          for start, length in audio_window_fn(idx, total):
+            lo, hi = max(start, 0), min(start + length, total)
+            part = self.source.render_audio(index, lo, hi - lo) if hi > lo else np.zeros(0)
+            audio.append(_place(part, lo - start, length))
+        out.update(audio=audio, has_audio=desc["has_audio"])
+      return out
     ex = self.source[index]
-    all_frames = np.asarray(ex["frames"])
-    idx = frame_indices_fn(len(all_frames))
-    has_audio = bool(ex.get("has_audio", True))
-    wave = np.asarray(ex["audio"], np.float32) if has_audio else None
-    audio = None
-    if wave is not None and wave.size:
-      audio = [_slice_padded(wave, s, n) for s, n in audio_window_fn(idx, len(wave))]
+    idx = frame_indices_fn(len(ex["frames"]))
     caption = ex["caption"]
     caption = caption.decode() if isinstance(caption, bytes) else str(caption)
-    return {"frames": all_frames[idx], "audio": audio, "caption": caption,
-            "has_audio": audio is not None, "label": ex.get("label")}
+    out = {"frame_indices": idx, "caption": caption, "label": ex.get("label")}
+    if "rgb" in modalities:
+      out["frames"] = np.asarray(ex["frames"])[idx]
+    if "audio" in modalities:
+      has_audio = bool(ex.get("has_audio", True))
+      wave = np.asarray(ex["audio"], np.float32) if has_audio else None
+      audio = None
+      if wave is not None and wave.size:
+        audio = [_slice_padded(wave, s, n) for s, n in audio_window_fn(idx, len(wave))]
+      out.update(audio=audio, has_audio=audio is not None)
+    return out
 
 
 def _place(part: np.ndarray, offset: int, length: int) -> np.ndarray:
@@ -106,12 +140,18 @@ class ClipExamples:
     zeros and has_audio=False when the clip has no audio.
   With a `tokenizer`, the caption's 'input_ids' / 'attention_mask' are added
   (retrieval); with a `label_fn(clip)`, its 'labels' (classification).
+  `modalities` ('rgb', 'audio' or both, the default) are the inputs the model
+  uses: only those are read and preprocessed, 'rgb' or 'audio' + 'has_audio'
+  are absent otherwise. A modality's output does not depend on the other's
+  presence: audio draws nothing from `rng`.
   """
 
   def __init__(self, reader: ClipReader, data: ml_collections.ConfigDict,
                tokenizer: preprocessing.Tokenizer | None = None, *, train: bool,
-               label_fn: Callable[[dict], np.ndarray] | None = None):
+               label_fn: Callable[[dict], np.ndarray] | None = None,
+               modalities: str | Sequence[str] = MODALITIES):
     self.reader = reader
+    self.modalities = parse_modalities(modalities)
     self.data = data
     self.tokenizer = tokenizer
     self.label_fn = label_fn
@@ -144,29 +184,37 @@ class ClipExamples:
         windows.append((start + s * d.spec_segment_stride_frames * self.hop, seg_samples))
     return windows
 
-  def __call__(self, index: int, rng: np.random.Generator | None = None) -> dict:
+  def _log_mel(self, index: int, windows: list[np.ndarray] | None, k: int) -> np.ndarray:
+    """float32 [K, spec_segments * spec_segment_frames, mel] of the audio windows."""
     d = self.data
-    clip = self.reader.read(index, self._frame_indices(rng), self._audio_windows)
-    k = clip["frames"].shape[0]
-    crop = {"area_range": tuple(d.crop_area_range),
-            "aspect_ratio_range": tuple(d.crop_aspect_ratio_range)}
-    rgb = np.stack([
-        preprocessing.resize_crop_normalize(f, size=d.image_size, train=self.train, rng=rng,
-                                            **crop)
-        for f in clip["frames"]])
     spec_shape = (d.spec_segments * d.spec_segment_frames, d.num_mel_bins)
-    if clip["audio"] is None:
+    if windows is None:
       if not d.allow_missing_audio:
         raise ValueError(f"example {index}: audio track missing; set "
                          "data.allow_missing_audio=True to feed zeros (VideoCC app. C)")
-      audio = np.zeros((k,) + spec_shape, np.float32)
-    else:
-      segs = [preprocessing.log_mel_spectrogram(
-          w, sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins)[:d.spec_segment_frames]
-              for w in clip["audio"]]
-      audio = np.stack(segs).reshape((k,) + spec_shape).astype(np.float32)
-    out = {"rgb": rgb.astype(np.float32), "audio": audio,
-           "has_audio": np.full((k,), clip["has_audio"])}
+      return np.zeros((k,) + spec_shape, np.float32)
+    segs = [preprocessing.log_mel_spectrogram(
+        w, sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins)[:d.spec_segment_frames]
+            for w in windows]
+    return np.stack(segs).reshape((k,) + spec_shape).astype(np.float32)
+
+  def __call__(self, index: int, rng: np.random.Generator | None = None) -> dict:
+    d = self.data
+    clip = self.reader.read(index, self._frame_indices(rng), self._audio_windows,
+                            self.modalities)
+    k = np.shape(clip["frame_indices"])[0]
+    out = {}
+    if "rgb" in self.modalities:
+      crop = {"area_range": tuple(d.crop_area_range),
+              "aspect_ratio_range": tuple(d.crop_aspect_ratio_range)}
+      rgb = np.stack([
+          preprocessing.resize_crop_normalize(f, size=d.image_size, train=self.train, rng=rng,
+                                              **crop)
+          for f in clip["frames"]])
+      out["rgb"] = rgb.astype(np.float32)
+    if "audio" in self.modalities:
+      out["audio"] = self._log_mel(index, clip["audio"], k)
+      out["has_audio"] = np.full((k,), clip["has_audio"])
     if self.tokenizer is not None:
       tokens = self.tokenizer([clip["caption"]])
       out["input_ids"] = tokens["input_ids"][0]

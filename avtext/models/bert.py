@@ -9,6 +9,7 @@ Parameters (names mapped from HF checkpoints by `avtext.weights.bert`):
   encoderblock_<i>                  layers.EncoderBlock, post-LN
   pooler                            Dense (only with add_pooler=True)
 """
+import json
 from typing import Any
 
 import flax.linen as nn
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from avtext.models import layers
+from avtext.models import registry
 
 Array = jax.Array
 
@@ -109,3 +111,27 @@ class Bert(nn.Module):
           nn.Dense(self.hidden_size, kernel_init=init, dtype=self.dtype,
                    name="pooler")(x[:, 0]))
     return outputs
+
+
+@registry.register_model("bert")
+def bert_from_config(cfg) -> Bert:
+  """`config.model.text` (name="bert") -> Bert.
+
+  With `cfg.weights` (a local HF BERT directory or 'minilm-l6') the
+  architecture is that checkpoint's `config.json` (its weights are loaded by
+  the task's `load_pretrained`); without, the sizes in `cfg`. `dropout_rate`
+  always comes from `cfg`.
+  """
+  from avtext.weights import bert as bert_weights  # pylint: disable=g-import-not-at-top
+  weights = bert_weights.weights_dir(cfg.get("weights"))
+  if weights is not None:
+    config_path = weights / bert_weights.CONFIG_FILE
+    kwargs = bert_weights.bert_kwargs_from_hf_config(
+        json.loads(config_path.read_text()), str(config_path))
+  else:
+    kwargs = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                  num_layers=cfg.num_layers, num_heads=cfg.num_heads,
+                  mlp_dim=cfg.intermediate_size,
+                  max_position_embeddings=cfg.max_position_embeddings)
+  kwargs["dropout_rate"] = kwargs["attention_dropout_rate"] = cfg.dropout_rate
+  return Bert(**kwargs)

@@ -9,6 +9,7 @@ normalisation." The towers are any modules returning {'embedding': [B, d]}
 import flax.linen as nn
 import jax
 
+from avtext.models import registry
 from avtext.ops import l2_normalize
 
 
@@ -35,3 +36,11 @@ class DualEncoder(nn.Module):
   def __call__(self, video_inputs, input_ids, attention_mask, *, train: bool = False):
     return (self.encode_video(video_inputs, train=train),
             self.encode_text(input_ids, attention_mask, train=train))
+
+
+@registry.register_model("dual_encoder")
+def dual_encoder_from_config(cfg) -> DualEncoder:
+  """`config.model` with `video` and `text` sub-nodes, each naming its model."""
+  return DualEncoder(video=registry.build_model(cfg.video, where="config.model.video"),
+                     text=registry.build_model(cfg.text, where="config.model.text"),
+                     embed_dim=cfg.embed_dim)

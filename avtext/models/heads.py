@@ -2,6 +2,8 @@
 import flax.linen as nn
 import jax
 
+from avtext.models import registry
+
 
 class VideoClassifier(nn.Module):
   """Linear classifier on a video encoder's pooled embedding.
@@ -20,3 +22,12 @@ class VideoClassifier(nn.Module):
   def __call__(self, inputs: dict[str, jax.Array], *, train: bool = False) -> jax.Array:
     embedding = self.video(inputs, train=train)["embedding"]
     return nn.Dense(self.num_classes, name="head")(embedding)
+
+
+@registry.register_model("video_classifier")
+def video_classifier_from_config(cfg) -> VideoClassifier:
+  """`config.model` with a `video` sub-node and `num_classes`."""
+  if not cfg.get("num_classes"):
+    raise ValueError("config.model.num_classes must be set for the video_classifier")
+  return VideoClassifier(video=registry.build_model(cfg.video, where="config.model.video"),
+                         num_classes=cfg.num_classes)

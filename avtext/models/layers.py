@@ -1,18 +1,55 @@
 """Transformer building blocks shared by every avtext model.
 
-One attention implementation (flax's `nn.MultiHeadDotProductAttention`, whose
-[D, H, D/H] query/key/value kernels are the layout of ViT/scenic checkpoints),
-one MLP, one encoder block that covers both the pre-LN ViT/GPT-2 layer and the
-post-LN BERT layer, and the learned ViT position embedding. Models compose
-these; weight importers map public checkpoints onto their parameter names:
+One attention implementation (`Attention`: multi-head dot-product attention
+with the parameters and numerics of flax's `nn.MultiHeadDotProductAttention`,
+whose [D, H, D/H] query/key/value kernels are the layout of ViT/scenic
+checkpoints, plus an autoregressive cache), one MLP, one transformer block and
+the learned ViT position embedding. `EncoderBlock` is the pre-LN ViT/GPT-2
+layer or the post-LN BERT layer; with `cross_attention=True` it is a decoder
+layer, self-attention -> cross-attention -> MLP, for captioners and
+cross-encoders. Models compose these; weight importers map public checkpoints
+onto their parameter names:
 
   EncoderBlock
-    attention       {query, key, value: {kernel [D, H, D/H], bias [H, D/H]},
-                     out: {kernel [H, D/H, D], bias [D]}}
-    attention_norm  {scale, bias}
-    mlp             {dense_in: {kernel [D, M], bias [M]},
-                     dense_out: {kernel [M, D], bias [D]}}
-    mlp_norm        {scale, bias}
+    attention             Attention:
+                            query, key, value: {kernel [D, H, D/H],
+                                                bias [H, D/H]},
+                            out: {kernel [H, D/H, D], bias [D]}
+    attention_norm        {scale, bias}
+    cross_attention       Attention; key/value kernels [D_c, H, D/H]
+                          (only with cross_attention=True)
+    cross_attention_norm  {scale, bias} (only with cross_attention=True)
+    mlp                   {dense_in: {kernel [D, M], bias [M]},
+                           dense_out: {kernel [M, D], bias [D]}}
+    mlp_norm              {scale, bias}
+
+Masks are boolean, True where a query may attend to a key, and broadcastable
+to the attention logits [B, heads, L_q, L_kv]. They are built only by
+`make_padding_mask`, `make_causal_mask` and `make_prefix_lm_mask` and joined
+by `combine_masks`; `EncoderBlock(causal=True)` is a shortcut for
+`mask=make_causal_mask(L)`. A mask always describes the whole sequence, also
+while decoding: the cache picks the rows of the positions being computed.
+
+Autoregressive cache (`decode=True`, self-attention only). Each `Attention`
+keeps, in the flax "cache" collection,
+  cached_key, cached_value  [B, max_len, H, D/H]
+  cache_index               int32 [], positions written so far.
+The cache is created the flax way, by a decode=True call on a [B, max_len, D]
+input while no cache exists: `block.init(rng, x, decode=True, ...)` or
+`block.apply({"params": p}, x, decode=True, mutable=["cache"])`; that call
+computes ordinary attention and leaves the cache empty (index 0). Every later
+call with decode=True and mutable=["cache"] takes the next T positions (a
+prefill of any length P, then T = 1 per generated token), writes their keys
+and values at cache_index with `dynamic_update_slice`, and attends over the
+whole max_len buffer, restricted to the positions written so far and to rows
+[cache_index, cache_index + T) of the given masks ([.., max_len, max_len] or
+broadcastable over queries; padding masks are [B, max_len]). Shapes never
+change, so a jitted step compiles once per (B, T). This reproduces the
+full-sequence computation for any mask whose row i allows no key after
+max(i, prefill end): causal masks for any P, prefix-LM masks when the prefill
+holds the whole prefix (P >= max prefix_length). Writing past max_len cannot
+be detected under jit (the slices clamp); callers stop at max_len.
+Cross-attention keys and values are recomputed from `context` at every call.
 """
 import functools
 from typing import Any, Callable
@@ -43,29 +80,205 @@ def get_activation(name: str) -> Callable[[Array], Array]:
     ) from None
 
 
-def attention_mask(padding_mask: Array | None, length: int,
-                   causal: bool) -> Array | None:
-  """Boolean mask broadcastable to attention logits [B, heads, L_q, L_kv].
+def make_padding_mask(padding_mask: Array, length: int | None = None) -> Array:
+  """Key mask from per-token padding.
+
+  Only keys are masked: queries at padded positions still attend to the real
+  tokens, which keeps their (ignored) outputs finite and equal to HF BERT's.
 
   Args:
-    padding_mask: [B, L_kv], nonzero for real tokens. Only keys are masked:
-      queries at padded positions still attend to the real tokens, which keeps
-      their (ignored) outputs finite and equal to HF BERT's.
-    length: L, the sequence length (needed for the causal mask).
-    causal: also forbid attending to later positions (autoregressive decoders).
+    padding_mask: [B, L_kv], nonzero for real tokens.
+    length: expected L_kv, checked when given.
 
   Returns:
-    None when nothing is masked, else a bool array [B or 1, 1, L or 1, L].
+    bool [B, 1, 1, L_kv].
   """
-  mask = None
-  if padding_mask is not None:
-    if padding_mask.ndim != 2 or padding_mask.shape[-1] != length:
+  if padding_mask.ndim != 2 or (length is not None and
+                                padding_mask.shape[1] != length):
+    want = f"[batch, {length}]" if length is not None else "[batch, length]"
+    raise ValueError(f"padding mask must be {want}, got {padding_mask.shape}")
+  return (padding_mask > 0)[:, None, None, :]
+
+
+def make_causal_mask(length: int) -> Array:
+  """Autoregressive mask: position i attends to positions j <= i.
+
+  Returns:
+    bool [1, 1, L, L], lower triangular.
+  """
+  return jnp.tril(jnp.ones((length, length), jnp.bool_))[None, None]
+
+
+def make_prefix_lm_mask(prefix_length: Array, length: int) -> Array:
+  """Prefix-LM mask (UniLM, T5's prefix LM): bidirectional prefix, causal rest.
+
+  The first p positions attend to each other in both directions; position
+  i >= p attends to j <= i, so it sees the whole prefix. p = 0 is the causal
+  mask, p = L full attention.
+
+  Args:
+    prefix_length: int [B], p per example.
+    length: L.
+
+  Returns:
+    bool [B, 1, L, L].
+  """
+  prefix_length = jnp.asarray(prefix_length)
+  if prefix_length.ndim != 1:
+    raise ValueError(
+        f"prefix_length must be [batch], got shape {prefix_length.shape}")
+  in_prefix = jnp.arange(length)[None, :] < prefix_length[:, None]  # [B, L]
+  return jnp.logical_or(make_causal_mask(length),
+                        in_prefix[:, None, None, :])
+
+
+def combine_masks(*masks: Array | None) -> Array | None:
+  """Logical AND of masks broadcastable to each other; None entries skipped.
+
+  Returns:
+    The broadcast bool mask, or None when every mask is None.
+  """
+  present = [jnp.asarray(m, jnp.bool_) for m in masks if m is not None]
+  if not present:
+    return None
+  return functools.reduce(jnp.logical_and, present)
+
+
+def _rows(mask: Array | None, start: Array, length: int,
+          max_len: int) -> Array | None:
+  """Rows [start, start + length) of a whole-sequence mask [.., max_len, K]."""
+  if mask is None:
+    return None
+  if mask.ndim < 2 or mask.shape[-1] not in (1, max_len):
+    raise ValueError(
+        f"with decode=True a mask must cover the whole cache, [..., max_len "
+        f"or 1, {max_len} or 1], got {mask.shape}")
+  if mask.shape[-2] == 1:
+    return mask
+  if mask.shape[-2] != max_len:
+    raise ValueError(
+        f"with decode=True the mask's query axis must be the whole sequence "
+        f"({max_len}) or 1, got {mask.shape}; the cache selects the rows")
+  return jax.lax.dynamic_slice_in_dim(mask, start, length, axis=mask.ndim - 2)
+
+
+class Attention(nn.Module):
+  """Multi-head dot-product attention with an optional autoregressive cache.
+
+  Parameters and numerics are those of flax's `nn.MultiHeadDotProductAttention`
+  with broadcast_dropout=False, so its checkpoints load unchanged: queries are
+  scaled by 1/sqrt(D/H), masked logits are set to the dtype's minimum (a
+  masked key gets exactly zero weight unless the whole row is masked), the
+  softmax runs in float32 and dropout drops probabilities independently per
+  example, head, query and key. It is our own module because flax's decode
+  mode takes one query per call, and a prefill needs a block of queries.
+
+  Attributes:
+    num_heads: H; the query width D must be divisible by it.
+    dropout_rate: dropout on attention probabilities.
+    kernel_init: initializer of the four kernels (biases start at zero).
+    dtype: computation dtype; parameters stay float32.
+  """
+  num_heads: int
+  dropout_rate: float = 0.0
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array | None = None, *,
+               mask: Array | None = None, causal: bool = False,
+               decode: bool = False, deterministic: bool,
+               sow_weights: bool = False) -> Array:
+    """Attends from `inputs_q` to `inputs_kv`.
+
+    Args:
+      inputs_q: [B, L_q, D].
+      inputs_kv: [B, L_kv, D_kv]; None for self-attention on inputs_q.
+      mask: bool, broadcastable to [B, H, L_q, L_kv], True = may attend. With
+        decode, the whole sequence's mask [.., max_len or 1, max_len or 1].
+      causal: add `make_causal_mask` (self-attention only).
+      decode: read and extend the cache (self-attention only; see the module
+        docstring).
+      deterministic: disables attention dropout.
+      sow_weights: store the probabilities [B, H, L_q, L_kv] as the
+        'intermediates' entry 'attention_weights'.
+
+    Returns:
+      [B, L_q, D].
+    """
+    features = inputs_q.shape[-1]
+    if features % self.num_heads:
+      raise ValueError(f"width {features} is not divisible by num_heads="
+                       f"{self.num_heads}")
+    is_self = inputs_kv is None
+    if not is_self and (causal or decode):
+      raise ValueError("causal masking and decode=True apply to "
+                       "self-attention only (inputs_kv=None)")
+    if is_self:
+      inputs_kv = inputs_q
+    dense = functools.partial(
+        nn.DenseGeneral, features=(self.num_heads, features // self.num_heads),
+        kernel_init=self.kernel_init, dtype=self.dtype)
+    query = dense(name="query")(inputs_q)  # [B, L_q, H, D/H]
+    key = dense(name="key")(inputs_kv)  # [B, L_kv, H, D/H]
+    value = dense(name="value")(inputs_kv)
+
+    start = None
+    if decode:
+      key, value, start = self._extend_cache(key, value)
+    # Over the whole cache when decoding: masks are whole-sequence masks.
+    masks = [mask, make_causal_mask(key.shape[1]) if causal else None]
+    if start is not None:
+      length, max_len = query.shape[1], key.shape[1]
+      written = jnp.arange(max_len) < start + length
+      masks = [_rows(m, start, length, max_len) for m in masks]
+      masks.append(written[None, None, None, :])
+    mask = combine_masks(*masks)
+
+    dropout_rng = None
+    if not deterministic and self.dropout_rate > 0:
+      dropout_rng = self.make_rng("dropout")
+    x = nn.dot_product_attention(
+        query, key, value, mask=mask, broadcast_dropout=False,
+        dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
+        deterministic=deterministic, dtype=self.dtype,
+        force_fp32_for_softmax=True, module=self if sow_weights else None)
+    return nn.DenseGeneral(features, axis=(-2, -1),
+                           kernel_init=self.kernel_init, dtype=self.dtype,
+                           name="out")(x)
+
+  def _extend_cache(self, key: Array,
+                    value: Array) -> tuple[Array, Array, Array | None]:
+    """Writes this call's keys/values [B, T, H, D/H] into the cache.
+
+    Returns:
+      (keys, values, start): the whole buffers [B, max_len, H, D/H] and the
+      index of this call's first position; when the call creates the cache,
+      the inputs unchanged and start None.
+    """
+    exists = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape,
+                               key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros,
+                                 value.shape, value.dtype)
+    index = self.variable("cache", "cache_index",
+                          lambda: jnp.zeros((), jnp.int32))
+    if not exists:
+      return key, value, None
+    batch, max_len = cached_key.value.shape[:2]
+    if (key.shape[0] != batch or key.shape[1] > max_len or
+        key.shape[2:] != cached_key.value.shape[2:]):
       raise ValueError(
-          f"padding_mask must be [batch, {length}], got {padding_mask.shape}")
-    mask = (padding_mask > 0)[:, None, None, :]
-  if causal:
-    mask = nn.combine_masks(mask, nn.make_causal_mask(jnp.ones((1, length))))
-  return mask
+          f"decode step keys {key.shape} do not fit the cache "
+          f"{cached_key.value.shape} ([batch, max_len, heads, head_dim])")
+    start = index.value
+    corner = (0, start, 0, 0)
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key,
+                                                    corner)
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value,
+                                                      value, corner)
+    index.value = start + key.shape[1]
+    return cached_key.value, cached_value.value, start
 
 
 class Mlp(nn.Module):
@@ -86,14 +299,17 @@ class Mlp(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-  """Transformer layer: self-attention and MLP, each with a residual.
+  """Transformer layer: self-attention, [cross-attention,] MLP, with residuals.
 
   pre_norm=True is the ViT / GPT-2 layer, x + f(LN(x)); pre_norm=False is the
-  BERT layer, LN(x + f(x)). Dropout follows both branches' outputs (BERT's
-  hidden dropout, ViT's residual dropout); `attention_dropout_rate` drops
-  attention probabilities. `stochastic_depth` drops each residual branch per
-  example with this probability and rescales the kept ones (timm's DropPath),
-  so eval needs no correction.
+  BERT layer, LN(x + f(x)). With cross_attention=True a cross-attention
+  sublayer (queries from x, keys/values from `context`) sits between the two,
+  with the same residual and LayerNorm placement (the transformer decoder
+  layer). Dropout follows every branch's output (BERT's hidden dropout, ViT's
+  residual dropout); `attention_dropout_rate` drops attention probabilities.
+  `stochastic_depth` drops each residual branch per example with this
+  probability and rescales the kept ones (timm's DropPath), so eval needs no
+  correction.
 
   Attributes:
     num_heads: attention heads; the width D must be divisible by it.
@@ -101,8 +317,10 @@ class EncoderBlock(nn.Module):
     pre_norm: LayerNorm placement, see above.
     activation: key of `ACTIVATIONS`.
     layer_norm_eps: 1e-6 for ViT, 1e-12 for BERT, 1e-5 for GPT-2.
-    causal: add a causal mask (decoder layers).
-    dropout_rate: dropout on both branch outputs.
+    causal: add `make_causal_mask` to self-attention (decoder layers); a
+      prefix-LM passes `mask=make_prefix_lm_mask(...)` instead.
+    cross_attention: add the cross-attention sublayer; calls need `context`.
+    dropout_rate: dropout on every branch output.
     attention_dropout_rate: dropout on attention probabilities.
     stochastic_depth: per-example drop probability of each residual branch.
     kernel_init: initializer of every kernel (xavier for ViT, normal(0.02)
@@ -115,6 +333,7 @@ class EncoderBlock(nn.Module):
   activation: str = "gelu"
   layer_norm_eps: float = 1e-6
   causal: bool = False
+  cross_attention: bool = False
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   stochastic_depth: float = 0.0
@@ -123,27 +342,61 @@ class EncoderBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, padding_mask: Array | None = None, *,
-               deterministic: bool) -> Array:
-    """x: [B, L, D]; padding_mask: [B, L], nonzero for real tokens."""
-    mask = attention_mask(padding_mask, x.shape[1], self.causal)
-    attention = nn.MultiHeadDotProductAttention(
-        num_heads=self.num_heads,
+               mask: Array | None = None, context: Array | None = None,
+               context_mask: Array | None = None, deterministic: bool,
+               decode: bool = False) -> Array:
+    """Applies the layer.
+
+    Args:
+      x: [B, L, D]; with decode, the next T positions [B, T, D].
+      padding_mask: [B, L] ([B, max_len] with decode), nonzero for real
+        tokens; masks keys only, see `make_padding_mask`.
+      mask: bool self-attention mask broadcastable to [B, H, L, L]
+        ([.., max_len, max_len] with decode), True = may attend; combined
+        with padding_mask and `causal`.
+      context: [B, L_c, D_c], what cross-attention attends to; required
+        exactly when cross_attention=True.
+      context_mask: [B, L_c], nonzero for real context positions; padded
+        ones get zero attention weight. None: all real.
+      deterministic: disables dropout and stochastic depth.
+      decode: extend the self-attention cache (module docstring).
+
+    Returns:
+      [B, L, D] (with decode [B, T, D]).
+    """
+    if self.cross_attention != (context is not None):
+      raise ValueError(
+          f"EncoderBlock(cross_attention={self.cross_attention}) was called "
+          f"{'without' if context is None else 'with'} a context; pass "
+          f"context [B, L_c, D_c] exactly when cross_attention=True")
+    if context_mask is not None and context is None:
+      raise ValueError("context_mask given without context")
+    if padding_mask is not None:
+      # While decoding the keys are the whole cache, checked by `Attention`.
+      mask = combine_masks(
+          make_padding_mask(padding_mask, None if decode else x.shape[1]),
+          mask)
+    attention = functools.partial(
+        Attention, num_heads=self.num_heads,
         dropout_rate=self.attention_dropout_rate,
-        broadcast_dropout=False,
-        kernel_init=self.kernel_init,
-        dtype=self.dtype,
-        name="attention")
-    mlp = Mlp(mlp_dim=self.mlp_dim, activation=self.activation,
-              kernel_init=self.kernel_init, dtype=self.dtype, name="mlp")
-    norms = [
-        nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name=name)
-        for name in ("attention_norm", "mlp_norm")
-    ]
-    branches = [
-        lambda y: attention(y, y, mask=mask, deterministic=deterministic),
-        mlp,
-    ]
-    for branch, norm in zip(branches, norms):
+        kernel_init=self.kernel_init, dtype=self.dtype)
+    branches = [("attention", lambda y: attention(name="attention")(
+        y, mask=mask, causal=self.causal, decode=decode,
+        deterministic=deterministic))]
+    if self.cross_attention:
+      context_keys = None
+      if context_mask is not None:
+        context_keys = make_padding_mask(context_mask, context.shape[1])
+      branches.append(("cross_attention",
+                       lambda y: attention(name="cross_attention")(
+                           y, context, mask=context_keys,
+                           deterministic=deterministic)))
+    branches.append(("mlp", Mlp(
+        mlp_dim=self.mlp_dim, activation=self.activation,
+        kernel_init=self.kernel_init, dtype=self.dtype, name="mlp")))
+    for name, branch in branches:
+      norm = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
+                          name=f"{name}_norm")
       y = branch(norm(x) if self.pre_norm else x)
       y = nn.Dropout(self.dropout_rate)(y, deterministic)
       # One keep/drop decision per example: broadcast over tokens and width.

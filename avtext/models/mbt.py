@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from avtext.models import layers
+from avtext.models import registry
 
 Array = jax.Array
 
@@ -246,3 +247,15 @@ class MBT(nn.Module):
     if fuses:
       outputs["bottleneck"] = bottleneck
     return outputs
+
+
+@registry.register_model("mbt")
+def mbt_from_config(cfg) -> MBT:
+  """`config.model.video` (name="mbt") -> MBT; field names as in configs/videocc_avr.py."""
+  return MBT(
+      modalities=cfg.modalities, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
+      num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim,
+      rgb_patch_size=tuple(cfg.rgb_patch), audio_patch_size=tuple(cfg.audio_patch),
+      n_bottlenecks=cfg.n_bottlenecks, fusion_layer=cfg.fusion_layer,
+      dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
+      stochastic_depth=cfg.get("stochastic_depth", 0.0))

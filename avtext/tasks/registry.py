@@ -1,18 +1,19 @@
-"""`config.task` -> task class. A task is model + loss + evaluator.
+"""`config.task` -> task class. A task is model + loss + predict functions.
 
-The trainer knows tasks only through this interface (see `Task`); a new model
-brings a task module that registers itself here, never its own loop.
+The trainer knows tasks only through this interface (see `Task`) and the
+evaluators (`avtext.evals`, declared in `config.evals`) only through the
+task's `eval_examples` and `predict_fns`; a new model brings a task module that
+registers itself here, never its own loop or evaluation.
 """
 import importlib
 from typing import Any, Callable
 
 import jax
 import ml_collections
-import numpy as np
 
 from avtext.data import builders
 from avtext.data import pipelines
-from avtext.train import partitioning
+from avtext.models import registry as models_registry
 
 _TASKS: dict[str, type] = {}
 # Modules imported on first lookup so `config.task` alone selects a task.
@@ -41,18 +42,19 @@ def build_task(config: ml_collections.ConfigDict) -> Any:
 
 
 class Task:
-  """What the trainer calls. Subclasses implement every method.
+  """What the trainer and the evaluators call.
 
-  Batches are dicts of host-local numpy arrays, leading dimension = batch.
+  The model comes from `config.model` through the model registry, so building
+  a task opens no dataset: the train split is opened by `train_data` /
+  `num_train_examples`, and evaluation splits by the evaluators
+  (`avtext.evals`). Batches are dicts of host-local numpy arrays, leading
+  dimension = batch. `variables` are flax variables: {"params": ...} plus any
+  non-parameter collections the model keeps (BatchNorm's "batch_stats").
   """
 
   def __init__(self, config: ml_collections.ConfigDict):
     self.config = config
-
-  @property
-  def model(self):
-    """The flax module(s) of the task, for `avtext.inspect`."""
-    raise NotImplementedError
+    self.model = models_registry.build_model(config.model)
 
   def num_train_examples(self) -> int:
     raise NotImplementedError
@@ -62,70 +64,81 @@ class Task:
     """A grain MapDataset of host-local training batches, infinite, deterministic."""
     raise NotImplementedError
 
-  def init_params(self, rng, batch) -> Any:
-    """Random initial parameters (jitted, so no I/O here)."""
+  def init_variables(self, rng, batch) -> dict:
+    """Initial flax variables, {"params": ...[, "batch_stats": ...]} (jitted: no I/O)."""
     raise NotImplementedError
 
   def load_pretrained(self, params) -> Any:
     """Replaces parts of freshly initialized params with pretrained weights."""
     return params
 
-  def loss_fn(self, params, batch, rng) -> tuple[Any, dict]:
-    """(scalar loss, dict of scalar metrics); traced inside the jitted step."""
+  def loss_fn(self, variables, batch, rng) -> tuple[Any, dict, dict]:
+    """(scalar loss, dict of scalar metrics, updated non-param collections).
+
+    Traced inside the jitted step and differentiated with respect to
+    `variables["params"]`; the third output replaces the other collections
+    (return {} when the model has none).
+    """
     raise NotImplementedError
 
-  def evaluate(self, params, *, mesh, workdir, step: int) -> dict[str, float]:
-    """Runs the task's evaluation; returns scalar metrics to log."""
+  def eval_examples(self, source) -> Callable[[int], dict]:
+    """`index -> example` of an evaluation `source` (no augmentation).
+
+    Arrays go to the devices; other values (ids, reference strings) stay on
+    the host next to their batch (see `avtext.evals.base.map_examples`).
+    """
+    raise NotImplementedError
+
+  def predict_fns(self) -> dict[str, Callable[[Any, dict], Any]]:
+    """Named, un-jitted `(variables, batch) -> outputs` that evaluators call.
+
+    Evaluators jit them once per mesh (`config.evals.<name>` names them).
+    """
     raise NotImplementedError
 
 
 class ClipTask(Task):
   """A task trained on the clips of `config.dataset`'s train split.
 
-  Subclasses set the model and say how a clip becomes an example
-  (`examples`); the train split, its size and the training batches are here.
+  Subclasses say how a clip becomes an example (`examples`); the train split
+  (opened on first use), its size and the training batches are here.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, model: Any):
+  def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
-    self._model = model
-    self._train_source = builders.clip_source(config.dataset, "train")
+    self._train_source = None
 
   @property
-  def model(self):
-    return self._model
+  def train_source(self):
+    if self._train_source is None:
+      self._train_source = builders.get_source(self.config.dataset, "train")
+    return self._train_source
 
   def examples(self, source, *, train: bool) -> Callable[..., dict]:
     """`(index[, rng]) -> example` over `source` (a `pipelines.ClipExamples`)."""
     raise NotImplementedError
 
+  def eval_examples(self, source) -> Callable[[int], dict]:
+    return self.examples(source, train=False)
+
   def num_train_examples(self) -> int:
-    return len(self._train_source)
+    return len(self.train_source)
 
   def train_data(self, *, batch_size, seed, process_index, process_count):
+    source = self.train_source
     return pipelines.train_batches(
-        len(self._train_source), self.examples(self._train_source, train=True),
+        len(source), self.examples(source, train=True),
         batch_size=batch_size, seed=seed, process_index=process_index,
         process_count=process_count)
 
 
-def map_examples(fn: Callable[[dict], Any], examples: Callable[[int], dict], n: int, *,
-                 mesh, global_batch_size: int) -> Any:
-  """`fn` (jitted, on global batches) over examples 0..n-1, outputs gathered on host.
+def video_inputs(batch: dict) -> dict:
+  """The video encoder's inputs present in a batch ('rgb' and/or 'audio')."""
+  return {k: batch[k] for k in ("rgb", "audio") if k in batch}
 
-  Each process builds its share of every global batch; the last batch is
-  padded and the padding dropped again. Returns `fn`'s output tree with the
-  leading axes of all batches concatenated ([n, ...] per leaf).
-  """
-  local_bs = partitioning.per_process_batch_size(global_batch_size, mesh)
-  first = jax.process_index() * local_bs
-  outputs = []
-  for start in range(0, n, global_batch_size):
-    rows = range(start + first, min(start + first + local_bs, n))
-    local = [examples(i) for i in rows] or [examples(n - 1)]
-    batch = {k: np.stack([ex[k] for ex in local]) for k in local[0]}
-    batch, _ = pipelines.pad_batch(batch, local_bs)
-    out = partitioning.global_to_host(fn(partitioning.host_to_global(batch, mesh)))
-    valid = min(global_batch_size, n - start)
-    outputs.append(jax.tree.map(lambda x, v=valid: x[:v], out))
-  return jax.tree.map(lambda *xs: np.concatenate(xs), *outputs)
+
+def fold_clips(fn: Callable[[dict], Any], inputs: dict) -> Any:
+  """`fn` over inputs with a clip axis [B, K, ...]: applied to [B*K, ...], returns [B, K, ...]."""
+  b, k = next(iter(inputs.values())).shape[:2]
+  flat = jax.tree.map(lambda x: x.reshape((b * k,) + x.shape[2:]), inputs)
+  return jax.tree.map(lambda y: y.reshape((b, k) + y.shape[1:]), fn(flat))

@@ -5,7 +5,14 @@ RNG; restored with the shardings of a template) and `data` (the input
 iterator's state as JSON). Orbax writes into a temporary directory and renames
 it when complete, so a process killed mid-save leaves the previous checkpoint as
 the latest one; `keep` bounds how many are kept.
+
+A run directory holds the latest-N checkpoints in `checkpoints/` and, when
+`config.eval.select` names a metric, the best-N in `best_checkpoints/` (each
+saved with its metric value; orbax keeps the N best). `step="best"` anywhere a
+step is asked for (`--mode=eval --step=best`, `init_from.step="best"`,
+`inspect.load_run(..., step="best")`) means the best one.
 """
+import json
 import pathlib
 from typing import Any
 
@@ -14,12 +21,22 @@ import jax
 import orbax.checkpoint as ocp
 
 
+LATEST_DIR = "checkpoints"
+BEST_DIR = "best_checkpoints"
+
+
 class Checkpointer:
   """Saves and restores (train state, data-iterator state) under `directory`."""
 
   def __init__(self, directory: str | pathlib.Path, *, keep: int = 3,
-               async_save: bool = True):
+               async_save: bool = True, best_mode: str | None = None):
+    """best_mode "max"/"min": keep the `keep` checkpoints of best metric (see `save`)."""
     self.directory = pathlib.Path(directory).absolute()
+    self.best_mode = best_mode
+    best = {}
+    if best_mode is not None:
+      best = dict(best_fn=lambda metrics: metrics["value"], best_mode=best_mode,
+                  keep_checkpoints_without_metrics=False)
     self._manager = ocp.CheckpointManager(
         self.directory,
         item_names=("state", "data"),
@@ -27,6 +44,7 @@ class Checkpointer:
             max_to_keep=keep,
             create=True,
             enable_async_checkpointing=async_save,
+            **best,
         ),
     )
 
@@ -36,8 +54,15 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return list(self._manager.all_steps())
 
-  def save(self, step: int, state: Any, data_state: dict | None) -> bool:
-    """Starts writing checkpoint `step` (the caller decides the cadence)."""
+  def best_step(self) -> int | None:
+    return self._manager.best_step() if self.best_mode else None
+
+  def save(self, step: int, state: Any, data_state: dict | None,
+           metric: float | None = None) -> bool:
+    """Starts writing checkpoint `step` (the caller decides the cadence).
+
+    `metric`: the selected metric's value, for a best-N checkpointer.
+    """
     if step in self.all_steps():
       return False
     saved = self._manager.save(
@@ -45,6 +70,7 @@ class Checkpointer:
         args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=ocp.args.JsonSave(data_state or {})),
+        metrics=None if metric is None else {"value": float(metric)},
         force=True)
     if saved:
       logging.info("checkpoint for step %d being written to %s", step, self.directory)
@@ -80,7 +106,7 @@ class Checkpointer:
     if not steps:
       raise FileNotFoundError(f"{self.directory}: no checkpoint found")
     if step is None:
-      return max(steps)
+      return self.best_step() if self.best_mode else max(steps)
     if step not in steps:
       raise FileNotFoundError(
           f"{self.directory}: no checkpoint for step {step}; available: {sorted(steps)}")
@@ -92,3 +118,39 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+def run_checkpointer(workdir: str | pathlib.Path, step: int | str | None = None
+                     ) -> tuple[Checkpointer, int | None]:
+  """(Checkpointer, step) for reading `step` (None: latest, "best", or N) of a run."""
+  workdir = pathlib.Path(workdir)
+  if isinstance(step, str) and step != "best":
+    step = int(step)
+  if step == "best":
+    directory = workdir / BEST_DIR
+    if not directory.is_dir():
+      raise FileNotFoundError(f"{workdir}: no {BEST_DIR}/ (the run had no config.eval.select)")
+    # The mode only matters for saving and pruning; reading takes the metrics as stored.
+    ckpt = Checkpointer(directory, async_save=False, best_mode=_stored_best_mode(workdir))
+    return ckpt, None
+  directory = workdir / LATEST_DIR
+  if not directory.is_dir():
+    raise FileNotFoundError(f"{workdir}: no {LATEST_DIR}/ directory; expected an avtext run "
+                            "directory with at least one checkpoint")
+  return Checkpointer(directory, async_save=False), step
+
+
+def restore_raw(workdir: str | pathlib.Path, step: int | str | None = None
+                ) -> tuple[dict, int]:
+  """(saved train state as nested numpy dicts, step) of a run; no template needed."""
+  ckpt, step = run_checkpointer(workdir, step)
+  try:
+    return ckpt.restore_raw(step)
+  finally:
+    ckpt.close()
+
+
+def _stored_best_mode(workdir: pathlib.Path) -> str:
+  config = workdir / "config.json"
+  select = json.loads(config.read_text()).get("eval", {}).get("select") if config.exists() else None
+  return select[1] if select else "max"

@@ -1,15 +1,21 @@
 """The one training loop: init or resume, jitted sharded steps, checkpoints, evals.
 
-    state = TrainState(step, params, opt_state, rng)
+    state = TrainState(step, params, model_state, opt_state, rng, control)
     for step in range(resumed_step, total_steps):
       batch = host_to_global(next(data_iterator))          # sharded on 'data'
       state, metrics = train_step(state, batch)             # jit, state donated
+      evaluators due at this step -> results.json, TensorBoard, state.control
+      checkpoint (latest-N; best-N when config.eval.select improves)
 
-Everything task-specific (model, loss, data, evaluation) comes from the task
-(`avtext.tasks.registry.Task`). Run state lives in `workdir`: re-running the
-same command resumes from the latest checkpoint (params, optimizer state,
-step, RNG and the input iterator's position), so a resumed run is bit-identical
-to an uninterrupted one.
+Everything task-specific comes from the task (`avtext.tasks.registry.Task`:
+model, loss, data, predict functions) and the evaluators (`avtext.evals`,
+declared in `config.evals`), both handed in by `main.py`: this package imports
+nothing from `avtext.tasks`. `config.eval.select`, reduce-on-plateau and early
+stopping are in `control.py`; their counters are part of the checkpointed
+state. Run state lives in `workdir`: re-running the same command resumes from
+the latest checkpoint (params, non-param collections, optimizer state, step,
+RNG, eval control and the input iterator's position), so a resumed run is
+bit-identical to an uninterrupted one.
 """
 import json
 import math
@@ -28,8 +34,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from avtext.tasks import registry
 from avtext.train import checkpointing
+from avtext.train import control as control_lib
 from avtext.train import optimizers
 from avtext.train import partitioning
 from avtext.train import warm_start
@@ -39,8 +45,10 @@ from avtext.train import warm_start
 class TrainState:
   step: jax.Array  # number of completed updates
   params: Any
+  model_state: Any  # non-param flax collections, e.g. {"batch_stats": ...}; {} if none
   opt_state: Any
   rng: jax.Array  # base key; step keys are fold_in(rng, step)
+  control: control_lib.EvalControl  # best metric, plateau and early-stopping counters
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -67,21 +75,41 @@ def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> N
     path.write_text(text)
 
 
-class Trainer:
-  """Builds everything a run needs from a config; `train()` runs it."""
+def _variables(params, model_state) -> dict:
+  return {"params": params, **model_state}
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path):
+
+class Trainer:
+  """Runs `task` as `config` says in `workdir`: `train()` or `evaluate()`.
+
+  `evaluators`: {name: evaluator} (default: built from `config.evals`).
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, task,
+               evaluators: dict | None = None):
     self.config = config
     self.workdir = pathlib.Path(workdir).absolute()
     self.workdir.mkdir(parents=True, exist_ok=True)
     self.mesh = partitioning.make_mesh(config.get("num_devices"),
                                        config.get("model_parallel", 1))
-    self.task = registry.build_task(config)
-    self.total_steps, self.steps_per_epoch = total_train_steps(
-        config, self.task.num_train_examples())
+    self.task = task
+    if evaluators is None:
+      from avtext import evals  # pylint: disable=g-import-not-at-top
+      evaluators = evals.build_evaluators(config, task)
+    self.evaluators = evaluators
+    self.select = control_lib.selection(config)
+    if self.select and self.select[0].split("/")[0] not in evaluators:
+      raise ValueError(f"config.eval.select names evaluator {self.select[0].split('/')[0]!r}; "
+                       f"config.evals has {sorted(evaluators)}")
     self.checkpointer = checkpointing.Checkpointer(
-        self.workdir / "checkpoints", keep=config.train.get("keep_checkpoints", 3),
+        self.workdir / checkpointing.LATEST_DIR, keep=config.train.get("keep_checkpoints", 3),
         async_save=config.train.get("async_checkpointing", True))
+    self.best_checkpointer = None
+    if self.select:
+      self.best_checkpointer = checkpointing.Checkpointer(
+          self.workdir / checkpointing.BEST_DIR, keep=config.eval.get("keep_best", 1),
+          async_save=config.train.get("async_checkpointing", True), best_mode=self.select[1])
+    self.total_steps = self.steps_per_epoch = None  # known once training opens its data
 
   # ---- state -------------------------------------------------------------
 
@@ -95,19 +123,24 @@ class Trainer:
                              prefetch_buffer_size=data.get("prefetch", 4))
     return dataset, iter(dataset.to_iter_dataset(read))
 
+  def _variable_shardings(self, tree: Any) -> Any:
+    """Params and non-param collections alike: `config.partitioning.rules`, else replicated."""
+    rules = tuple(self.config.get("partitioning", {}).get("rules", ()))
+    return {k: partitioning.param_shardings(v, self.mesh, rules) for k, v in tree.items()}
+
   def _init_state(self, example_batch, *, warm_start_params: bool = True
                   ) -> tuple[TrainState, Any]:
     rng = jax.random.PRNGKey(self.config.seed)
     init_rng, state_rng = jax.random.split(rng)
     batch = partitioning.host_to_global(example_batch, self.mesh)
-    rules = tuple(self.config.get("partitioning", {}).get("rules", ()))
-    abstract_params = jax.eval_shape(self.task.init_params, init_rng, batch)
-    param_sharding = partitioning.param_shardings(abstract_params, self.mesh, rules)
-    params = jax.jit(self.task.init_params, out_shardings=param_sharding)(init_rng, batch)
-    params = self.task.load_pretrained(params)
+    abstract = jax.eval_shape(self.task.init_variables, init_rng, batch)
+    shardings = self._variable_shardings(abstract)
+    variables = jax.jit(self.task.init_variables, out_shardings=shardings)(init_rng, batch)
+    variables = dict(variables)
+    params = self.task.load_pretrained(variables.pop("params"))
     if warm_start_params:
       params = warm_start.apply(params, self.config)
-    params = jax.device_put(params, param_sharding)
+    params = jax.device_put(params, shardings["params"])
     self.frozen = optimizers.frozen_mask(params, tuple(self.config.optimizer.get("frozen") or ()))
     tx, schedule = optimizers.make_optimizer(
         self.config.optimizer, total_steps=self.total_steps,
@@ -119,8 +152,9 @@ class Trainer:
         lambda x: x if len(x.sharding.device_set) == self.mesh.size else
         jax.device_put(x, replicated), opt_state)
     state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated),
-                       params=params, opt_state=opt_state,
-                       rng=jax.device_put(state_rng, replicated))
+                       params=params, model_state=variables, opt_state=opt_state,
+                       rng=jax.device_put(state_rng, replicated),
+                       control=jax.device_put(control_lib.init(self.config), replicated))
     return state, (tx, schedule)
 
   def _state_sharding(self, state: TrainState) -> Any:
@@ -130,20 +164,27 @@ class Trainer:
 
   def _make_train_step(self, tx, schedule, state_sharding):
     task, frozen_mask = self.task, self.frozen
+    plateau = control_lib.plateau_enabled(self.config)
 
-    def loss_of_trainable(trainable, frozen, batch, rng):
-      return task.loss_fn(optimizers.merge_frozen(trainable, frozen), batch, rng)
+    def loss_of_trainable(trainable, frozen, model_state, batch, rng):
+      variables = _variables(optimizers.merge_frozen(trainable, frozen), model_state)
+      loss, metrics, new_model_state = task.loss_fn(variables, batch, rng)
+      return loss, (metrics, new_model_state)
 
     def train_step(state: TrainState, batch):
       rng = jax.random.fold_in(state.rng, state.step)
       trainable, frozen = optimizers.split_frozen(state.params, frozen_mask)
-      (loss, aux), grads = jax.value_and_grad(loss_of_trainable, has_aux=True)(
-          trainable, frozen, batch, rng)
+      (loss, (aux, new_model_state)), grads = jax.value_and_grad(
+          loss_of_trainable, has_aux=True)(trainable, frozen, state.model_state, batch, rng)
       updates, opt_state = tx.update(grads, state.opt_state, trainable)
+      lr = schedule(state.step)
+      if plateau:  # reduce-on-plateau scales every update (control.py)
+        updates = jax.tree.map(lambda u: u * state.control.lr_scale, updates)
+        lr = lr * state.control.lr_scale
       params = optimizers.merge_frozen(optax.apply_updates(trainable, updates), frozen)
-      metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
-                 "lr": schedule(state.step), **aux}
-      new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+      metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": lr, **aux}
+      new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                                model_state={**state.model_state, **new_model_state})
       return new_state, metrics
 
     return jax.jit(
@@ -155,7 +196,9 @@ class Trainer:
   # ---- loop --------------------------------------------------------------
 
   def restore_or_init(self):
-    """(state, optimizer pieces, data iterator, dataset); resumes when possible."""
+    """(state, optimizer pieces, data iterator); resumes when possible."""
+    self.total_steps, self.steps_per_epoch = total_train_steps(
+        self.config, self.task.num_train_examples())
     dataset, data_iter = self._data()
     resuming = self.checkpointer.latest_step() is not None
     # A resumed run restores its own params, so config.init_from is not read again.
@@ -166,14 +209,17 @@ class Trainer:
       logging.info("resumed from %s at step %d", self.checkpointer.directory, step)
     return state, opt_pieces, data_iter
 
+  def _writer(self):
+    return metric_writers.create_default_writer(
+        str(self.workdir), just_logging=jax.process_index() > 0)
+
   def train(self) -> TrainState:
     config = self.config
     _write_config(config, self.workdir)
     state, (tx, schedule), data_iter = self.restore_or_init()
     train_step = self._make_train_step(tx, schedule, self._state_sharding(state))
     start = int(state.step)
-    writer = metric_writers.create_default_writer(
-        str(self.workdir), just_logging=jax.process_index() > 0)
+    writer = self._writer()
     if start == 0:
       writer.write_hparams(_flat_hparams(config))
     report = periodic_actions.ReportProgress(
@@ -181,7 +227,13 @@ class Trainer:
         every_steps=config.train.get("log_every_steps", 50))
     log_every = config.train.get("log_every_steps", 50)
     ckpt_every = config.train.get("checkpoint_every_steps", 500)
-    eval_every = config.get("eval_every_steps", 0) or 0
+    periods = {name: ev.every(self.steps_per_epoch) for name, ev in self.evaluators.items()}
+    if bool(state.control.stopped) or start >= self.total_steps:
+      logging.info("the run in %s is complete (step %d%s); evaluating again", self.workdir,
+                   start, ", early-stopped" if bool(state.control.stopped) else "")
+      self._evaluate(state, start, writer, list(self.evaluators))
+      writer.flush()
+      return state
     logging.info("training steps %d -> %d on mesh %s (%d steps per epoch)",
                  start, self.total_steps, dict(self.mesh.shape), self.steps_per_epoch)
 
@@ -211,40 +263,89 @@ class Trainer:
           scalars["examples_per_sec"] = window_steps * config.train.batch_size / elapsed
           writer.write_scalars(step, scalars)
           window_start, window_steps, window_sum = time.perf_counter(), 0, None
-        if step % ckpt_every == 0 or step == self.total_steps:
+        due = [name for name, every in periods.items()
+               if step == self.total_steps or (every and step % every == 0)]
+        if due:
+          _check_finite(pending, last_saved)
+          state = self._evaluate(state, step, writer, due, data_iter=data_iter)
+        stopped = bool(state.control.stopped) if due else False
+        if step % ckpt_every == 0 or step == self.total_steps or stopped:
           _check_finite(pending, last_saved)
           self.checkpointer.save(step, state, data_iter.get_state())
           last_saved = step
-        if eval_every and step % eval_every == 0 and step != self.total_steps:
-          self._evaluate(state, step, writer)
+        if stopped:
+          logging.info("early stopping at step %d: %s did not improve for more than %d "
+                       "evaluations", step, self.select[0],
+                       config.eval.early_stopping_patience)
+          break
       _check_finite(pending, last_saved)
     finally:
       self.checkpointer.wait()
-    self._evaluate(state, step, writer)
+      if self.best_checkpointer is not None:
+        self.best_checkpointer.wait()
     writer.flush()
     return state
 
-  def _evaluate(self, state: TrainState, step: int, writer) -> dict[str, float]:
-    with report_time("eval") as timer:
-      results = self.task.evaluate(state.params, mesh=self.mesh, workdir=self.workdir,
-                                   step=step)
-    results = {**results, "eval_seconds": timer.seconds}
-    writer.write_scalars(step, {f"eval/{k}": v for k, v in results.items()
-                                if isinstance(v, (int, float))})
-    if jax.process_index() == 0:
-      path = self.workdir / "results.json"
-      all_results = json.loads(path.read_text()) if path.exists() else {}
-      all_results[str(step)] = results
-      all_results["latest"] = {"step": step, **results}
-      path.write_text(json.dumps(all_results, indent=2, sort_keys=True))
-    return results
+  def _evaluate(self, state: TrainState, step: int, writer, names: list[str], *,
+                data_iter=None) -> TrainState:
+    """Runs the evaluators `names`; updates state.control from the selected metric."""
+    results = self._run_evaluators(_variables(state.params, state.model_state), step, writer,
+                                   names)
+    if not self.select or self.select[0] not in results or data_iter is None:
+      return state
+    key = self.select[0]
+    control, events = control_lib.update(state.control, results[key], self.config)
+    state = state.replace(control=jax.device_put(control, partitioning.replicated(self.mesh)))
+    if events["reduced"]:
+      logging.info("step %d: %s plateaued; learning-rate scale now %g", step, key,
+                   float(control.lr_scale))
+    if events["improved"] or self.config.eval.get("keep_best", 1) > 1:
+      # With keep_best > 1 every evaluation is offered; orbax keeps the N best.
+      self.best_checkpointer.save(step, state, data_iter.get_state(), metric=results[key])
+    if events["improved"] and jax.process_index() == 0:
+      self._update_results(lambda r: r.update(
+          best={"metric": key, "step": step, "value": float(results[key])}))
+    return state
 
-  def evaluate(self) -> dict[str, float]:
-    """--mode=eval: evaluate the latest checkpoint."""
-    state, _, _ = self.restore_or_init()
-    writer = metric_writers.create_default_writer(
-        str(self.workdir), just_logging=jax.process_index() > 0)
-    return self._evaluate(state, int(state.step), writer)
+  def _run_evaluators(self, variables, step: int, writer, names: list[str]) -> dict[str, Any]:
+    """{"<evaluator>/<metric>": value} of the evaluators `names`, logged and saved."""
+    flat: dict[str, Any] = {}
+    for name in names:
+      with report_time(f"eval {name}") as timer:
+        results = self.evaluators[name].run(variables, mesh=self.mesh, step=step)
+      results = {**results, "eval_seconds": timer.seconds}
+      flat.update({f"{name}/{k}": v for k, v in results.items()})
+    writer.write_scalars(step, {k: v for k, v in flat.items()
+                                if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    if jax.process_index() == 0:
+      def add(all_results):
+        all_results.setdefault(str(step), {}).update(flat)
+        all_results["latest"] = {"step": step, **all_results[str(step)]}
+      self._update_results(add)
+    return flat
+
+  def _update_results(self, change) -> None:
+    path = self.workdir / "results.json"
+    all_results = json.loads(path.read_text()) if path.exists() else {}
+    change(all_results)
+    path.write_text(json.dumps(all_results, indent=2, sort_keys=True))
+
+  def evaluate(self, step: int | str | None = None) -> dict[str, Any]:
+    """--mode=eval: every evaluator on checkpoint `step` (None: latest, "best", or N).
+
+    Reads only the checkpoint and the evaluators' splits, never the train split.
+    """
+    try:
+      saved, step = checkpointing.restore_raw(self.workdir, step)
+    except FileNotFoundError as e:
+      raise FileNotFoundError(f"--mode=eval: {self.workdir} holds no checkpoint to evaluate "
+                              f"({e}); train first or fix --workdir") from e
+    variables = {"params": saved["params"], **(saved.get("model_state") or {})}
+    variables = jax.device_put(variables, self._variable_shardings(variables))
+    writer = self._writer()
+    results = self._run_evaluators(variables, step, writer, list(self.evaluators))
+    writer.flush()
+    return results
 
 
 class report_time:  # pylint: disable=invalid-name

@@ -2,7 +2,7 @@
 
     config.init_from = ml_collections.ConfigDict(dict(
         workdir="workdirs/video_pretrain",  # an avtext run directory
-        step=None,                          # its latest checkpoint by default
+        step=None,                          # latest; "best" or N
         params=(("video/", "video/rgb/"),)  # (source prefix, target prefix), ...
     ))
 
@@ -44,20 +44,19 @@ def configured(config: ml_collections.ConfigDict) -> bool:
   return bool(spec and spec.get("workdir"))
 
 
-def load_source_params(workdir: str | pathlib.Path, step: int | None) -> tuple[Any, int]:
-  """(params as nested dicts of numpy arrays, step) of the run in `workdir`."""
-  directory = pathlib.Path(workdir) / "checkpoints"
-  if not directory.is_dir():
-    raise FileNotFoundError(
-        f"config.init_from.workdir={str(workdir)!r}: no checkpoints/ directory there; "
-        "expected the run directory of a finished avtext run")
-  ckpt = checkpointing.Checkpointer(directory, async_save=False)
+def load_source_params(workdir: str | pathlib.Path, step: int | str | None
+                       ) -> tuple[Any, int]:
+  """(params as nested dicts of numpy arrays, step) of the run in `workdir`.
+
+  `step`: None (latest), "best" (its best checkpoint, see config.eval.select) or N.
+  """
   try:
-    state, step = ckpt.restore_raw(step)
-  finally:
-    ckpt.close()
+    state, step = checkpointing.restore_raw(workdir, step)
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f"config.init_from.workdir={str(workdir)!r}: {e}; expected the "
+                            "run directory of a finished avtext run") from e
   if "params" not in state:
-    raise ValueError(f"{directory}: checkpoint at step {step} holds no 'params'")
+    raise ValueError(f"{workdir}: checkpoint at step {step} holds no 'params'")
   return state["params"], step
 
 

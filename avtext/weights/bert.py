@@ -32,6 +32,21 @@ _UNUSED = ("embeddings.position_ids",)
 _UNUSED_PREFIXES = ("cls.",)
 
 
+def weights_dir(spec: str | None) -> pathlib.Path | None:
+  """`config.model.text.weights`: None (random init), 'minilm-l6', or a local HF BERT dir."""
+  if not spec:
+    return None
+  if spec == "minilm-l6":
+    from avtext.weights import assets  # pylint: disable=g-import-not-at-top
+    return assets.minilm_l6_dir()
+  path = pathlib.Path(spec)
+  if not (path / CONFIG_FILE).exists():
+    raise FileNotFoundError(f"config.model.text.weights={spec!r}: no {CONFIG_FILE} there; "
+                            "expected a local HF BERT directory (config.json + "
+                            "model.safetensors + vocab.txt) or 'minilm-l6'")
+  return path
+
+
 def bert_kwargs_from_hf_config(config: dict[str, Any],
                                source: str = CONFIG_FILE) -> dict[str, Any]:
   """Maps an HF BertConfig dict onto `Bert`'s attributes."""

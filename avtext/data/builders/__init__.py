@@ -1,68 +1,127 @@
-"""Dataset name -> random-access source of clip examples.
+"""Dataset registry: `config.dataset.name` -> random-access source of examples.
 
-`config.dataset.name` picks the source:
-  synthetic_clips        the procedural world (avtext.data.synthetic), no files needed
-  tfds:<name>[/config]   a materialized TFDS dataset in array_record format under
-                         config.dataset.data_dir, read with random access; the path
-                         real datasets take (and that tests exercise with the
-                         synthetic world's TFDS builder)
-  videocc3m, msrvtt      real datasets: their builders are not written yet, so these
-                         fail with what to prepare.
+Built-in names (each registered by the module named in `_MODULES`, imported
+the first time the name is looked up, so importing this package stays cheap
+and e.g. TensorFlow is imported only by a config that reads TFDS files):
 
-Every source is a grain RandomAccessDataSource (`__len__`, `__getitem__`) whose
-examples hold 'frames' uint8 [T, H, W, 3], 'audio' float32 [S], 'has_audio',
-'caption' and 'clip_id'. Sources may add `render_frames(i, idx)` and
-`render_audio(i, start, n)` for cheap partial access.
+  synthetic_clips          the procedural world (avtext.data.synthetic), no files needed
+  tfds:<name>[/config]     a materialized TFDS dataset in array_record format under
+                           config.dataset.data_dir, read with random access; the path
+                           real clip datasets take (tests exercise it with the synthetic
+                           world's TFDS builder)
+  features:hdf5            precomputed per-item arrays (COOT / TVR style) under
+  features:npz             config.dataset.path; layouts and config fields in
+  features:array_record    `builders.precomputed` and `avtext.data.features`
+  videocc3m, msrvtt        real datasets whose builders are not written yet: they
+                           fail with what to prepare
+
+A factory `(dataset_config, split) -> source` is registered with
+`@register_dataset(name)` (or `prefix=True` for a family such as 'tfds:');
+`dataset_config.name` is the name being opened. Every source is a grain
+RandomAccessDataSource (`__len__`, `__getitem__`) with a `kind`:
+
+  'clips'     examples hold 'frames' uint8 [T, H, W, 3], 'audio' float32 [S],
+              'has_audio', 'caption' and 'clip_id'; a source may add
+              `describe(i)`, `render_frames(i, idx)` and `render_audio(i, start, n)`
+              for cheap partial access (see `pipelines.ClipReader`).
+  'features'  `avtext.data.features.FeatureSource`: a dict of numpy arrays (leading
+              axes of variable length) plus host fields ('id', strings); batch them
+              with `features.collate`.
 """
+import copy
+import importlib
+from typing import Any, Callable
+
 import ml_collections
+
+CLIPS = "clips"
+FEATURES = "features"
+KINDS = (CLIPS, FEATURES)
 
 _SPLIT_ALIASES = {"validation": "val"}
 
-_REAL = {
-    "videocc3m": (
-        "VideoCC3M (VideoCC §3.2): download the clips listed in the public VideoCC "
-        "release (video id, start/end seconds, caption) as local video files, extract "
-        "RGB at 25 fps and 16 kHz mono audio, and write them as a TFDS array_record "
-        "dataset with fields frames/audio/has_audio/caption/clip_id; then set "
-        "--config.dataset.name=tfds:<your_builder> --config.dataset.data_dir=<dir>"),
-    "msrvtt": (
-        "MSR-VTT: download the videos and the 1k-A test split captions, decode at 25 fps "
-        "with 16 kHz mono audio (zeros + has_audio=False where a clip has none, VideoCC "
-        "app. C) and write a TFDS array_record dataset with fields "
-        "frames/audio/has_audio/caption/clip_id; then set "
-        "--config.dataset.eval_name=tfds:<your_builder> --config.dataset.data_dir=<dir>"),
+# name (or prefix) -> the module whose import registers it.
+_MODULES = {
+    "synthetic_clips": "avtext.data.builders.synthetic",
+    "videocc3m": "avtext.data.builders.pending",
+    "msrvtt": "avtext.data.builders.pending",
+    "features:hdf5": "avtext.data.builders.precomputed",
+    "features:npz": "avtext.data.builders.precomputed",
+    "features:array_record": "avtext.data.builders.precomputed",
 }
+_PREFIX_MODULES = {"tfds:": "avtext.data.builders.tfds_clips"}
+
+Factory = Callable[[ml_collections.ConfigDict, str], Any]
+_FACTORIES: dict[str, Factory] = {}
+_PREFIX_FACTORIES: dict[str, Factory] = {}
 
 
-def clip_source(dataset: ml_collections.ConfigDict, split: str, *, name: str | None = None):
-  """The source for `split` of dataset `name` (default: config.dataset.name)."""
-  name = name or dataset.name
+def register_dataset(name: str, *, prefix: bool = False) -> Callable[[Factory], Factory]:
+  """Decorator: `factory(dataset_config, split) -> source` opens dataset `name`.
+
+  With `prefix=True`, every name starting with `name` (e.g. 'tfds:') that no
+  exact registration claims goes to `factory`.
+  """
+  table = _PREFIX_FACTORIES if prefix else _FACTORIES
+
+  def decorate(factory: Factory) -> Factory:
+    old = table.get(name)
+    # A module imported twice (importlib.reload) re-registers the same factory.
+    if old is not None and (old.__module__, old.__qualname__) != (
+        factory.__module__, factory.__qualname__):
+      raise ValueError(f"dataset {name!r} is already registered by "
+                       f"{old.__module__}.{old.__qualname__}")
+    table[name] = factory
+    return factory
+  return decorate
+
+
+def registered_names() -> list[str]:
+  """Every name a config can use (prefix families as '<prefix><name>'), without imports."""
+  exact = sorted(set(_FACTORIES) | set(_MODULES))
+  return exact + sorted(f"{p}<name>" for p in set(_PREFIX_FACTORIES) | set(_PREFIX_MODULES))
+
+
+def _import_registering(module: str, name: str, table: dict[str, Factory]) -> None:
+  importlib.import_module(module)
+  if name not in table:
+    raise ImportError(f"{module} was imported to register dataset {name!r} but did not "
+                      "register it (missing @register_dataset?)")
+
+
+def _factory(name: str) -> Factory:
+  if name not in _FACTORIES and name in _MODULES:
+    _import_registering(_MODULES[name], name, _FACTORIES)
+  if name in _FACTORIES:
+    return _FACTORIES[name]
+  for prefix, module in _PREFIX_MODULES.items():
+    if name.startswith(prefix) and prefix not in _PREFIX_FACTORIES:
+      _import_registering(module, prefix, _PREFIX_FACTORIES)
+  for prefix, factory in _PREFIX_FACTORIES.items():
+    if name.startswith(prefix) and len(name) > len(prefix):
+      return factory
+  raise ValueError(f"config.dataset.name={name!r} is not a registered dataset; "
+                   f"registered: {', '.join(registered_names())}")
+
+
+def get_source(dataset_config: ml_collections.ConfigDict, split: str, *,
+               name: str | None = None):
+  """The source of `split` ('validation' = 'val') of dataset `name` (default: its .name)."""
+  name = name or dataset_config.name
   split = _SPLIT_ALIASES.get(split, split)
-  if name == "synthetic_clips":
-    from avtext.data import synthetic  # pylint: disable=g-import-not-at-top
-    world = dict(dataset.get("world", {}) or {})
-    num = dataset.get("num_train") if split == "train" else dataset.get("num_eval")
-    return synthetic.ClipCaptionSource(
-        split, seed=dataset.get("world_seed", 0), num_examples=num,
-        spec=synthetic.WorldSpec(**world))
-  if name.startswith("tfds:"):
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-    if not dataset.get("data_dir"):
-      raise ValueError(f"config.dataset.name={name!r} needs config.dataset.data_dir")
-    tfds_split = {"val": "validation"}.get(split, split)
-    try:
-      return tfds.data_source(name[len("tfds:"):], split=tfds_split,
-                              data_dir=dataset.data_dir, download=False)
-    except Exception as e:  # TFDS raises several types for a missing dataset
-      raise FileNotFoundError(
-          f"{dataset.data_dir}: cannot open {name!r} split {tfds_split!r} as array_record "
-          f"({type(e).__name__}: {e}); materialize it first (see README, 'Datasets')") from e
-  if name in _REAL:
-    raise FileNotFoundError(
-        f"config.dataset: {name!r} has no builder in avtext yet, so the paper setup cannot "
-        f"run here. To prepare it: {_REAL[name]}. To run this experiment end to end on the "
-        "embedded synthetic world instead, use the ':demo' variant: `make demo`, or "
-        "`python -m avtext.main --config=configs/videocc_avr.py:demo --workdir=workdirs/demo` "
-        "(see configs/synthetic_video_pretrain.py for its pretrained RGB tower).")
-  raise ValueError(f"config.dataset.name={name!r}; expected synthetic_clips, tfds:<name>, "
-                   f"or one of {sorted(_REAL)}")
+  factory = _factory(name)
+  if dataset_config.get("name") != name:  # e.g. config.dataset.eval_name
+    dataset_config = ml_collections.ConfigDict(copy.deepcopy(dataset_config))
+    with dataset_config.unlocked():
+      dataset_config.name = name
+  source = factory(dataset_config, split)
+  kind = getattr(source, "kind", None)
+  if kind not in KINDS:
+    raise TypeError(f"dataset {name!r}: {factory.__module__}.{factory.__qualname__} returned "
+                    f"{type(source).__name__} with kind={kind!r}; a source's kind must be "
+                    f"one of {KINDS}")
+  return source
+
+
+# The tasks' name until they switch to get_source.
+clip_source = get_source

@@ -1,0 +1,140 @@
+"""Text <-> video retrieval evaluator (`type="retrieval"`): AVR, S-MiT.
+
+Config fields (besides `base.Evaluator`'s):
+  text_fn            predict function embedding the queries, [B, D] (default "embed_text")
+  video_fn           predict function embedding the videos, [B, K, D] with K test clips
+                     per video, or [B, D] (default "embed_video")
+  id_field           host field naming each example's video (default "video_id");
+                     examples sharing it are captions of one video (one-to-many
+                     ground truth); absent, example i's caption matches video i
+  ks                 R@K cut-offs (default (1, 5, 10))
+  median_convention  "plain" or "coot" (`metrics.retrieval.median_rank`)
+  subset_protocol    None, or {n_subsets, subset_size, seed}: S-MiT's mean/std
+                     over random 1k-pair subsets (paired data only)
+
+Similarity (VideoCC §4.1): each caption is compared with each of a video's K
+clips and the K scores are averaged. Metrics, both directions (`t2v_`, `v2t_`):
+R@K, MdR, MnR and mAP; with one-to-many ground truth a caption's correct item
+is its video and a video's correct items are all its captions. Chance R@1 is
+100 / #videos; a source that knows the best reachable R@1 (the synthetic
+world's `oracle_recall_at_1`) adds it.
+"""
+from typing import Any
+
+import numpy as np
+
+from avtext import evals
+from avtext.evals import base
+from avtext.metrics import retrieval as metrics
+
+
+@evals.register_evaluator("retrieval")
+class RetrievalEvaluator(base.Evaluator):
+  """Dual-encoder retrieval metrics over the task's two embedding functions."""
+
+  def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
+    del step
+    text_fn = self.cache.predict_fn(self.cfg.get("text_fn", "embed_text"))
+    video_fn = self.cache.predict_fn(self.cfg.get("video_fn", "embed_video"))
+
+    def build():
+      return lambda v, batch: {"text": text_fn(v, batch), "video": video_fn(v, batch)}
+
+    out, host = self.predict(("retrieval", text_fn, video_fn), build, variables, mesh=mesh)
+    text, video = out["text"], out["video"]  # [N, D], [N, K, D] or [N, D]
+    if video.ndim == 2:
+      video = video[:, None]
+    t2v_gt, v2t_gt, video_rows = ground_truth(host.get(self.cfg.get("id_field", "video_id")),
+                                              len(text))
+    if video_rows is not None:
+      video = video[video_rows]
+    # VideoCC §4.1: compare each of the K clips with the caption, average the scores.
+    sim = np.einsum("qd,nkd->qn", text, video) / video.shape[1]  # [N_text, N_video]
+    return retrieval_results(sim, t2v_gt, v2t_gt, self.cfg, self.source)
+
+  def report(self, results: dict, step: int) -> None:
+    lines = [f"== {self.name}: retrieval, step {step}, {results['num_videos']} videos, "
+             f"{results['num_captions']} captions =="]
+    for d in ("t2v", "v2t"):
+      lines.append(f"{d}: R@1 {results[f'{d}_R@1']:6.2f}  R@5 {results[f'{d}_R@5']:6.2f}  "
+                   f"R@10 {results[f'{d}_R@10']:6.2f}  MdR {results[f'{d}_MdR']:7.1f}  "
+                   f"MnR {results[f'{d}_MnR']:7.1f}  mAP {results[f'{d}_mAP']:6.2f}")
+    ref = f"chance R@1 {results['chance_r1']:.2f}"
+    if "oracle_t2v_r1" in results:
+      ref += (f"   oracle t2v R@1 {results['oracle_t2v_r1']:.2f}   "
+              f"model/oracle {100 * results['t2v_R@1'] / results['oracle_t2v_r1']:.1f}%")
+    lines.append(ref)
+    if "sound_t2v_r1" in results:
+      lines.append(f"sound-mentioning captions ({results['sound_num_captions']}): t2v R@1 "
+                   f"{results['sound_t2v_r1']:.2f}  oracle {results['sound_oracle_t2v_r1']:.2f}")
+    for key in sorted(k for k in results if k.startswith("subset/mean/") and "_std" not in k):
+      lines.append(f"{key}: {results[key]:.2f} ± {results[key + '_std']:.2f}")
+    print("\n".join(lines), flush=True)
+
+
+def ground_truth(ids: list | None, num_captions: int):
+  """(t2v gt, v2t gt, row of each video's first caption) from per-example video ids.
+
+  Without ids every example is its own video (the diagonal: gt None, rows None).
+  """
+  if ids is None:
+    return None, None, None
+  if len(ids) != num_captions:
+    raise ValueError(f"{len(ids)} video ids for {num_captions} captions")
+  column: dict[Any, int] = {}
+  rows = []
+  for row, vid in enumerate(ids):
+    if vid not in column:
+      column[vid] = len(rows)
+      rows.append(row)
+  t2v = np.array([column[v] for v in ids], np.int64)
+  v2t = [[] for _ in rows]
+  for caption, col in enumerate(t2v):
+    v2t[col].append(caption)
+  return t2v, v2t, np.array(rows)
+
+
+def retrieval_results(sim: np.ndarray, t2v_gt, v2t_gt, cfg, source=None) -> dict[str, Any]:
+  """Every metric of the module docstring for `sim  # [N_captions, N_videos]`."""
+  ks = tuple(cfg.get("ks", (1, 5, 10)))
+  convention = cfg.get("median_convention", "plain")
+  results: dict[str, Any] = {}
+  for name, matrix, gt in (("t2v", sim, t2v_gt), ("v2t", sim.T, v2t_gt)):
+    m = metrics.retrieval_metrics(matrix, gt=gt, ks=ks, median_convention=convention)
+    results.update({f"{name}_{k}": float(v) for k, v in m.items()})
+    results[f"{name}_mAP"] = metrics.mean_average_precision(matrix, _relevance(gt, matrix.shape))
+  results["num_captions"], results["num_videos"] = sim.shape
+  results["chance_r1"] = 100.0 / sim.shape[1]
+  subset = cfg.get("subset_protocol")
+  if subset:
+    if t2v_gt is not None:
+      raise ValueError("subset_protocol needs paired data (one caption per video)")
+    results.update({f"subset/{k}": v for k, v in metrics.subset_protocol(
+        sim, ks=ks, **(subset.to_dict() if hasattr(subset, "to_dict") else dict(subset))
+    ).items()})
+  if t2v_gt is None and source is not None:
+    results.update(_synthetic_references(source, sim))
+  return results
+
+
+def _relevance(gt, shape) -> np.ndarray | None:
+  if gt is None:
+    return None
+  relevance = np.zeros(shape, bool)
+  for q, items in enumerate(gt):
+    relevance[q, items] = True
+  return relevance
+
+
+def _synthetic_references(source, sim: np.ndarray) -> dict[str, float]:
+  """Oracle R@1 and the sound-mentioning subset, for sources that know them."""
+  if not hasattr(source, "oracle_recall_at_1"):
+    return {}
+  out = {"oracle_t2v_r1": float(source.oracle_recall_at_1())}
+  sound = np.array([source.describe(i)["mentions_sound"] for i in range(sim.shape[0])])
+  if sound.any():
+    sub = metrics.retrieval_metrics(sim[sound], gt=np.flatnonzero(sound))
+    out["sound_t2v_r1"] = float(sub["R@1"])
+    out["sound_oracle_t2v_r1"] = float(source.oracle_recall_at_1(np.flatnonzero(sound)))
+    out["sound_num_captions"] = int(sound.sum())
+  return out

@@ -1,0 +1,382 @@
+"""Tests for avtext.models.layers: masks, Attention, EncoderBlock, KV cache.
+
+The cache tests decode a tiny pre-LN decoder (built here) token by token and
+compare with one full-sequence forward pass; the attention tests compare with
+flax's nn.MultiHeadDotProductAttention and a NumPy softmax(QK^T/sqrt(d))V on
+the module's own parameters.
+"""
+import functools
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from avtext.models import layers
+
+VOCAB, WIDTH, HEADS, DEPTH, MAX_LEN, BATCH = 11, 16, 2, 2, 8, 2
+
+
+def _random_params(module, *args, seed=0, **kwargs):
+  """Random params of the module's shapes (LayerNorm scales around 1).
+
+  Drawn on the host: compiling flax's initializers dominates tiny tests.
+  """
+  shapes = jax.eval_shape(
+      lambda: module.init(jax.random.PRNGKey(0), *args, **kwargs))["params"]
+  rng = np.random.default_rng(seed)
+
+  def draw(path, leaf):
+    noise = 0.3 * rng.normal(size=leaf.shape)
+    return jnp.asarray(noise + (path[-1].key == "scale"), jnp.float32)
+  return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def _normal(shape, seed):
+  return jnp.asarray(np.random.default_rng(seed).normal(size=shape),
+                     jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Masks, against literal arrays.
+
+
+def test_padding_mask_masks_keys_only():
+  got = layers.make_padding_mask(jnp.array([[1, 1, 0], [1, 0, 0]]), 3)
+  want = np.array([[1, 1, 0], [1, 0, 0]], bool)[:, None, None, :]
+  assert got.dtype == jnp.bool_
+  np.testing.assert_array_equal(got, want)
+  with pytest.raises(ValueError, match=r"\[batch, 4\]"):
+    layers.make_padding_mask(jnp.ones((2, 3)), 4)
+
+
+def test_causal_mask():
+  want = np.array([[1, 0, 0, 0],
+                   [1, 1, 0, 0],
+                   [1, 1, 1, 0],
+                   [1, 1, 1, 1]], bool)
+  np.testing.assert_array_equal(layers.make_causal_mask(4), want[None, None])
+
+
+def test_prefix_lm_mask():
+  got = layers.make_prefix_lm_mask(jnp.array([2, 3, 0]), 4)
+  want = np.array([
+      [[1, 1, 0, 0],
+       [1, 1, 0, 0],
+       [1, 1, 1, 0],
+       [1, 1, 1, 1]],
+      [[1, 1, 1, 0],
+       [1, 1, 1, 0],
+       [1, 1, 1, 0],
+       [1, 1, 1, 1]],
+      [[1, 0, 0, 0],  # No prefix: causal.
+       [1, 1, 0, 0],
+       [1, 1, 1, 0],
+       [1, 1, 1, 1]],
+  ], bool)
+  assert got.shape == (3, 1, 4, 4)
+  np.testing.assert_array_equal(got, want[:, None])
+
+
+def test_combine_masks():
+  padding = layers.make_padding_mask(jnp.array([[1, 1, 1], [0, 1, 1]]))
+  got = layers.combine_masks(None, padding, layers.make_causal_mask(3))
+  want = np.array([
+      [[1, 0, 0],
+       [1, 1, 0],
+       [1, 1, 1]],
+      [[0, 0, 0],
+       [0, 1, 0],
+       [0, 1, 1]],
+  ], bool)
+  np.testing.assert_array_equal(got, want[:, None])
+  assert layers.combine_masks(None, None) is None
+
+
+# ---------------------------------------------------------------------------
+# Attention.
+
+
+def _ref_attention(q_in, kv_in, p, mask=None):
+  """float64 softmax(QK^T / sqrt(d)) V and output projection."""
+  p = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), p)
+  q_in, kv_in = np.asarray(q_in, np.float64), np.asarray(kv_in, np.float64)
+  q = np.einsum("bld,dhk->blhk", q_in, p["query"]["kernel"]) + p["query"]["bias"]
+  k = np.einsum("bld,dhk->blhk", kv_in, p["key"]["kernel"]) + p["key"]["bias"]
+  v = (np.einsum("bld,dhk->blhk", kv_in, p["value"]["kernel"]) +
+       p["value"]["bias"])
+  logits = np.einsum("bqhk,bphk->bhqp", q, k) / np.sqrt(q.shape[-1])
+  if mask is not None:
+    logits = np.where(mask, logits, -np.inf)
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  o = np.einsum("bhqp,bphk->bqhk", w, v)
+  return np.einsum("bqhk,hkd->bqd", o, p["out"]["kernel"]) + p["out"]["bias"]
+
+
+def test_attention_equals_numpy_softmax_attention():
+  attention = layers.Attention(num_heads=HEADS)
+  x, context = _normal((2, 5, WIDTH), 1), _normal((2, 3, 6), 2)
+  p_self = _random_params(attention, x, deterministic=True)
+  p_cross = _random_params(attention, x, context, deterministic=True)
+  assert p_cross["key"]["kernel"].shape == (6, HEADS, WIDTH // HEADS)
+  with jax.default_matmul_precision("highest"):
+    out = attention.apply({"params": p_self}, x, deterministic=True)
+    cross = attention.apply({"params": p_cross}, x, context,
+                            deterministic=True)
+  np.testing.assert_allclose(out, _ref_attention(x, x, p_self), atol=1e-5)
+  np.testing.assert_allclose(cross, _ref_attention(x, context, p_cross),
+                             atol=1e-5)
+
+
+def test_attention_matches_flax_multi_head_attention_with_dropout():
+  # Same parameter tree, same outputs, and the same dropout masks for the same
+  # rng: flax checkpoints and training runs carry over.
+  ours = layers.Attention(num_heads=HEADS, dropout_rate=0.3)
+  flax_mha = nn.MultiHeadDotProductAttention(
+      num_heads=HEADS, dropout_rate=0.3, broadcast_dropout=False)
+  x = _normal((2, 5, WIDTH), 3)
+  params = _random_params(ours, x, deterministic=True)
+  flax_shapes = jax.eval_shape(lambda: flax_mha.init(
+      jax.random.PRNGKey(0), x, deterministic=True))["params"]
+  assert (jax.tree_util.tree_map(jnp.shape, flax_shapes) ==
+          jax.tree_util.tree_map(jnp.shape, params))
+  mask = layers.make_causal_mask(5)
+  rngs = {"dropout": jax.random.PRNGKey(7)}
+  for deterministic in (True, False):
+    a = ours.apply({"params": params}, x, mask=mask,
+                   deterministic=deterministic, rngs=rngs)
+    b = flax_mha.apply({"params": params}, x, mask=mask,
+                       deterministic=deterministic, rngs=rngs)
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert np.abs(a - ours.apply({"params": params}, x, mask=mask,
+                               deterministic=True)).max() > 1e-3
+
+
+def test_cross_attention_gives_padded_context_zero_weight():
+  attention = layers.Attention(num_heads=HEADS)
+  x, context = _normal((2, 4, WIDTH), 4), _normal((2, 5, 6), 5)
+  context_mask = jnp.array([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+  params = _random_params(attention, x, context, deterministic=True)
+  _, state = attention.apply(
+      {"params": params}, x, context,
+      mask=layers.make_padding_mask(context_mask), deterministic=True,
+      sow_weights=True, mutable=["intermediates"])
+  (weights,) = state["intermediates"]["attention_weights"]  # [B, H, Lq, Lc]
+  padded = np.broadcast_to((context_mask == 0)[:, None, None, :],
+                           weights.shape)
+  assert np.all(np.asarray(weights)[padded] == 0.0)
+  np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
+
+
+def test_block_ignores_padded_context():
+  block = layers.EncoderBlock(num_heads=HEADS, mlp_dim=2 * WIDTH,
+                              cross_attention=True)
+  x, context = _normal((2, 4, WIDTH), 6), _normal((2, 5, 6), 7)
+  context_mask = jnp.array([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
+  params = _random_params(block, x, context=context, deterministic=True)
+  assert set(params) == {"attention", "attention_norm", "cross_attention",
+                         "cross_attention_norm", "mlp", "mlp_norm"}
+  garbage = jnp.where(context_mask[..., None] > 0, context,
+                      100 * _normal(context.shape, 8))
+  run = lambda c: block.apply({"params": params}, x, context=c,
+                              context_mask=context_mask, deterministic=True)
+  np.testing.assert_allclose(run(garbage), run(context), atol=1e-6)
+  # Real context positions do matter.
+  changed = context.at[:, 0].add(1.0)
+  assert np.abs(run(changed) - run(context)).max() > 1e-3
+
+
+def test_block_causal_attribute_is_the_causal_mask():
+  x = _normal((2, 5, WIDTH), 9)
+  causal = layers.EncoderBlock(num_heads=HEADS, mlp_dim=32, causal=True)
+  plain = layers.EncoderBlock(num_heads=HEADS, mlp_dim=32)
+  params = _random_params(plain, x, deterministic=True)
+  padding = jnp.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+  np.testing.assert_array_equal(
+      causal.apply({"params": params}, x, padding, deterministic=True),
+      plain.apply({"params": params}, x, padding,
+                  mask=layers.make_causal_mask(5), deterministic=True))
+
+
+def test_block_context_errors():
+  block = layers.EncoderBlock(num_heads=HEADS, mlp_dim=32)
+  x = _normal((1, 3, WIDTH), 0)
+  with pytest.raises(ValueError, match="cross_attention=False.*with a context"):
+    block.init(jax.random.PRNGKey(0), x, context=x, deterministic=True)
+  cross = layers.EncoderBlock(num_heads=HEADS, mlp_dim=32,
+                              cross_attention=True)
+  with pytest.raises(ValueError, match="without a context"):
+    cross.init(jax.random.PRNGKey(0), x, deterministic=True)
+
+
+# ---------------------------------------------------------------------------
+# Autoregressive cache: token-by-token decoding equals a full recompute.
+
+
+class _Decoder(nn.Module):
+  """Token + learned position embedding, pre-LN blocks, LN, vocab logits."""
+  causal: bool = True
+  cross_attention: bool = False
+
+  @nn.compact
+  def __call__(self, tokens, positions, padding_mask=None, mask=None,
+               context=None, context_mask=None, *, decode=False):
+    x = (nn.Embed(VOCAB, WIDTH)(tokens) +
+         nn.Embed(MAX_LEN, WIDTH)(positions))
+    for _ in range(DEPTH):
+      x = layers.EncoderBlock(
+          num_heads=HEADS, mlp_dim=2 * WIDTH, causal=self.causal,
+          cross_attention=self.cross_attention)(
+              x, padding_mask, mask=mask, context=context,
+              context_mask=context_mask, deterministic=True, decode=decode)
+    return nn.Dense(VOCAB)(nn.LayerNorm()(x))
+
+
+TRACES = {"step": 0}
+
+
+# Flax modules are frozen dataclasses, so jit can take the model as static.
+@functools.partial(jax.jit, static_argnums=0)
+def _full(model, params, tokens, inputs):
+  return model.apply({"params": params}, tokens,
+                     jnp.broadcast_to(jnp.arange(MAX_LEN), tokens.shape),
+                     **inputs)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decode_step(model, variables, tokens, start, inputs):
+  """Next T positions [B, T] from position `start`; -> (logits, cache)."""
+  TRACES["step"] += 1  # Runs only while tracing.
+  positions = start + jnp.arange(tokens.shape[1])[None]
+  logits, state = model.apply(variables, tokens, positions, **inputs,
+                              decode=True, mutable=["cache"])
+  return logits, state["cache"]
+
+
+
+def _decode(model, params, tokens, prefill, inputs):
+  """Prefills `prefill` positions, then feeds one token per call.
+
+  Returns the logits [B, MAX_LEN, VOCAB] and the trace count of the steps
+  after the first one-token call.
+  """
+  # The cache a decode=True call on a [B, MAX_LEN] input would create is all
+  # zeros (test_one_token_step_compiles_once runs that call); tracing it for
+  # its shapes avoids compiling a third function per case.
+  dummy = jnp.zeros((tokens.shape[0], MAX_LEN), jnp.int32)
+  shapes = jax.eval_shape(lambda: model.apply(
+      {"params": params}, dummy, dummy, **inputs, decode=True,
+      mutable=["cache"])[1]["cache"])
+  cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                 shapes)
+  logits, cache = _decode_step(model, {"params": params, "cache": cache},
+                               tokens[:, :prefill], 0, inputs)
+  outputs, retraced = [logits], 0
+  for t in range(prefill, MAX_LEN):
+    before = TRACES["step"]
+    logits, cache = _decode_step(model, {"params": params, "cache": cache},
+                                 tokens[:, t:t + 1], t, inputs)
+    retraced += TRACES["step"] - before if t > prefill else 0
+    outputs.append(logits)
+  index = [v for k, v in flax.traverse_util.flatten_dict(cache).items()
+           if k[-1] == "cache_index"]
+  assert len(index) == DEPTH and all(int(i) == MAX_LEN for i in index)
+  return np.asarray(jnp.concatenate(outputs, axis=1)), retraced
+
+
+def _case(name):
+  """(model, inputs, real positions [B, MAX_LEN]) of a decoding scenario."""
+  rng = np.random.default_rng(11)
+  everything = np.ones((BATCH, MAX_LEN), np.int32)
+  # A left-padded prompt with a padded hole after it.
+  padding = np.array([[1, 1, 1, 1, 1, 1, 1, 1],
+                      [0, 1, 1, 1, 1, 0, 1, 1]], np.int32)
+  if name == "causal":
+    return _Decoder(), {}, everything
+  if name == "causal_padded":
+    return _Decoder(), {"padding_mask": jnp.asarray(padding)}, padding
+  if name == "prefix_lm_padded":
+    mask = layers.make_prefix_lm_mask(jnp.array([3, 5]), MAX_LEN)
+    return (_Decoder(causal=False),
+            {"padding_mask": jnp.asarray(padding), "mask": mask}, padding)
+  if name == "cross_attention":
+    context = jnp.asarray(rng.normal(size=(BATCH, 4, 6)), jnp.float32)
+    context_mask = jnp.array([[1, 1, 1, 0], [1, 1, 0, 0]])
+    return (_Decoder(cross_attention=True),
+            {"context": context, "context_mask": context_mask}, everything)
+  raise ValueError(name)
+
+
+@pytest.mark.parametrize("name,prefills", [
+    ("causal", (1, 3)),
+    ("causal_padded", (4,)),
+    ("prefix_lm_padded", (5,)),  # The prefill holds the longest prefix.
+    ("cross_attention", (2,)),
+])
+def test_cached_decoding_equals_full_recompute(name, prefills):
+  model, inputs, real = _case(name)
+  tokens = jnp.asarray(
+      np.random.default_rng(12).integers(0, VOCAB, (BATCH, MAX_LEN)),
+      jnp.int32)
+  params = _random_params(model, tokens, jnp.zeros_like(tokens), **inputs)
+  full = np.asarray(_full(model, params, tokens, inputs))
+  real = np.asarray(real, bool)[..., None]
+  for prefill in prefills:
+    cached, retraced = _decode(model, params, tokens, prefill, inputs)
+    np.testing.assert_allclose(np.where(real, cached, 0),
+                               np.where(real, full, 0), atol=1e-5,
+                               err_msg=f"prefill={prefill}")
+    assert retraced == 0
+
+
+def test_prefix_lm_case_is_not_causal():
+  # Guards the test above: in its prefix-LM case an earlier output depends on
+  # a later prefix token, so decoding that equals the full recompute has a
+  # bidirectional prefill.
+  model, inputs, _ = _case("prefix_lm_padded")
+  tokens = jnp.zeros((BATCH, MAX_LEN), jnp.int32)
+  params = _random_params(model, tokens, tokens, **inputs)
+  a = np.asarray(_full(model, params, tokens, inputs))
+  b = np.asarray(_full(model, params, tokens.at[:, 4].set(3), inputs))
+  assert np.abs(a[1, 2] - b[1, 2]).max() > 1e-3  # Prefix 5: 2 sees 4.
+  np.testing.assert_array_equal(a[0, :4], b[0, :4])  # Prefix 3: causal.
+
+
+def test_one_token_step_compiles_once():
+  model = _Decoder()
+  traces = []
+
+  @jax.jit
+  def step(variables, token, position):
+    traces.append(1)
+    out, state = model.apply(variables, token, position, decode=True,
+                             mutable=["cache"])
+    return out, state["cache"]
+
+  tokens = jnp.ones((BATCH, MAX_LEN), jnp.int32)
+  params = _random_params(model, tokens, tokens)
+  _, state = model.apply({"params": params}, tokens, tokens, decode=True,
+                         mutable=["cache"])
+  cache = state["cache"]
+  key = cache["EncoderBlock_0"]["attention"]["cached_key"]
+  assert key.shape == (BATCH, MAX_LEN, HEADS, WIDTH // HEADS)
+  for t in range(MAX_LEN):
+    _, cache = step({"params": params, "cache": cache}, tokens[:, t:t + 1],
+                    jnp.full((BATCH, 1), t))
+  assert len(traces) == 1
+  assert int(cache["EncoderBlock_1"]["attention"]["cache_index"]) == MAX_LEN
+
+
+def test_decode_rejects_masks_not_covering_the_cache():
+  model = _Decoder()
+  tokens = jnp.ones((BATCH, MAX_LEN), jnp.int32)
+  params = _random_params(model, tokens, tokens)
+  _, state = model.apply({"params": params}, tokens, tokens, decode=True,
+                         mutable=["cache"])
+  with pytest.raises(ValueError, match="whole sequence"):
+    model.apply({"params": params, "cache": state["cache"]}, tokens[:, :3],
+                tokens[:, :3], mask=layers.make_causal_mask(3)[..., :1],
+                decode=True, mutable=["cache"])

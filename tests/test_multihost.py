@@ -1,0 +1,184 @@
+"""Multi-process training: the input pipeline's global batches and a 2-process run.
+
+The 2-process run is two `python -m avtext.main --distributed` processes on
+this machine (CPU, gloo collectives), each with 2 fake devices; it must train
+exactly like one process with 4 devices, and its checkpoints must resume in one.
+"""
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+
+import grain
+import jax
+import numpy as np
+import pytest
+
+from avtext import inspect
+from avtext.data import builders
+from avtext.data import pipelines
+from avtext.data import preprocessing
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from configs import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+TIMEOUT_S = 600  # per run; generous because the test machine is shared
+
+
+def _tiny_examples():
+  config = videocc_avr.get_config("tiny")
+  source = builders.clip_source(config.dataset, "train")
+  examples = pipelines.ClipExamples(
+      pipelines.ClipReader(source), config.data,
+      preprocessing.Tokenizer(max_len=config.data.max_text_len), train=True)
+  return len(source), examples
+
+
+def _pipeline_before_multihost(num_examples, example_fn, *, batch_size, seed):
+  """`train_batches` as it was before global batches (process_count=1 case)."""
+  ds = grain.MapDataset.range(num_examples)[0::1]
+  ds = ds.seed(seed).shuffle().repeat()
+  return ds.random_map(example_fn).batch(batch_size, drop_remainder=True)
+
+
+def _assert_same_bytes(a: dict, b: dict):
+  assert sorted(a) == sorted(b)
+  for key in a:
+    x, y = np.asarray(a[key]), np.asarray(b[key])
+    assert (x.dtype, x.shape) == (y.dtype, y.shape), key
+    assert x.tobytes() == y.tobytes(), key
+
+
+def test_one_process_batches_are_unchanged():
+  n, examples = _tiny_examples()
+  old = _pipeline_before_multihost(n, examples, batch_size=8, seed=0)
+  new = pipelines.train_batches(n, examples, batch_size=8, seed=0)
+  for k in range(3):
+    _assert_same_bytes(old[k], new[k])
+
+
+@pytest.mark.parametrize("process_count", [2, 4])
+def test_process_slices_concatenate_to_the_global_batch(process_count):
+  n, examples = _tiny_examples()
+  whole = pipelines.train_batches(n, examples, batch_size=8, seed=0)
+  local = 8 // process_count
+  parts = [pipelines.train_batches(n, examples, batch_size=local, seed=0, process_index=p,
+                                   process_count=process_count) for p in range(process_count)]
+  for k in (0, 1, 32):  # 32: the second epoch of 256 clips
+    joined = {key: np.concatenate([part[k][key] for part in parts]) for key in whole[k]}
+    _assert_same_bytes(whole[k], joined)
+
+
+def test_iterator_state_is_the_global_batch_position():
+  fn = lambda i, rng: {"i": np.int64(i), "r": rng.integers(1 << 30)}
+  read = grain.ReadOptions(num_threads=1)
+  whole = iter(pipelines.train_batches(40, fn, batch_size=4, seed=5).to_iter_dataset(read))
+  for _ in range(3):
+    next(whole)
+  state = whole.get_state()
+  # A checkpoint of a 1-process run resumes in 2 processes at the same global batch.
+  halves = []
+  for p in range(2):
+    it = iter(pipelines.train_batches(40, fn, batch_size=2, seed=5, process_index=p,
+                                      process_count=2).to_iter_dataset(read))
+    it.set_state(state)
+    halves.append(next(it))
+  expected = next(whole)
+  for key in expected:
+    np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), expected[key])
+  with pytest.raises(ValueError, match="fewer than one batch of 8 .2 process"):
+    pipelines.train_batches(7, fn, batch_size=4, seed=0, process_index=1, process_count=2)
+
+
+# ---- real processes --------------------------------------------------------
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _main_cmd(workdir, steps, *extra):
+  return [sys.executable, "-m", "avtext.main", "--config=configs/videocc_avr.py:tiny",
+          f"--workdir={workdir}", f"--config.train.num_steps={steps}",
+          "--config.train.log_every_steps=1", "--config.train.batch_size=8", *extra]
+
+
+def _run_all(jobs: list[tuple[list[str], int, pathlib.Path]]) -> list[str]:
+  """Runs (cmd, fake device count, log file) jobs concurrently; their outputs.
+
+  Every process is killed if any fails or times out, so none outlives the test.
+  """
+  procs = []
+  try:
+    for cmd, devices, log in jobs:
+      env = dict(os.environ, JAX_PLATFORMS="cpu",
+                 XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+      with open(log, "w") as out:
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out,
+                                      stderr=subprocess.STDOUT))
+    for proc, (_, _, log) in zip(procs, jobs):
+      proc.wait(timeout=TIMEOUT_S)
+      assert proc.returncode == 0, f"{log}:\n{log.read_text()[-6000:]}"
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+  return [log.read_text() for _, _, log in jobs]
+
+
+def _logged(workdir: pathlib.Path, tag: str) -> dict[int, float]:
+  """{step: value} of a scalar in the run's TensorBoard events (later files win)."""
+  from tensorboard.backend.event_processing import event_file_loader  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  values = {}
+  for path in sorted(workdir.glob("events.out.tfevents.*")):
+    for event in event_file_loader.EventFileLoader(str(path)).Load():
+      for value in event.summary.value:
+        if value.tag == tag:
+          values[event.step] = (float(tensor_util.make_ndarray(value.tensor))
+                                if value.HasField("tensor") else value.simple_value)
+  return values
+
+
+def _max_param_diff(a: pathlib.Path, b: pathlib.Path, step: int) -> float:
+  pa, pb = inspect.load_run(a, step=step).params, inspect.load_run(b, step=step).params
+  assert jax.tree.structure(pa) == jax.tree.structure(pb)
+  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+             for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)))
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one_and_resume_in_one(tmp_path):
+  two, one = tmp_path / "two_processes", tmp_path / "one_process"
+  address = f"--coordinator_address=localhost:{_free_port()}"
+  cluster = [(_main_cmd(two, 5, "--distributed", address, "--num_processes=2",
+                        f"--process_id={i}"), 2, tmp_path / f"two_{i}.log") for i in range(2)]
+  _run_all(cluster + [(_main_cmd(one, 5), 4, tmp_path / "one.log")])
+
+  losses_two, losses_one = _logged(two, "loss"), _logged(one, "loss")
+  assert sorted(losses_two) == sorted(losses_one) == [1, 2, 3, 4, 5]
+  diff = max(abs(losses_two[s] - losses_one[s]) for s in losses_one)
+  print(f"max |loss difference| 2 processes vs 1: {diff:.3g}")
+  assert diff <= 1e-5, (losses_two, losses_one)
+  assert _max_param_diff(two, one, 5) <= 1e-5
+  # The final evaluation ran with 2 processes too (embeddings gathered across them).
+  latest = json.loads((two / "results.json").read_text())["latest"]
+  assert (latest["step"], latest["num_videos"]) == (5, 16)
+
+  # The 2-process checkpoint resumes in 1 process like the 1-process one does.
+  resumed_two, resumed_one = tmp_path / "resumed_two", tmp_path / "resumed_one"
+  shutil.copytree(two, resumed_two)
+  shutil.copytree(one, resumed_one)
+  outs = _run_all([(_main_cmd(resumed_two, 6), 4, tmp_path / "resumed_two.log"),
+                   (_main_cmd(resumed_one, 6), 4, tmp_path / "resumed_one.log")])
+  assert all("resumed from" in out for out in outs)
+  step6_two, step6_one = _logged(resumed_two, "loss")[6], _logged(resumed_one, "loss")[6]
+  assert abs(step6_two - step6_one) <= 1e-5
+  assert _max_param_diff(resumed_two, resumed_one, 6) <= 1e-5
