@@ -8,7 +8,9 @@ import pytest
 
 from avtext.data import synthetic
 from avtext.losses import classification as losses
+from avtext.metrics import classification as classification_metrics
 from avtext.tasks import classification
+from avtext.tasks import registry
 from avtext.train import trainer as trainer_lib
 from configs import synthetic_video_pretrain  # pylint: disable=g-bad-import-order
 from tests import test_trainer  # noqa: F401  (puts the repo root on sys.path)
@@ -64,7 +66,7 @@ def test_classification_metrics_by_hand():
   names = ("g:a", "g:b", "h:x")
   labels = np.array([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 1, 1]])
   logits = np.array([[3.0, 1.0, 0.5], [0.0, 2.0, 0.1], [1.0, 0.0, 0.2], [2.0, 1.0, 0.3]])
-  m = classification.classification_metrics(logits, labels, names)
+  m = classification_metrics.classification_metrics(logits, labels, names)
   # g:a scores 3, 0, 1, 2 -> ranking v0(+), v3(-), v2(+), v1(-): AP = (1 + 2/3) / 2
   # g:b scores 1, 2, 0, 1 -> v1(+), then the tie v0(-)/v3(+) with the irrelevant first,
   #   then v2(+): AP = (1 + 2/3 + 3/4) / 3
@@ -78,18 +80,18 @@ def test_classification_metrics_by_hand():
   assert m["g_accuracy"] == pytest.approx(100 * 2 / 3)
   assert m["h_accuracy"] == pytest.approx(100.0)
   assert "top1_accuracy" not in m  # multi-label
-  single = classification.classification_metrics(logits[:2, :2], np.eye(2), ("a", "b"))
+  single = classification_metrics.classification_metrics(logits[:2, :2], np.eye(2), ("a", "b"))
   assert single["top1_accuracy"] == 100.0 and single["classes_without_positives"] == 0
 
 
 def test_pretrain_task_trains_and_evaluates(tmp_path):
   config = synthetic_video_pretrain.get_config("tiny")
-  state = trainer_lib.Trainer(config, tmp_path).train()
+  state = trainer_lib.Trainer(config, tmp_path, registry.build_task(config)).train()
   assert int(state.step) == config.train.num_steps
   latest = json.loads((tmp_path / "results.json").read_text())["latest"]
   for key in ("mAP", "shape_accuracy", "motion_mAP", "sound_accuracy", "count_accuracy"):
-    assert 0.0 <= latest[key] <= 100.0
-  assert latest["num_videos"] == config.dataset.num_eval
+    assert 0.0 <= latest[f"test/{key}"] <= 100.0
+  assert latest["test/num_videos"] == config.dataset.num_eval
 
 
 def test_unknown_loss_is_an_error():

@@ -76,6 +76,10 @@ def test_lazy_rendering_equals_full_example_path(tmp_path):
       return tfds_builder.decode_record(self.ds[i])
 
   full_source = Decoded(builder.as_data_source("test"))
+  by_name = builders.get_source(ml_collections.ConfigDict(
+      {"name": "tfds:synthetic_clip_caption/tiny", "data_dir": str(tmp_path)}), "test")
+  assert by_name.kind == builders.CLIPS and len(by_name) == cfg.split_sizes["test"]
+  assert by_name[2]["frames"].tobytes() == lazy_source[2]["frames"].tobytes()
   for train in (False, True):
     lazy, full = _examples(lazy_source, train=train), _examples(full_source, train=train)
     for i in range(len(lazy_source)):

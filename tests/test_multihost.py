@@ -148,31 +148,47 @@ def _logged(workdir: pathlib.Path, tag: str) -> dict[int, float]:
 
 
 def _max_param_diff(a: pathlib.Path, b: pathlib.Path, step: int) -> float:
+  """Largest |difference| of two runs' parameters, attention key biases excepted.
+
+  Softmax ignores a shift shared by all keys, so a key bias's true gradient is
+  0 and what the backward pass computes is rounding noise, which Adam scales
+  up to steps of ~learning_rate: those leaves differ between any two meshes.
+  """
   pa, pb = inspect.load_run(a, step=step).params, inspect.load_run(b, step=step).params
   assert jax.tree.structure(pa) == jax.tree.structure(pb)
-  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
-             for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)))
+  diffs = [float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+           for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(pa), jax.tree.leaves(pb))
+           if not jax.tree_util.keystr(path).endswith("['key']['bias']")]
+  assert len(diffs) > 10
+  return max(diffs)
+
+
+@pytest.fixture(scope="module")
+def five_steps(tmp_path_factory):
+  """Workdirs of 5 steps of the tiny AVR config: 2 processes x 2 devices, 1 x 4."""
+  tmp = tmp_path_factory.mktemp("multihost")
+  two, one = tmp / "two_processes", tmp / "one_process"
+  address = f"--coordinator_address=localhost:{_free_port()}"
+  cluster = [(_main_cmd(two, 5, "--distributed", address, "--num_processes=2",
+                        f"--process_id={i}"), 2, tmp / f"two_{i}.log") for i in range(2)]
+  _run_all(cluster + [(_main_cmd(one, 5), 4, tmp / "one.log")])
+  return two, one
 
 
 @pytest.mark.slow
-def test_two_processes_train_like_one_and_resume_in_one(tmp_path):
-  two, one = tmp_path / "two_processes", tmp_path / "one_process"
-  address = f"--coordinator_address=localhost:{_free_port()}"
-  cluster = [(_main_cmd(two, 5, "--distributed", address, "--num_processes=2",
-                        f"--process_id={i}"), 2, tmp_path / f"two_{i}.log") for i in range(2)]
-  _run_all(cluster + [(_main_cmd(one, 5), 4, tmp_path / "one.log")])
-
+def test_two_processes_train_like_one_and_resume_in_one(five_steps, tmp_path):
+  two, one = five_steps
   losses_two, losses_one = _logged(two, "loss"), _logged(one, "loss")
   assert sorted(losses_two) == sorted(losses_one) == [1, 2, 3, 4, 5]
   diff = max(abs(losses_two[s] - losses_one[s]) for s in losses_one)
   print(f"max |loss difference| 2 processes vs 1: {diff:.3g}")
   assert diff <= 1e-5, (losses_two, losses_one)
-  assert _max_param_diff(two, one, 5) <= 1e-5
   # The final evaluation ran with 2 processes too (embeddings gathered across them).
   latest = json.loads((two / "results.json").read_text())["latest"]
   assert (latest["step"], latest["num_videos"]) == (5, 16)
 
-  # The 2-process checkpoint resumes in 1 process like the 1-process one does.
+  # The 2-process checkpoint (state and input position) resumes in 1 process
+  # exactly like the 1-process one.
   resumed_two, resumed_one = tmp_path / "resumed_two", tmp_path / "resumed_one"
   shutil.copytree(two, resumed_two)
   shutil.copytree(one, resumed_one)
@@ -180,5 +196,15 @@ def test_two_processes_train_like_one_and_resume_in_one(tmp_path):
                    (_main_cmd(resumed_one, 6), 4, tmp_path / "resumed_one.log")])
   assert all("resumed from" in out for out in outs)
   step6_two, step6_one = _logged(resumed_two, "loss")[6], _logged(resumed_one, "loss")[6]
+  print(f"step 6 after resuming in 1 process: |loss difference| {abs(step6_two - step6_one):.3g}")
   assert abs(step6_two - step6_one) <= 1e-5
   assert _max_param_diff(resumed_two, resumed_one, 6) <= 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
+    "checkpointing.Checkpointer.restore_raw restores with the saved shardings, whose "
+    "devices (other processes') do not exist here: orbax 'Topology mismatch'"))
+def test_inspect_loads_a_two_process_checkpoint(five_steps):
+  two, one = five_steps
+  assert _max_param_diff(two, one, 5) <= 1e-5

@@ -14,12 +14,17 @@ import numpy as np
 import pytest
 
 from avtext import inspect
+from avtext.tasks import registry
 from avtext.train import partitioning
 from avtext.train import trainer as trainer_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from configs import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def make_trainer(config, workdir):
+  return trainer_lib.Trainer(config, workdir, registry.build_task(config))
 
 
 def tiny_config(**overrides):
@@ -35,7 +40,7 @@ def tiny_config(**overrides):
 
 def _losses(config, workdir, steps):
   """Per-step losses of the trainer's own jitted step on its own data."""
-  run = trainer_lib.Trainer(config, workdir)
+  run = make_trainer(config, workdir)
   state, (tx, schedule), data_iter = run.restore_or_init()
   step_fn = run._make_train_step(tx, schedule, run._state_sharding(state))  # pylint: disable=protected-access
   out = []
@@ -60,7 +65,7 @@ def test_one_vs_eight_devices_same_losses(tmp_path):
 
 def test_train_writes_checkpoints_results_and_restores(tmp_path):
   config = tiny_config()
-  state = trainer_lib.Trainer(config, tmp_path).train()
+  state = make_trainer(config, tmp_path).train()
   assert int(state.step) == config.train.num_steps
   steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
   assert steps == [5, 10]
@@ -68,14 +73,15 @@ def test_train_writes_checkpoints_results_and_restores(tmp_path):
   latest = results["latest"]
   assert latest["step"] == 10
   for key in ("t2v_R@1", "t2v_R@5", "t2v_R@10", "t2v_MdR", "v2t_R@1", "oracle_t2v_r1",
-              "chance_r1"):
-    assert key in latest
-  assert latest["chance_r1"] == pytest.approx(100.0 / config.dataset.num_eval)
+              "chance_r1", "t2v_mAP"):
+    assert f"test/{key}" in latest
+  assert latest["test/chance_r1"] == pytest.approx(100.0 / config.dataset.num_eval)
   assert list(tmp_path.glob("events.out.tfevents.*")), "no TensorBoard events written"
 
   # --mode=eval: the latest checkpoint evaluates to the same numbers.
-  again = trainer_lib.Trainer(config, tmp_path).evaluate()
-  assert again["t2v_R@1"] == latest["t2v_R@1"] and again["v2t_MnR"] == latest["v2t_MnR"]
+  again = make_trainer(config, tmp_path).evaluate()
+  assert again["test/t2v_R@1"] == latest["test/t2v_R@1"]
+  assert again["test/v2t_MnR"] == latest["test/v2t_MnR"]
 
   run = inspect.load_run(tmp_path)
   assert run.step == 10
@@ -98,14 +104,14 @@ def test_loss_decreases_on_repeated_batches(tmp_path):
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   config = tiny_config(**{"train.num_steps": 10, "train.checkpoint_every_steps": 2})
-  run = trainer_lib.Trainer(config, tmp_path)
+  run = make_trainer(config, tmp_path)
   real_loss = run.task.loss_fn
 
-  def poisoned(params, batch, rng):
-    loss, aux = real_loss(params, batch, rng)
+  def poisoned(variables, batch, rng):
+    loss, aux, model_state = real_loss(variables, batch, rng)
     # NaN from the 6th step on: a detectable, deterministic blow-up.
     bad = jnp.sum(batch["input_ids"]) < 0
-    return jnp.where(bad, jnp.nan, loss), aux
+    return jnp.where(bad, jnp.nan, loss), aux, model_state
 
   run.task.loss_fn = poisoned
   counter = {"n": 0}

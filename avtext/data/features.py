@@ -27,7 +27,7 @@ import dataclasses
 import io
 import os
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from absl import logging
 import numpy as np
@@ -115,6 +115,7 @@ class FeatureSource:
   for skip_missing, which keys an item has (`_keys(item_id)`).
   """
   kind = builders.FEATURES
+  _skip_hint = "; set dataset.skip_missing=True to skip such items"
 
   def __init__(self, path: str | os.PathLike, schema: Mapping[str, str | ArraySpec]):
     self.path = os.fspath(path)
@@ -143,8 +144,7 @@ class FeatureSource:
       for key, spec in self.schema.items():
         if key not in stored:
           raise FeatureError(f"{where}: no key {key!r}; expected {spec} (keys there: "
-                             f"{sorted(stored)}; set dataset.skip_missing=True to skip such "
-                             "items)")
+                             f"{sorted(stored)}){self._skip_hint}")
         try:
           value = self._load(stored, key)
         except ValueError as e:  # e.g. a pickled object array in an .npz
@@ -168,12 +168,13 @@ class FeatureSource:
 
   def _select(self, ids: Sequence[str], *, skip_missing: bool, absent: str) -> None:
     """Sets self.ids to `ids`, dropping (and logging) incomplete items under skip_missing."""
-    if not skip_missing:
-      self.ids = list(ids)
+    ids = [str(i) for i in ids]
+    if not skip_missing:  # an absent item or key then fails when the item is read
+      self.ids = ids
       return
     for item_id in ids:
       keys = self._keys(item_id)
-      missing = None if keys is None else [k for k in self.schema if k not in keys]
+      missing = [k for k in self.schema if k not in keys] if keys is not None else None
       if keys is None:
         self.skipped.append((item_id, absent))
       elif missing:
@@ -185,10 +186,6 @@ class FeatureSource:
       logging.warning("%s: skipped %d of %d items that are absent or lack a schema key "
                       "(dataset.skip_missing=True); first: %r (%s)", self.path,
                       len(self.skipped), len(ids), first_id, first_reason)
-
-
-def _item_ids(ids: Sequence[str] | None, found: Iterable[str]) -> list[str]:
-  return sorted(found) if ids is None else [str(i) for i in ids]
 
 
 class Hdf5Features(FeatureSource):
@@ -209,9 +206,9 @@ class Hdf5Features(FeatureSource):
       raise FileNotFoundError(f"{self.path}: no such HDF5 file; expected one group per item "
                               f"holding datasets {self._expected()}")
     self._file = None
-    root = self._h5()
-    found = [k for k, v in root.items() if self._is_group(v)] if ids is None else ()
-    self._select(_item_ids(ids, found), skip_missing=skip_missing, absent="not in the file")
+    if ids is None:
+      ids = sorted(k for k, v in self._h5().items() if self._is_group(v))
+    self._select(ids, skip_missing=skip_missing, absent="not in the file")
 
   def _expected(self) -> str:
     return ", ".join(f"{k}: {s}" for k, s in self.schema.items())
@@ -273,9 +270,9 @@ class NpzFeatures(FeatureSource):
     if not os.path.isdir(self.path):
       raise FileNotFoundError(f"{self.path}: no such directory; expected one <id>.npz per "
                               f"item holding arrays {', '.join(self.schema)}")
-    found = ([n[:-len(".npz")] for n in os.listdir(self.path) if n.endswith(".npz")]
-             if ids is None else ())
-    self._select(_item_ids(ids, found), skip_missing=skip_missing, absent="no .npz file")
+    if ids is None:
+      ids = sorted(n[:-len(".npz")] for n in os.listdir(self.path) if n.endswith(".npz"))
+    self._select(ids, skip_missing=skip_missing, absent="no .npz file")
 
   def _file(self, item_id: str) -> str:
     return os.path.join(self.path, f"{item_id}.npz")
@@ -304,6 +301,7 @@ class ArrayRecordFeatures(FeatureSource):
   array) and one array per schema key, as in `NpzFeatures`. Records are dense,
   so there are no ids to select and nothing to skip: filter when writing.
   """
+  _skip_hint = ""
 
   def __init__(self, path, schema):
     super().__init__(path, schema)
@@ -320,8 +318,8 @@ class ArrayRecordFeatures(FeatureSource):
       return [self.path]
     folder, base = os.path.split(self.path)
     pattern = re.compile(re.escape(base) + r"-\d{5}-of-(\d{5})$")
-    shards = sorted(n for n in (os.listdir(folder or ".") if os.path.isdir(folder or ".")
-                                else ()) if pattern.match(n))
+    names = os.listdir(folder or ".") if os.path.isdir(folder or ".") else []
+    shards = sorted(n for n in names if pattern.match(n))
     if not shards:
       raise FileNotFoundError(f"{self.path}: no such array_record file (nor shards "
                               f"{base}-NNNNN-of-NNNNN); expected one .npz-encoded record per "

@@ -13,6 +13,8 @@ import ml_collections
 import numpy as np
 
 from avtext.data import preprocessing
+from avtext.modalities import MODALITIES
+from avtext.modalities import parse_modalities
 
 
 def train_batches(num_examples: int, example_fn: Callable[[int, np.random.Generator], dict],
@@ -45,18 +47,6 @@ def pad_batch(batch: dict, size: int) -> tuple[dict, np.ndarray]:
     return batch, valid
   pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - n, axis=0)])
   return {k: pad(np.asarray(v)) for k, v in batch.items()}, valid
-
-
-MODALITIES = ("rgb", "audio")
-
-
-def parse_modalities(modalities: str | Sequence[str]) -> tuple[str, ...]:
-  """'rgb', 'audio', 'rgb+audio' or a sequence of them -> a tuple in that order."""
-  parsed = tuple(modalities.split("+") if isinstance(modalities, str) else modalities)
-  if not parsed or len(set(parsed)) != len(parsed) or set(parsed) - set(MODALITIES):
-    raise ValueError(f"modalities must be a non-empty, duplicate-free subset of {MODALITIES} "
-                     f"(or 'rgb', 'audio', 'rgb+audio'), got {modalities!r}")
-  return parsed
 
 
 class ClipReader:

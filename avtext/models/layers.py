@@ -37,18 +37,20 @@ keeps, in the flax "cache" collection,
 The cache is created the flax way, by a decode=True call on a [B, max_len, D]
 input while no cache exists: `block.init(rng, x, decode=True, ...)` or
 `block.apply({"params": p}, x, decode=True, mutable=["cache"])`; that call
-computes ordinary attention and leaves the cache empty (index 0). Every later
+computes ordinary attention and leaves the cache empty (zeros, index 0; so
+zeros shaped by `jax.eval_shape` of that call are the same cache). Every later
 call with decode=True and mutable=["cache"] takes the next T positions (a
 prefill of any length P, then T = 1 per generated token), writes their keys
 and values at cache_index with `dynamic_update_slice`, and attends over the
 whole max_len buffer, restricted to the positions written so far and to rows
 [cache_index, cache_index + T) of the given masks ([.., max_len, max_len] or
 broadcastable over queries; padding masks are [B, max_len]). Shapes never
-change, so a jitted step compiles once per (B, T). This reproduces the
-full-sequence computation for any mask whose row i allows no key after
-max(i, prefill end): causal masks for any P, prefix-LM masks when the prefill
-holds the whole prefix (P >= max prefix_length). Writing past max_len cannot
-be detected under jit (the slices clamp); callers stop at max_len.
+change, so a jitted step compiles once per (B, T). Decoding reproduces the
+full-sequence outputs when every mask row i allows no key j >= max(i + 1, P):
+causal masks with any P, prefix-LM masks when the prefill holds the whole
+prefix (P >= max prefix_length). Rows that allow no key at all (padded
+queries) are meaningless either way and may differ. Writing past max_len
+cannot be detected under jit (the slices clamp); callers stop at max_len.
 Cross-attention keys and values are recomputed from `context` at every call.
 """
 import functools

@@ -25,26 +25,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from avtext.modalities import parse_modalities
 from avtext.models import layers
 from avtext.models import registry
 
 Array = jax.Array
-
-MODALITIES = ("rgb", "audio")
-
-
-def parse_modalities(modalities: str | Sequence[str]) -> tuple[str, ...]:
-  """'rgb', 'audio', 'rgb+audio' or a sequence of those names -> tuple."""
-  if isinstance(modalities, str):
-    modalities = modalities.split("+")
-  parsed = tuple(modalities)
-  if (not parsed or len(set(parsed)) != len(parsed) or
-      not set(parsed) <= set(MODALITIES)):
-    raise ValueError(
-        f"modalities must be a non-empty, duplicate-free subset of "
-        f"{MODALITIES} (or 'rgb', 'audio', 'rgb+audio'), got {modalities!r}")
-  return parsed
-
 
 def _check_divisible(name: str, shape: Sequence[int],
                      patch: Sequence[int], axes: str) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from avtext.data import pipelines
 from avtext.losses import classification as losses
-from avtext.models import mbt as mbt_lib
+from avtext.modalities import parse_modalities
 from avtext.tasks import registry
 
 
@@ -76,7 +76,7 @@ class VideoClassificationTask(registry.ClipTask):
       raise ValueError(f"config.model.num_classes={config.model.get('num_classes')}, but "
                        f"dataset {config.dataset.name!r} has {len(self.label_names)} labels")
     super().__init__(config)
-    self.modalities = mbt_lib.parse_modalities(config.model.video.modalities)
+    self.modalities = parse_modalities(config.model.video.modalities)
 
   def examples(self, source, *, train: bool) -> pipelines.ClipExamples:
     return pipelines.ClipExamples(pipelines.ClipReader(source), self.config.data, train=train,

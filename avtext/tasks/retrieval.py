@@ -17,7 +17,7 @@ import ml_collections
 from avtext.data import pipelines
 from avtext.data import preprocessing
 from avtext.losses import contrastive
-from avtext.models import mbt as mbt_lib
+from avtext.modalities import parse_modalities
 from avtext.tasks import registry
 from avtext.weights import assets
 from avtext.weights import bert as bert_weights
@@ -33,7 +33,7 @@ class AVRTask(registry.ClipTask):
     vocab = config.data.get("vocab") or (
         weights / "vocab.txt" if weights is not None else assets.minilm_l6_dir() / "vocab.txt")
     self.tokenizer = preprocessing.Tokenizer(vocab, max_len=config.data.max_text_len)
-    self.modalities = mbt_lib.parse_modalities(config.model.video.modalities)
+    self.modalities = parse_modalities(config.model.video.modalities)
 
   def examples(self, source, *, train: bool) -> pipelines.ClipExamples:
     return pipelines.ClipExamples(pipelines.ClipReader(source), self.config.data,
