@@ -47,7 +47,8 @@ def main():
       cmd.append(f"--config.init_from.workdir={pretrain}")
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=REPO, check=True)
-    r = json.loads((workdir / "results.json").read_text())["latest"]
+    latest = json.loads((workdir / "results.json").read_text())["latest"]
+    r = {k[len("test/"):]: v for k, v in latest.items() if k.startswith("test/")}
     rows.append((name, r, time.time() - t0))
   print("\n| video encoder | t2v R@1 | t2v R@5 | t2v MdR | v2t R@1 | sound captions t2v R@1 "
         "| chance R@1 | oracle t2v R@1 (all / sound) | wall s |")

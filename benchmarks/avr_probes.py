@@ -16,6 +16,7 @@ import copy
 
 from absl import app
 from absl import flags
+import jax
 import numpy as np
 
 from avtext import inspect
@@ -23,6 +24,7 @@ from avtext.data import builders
 from avtext.data.synthetic import captions
 from avtext.data.synthetic import clips as clips_lib
 from avtext.data.synthetic import world
+from avtext.evals import base as eval_base
 from avtext.train import partitioning
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (synthetic_clips dataset)",
@@ -66,15 +68,20 @@ def _ignoring(mention, fields):
 def main(argv):
   del argv
   run = inspect.load_run(_WORKDIR.value)
+  task = run.task()
   mesh = partitioning.make_mesh(None, 1)
-  test = builders.clip_source(run.config.dataset, "test")
+  fns = task.predict_fns()
+  encode = jax.jit(lambda v, b: (fns["embed_text"](v, b), fns["embed_video"](v, b)))
+  test = builders.get_source(run.config.dataset, "test")
   if not isinstance(test, clips_lib.ClipCaptionSource):
     raise SystemExit(f"{_WORKDIR.value}: probes need the synthetic_clips dataset")
   train = clips_lib.ClipCaptionSource("train", num_examples=_NUM_TRAIN.value,
                                       spec=test.spec, seed=test.seed)
   emb, attrs = {}, {}
   for name, source in (("train", train), ("test", test)):
-    text, video = run.task.embed(run.params, source, mesh=mesh)
+    (text, video), _ = eval_base.map_examples(
+        lambda batch: encode(run.variables, batch), task.eval_examples(source), len(source),
+        mesh=mesh, global_batch_size=run.config.eval.batch_size)
     video = video.mean(axis=1)
     emb[name] = {"text": text, "video": video / np.linalg.norm(video, axis=1, keepdims=True)}
     attrs[name] = [source.describe(i)["attributes"] for i in range(len(source))]

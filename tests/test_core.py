@@ -29,6 +29,10 @@ def test_eval_mode_without_checkpoint_names_the_workdir(tmp_path):
   with pytest.raises(FileNotFoundError, match=f"--mode=eval: {tmp_path}.*no checkpoint"):
     make_trainer(config, tmp_path).evaluate()
   assert not (tmp_path / "results.json").exists()
+  typo = tmp_path / "typo"
+  with pytest.raises(FileNotFoundError, match=f"--mode=eval: {typo} holds no checkpoint"):
+    make_trainer(config, typo).evaluate()
+  assert not typo.exists()  # a mistyped path is not created
 
 
 @pytest.fixture(scope="module")

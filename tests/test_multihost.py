@@ -147,6 +147,11 @@ def _logged(workdir: pathlib.Path, tag: str) -> dict[int, float]:
   return values
 
 
+def _final_eval(workdir: pathlib.Path) -> dict:
+  latest = json.loads((workdir / "results.json").read_text())["latest"]
+  return {k: v for k, v in latest.items() if not k.endswith("eval_seconds")}
+
+
 def _max_param_diff(a: pathlib.Path, b: pathlib.Path, step: int) -> float:
   """Largest |difference| of two runs' parameters, attention key biases excepted.
 
@@ -183,9 +188,10 @@ def test_two_processes_train_like_one_and_resume_in_one(five_steps, tmp_path):
   diff = max(abs(losses_two[s] - losses_one[s]) for s in losses_one)
   print(f"max |loss difference| 2 processes vs 1: {diff:.3g}")
   assert diff <= 1e-5, (losses_two, losses_one)
-  # The final evaluation ran with 2 processes too (embeddings gathered across them).
-  latest = json.loads((two / "results.json").read_text())["latest"]
-  assert (latest["step"], latest["num_videos"]) == (5, 16)
+  # The final evaluation (embeddings gathered across processes) gives the same metrics.
+  evals_two, evals_one = _final_eval(two), _final_eval(one)
+  assert evals_two["step"] == 5 and len(evals_two) > 10
+  assert evals_two == pytest.approx(evals_one, rel=1e-6)
 
   # The 2-process checkpoint (state and input position) resumes in 1 process
   # exactly like the 1-process one.

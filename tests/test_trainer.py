@@ -15,6 +15,7 @@ import pytest
 
 from avtext import inspect
 from avtext.tasks import registry
+from avtext.train import checkpointing
 from avtext.train import partitioning
 from avtext.train import trainer as trainer_lib
 
@@ -152,19 +153,37 @@ def _run_main(workdir, steps, *extra, **popen):
                           stderr=subprocess.STDOUT, text=True, **popen)
 
 
+# Evaluation drives training: every 2 steps, v2t mAP is the selected metric;
+# the plateau threshold makes every evaluation after the first a "bad" one, so
+# the learning rate halves at each; early stopping ends the run after 3 stale
+# evaluations. All of it must survive SIGKILL.
+_EVAL_DRIVEN = ("--config.evals.test.every_steps=2",
+                "--config.eval.select=('test/v2t_mAP', 'max')",
+                "--config.eval.plateau.factor=0.5", "--config.eval.plateau.patience=0",
+                "--config.eval.plateau.cooldown=0", "--config.eval.plateau.threshold=10.0",
+                "--config.eval.early_stopping_patience=2")
+
+
+def _saved_steps(workdir):
+  ckpts = workdir / "checkpoints"
+  return sorted(int(p.name) for p in ckpts.glob("*") if p.name.isdigit()) if ckpts.exists() else []
+
+
 def test_sigkill_then_rerun_is_bit_identical(tmp_path):
   steps = 16
-  reference = _run_main(tmp_path / "ref", steps)
+  reference = _run_main(tmp_path / "ref", steps, *_EVAL_DRIVEN)
   out, _ = reference.communicate(timeout=600)
   assert reference.returncode == 0, out
+  final = max(_saved_steps(tmp_path / "ref"))
+  ref_state, _ = checkpointing.restore_raw(tmp_path / "ref", final)
+  assert float(ref_state["control"]["lr_scale"]) < 1.0  # the plateau rule fired
 
   victim_dir = tmp_path / "killed"
-  victim = _run_main(victim_dir, steps)
-  ckpts = victim_dir / "checkpoints"
-  target = random.Random(time.time()).choice([2, 4, 6, 8])
+  victim = _run_main(victim_dir, steps, *_EVAL_DRIVEN)
+  target = random.Random(time.time()).choice([s for s in (2, 4, 6, 8) if s < final - 2])
   deadline = time.time() + 300
   while time.time() < deadline and victim.poll() is None:
-    done = [int(p.name) for p in ckpts.glob("*") if p.name.isdigit()] if ckpts.exists() else []
+    done = _saved_steps(victim_dir)
     if done and max(done) >= target:
       break
     time.sleep(0.05)
@@ -172,17 +191,24 @@ def test_sigkill_then_rerun_is_bit_identical(tmp_path):
   assert victim.poll() is None, "training finished before it could be killed"
   victim.send_signal(signal.SIGKILL)
   victim.wait()
-  killed_at = max(int(p.name) for p in ckpts.glob("*") if p.name.isdigit())
-  assert killed_at < steps
+  killed_at = max(_saved_steps(victim_dir))
+  assert killed_at < final
 
-  resumed = _run_main(victim_dir, steps)
+  resumed = _run_main(victim_dir, steps, *_EVAL_DRIVEN)
   out, _ = resumed.communicate(timeout=600)
   assert resumed.returncode == 0, out
   assert "resumed from" in out
+  assert max(_saved_steps(victim_dir)) == final  # early stopping at the same step
 
-  a = inspect.load_run(tmp_path / "ref", step=steps)
-  b = inspect.load_run(victim_dir, step=steps)
+  a = inspect.load_run(tmp_path / "ref", step=final)
+  b = inspect.load_run(victim_dir, step=final)
   leaves_a, leaves_b = jax.tree.leaves(a.params), jax.tree.leaves(b.params)
   assert len(leaves_a) == len(leaves_b) > 10
   for x, y in zip(leaves_a, leaves_b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  got_state, _ = checkpointing.restore_raw(victim_dir, final)
+  for key, value in ref_state["control"].items():
+    np.testing.assert_array_equal(got_state["control"][key], value, err_msg=key)
+  best_a = inspect.load_run(tmp_path / "ref", step="best")
+  best_b = inspect.load_run(victim_dir, step="best")
+  assert best_a.step == best_b.step

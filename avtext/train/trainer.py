@@ -89,7 +89,6 @@ class Trainer:
                evaluators: dict | None = None):
     self.config = config
     self.workdir = pathlib.Path(workdir).absolute()
-    self.workdir.mkdir(parents=True, exist_ok=True)
     self.mesh = partitioning.make_mesh(config.get("num_devices"),
                                        config.get("model_parallel", 1))
     self.task = task
@@ -101,14 +100,8 @@ class Trainer:
     if self.select and self.select[0].split("/")[0] not in evaluators:
       raise ValueError(f"config.eval.select names evaluator {self.select[0].split('/')[0]!r}; "
                        f"config.evals has {sorted(evaluators)}")
-    self.checkpointer = checkpointing.Checkpointer(
-        self.workdir / checkpointing.LATEST_DIR, keep=config.train.get("keep_checkpoints", 3),
-        async_save=config.train.get("async_checkpointing", True))
-    self.best_checkpointer = None
-    if self.select:
-      self.best_checkpointer = checkpointing.Checkpointer(
-          self.workdir / checkpointing.BEST_DIR, keep=config.eval.get("keep_best", 1),
-          async_save=config.train.get("async_checkpointing", True), best_mode=self.select[1])
+    # Training creates these (and the workdir); --mode=eval only reads checkpoints.
+    self.checkpointer = self.best_checkpointer = None
     self.total_steps = self.steps_per_epoch = None  # known once training opens its data
 
   # ---- state -------------------------------------------------------------
@@ -195,8 +188,22 @@ class Trainer:
 
   # ---- loop --------------------------------------------------------------
 
+  def _open_checkpointers(self) -> None:
+    config = self.config
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    async_save = config.train.get("async_checkpointing", True)
+    self.checkpointer = checkpointing.Checkpointer(
+        self.workdir / checkpointing.LATEST_DIR, keep=config.train.get("keep_checkpoints", 3),
+        async_save=async_save)
+    if self.select:
+      self.best_checkpointer = checkpointing.Checkpointer(
+          self.workdir / checkpointing.BEST_DIR, keep=config.eval.get("keep_best", 1),
+          async_save=async_save, best_mode=self.select[1])
+
   def restore_or_init(self):
     """(state, optimizer pieces, data iterator); resumes when possible."""
+    if self.checkpointer is None:
+      self._open_checkpointers()
     self.total_steps, self.steps_per_epoch = total_train_steps(
         self.config, self.task.num_train_examples())
     dataset, data_iter = self._data()
@@ -215,8 +222,8 @@ class Trainer:
 
   def train(self) -> TrainState:
     config = self.config
-    _write_config(config, self.workdir)
     state, (tx, schedule), data_iter = self.restore_or_init()
+    _write_config(config, self.workdir)
     train_step = self._make_train_step(tx, schedule, self._state_sharding(state))
     start = int(state.step)
     writer = self._writer()
