@@ -99,7 +99,7 @@ def test_model_registry_builds_from_config_alone():
   assert type(model.video).__name__ == "MBT" and type(model.text).__name__ == "Bert"
   assert {"mbt", "bert", "dual_encoder", "video_classifier"} <= set(models_registry.registered())
   config.model.video.name = "vivit"
-  with pytest.raises(ValueError, match=r"config.model.video.name='vivit'; registered.*'mbt'"):
+  with pytest.raises(ValueError, match=r"config.model.video.name='vivit'; registered models:.*'mbt'"):
     models_registry.build_model(config.model)
 
 

@@ -178,9 +178,9 @@ def test_cadence_and_config_errors():
   with pytest.raises(ValueError, match="every_steps or every_epochs"):
     evals.build_evaluators(_config(a={"type": "retrieval", "every_steps": 1,
                                       "every_epochs": 1.0}), _Task())
-  with pytest.raises(ValueError, match=r"evaluator type 'nope'.*classification.*retrieval"):
+  with pytest.raises(ValueError, match=r"config.evals.a.type='nope'.*classification.*retrieval"):
     evals.build_evaluators(_config(a={"type": "nope"}), _Task())
-  with pytest.raises(ValueError, match="config.evals.a.type is not set"):
+  with pytest.raises(ValueError, match="config.evals.a.type=None; registered evaluators"):
     evals.build_evaluators(_config(a={"split": "test"}), _Task())
   with pytest.raises(ValueError, match="no predict function 'embed_audio'.*embed_text"):
     _run(_config(a={"type": "retrieval", "split": "paired", "video_fn": "embed_audio"}),

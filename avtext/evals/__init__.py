@@ -15,32 +15,20 @@ the task's `eval_examples(source)` and named `predict_fns()`, which it jits
 once per mesh in a cache all evaluators of the run share.
 
 Adding an evaluator: subclass `base.Evaluator` in `avtext/evals/<kind>.py`,
-decorate it with `@register_evaluator("<kind>")`, add the module to `_MODULES`.
+decorate it with `@register_evaluator("<kind>")`, add the module to the list
+in `_EVALUATORS`.
 """
-import importlib
-from typing import Callable
-
 import ml_collections
 
-_EVALUATORS: dict[str, type] = {}
-_MODULES = ("avtext.evals.retrieval", "avtext.evals.classification")
+from avtext import registry as registry_lib
+
+_EVALUATORS = registry_lib.Registry(
+    "evaluator", ("avtext.evals.retrieval", "avtext.evals.classification"))
+register_evaluator = _EVALUATORS.register
 
 
-def register_evaluator(name: str) -> Callable[[type], type]:
-  def deco(cls):
-    if name in _EVALUATORS and _EVALUATORS[name] is not cls:
-      raise ValueError(f"evaluator {name!r} registered twice")
-    _EVALUATORS[name] = cls
-    return cls
-  return deco
-
-
-def get_evaluator(name: str) -> type:
-  for module in _MODULES:
-    importlib.import_module(module)
-  if name not in _EVALUATORS:
-    raise ValueError(f"evaluator type {name!r}; registered: {sorted(_EVALUATORS)}")
-  return _EVALUATORS[name]
+def get_evaluator(name: str, *, where: str = "config.evals.<name>.type") -> type:
+  return _EVALUATORS.get(name, where=where)
 
 
 def build_evaluators(config: ml_collections.ConfigDict, task) -> dict:
@@ -51,9 +39,6 @@ def build_evaluators(config: ml_collections.ConfigDict, task) -> dict:
   for name, cfg in (config.get("evals") or {}).items():
     if "/" in name:
       raise ValueError(f"config.evals.{name}: evaluator names may not contain '/'")
-    if not cfg.get("type"):
-      raise ValueError(f"config.evals.{name}.type is not set; registered: "
-                       f"{sorted(_EVALUATORS) or 'see avtext/evals'}")
-    evaluators[name] = get_evaluator(cfg.type)(name, cfg, config=config, task=task,
-                                               cache=cache)
+    cls = get_evaluator(cfg.get("type"), where=f"config.evals.{name}.type")
+    evaluators[name] = cls(name, cfg, config=config, task=task, cache=cache)
   return evaluators

@@ -12,44 +12,26 @@ architecture in a local checkpoint's `config.json`): no dataset, no task. So
 their own `name` (`config.model.video.name = "mbt"`).
 
 Factories live next to their modules and register on import; the modules are
-imported on first lookup (`_MODULES`), so `config.model.name` alone selects a
+imported on first lookup (the list in `_MODELS`), so `config.model.name` alone selects a
 model. Adding a model: write the module, decorate a factory, add its module to
-`_MODULES`.
+the list in `_MODELS`.
 """
-import importlib
 from typing import Callable
 
 import flax.linen as nn
 import ml_collections
 
+from avtext import registry as registry_lib
+
 Factory = Callable[[ml_collections.ConfigDict], nn.Module]
 
-_MODELS: dict[str, Factory] = {}
-_MODULES = ("avtext.models.mbt", "avtext.models.bert", "avtext.models.dual_encoder",
-            "avtext.models.heads")
-
-
-def register_model(name: str) -> Callable[[Factory], Factory]:
-  def deco(factory):
-    if name in _MODELS and _MODELS[name] is not factory:
-      raise ValueError(f"model {name!r} registered twice")
-    _MODELS[name] = factory
-    return factory
-  return deco
-
-
-def registered() -> list[str]:
-  for module in _MODULES:
-    importlib.import_module(module)
-  return sorted(_MODELS)
+_MODELS = registry_lib.Registry("model", (
+    "avtext.models.mbt", "avtext.models.bert", "avtext.models.dual_encoder",
+    "avtext.models.heads"))
+register_model = _MODELS.register
+registered = _MODELS.names
 
 
 def build_model(cfg: ml_collections.ConfigDict, *, where: str = "config.model") -> nn.Module:
   """The module `cfg.name` names, built from `cfg`; `where` names the node in errors."""
-  name = cfg.get("name")
-  names = registered()
-  if not name:
-    raise ValueError(f"{where}.name is not set; registered models: {names}")
-  if name not in _MODELS:
-    raise ValueError(f"{where}.name={name!r}; registered models: {names}")
-  return _MODELS[name](cfg)
+  return _MODELS.get(cfg.get("name"), where=f"{where}.name")(cfg)

@@ -5,36 +5,23 @@ evaluators (`avtext.evals`, declared in `config.evals`) only through the
 task's `eval_examples` and `predict_fns`; a new model brings a task module that
 registers itself here, never its own loop or evaluation.
 """
-import importlib
 from typing import Any, Callable
 
 import jax
 import ml_collections
 
+from avtext import registry as registry_lib
 from avtext.data import builders
 from avtext.data import pipelines
 from avtext.models import registry as models_registry
 
-_TASKS: dict[str, type] = {}
 # Modules imported on first lookup so `config.task` alone selects a task.
-_MODULES = ("avtext.tasks.retrieval", "avtext.tasks.classification")
-
-
-def register(name: str) -> Callable[[type], type]:
-  def deco(cls):
-    if name in _TASKS and _TASKS[name] is not cls:
-      raise ValueError(f"task {name!r} registered twice")
-    _TASKS[name] = cls
-    return cls
-  return deco
+_TASKS = registry_lib.Registry("task", ("avtext.tasks.retrieval", "avtext.tasks.classification"))
+register = _TASKS.register
 
 
 def get_task(name: str) -> type:
-  for module in _MODULES:
-    importlib.import_module(module)
-  if name not in _TASKS:
-    raise ValueError(f"config.task={name!r}; registered tasks: {sorted(_TASKS)}")
-  return _TASKS[name]
+  return _TASKS.get(name, where="config.task")
 
 
 def build_task(config: ml_collections.ConfigDict) -> Any:
