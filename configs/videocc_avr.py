@@ -12,6 +12,10 @@ Variants (after the colon, comma-separated):
   rgb / audio   V-only or A-only video encoder (default rgb+audio).
   tiny    seconds-long smoke run (tests).
 
+Evaluation: `config.evals` (avtext/evals): zero-shot MSR-VTT retrieval for the
+paper setup, the synthetic test split for demo/tiny; `config.eval` selects a
+metric for best checkpoints, reduce-on-plateau and early stopping (off here).
+
 Any field can be overridden: --config.train.batch_size=64 --config.model.video.fusion_layer=4
 """
 import ml_collections

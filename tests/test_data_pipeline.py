@@ -252,3 +252,24 @@ def test_modalities_argument_forms():
   for bad in ((), ("rgb", "rgb"), ("depth",), "rgb+text"):
     with pytest.raises(ValueError, match="modalities must be a non-empty, duplicate-free"):
       pipelines.ClipExamples(reader, data, train=False, modalities=bad)
+
+
+def test_video_id_is_an_eval_host_field_only():
+  class Captioned:
+    """Records with a video id (several captions per video), e.g. a TFDS dataset."""
+
+    def __init__(self):
+      self.inner = ClipCaptionSource("test", num_examples=2,
+                                     spec=WorldSpec(height=32, width=32, duration_s=2.0))
+
+    def __len__(self):
+      return 2
+
+    def __getitem__(self, i):
+      return dict(self.inner[i], video_id=b"vid7")
+
+  evaluation = _examples(Captioned(), train=False)(1)
+  assert evaluation["video_id"] == "vid7"  # decoded, kept as a str for the host
+  training = _examples(Captioned(), train=True)(1, np.random.default_rng(0))
+  assert "video_id" not in training  # training batches hold arrays only
+  assert "video_id" not in _examples(Captioned().inner, train=False)(1)

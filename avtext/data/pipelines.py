@@ -95,6 +95,9 @@ class ClipReader:
     caption = ex["caption"]
     caption = caption.decode() if isinstance(caption, bytes) else str(caption)
     out = {"frame_indices": idx, "caption": caption, "label": ex.get("label")}
+    if ex.get("video_id") is not None:  # several captions of one video (one-to-many)
+      vid = ex["video_id"]
+      out["video_id"] = vid.decode() if isinstance(vid, bytes) else str(vid)
     if "rgb" in modalities:
       out["frames"] = np.asarray(ex["frames"])[idx]
     if "audio" in modalities:
@@ -129,7 +132,9 @@ class ClipExamples:
     on the RGB segment (app. C: 8 x 100 frames, 3 s apart, 800 x 128 over 24 s);
     zeros and has_audio=False when the clip has no audio.
   With a `tokenizer`, the caption's 'input_ids' / 'attention_mask' are added
-  (retrieval); with a `label_fn(clip)`, its 'labels' (classification).
+  (retrieval); with a `label_fn(clip)`, its 'labels' (classification). At
+  eval time a record's 'video_id' (several captions of one video) is passed
+  on as a host field (a str) for the retrieval evaluator's ground truth.
   `modalities` ('rgb', 'audio' or both, the default) are the inputs the model
   uses: only those are read and preprocessed, 'rgb' or 'audio' + 'has_audio'
   are absent otherwise. A modality's output does not depend on the other's
@@ -213,4 +218,7 @@ class ClipExamples:
       out["labels"] = self.label_fn(clip)
     if self.train:  # K = 1 at training time
       out = {key: (v[0] if key in ("rgb", "audio", "has_audio") else v) for key, v in out.items()}
+    elif clip.get("video_id") is not None:
+      # A host field: the retrieval evaluator groups captions of one video by it.
+      out["video_id"] = clip["video_id"]
     return out

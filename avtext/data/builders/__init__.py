@@ -21,7 +21,8 @@ A factory `(dataset_config, split) -> source` is registered with
 RandomAccessDataSource (`__len__`, `__getitem__`) with a `kind`:
 
   'clips'     examples hold 'frames' uint8 [T, H, W, 3], 'audio' float32 [S],
-              'has_audio', 'caption' and 'clip_id'; a source may add
+              'has_audio', 'caption' and 'clip_id' (and 'video_id' where a video has
+              several captions); a source may add
               `describe(i)`, `render_frames(i, idx)` and `render_audio(i, start, n)`
               for cheap partial access (see `pipelines.ClipReader`).
   'features'  `avtext.data.features.FeatureSource`: a dict of numpy arrays (leading
