@@ -23,7 +23,7 @@ def tiny_data():
 def test_paper_config_fails_with_what_to_prepare():
   config = videocc_avr.get_config()
   with pytest.raises(FileNotFoundError) as e:
-    builders.clip_source(config.dataset, "train")
+    builders.get_source(config.dataset, "train")
   message = str(e.value)
   assert "videocc3m" in message and "VideoCC3M" in message
   assert "configs/videocc_avr.py:demo" in message
@@ -31,7 +31,7 @@ def test_paper_config_fails_with_what_to_prepare():
 
 def test_unknown_dataset_and_variant_errors():
   with pytest.raises(ValueError, match="config.dataset.name='nope'"):
-    builders.clip_source(ml_collections.ConfigDict({"name": "nope"}), "train")
+    builders.get_source(ml_collections.ConfigDict({"name": "nope"}), "train")
   with pytest.raises(ValueError, match="unknown variant"):
     videocc_avr.get_config("demo,fast")
 

@@ -31,7 +31,6 @@ def test_synthetic_lookup_sizes_and_split_alias():
   # Same clips as the plain source: the registry adds nothing but `kind`.
   assert val.describe(1)["caption"] == ClipCaptionSource(
       "val", num_examples=2, spec=train.spec).describe(1)["caption"]
-  assert builders.clip_source is builders.get_source
 
 
 def test_lookup_imports_only_the_named_dataset():

@@ -2,7 +2,7 @@
 
 The 2-process run is two `python -m avtext.main --distributed` processes on
 this machine (CPU, gloo collectives), each with 2 fake devices; it must train
-exactly like one process with 4 devices, and its checkpoints must resume in one.
+like one process with 4 devices (to 1e-5), and its checkpoints must resume in one.
 """
 import json
 import os
@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import grain
 import jax
@@ -31,7 +32,7 @@ TIMEOUT_S = 600  # per run; generous because the test machine is shared
 
 def _tiny_examples():
   config = videocc_avr.get_config("tiny")
-  source = builders.clip_source(config.dataset, "train")
+  source = builders.get_source(config.dataset, "train")
   examples = pipelines.ClipExamples(
       pipelines.ClipReader(source), config.data,
       preprocessing.Tokenizer(max_len=config.data.max_text_len), train=True)
@@ -122,8 +123,15 @@ def _run_all(jobs: list[tuple[list[str], int, pathlib.Path]]) -> list[str]:
       with open(log, "w") as out:
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out,
                                       stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + TIMEOUT_S
+    # Polled together: a crashed process fails the test at once instead of
+    # leaving its peers to wait for it until the timeout.
+    while any(proc.poll() is None for proc in procs):
+      for proc, (_, _, log) in zip(procs, jobs):
+        assert proc.poll() in (None, 0), f"{log}:\n{log.read_text()[-6000:]}"
+      assert time.monotonic() < deadline, f"still running after {TIMEOUT_S} s: {jobs}"
+      time.sleep(0.5)
     for proc, (_, _, log) in zip(procs, jobs):
-      proc.wait(timeout=TIMEOUT_S)
       assert proc.returncode == 0, f"{log}:\n{log.read_text()[-6000:]}"
   finally:
     for proc in procs:
@@ -194,7 +202,7 @@ def test_two_processes_train_like_one_and_resume_in_one(five_steps, tmp_path):
   assert evals_two == pytest.approx(evals_one, rel=1e-6)
 
   # The 2-process checkpoint (state and input position) resumes in 1 process
-  # exactly like the 1-process one.
+  # as the 1-process one does.
   resumed_two, resumed_one = tmp_path / "resumed_two", tmp_path / "resumed_one"
   shutil.copytree(two, resumed_two)
   shutil.copytree(one, resumed_one)
@@ -208,9 +216,6 @@ def test_two_processes_train_like_one_and_resume_in_one(five_steps, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "checkpointing.Checkpointer.restore_raw restores with the saved shardings, whose "
-    "devices (other processes') do not exist here: orbax 'Topology mismatch'"))
 def test_inspect_loads_a_two_process_checkpoint(five_steps):
   two, one = five_steps
   assert _max_param_diff(two, one, 5) <= 1e-5

@@ -98,15 +98,22 @@ class ClipTask(Task):
   @property
   def train_source(self):
     if self._train_source is None:
-      self._train_source = builders.get_source(self.config.dataset, "train")
+      self._train_source = self._check_clips(builders.get_source(self.config.dataset, "train"))
     return self._train_source
+
+  def _check_clips(self, source):
+    if source.kind != builders.CLIPS:
+      raise ValueError(f"task {self.config.task!r} reads clips (frames, audio, captions) but "
+                       f"the dataset gives {source.kind!r}; pick a clips dataset "
+                       "(see avtext/data/builders)")
+    return source
 
   def examples(self, source, *, train: bool) -> Callable[..., dict]:
     """`(index[, rng]) -> example` over `source` (a `pipelines.ClipExamples`)."""
     raise NotImplementedError
 
   def eval_examples(self, source) -> Callable[[int], dict]:
-    return self.examples(source, train=False)
+    return self.examples(self._check_clips(source), train=False)
 
   def num_train_examples(self) -> int:
     return len(self.train_source)

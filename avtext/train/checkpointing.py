@@ -39,7 +39,10 @@ class Checkpointer:
                   keep_checkpoints_without_metrics=False)
     self._manager = ocp.CheckpointManager(
         self.directory,
-        item_names=("state", "data"),
+        # Explicit handlers: item metadata (shapes, dtypes) is then readable before
+        # any restore, which `restore_raw` needs.
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "data": ocp.JsonCheckpointHandler()},
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             create=True,
@@ -97,9 +100,15 @@ class Checkpointer:
     For notebooks and evaluation jobs that need only the parameters.
     """
     step = self._resolve(step)
+    # Onto this process's first device, whatever mesh wrote it: without a target
+    # orbax would place arrays on the saving run's devices, which a run with
+    # another topology (a 2-process checkpoint opened in a notebook) lacks.
+    here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=here),
+                            self._manager.item_metadata(step)["state"])
     restored = self._manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    return restored.state, step
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+    return jax.device_get(restored.state), step
 
   def _resolve(self, step: int | None) -> int:
     steps = self.all_steps()

@@ -123,6 +123,3 @@ def get_source(dataset_config: ml_collections.ConfigDict, split: str, *,
                     f"one of {KINDS}")
   return source
 
-
-# The tasks' name until they switch to get_source.
-clip_source = get_source
