@@ -123,7 +123,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # ---- evaluation (avtext/evals): zero-shot retrieval on MSR-VTT (§5.3) ----
   config.evals = ml_collections.ConfigDict()
   config.evals.msrvtt = ml_collections.ConfigDict(dict(
-      type="retrieval", every_steps=5000, dataset=dict(name="msrvtt"), split="test",
+      type="retrieval", every_steps=5000, dataset=dict(name="msrvtt", data_dir=None),
+      split="test",
       text_fn="embed_text", video_fn="embed_video"))
   config.eval = eval_config(batch_size=64)
 

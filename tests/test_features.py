@@ -197,6 +197,10 @@ def test_id_list_and_skip_missing(tmp_path, layout, caplog):
   assert "skip_missing=True" in lines[0] and "'ghost'" in lines[0]
 
 
+def _renamed(config, name):
+  return ml_collections.ConfigDict(dict(config.to_dict(), name=name))
+
+
 def test_registry_opens_each_layout_from_config(tmp_path):
   root = str(tmp_path)
   write("hdf5", root, ITEMS, name="all")
@@ -210,10 +214,10 @@ def test_registry_opens_each_layout_from_config(tmp_path):
   assert isinstance(h5, features.Hdf5Features) and h5.ids == ["vid_a", "vid_b"]
   with pytest.raises(FileNotFoundError, match=r"val.h5: no such HDF5 file"):
     builders.get_source(config, "validation")  # default file name <split>.h5
-  npz = builders.get_source(config, "validation", name="features:npz")  # <path>/val/
+  npz = builders.get_source(_renamed(config, "features:npz"), "validation")  # <path>/val/
   assert npz.ids == ["vid_b"] and npz.skipped == [("missing", "no .npz file")]
   with pytest.raises(ValueError, match="dataset.ids and dataset.skip_missing do not apply"):
-    builders.get_source(config, "train", name="features:array_record")
+    builders.get_source(_renamed(config, "features:array_record"), "train")
   plain = ml_collections.ConfigDict(dict(name="features:array_record", path=root,
                                          features=SCHEMA))
   records = builders.get_source(plain, "train")  # <path>/train.array_record
@@ -222,7 +226,7 @@ def test_registry_opens_each_layout_from_config(tmp_path):
     builders.get_source(ml_collections.ConfigDict(dict(name="features:npz", path=root)), "val")
   with pytest.raises(FileNotFoundError, match=r"nope.txt: no such id list"):
     config.ids = {"val": "nope.txt"}
-    builders.get_source(config, "val", name="features:npz")
+    builders.get_source(_renamed(config, "features:npz"), "val")
 
 
 def test_collate_pads_masks_stacks_and_lists():

@@ -29,7 +29,6 @@ RandomAccessDataSource (`__len__`, `__getitem__`) with a `kind`:
               axes of variable length) plus host fields ('id', strings); batch them
               with `features.collate`.
 """
-import copy
 import importlib
 from typing import Any, Callable
 
@@ -105,16 +104,11 @@ def _factory(name: str) -> Factory:
                    f"registered: {', '.join(registered_names())}")
 
 
-def get_source(dataset_config: ml_collections.ConfigDict, split: str, *,
-               name: str | None = None):
-  """The source of `split` ('validation' = 'val') of dataset `name` (default: its .name)."""
-  name = name or dataset_config.name
+def get_source(dataset_config: ml_collections.ConfigDict, split: str):
+  """The source of `split` ('validation' = 'val') of dataset `dataset_config.name`."""
+  name = dataset_config.name
   split = _SPLIT_ALIASES.get(split, split)
   factory = _factory(name)
-  if dataset_config.get("name") != name:  # e.g. config.dataset.eval_name
-    dataset_config = ml_collections.ConfigDict(copy.deepcopy(dataset_config))
-    with dataset_config.unlocked():
-      dataset_config.name = name
   source = factory(dataset_config, split)
   kind = getattr(source, "kind", None)
   if kind not in KINDS:

@@ -15,7 +15,8 @@ _PREPARE = {
         "with 16 kHz mono audio (zeros + has_audio=False where a clip has none, VideoCC "
         "app. C) and write a TFDS array_record dataset with fields "
         "frames/audio/has_audio/caption/clip_id; then set "
-        "--config.dataset.eval_name=tfds:<your_builder> --config.dataset.data_dir=<dir>"),
+        "--config.evals.msrvtt.dataset.name=tfds:<your_builder> "
+        "--config.evals.msrvtt.dataset.data_dir=<dir>"),
 }
 
 
