@@ -188,9 +188,11 @@ def test_cadence_and_config_errors():
 
 
 def test_dataset_overrides_reach_the_source():
-  config = _config(a={"type": "retrieval", "dataset": {"name": "no_such_set"}})
+  config = _config(a={"type": "retrieval", "dataset": {"name": "no_such_set", "data_dir": None}})
+  config.dataset.data_dir = "/data/train_set"
   evaluator = evals.build_evaluators(config, _Task())["a"]
   assert evaluator.dataset_config.name == "no_such_set"
+  assert evaluator.dataset_config.data_dir == "/data/train_set"  # None inherits
   assert config.dataset.name == "test_evals_fake"  # the run's own dataset is untouched
   with pytest.raises(ValueError, match="'no_such_set' is not a registered dataset"):
     evaluator.source  # pylint: disable=pointless-statement

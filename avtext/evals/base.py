@@ -4,7 +4,8 @@ An evaluator's entry in `config.evals.<name>`:
   type            registry key (`avtext.evals.register_evaluator`)
   every_steps     run every N training steps (0 / None: not periodically)
   every_epochs    or every E epochs of the train split (converted to steps)
-  dataset         overrides of `config.dataset` for this evaluator (e.g. {name: "msrvtt"})
+  dataset         overrides of `config.dataset` for this evaluator (e.g. {name: "msrvtt"});
+                  a field left None keeps `config.dataset`'s value
   split           the split to evaluate (default "test")
   batch_size      global eval batch (default `config.eval.batch_size`)
 plus the evaluator's own fields (the predict functions it calls, metric options).
@@ -74,11 +75,12 @@ class Evaluator:
 
   @property
   def dataset_config(self) -> ml_collections.ConfigDict:
-    """`config.dataset` with this evaluator's `dataset` overrides."""
+    """`config.dataset` with this evaluator's `dataset` overrides (None: inherited)."""
     merged = ml_collections.ConfigDict(self.config.dataset.to_dict())
     overrides = self.cfg.get("dataset")
     if overrides:
-      merged.update(overrides.to_dict() if hasattr(overrides, "to_dict") else dict(overrides))
+      overrides = overrides.to_dict() if hasattr(overrides, "to_dict") else dict(overrides)
+      merged.update({k: v for k, v in overrides.items() if v is not None})
     return merged
 
   @property
