@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS := --quiet --disable-pip-version-check --no-input
 PYTEST_ARGS ?=
+# Two workers on the 2-core machine; a file's tests stay on one worker (module fixtures).
+PYTEST_PARALLEL ?= -n 2 --dist loadfile
 WORKDIR ?= workdirs/demo
 
 # pip's log goes to a file and is shown (minus local-index noise) only on failure.
@@ -31,7 +33,7 @@ demo: $(STAMP)
 	  --config.init_from.workdir=$(WORKDIR)/video_pretrain
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
