@@ -118,23 +118,28 @@ def test_eval_example_has_k_clips_and_aligned_audio():
   np.testing.assert_array_equal(ex["input_ids"], tokens["input_ids"])
 
 
+class _Records:
+  """Two synthetic clips read as full records (no lazy rendering), with `extra` fields."""
+
+  def __init__(self, **extra):
+    self.inner = ClipCaptionSource("test", num_examples=2,
+                                   spec=WorldSpec(height=32, width=32, duration_s=2.0))
+    self.extra = extra
+
+  def __len__(self):
+    return 2
+
+  def __getitem__(self, i):
+    return dict(self.inner[i], **self.extra)
+
+
 def test_missing_audio_gives_zeros_and_flag_or_a_clear_error():
-  class Silent:
-    def __init__(self):
-      self.inner = ClipCaptionSource("test", num_examples=2,
-                                     spec=WorldSpec(height=32, width=32, duration_s=2.0))
-
-    def __len__(self):
-      return 2
-
-    def __getitem__(self, i):
-      return dict(self.inner[i], audio=np.zeros(0, np.float32), has_audio=False)
-
-  ex = _examples(Silent(), train=True)(0, np.random.default_rng(0))
+  silent = _Records(audio=np.zeros(0, np.float32), has_audio=False)
+  ex = _examples(silent, train=True)(0, np.random.default_rng(0))
   assert not ex["has_audio"] and not ex["audio"].any()
   data = tiny_data()
   data.allow_missing_audio = False
-  strict = pipelines.ClipExamples(pipelines.ClipReader(Silent()), data,
+  strict = pipelines.ClipExamples(pipelines.ClipReader(silent), data,
                                   preprocessing.Tokenizer(max_len=16), train=True)
   with pytest.raises(ValueError, match="example 0: audio track missing.*allow_missing_audio"):
     strict(0, np.random.default_rng(0))
@@ -255,21 +260,9 @@ def test_modalities_argument_forms():
 
 
 def test_video_id_is_an_eval_host_field_only():
-  class Captioned:
-    """Records with a video id (several captions per video), e.g. a TFDS dataset."""
-
-    def __init__(self):
-      self.inner = ClipCaptionSource("test", num_examples=2,
-                                     spec=WorldSpec(height=32, width=32, duration_s=2.0))
-
-    def __len__(self):
-      return 2
-
-    def __getitem__(self, i):
-      return dict(self.inner[i], video_id=b"vid7")
-
-  evaluation = _examples(Captioned(), train=False)(1)
+  captioned = _Records(video_id=b"vid7")  # several captions per video, e.g. a TFDS dataset
+  evaluation = _examples(captioned, train=False)(1)
   assert evaluation["video_id"] == "vid7"  # decoded, kept as a str for the host
-  training = _examples(Captioned(), train=True)(1, np.random.default_rng(0))
+  training = _examples(captioned, train=True)(1, np.random.default_rng(0))
   assert "video_id" not in training  # training batches hold arrays only
-  assert "video_id" not in _examples(Captioned().inner, train=False)(1)
+  assert "video_id" not in _examples(captioned.inner, train=False)(1)
