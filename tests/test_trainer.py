@@ -83,6 +83,13 @@ def test_train_writes_checkpoints_results_and_restores(tmp_path):
   again = make_trainer(config, tmp_path).evaluate()
   assert again["test/t2v_R@1"] == latest["test/t2v_R@1"]
   assert again["test/v2t_MnR"] == latest["test/v2t_MnR"]
+  # Re-running a finished run trains nothing and evaluates it again.
+  rerun = make_trainer(config, tmp_path).train()
+  assert int(rerun.step) == 10
+  relatest = json.loads((tmp_path / "results.json").read_text())["latest"]
+  timing = "test/eval_seconds"
+  assert {k: v for k, v in relatest.items() if k != timing} == {
+      k: v for k, v in latest.items() if k != timing}
 
   run = inspect.load_run(tmp_path)
   assert run.step == 10

@@ -238,7 +238,9 @@ class Trainer:
     if bool(state.control.stopped) or start >= self.total_steps:
       logging.info("the run in %s is complete (step %d%s); evaluating again", self.workdir,
                    start, ", early-stopped" if bool(state.control.stopped) else "")
-      self._evaluate(state, start, writer, list(self.evaluators))
+      # Results only: the control counters are final and stay as saved.
+      self._run_evaluators(_variables(state.params, state.model_state), start, writer,
+                           list(self.evaluators))
       writer.flush()
       return state
     logging.info("training steps %d -> %d on mesh %s (%d steps per epoch)",
@@ -294,11 +296,12 @@ class Trainer:
     return state
 
   def _evaluate(self, state: TrainState, step: int, writer, names: list[str], *,
-                data_iter=None) -> TrainState:
-    """Runs the evaluators `names`; updates state.control from the selected metric."""
+                data_iter) -> TrainState:
+    """Runs the evaluators `names` during training; the selected metric drives
+    state.control (best checkpoint, plateau, early stopping)."""
     results = self._run_evaluators(_variables(state.params, state.model_state), step, writer,
                                    names)
-    if not self.select or self.select[0] not in results or data_iter is None:
+    if not self.select or self.select[0] not in results:
       return state
     key = self.select[0]
     control, events = control_lib.update(state.control, results[key], self.config)
