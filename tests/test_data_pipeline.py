@@ -164,12 +164,6 @@ def test_train_batches_are_a_function_of_seed_and_position():
     pipelines.train_batches(3, fn, batch_size=4, seed=0)
 
 
-def test_pad_batch():
-  batch, valid = pipelines.pad_batch({"x": np.arange(3)}, 5)
-  np.testing.assert_array_equal(batch["x"], [0, 1, 2, 2, 2])
-  np.testing.assert_array_equal(valid, [1, 1, 1, 0, 0])
-
-
 class _Forbidden:
   """Stands in for data a pipeline must not touch: any use fails the test."""
 

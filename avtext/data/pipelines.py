@@ -19,7 +19,8 @@ from avtext.modalities import parse_modalities
 
 def train_batches(num_examples: int, example_fn: Callable[[int, np.random.Generator], dict],
                   *, batch_size: int, seed: int, process_index: int = 0,
-                  process_count: int = 1) -> grain.MapDataset:
+                  process_count: int = 1,
+                  collate: Callable[[Sequence[dict]], dict] | None = None) -> grain.MapDataset:
   """Infinite, deterministic, shuffled batches of `example_fn(index, rng)`.
 
   `batch_size` is the per-process size L. All processes walk one global
@@ -27,6 +28,8 @@ def train_batches(num_examples: int, example_fn: Callable[[int, np.random.Genera
   and global batch k is its positions [k*G, (k+1)*G), G = L * process_count;
   process p yields rows [p*L, (p+1)*L) of it. So the global batches, and a
   checkpointed run, do not depend on how many processes feed them.
+  `collate` turns a process's list of examples into its batch (default: stack
+  every field); tasks with variable-length examples pack them (COOT).
   """
   global_size = batch_size * process_count
   if num_examples < global_size:
@@ -35,18 +38,8 @@ def train_batches(num_examples: int, example_fn: Callable[[int, np.random.Genera
   ds = grain.MapDataset.range(num_examples).seed(seed).shuffle().repeat()
   # random_map seeds each example by its stream position, so the rows are
   # picked after it; MapDatasets are lazy, so a process only builds its own.
-  chunks = ds.random_map(example_fn).batch(batch_size, drop_remainder=True)
+  chunks = ds.random_map(example_fn).batch(batch_size, drop_remainder=True, batch_fn=collate)
   return chunks[process_index::process_count] if process_count > 1 else chunks
-
-
-def pad_batch(batch: dict, size: int) -> tuple[dict, np.ndarray]:
-  """Pads the leading dim to `size` by repeating the last row; returns a validity mask."""
-  n = len(next(iter(batch.values())))
-  valid = np.arange(size) < n
-  if n == size:
-    return batch, valid
-  pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - n, axis=0)])
-  return {k: pad(np.asarray(v)) for k, v in batch.items()}, valid
 
 
 class ClipReader:

@@ -31,8 +31,11 @@ def get_evaluator(name: str, *, where: str = "config.evals.<name>.type") -> type
   return _EVALUATORS.get(name, where=where)
 
 
-def build_evaluators(config: ml_collections.ConfigDict, task) -> dict:
-  """{name: evaluator} for every entry of `config.evals`, sharing one predict cache."""
+def build_evaluators(config: ml_collections.ConfigDict, task, workdir=None) -> dict:
+  """{name: evaluator} for every entry of `config.evals`, sharing one predict cache.
+
+  `workdir` (the run's directory) is where evaluators that export files write them.
+  """
   from avtext.evals import base  # pylint: disable=g-import-not-at-top
   cache = base.PredictCache(task)
   evaluators = {}
@@ -40,5 +43,5 @@ def build_evaluators(config: ml_collections.ConfigDict, task) -> dict:
     if "/" in name:
       raise ValueError(f"config.evals.{name}: evaluator names may not contain '/'")
     cls = get_evaluator(cfg.get("type"), where=f"config.evals.{name}.type")
-    evaluators[name] = cls(name, cfg, config=config, task=task, cache=cache)
+    evaluators[name] = cls(name, cfg, config=config, task=task, cache=cache, workdir=workdir)
   return evaluators

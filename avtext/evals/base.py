@@ -25,7 +25,6 @@ import ml_collections
 import numpy as np
 
 from avtext.data import builders
-from avtext.data import pipelines
 from avtext.train import partitioning
 
 
@@ -57,8 +56,10 @@ class Evaluator:
   """Base class: subclasses implement `evaluate` (and usually `report`)."""
 
   def __init__(self, name: str, cfg: ml_collections.ConfigDict, *,
-               config: ml_collections.ConfigDict, task, cache: PredictCache):
+               config: ml_collections.ConfigDict, task, cache: PredictCache,
+               workdir: Any = None):
     self.name = name
+    self.workdir = workdir  # the run's directory (None outside a run): exports go here
     self.cfg = cfg
     self.config = config
     self.task = task
@@ -100,7 +101,8 @@ class Evaluator:
     fn = self.cache.jitted(key, mesh, build)
     source = self.source
     return map_examples(lambda batch: fn(variables, batch), self.task.eval_examples(source),
-                        len(source), mesh=mesh, global_batch_size=self.batch_size)
+                        len(source), mesh=mesh, global_batch_size=self.batch_size,
+                        collate=getattr(self.task, "collate", None))
 
   def run(self, variables, *, mesh, step: int) -> dict[str, Any]:
     """Evaluates, prints the evaluator's table on process 0, returns its metrics."""
@@ -125,9 +127,20 @@ def _on_device(value: Any) -> bool:
   return False
 
 
+def stack_examples(examples: list[dict]) -> dict:
+  """The default collate: every field stacked along a new leading batch axis."""
+  return {k: np.stack([ex[k] for ex in examples]) for k in examples[0]}
+
+
 def map_examples(fn: Callable[[dict], Any], examples: Callable[[int], dict], n: int, *,
-                 mesh, global_batch_size: int) -> tuple[Any, dict[str, list]]:
+                 mesh, global_batch_size: int,
+                 collate: Callable[[list[dict]], dict] | None = None
+                 ) -> tuple[Any, dict[str, list]]:
   """`fn` (jitted, on global batches) over examples 0..n-1, gathered on every host.
+
+  A process's batch is `collate` (default `stack_examples`) of its examples'
+  array fields, padded to the per-process batch size by repeating the last
+  example; `fn`'s outputs must have one row per example.
 
   Returns (fn's output tree with the batches concatenated, [n, ...] per leaf;
   {host field: list of n values} for the examples' non-array fields).
@@ -143,8 +156,8 @@ def map_examples(fn: Callable[[dict], Any], examples: Callable[[int], dict], n: 
     local = real or [examples(n - 1)]  # a process past the end still joins the step
     keys = [k for k in local[0] if _on_device(local[0][k])]
     host_rows.append({k: [ex[k] for ex in real] for k in local[0] if k not in keys})
-    batch = {k: np.stack([ex[k] for ex in local]) for k in keys}
-    batch, _ = pipelines.pad_batch(batch, local_bs)
+    local = local + [local[-1]] * (local_bs - len(local))
+    batch = (collate or stack_examples)([{k: ex[k] for k in keys} for ex in local])
     out = partitioning.global_to_host(fn(partitioning.host_to_global(batch, mesh)))
     valid = min(global_batch_size, n - start)
     outputs.append(jax.tree.map(lambda x, v=valid: x[:v], out))

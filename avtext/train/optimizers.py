@@ -2,7 +2,12 @@
 
     optimizer.name: 'sgd' (momentum, nesterov) | 'adam' | 'adamw' | 'radam'
     optimizer.learning_rate: peak learning rate
-    optimizer.weight_decay: for adamw (decoupled)
+    optimizer.weight_decay: adamw: decoupled decay (Loshchilov & Hutter);
+        sgd / adam / radam: L2 added to the gradient before the update, as
+        PyTorch's `weight_decay` argument of those optimizers (COOT: 2e-5 with
+        Adam); 0 or unset: none
+    optimizer.b1, b2, eps: Adam-family moments and epsilon (default 0.9, 0.999, 1e-8;
+        COOT YouCook2's RAdam: 0.56, 0.98, 1.5e-9)
     optimizer.schedule: 'cosine' | 'constant'
     optimizer.warmup_epochs / warmup_steps: linear warmup from 0 (epochs win when set)
     optimizer.grad_clip_norm: global-norm clipping when > 0
@@ -45,18 +50,22 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, total_steps: int,
 
 def _base(opt: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.GradientTransformation:
   name = opt.name
-  if name == "sgd":
-    return optax.sgd(lr, momentum=opt.get("momentum", 0.9) or None,
-                     nesterov=opt.get("nesterov", False))
-  if name == "adam":
-    return optax.adam(lr, b1=opt.get("b1", 0.9), b2=opt.get("b2", 0.999))
+  adam_args = dict(b1=opt.get("b1", 0.9), b2=opt.get("b2", 0.999), eps=opt.get("eps", 1e-8))
   if name == "adamw":
-    return optax.adamw(lr, b1=opt.get("b1", 0.9), b2=opt.get("b2", 0.999),
-                       weight_decay=opt.get("weight_decay", 0.01))
-  if name == "radam":
-    return optax.radam(lr, b1=opt.get("b1", 0.9), b2=opt.get("b2", 0.999))
-  raise ValueError(
-      f"config.optimizer.name={name!r}; expected one of sgd, adam, adamw, radam")
+    return optax.adamw(lr, weight_decay=opt.get("weight_decay", 0.01), **adam_args)
+  if name == "sgd":
+    tx = optax.sgd(lr, momentum=opt.get("momentum", 0.9) or None,
+                   nesterov=opt.get("nesterov", False))
+  elif name == "adam":
+    tx = optax.adam(lr, **adam_args)
+  elif name == "radam":
+    tx = optax.radam(lr, **adam_args)
+  else:
+    raise ValueError(
+        f"config.optimizer.name={name!r}; expected one of sgd, adam, adamw, radam")
+  l2 = opt.get("weight_decay") or 0.0
+  # PyTorch's coupled weight decay: g <- g + wd * p before the optimizer sees g.
+  return optax.chain(optax.add_decayed_weights(l2), tx) if l2 else tx
 
 
 def path_name(path) -> str:

@@ -94,7 +94,7 @@ class Trainer:
     self.task = task
     if evaluators is None:
       from avtext import evals  # pylint: disable=g-import-not-at-top
-      evaluators = evals.build_evaluators(config, task)
+      evaluators = evals.build_evaluators(config, task, self.workdir)
     self.evaluators = evaluators
     self.select = control_lib.selection(config)
     if self.select and self.select[0].split("/")[0] not in evaluators:
