@@ -276,3 +276,15 @@ def test_collate_errors():
     features.collate([{"n": np.int64(1)}], max_len={"n": None})
   with pytest.raises(ValueError, match="'s' is not numeric"):
     features.collate([{"s": ["a", "b"]}], max_len={"s": None})
+
+
+def test_collate_pads_to_a_multiple_of_the_longest():
+  out = features.collate([{"x": np.ones((3, 2))}, {"x": np.ones((9, 2))}],
+                         max_len={"x": None}, pad_multiple=8)
+  assert out["x"].shape == (2, 16, 2)
+  np.testing.assert_array_equal(out["x_mask"].sum(1), [3, 9])
+  # A fixed length ignores the multiple; empty arrays still get one (masked) row.
+  assert features.collate([{"x": np.ones((3, 2))}], max_len={"x": 5},
+                          pad_multiple=8)["x"].shape == (1, 5, 2)
+  empty = features.collate([{"x": np.ones((0, 2))}], max_len={"x": None}, pad_multiple=4)
+  assert empty["x"].shape == (1, 4, 2) and not empty["x_mask"].any()

@@ -344,13 +344,15 @@ class ArrayRecordFeatures(FeatureSource):
 
 def collate(examples: Sequence[Mapping[str, Any]], *,
             max_len: Mapping[str, int | None] | None = None,
-            keys: Sequence[str] | None = None, pad_value: float = 0) -> dict[str, Any]:
+            keys: Sequence[str] | None = None, pad_value: float = 0,
+            pad_multiple: int = 1) -> dict[str, Any]:
   """One batch of `examples`: padded + masked, stacked, or listed.
 
   max_len: the variable-length keys and their length L: an int pads with
     `pad_value` or truncates (the first L rows kept) to exactly L, None pads
-    to the longest in the batch. Each such key gets `<key>_mask` bool [B, L],
-    True on real rows.
+    to the longest in the batch rounded up to a multiple of `pad_multiple`
+    (so a jitted consumer sees few distinct shapes). Each such key gets
+    `<key>_mask` bool [B, L], True on real rows.
   keys: the keys to batch (default: those of the first example).
   Other numeric values (numpy arrays, bools, ints, floats) are stacked and
   must agree in shape; anything else (ids, strings, lists, None) stays a
@@ -369,7 +371,7 @@ def collate(examples: Sequence[Mapping[str, Any]], *,
     if key in max_len:
       if f"{key}_mask" in keys:
         raise ValueError(f"collate: key {key}_mask exists; it would clash with {key!r}'s mask")
-      out[key], out[f"{key}_mask"] = _pad(values, max_len[key], pad_value, key)
+      out[key], out[f"{key}_mask"] = _pad(values, max_len[key], pad_value, key, pad_multiple)
     elif all(isinstance(v, (np.ndarray, np.generic, bool, int, float)) and
              np.asarray(v).dtype.kind in "biuf" for v in values):
       shapes = {np.shape(v) for v in values}
@@ -385,7 +387,7 @@ def collate(examples: Sequence[Mapping[str, Any]], *,
   return out
 
 
-def _pad(values: list, length: int | None, pad_value: float, key: str
+def _pad(values: list, length: int | None, pad_value: float, key: str, multiple: int = 1
          ) -> tuple[np.ndarray, np.ndarray]:
   arrays = [np.asarray(v) for v in values]
   if any(a.ndim == 0 for a in arrays):
@@ -398,7 +400,7 @@ def _pad(values: list, length: int | None, pad_value: float, key: str
     raise ValueError(f"collate: key {key!r} has trailing shapes {sorted(trailing)}; only the "
                      "leading axis may differ")
   if length is None:
-    length = max(len(a) for a in arrays)
+    length = max(1, -(-max(len(a) for a in arrays) // multiple)) * multiple
   dtype = np.result_type(*arrays)
   out = np.full((len(arrays), length) + arrays[0].shape[1:], pad_value, dtype)
   mask = np.zeros((len(arrays), length), bool)

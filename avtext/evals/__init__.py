@@ -23,7 +23,8 @@ import ml_collections
 from avtext import registry as registry_lib
 
 _EVALUATORS = registry_lib.Registry(
-    "evaluator", ("avtext.evals.retrieval", "avtext.evals.classification"))
+    "evaluator", ("avtext.evals.retrieval", "avtext.evals.classification",
+                  "avtext.evals.hierarchical"))
 register_evaluator = _EVALUATORS.register
 
 

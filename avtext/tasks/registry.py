@@ -16,7 +16,8 @@ from avtext.data import pipelines
 from avtext.models import registry as models_registry
 
 # Modules imported on first lookup so `config.task` alone selects a task.
-_TASKS = registry_lib.Registry("task", ("avtext.tasks.retrieval", "avtext.tasks.classification"))
+_TASKS = registry_lib.Registry(
+    "task", ("avtext.tasks.retrieval", "avtext.tasks.classification", "avtext.tasks.coot"))
 register = _TASKS.register
 
 

@@ -1,0 +1,218 @@
+"""COOT (Ging et al. 2020): hierarchical video-paragraph / clip-sentence retrieval.
+
+A training example is one video of the `coot` dataset (`avtext.data.builders.coot`):
+per-frame features of the whole video and of each of its N segments (clips),
+and the paragraph's per-token text features split into N sentences. Frames are
+sampled as the official code does (`preprocessing.coot_frame_indices`: up to
+`data.max_frames` = 80 per clip and per video, a random point in each of the
+evenly spaced bins in training, the bin centre in evaluation).
+
+Batches pack variable lengths (see `collate`): videos and paragraphs are padded
+to the batch's longest, and the clips / sentences of all videos of the batch
+are stacked into one flat array, as the official collate does, so compute
+follows the real clip count rather than the longest video's. Each padded axis
+is rounded up to a multiple (`data.pad_multiple`, `data.clip_pad_multiple`),
+so a run compiles a handful of shapes; a slot index (video row * N +
+position) tells the model where each clip belongs.
+
+Loss, eq. 9 with the official weights (`config.loss`):
+  L = w_H L^H_align + w_L L^L_align + w_g L^g_align + w_Hc L^H_cluster
+      + w_Lc L^L_cluster [+ w_gc L^g_cluster] + lambda L_CMC
+on L2-normalised embeddings (`avtext.losses.coot`), margin 0.2; the cycle
+consistency works on the un-normalised clip / sentence embeddings and samples
+one clip and one sentence per video (official `num_samples=1`). The official
+trainer weighs the context-clustering term with the *low-level* clustering
+weight whenever its own weight is non-zero (`trainer_retrieval.py`);
+`loss.official_context_cluster_weight=True` (default) reproduces that,
+False uses `loss.weight_context_cluster` itself. The paper configs set that
+term's weight to 0, so both give the same paper runs.
+
+Evaluation is the `hierarchical` evaluator over the predict functions
+`embed_video` and `embed_text` (one row per video).
+"""
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from avtext.data import builders
+from avtext.data import features
+from avtext.data import pipelines
+from avtext.data import preprocessing
+from avtext.losses import coot as coot_losses
+from avtext.tasks import registry
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return max(multiple, -(-n // multiple) * multiple)
+
+
+@registry.register("coot")
+class CootTask(registry.Task):
+  """COOT on a `features` source with the COOT layout (`config.model.name = "coot"`)."""
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    super().__init__(config)
+    self._train_source = None
+    self.max_clips = int(config.model.max_clips)
+
+  # ---------------------------------------------------------------- data
+  @property
+  def train_source(self):
+    if self._train_source is None:
+      self._train_source = self._check(builders.get_source(self.config.dataset, "train"))
+    return self._train_source
+
+  def _check(self, source):
+    if source.kind != builders.FEATURES or not hasattr(source, "keys"):
+      raise ValueError(f"task 'coot' reads the COOT feature layout (config.dataset.name='coot'), "
+                       f"got dataset {self.config.dataset.name!r} of kind {source.kind!r}")
+    return source
+
+  def num_train_examples(self) -> int:
+    return len(self.train_source)
+
+  def example(self, item: dict, rng: np.random.Generator | None) -> dict:
+    """Frames sampled as the official `RetrievalDataset.__getitem__` (no augmentation)."""
+    max_frames = int(self.config.data.max_frames)
+    video = item["video"]
+    n = min(len(video), max_frames)
+    frames = video[preprocessing.coot_frame_indices(len(video), n, rng)]
+    clips, clip_lengths = [], []
+    for start, num in item["segments"]:
+      n = min(int(num), max_frames)
+      clips.append(video[int(start) + preprocessing.coot_frame_indices(int(num), n, rng)])
+      clip_lengths.append(n)
+    if len(clips) > self.max_clips:
+      raise ValueError(f"video {item['id']!r} has {len(clips)} segments, more than "
+                       f"config.model.max_clips={self.max_clips}; raise it")
+    sentence_lengths = np.asarray(item["sentence_lengths"], np.int32)
+    if len(sentence_lengths) != len(clips):
+      raise ValueError(f"video {item['id']!r}: {len(clips)} segments but "
+                       f"{len(sentence_lengths)} sentences")
+    return {
+        "video": np.asarray(frames, np.float32),
+        "clip_frames": np.concatenate(clips).astype(np.float32),
+        "clip_lengths": np.asarray(clip_lengths, np.int32),
+        "paragraph": np.asarray(item["text"], np.float32),
+        "sentence_lengths": sentence_lengths,
+        "id": item["id"],
+    }
+
+  def collate(self, examples: list[dict]) -> dict:
+    """Packs examples (see the module docstring) with the one `features.collate`."""
+    data = self.config.data
+    mult = int(data.get("pad_multiple", 8))
+    n_max = self.max_clips
+    rows = []  # one per clip (= sentence) of the batch
+    for row, ex in enumerate(examples):
+      clips = np.split(ex["clip_frames"], np.cumsum(ex["clip_lengths"])[:-1])
+      sentences = np.split(ex["paragraph"], np.cumsum(ex["sentence_lengths"])[:-1])
+      rows += [{"clips": c, "sentences": t, "clip_slot": np.int32(row * n_max + k)}
+               for k, (c, t) in enumerate(zip(clips, sentences))]
+    num = _round_up(len(rows), int(data.get("clip_pad_multiple", 32)))
+    if data.get("max_clips_per_batch"):
+      num = int(data.max_clips_per_batch)
+      if len(rows) > num:
+        raise ValueError(f"a batch holds {len(rows)} clips, more than "
+                         f"config.data.max_clips_per_batch={num}")
+    empty = {"clips": rows[0]["clips"][:0], "sentences": rows[0]["sentences"][:0],
+             "clip_slot": np.int32(-1)}
+    variable = {"clips": None, "sentences": None}
+    batch = features.collate(rows + [empty] * (num - len(rows)), max_len=variable,
+                             pad_multiple=mult)
+    batch.update(features.collate(examples, keys=("video", "paragraph"),
+                                  max_len={"video": None, "paragraph": None}, pad_multiple=mult))
+    return batch
+
+  def train_data(self, *, batch_size, seed, process_index, process_count):
+    source = self.train_source
+    return pipelines.train_batches(
+        len(source), lambda i, rng: self.example(source[i], rng), batch_size=batch_size,
+        seed=seed, process_index=process_index, process_count=process_count,
+        collate=self.collate)
+
+  def eval_examples(self, source):
+    source = self._check(source)
+    return lambda i: self.example(source[i], None)
+
+  # ---------------------------------------------------------------- model
+  def _global_slots(self, batch) -> jax.Array:
+    """Slots of the global batch: process p's rows follow those of processes < p."""
+    slot = batch["clip_slot"]
+    procs = jax.process_count()
+    if procs == 1:
+      return slot
+    per_proc_clips = slot.shape[0] // procs
+    per_proc_videos = batch["video"].shape[0] // procs
+    offset = (jnp.arange(slot.shape[0]) // per_proc_clips) * per_proc_videos * self.max_clips
+    return jnp.where(slot >= 0, slot + offset, -1)
+
+  def _encode(self, variables, batch, *, train: bool, rng=None):
+    slot = self._global_slots(batch)
+    rngs = {"dropout": rng} if train else None
+    return self.model.apply(
+        variables, batch["video"], batch["video_mask"], batch["clips"], batch["clips_mask"], slot,
+        batch["paragraph"], batch["paragraph_mask"], batch["sentences"], batch["sentences_mask"],
+        slot, deterministic=not train, rngs=rngs)
+
+  def init_variables(self, rng, batch):
+    return self.model.init(
+        {"params": rng}, batch["video"], batch["video_mask"], batch["clips"], batch["clips_mask"],
+        batch["clip_slot"], batch["paragraph"], batch["paragraph_mask"], batch["sentences"],
+        batch["sentences_mask"], batch["clip_slot"])
+
+  def loss_fn(self, variables, batch, rng):
+    dropout_rng, cycle_rng = jax.random.split(rng)
+    video, text = self._encode(variables, batch, train=True, rng=dropout_rng)
+    return self.loss(video, text, cycle_rng)
+
+  def loss(self, video: dict, text: dict, cycle_rng) -> tuple[Any, dict, dict]:
+    """Eq. 9 on the model's outputs (see the module docstring)."""
+    cfg = self.config.loss
+    clip_mask = video["clip_mask"]
+    use_context = bool(self.config.model.get("use_context", True))
+    metrics = {}
+    total, terms = coot_losses.hierarchical_alignment(
+        video["video_emb"], text["paragraph_emb"], video["video_context"],
+        text["paragraph_context"], video["clip_emb"], text["sentence_emb"], clip_mask,
+        margin=cfg.margin, weight_high=cfg.weight_high, weight_low=cfg.weight_low,
+        weight_context=cfg.weight_context if use_context else 0.0,
+        weight_high_cluster=cfg.weight_high_cluster,
+        weight_low_cluster=cfg.weight_low_cluster)
+    metrics.update(terms)
+    context_cluster = cfg.get("weight_context_cluster", 0.0)
+    if context_cluster:
+      weight = (cfg.weight_low_cluster if cfg.get("official_context_cluster_weight", True)
+                else context_cluster)
+      term = coot_losses.clustering(video["video_context"], text["paragraph_context"],
+                                    margin=cfg.margin)
+      metrics["cluster_context"] = term
+      total = total + weight * term
+    if cfg.cycle_weight:
+      samples = cfg.get("cycle_samples", 1)
+      cmc = coot_losses.cycle_consistency(
+          video["clip_emb"], clip_mask, text["sentence_emb"], text["sentence_mask"],
+          rng=cycle_rng if samples == 1 else None)
+      metrics["cycle"] = cmc
+      total = total + cfg.cycle_weight * cmc
+    return total, metrics, {}
+
+  def predict_fns(self):
+    def embed(variables, batch):
+      video, text = self._encode(variables, batch, train=False)
+      return {"video_emb": video["video_emb"], "clip_emb": video["clip_emb"],
+              "clip_mask": video["clip_mask"], "paragraph_emb": text["paragraph_emb"],
+              "sentence_emb": text["sentence_emb"], "sentence_mask": text["sentence_mask"]}
+
+    def embed_video(variables, batch):
+      out = embed(variables, batch)
+      return {k: out[k] for k in ("video_emb", "clip_emb", "clip_mask")}
+
+    def embed_text(variables, batch):
+      out = embed(variables, batch)
+      return {k: out[k] for k in ("paragraph_emb", "sentence_emb", "sentence_mask")}
+
+    return {"embed": embed, "embed_video": embed_video, "embed_text": embed_text}
