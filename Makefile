@@ -12,7 +12,7 @@ WORKDIR ?= workdirs/demo
 # pip's log goes to a file and is shown (minus local-index noise) only on failure.
 pip = $(PY) -m pip install $(PIP_FLAGS) $(1) > $(VENV)/pip.log 2>&1 || { grep -v "is ignored: it is neither" $(VENV)/pip.log; exit 1; }
 
-.PHONY: venv demo test test-slow clean
+.PHONY: venv demo demo-coot test test-slow clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,18 @@ demo: $(STAMP)
 	$(PY) -m avtext.main --config=configs/synthetic_video_pretrain.py --workdir=$(WORKDIR)/video_pretrain
 	$(PY) -m avtext.main --config=configs/videocc_avr.py:demo --workdir=$(WORKDIR)/avr \
 	  --config.init_from.workdir=$(WORKDIR)/video_pretrain
+
+# COOT on the synthetic paragraph videos: the RGB tower of stage 1 above (reused when
+# `make demo` already trained it), its per-frame features + MiniLM-L6 token features
+# written in COOT's layout, then COOT trained and evaluated on them.
+COOT_TRAIN ?= 1000
+COOT_VAL ?= 500
+demo-coot: $(STAMP)
+	$(PY) -m avtext.main --config=configs/synthetic_video_pretrain.py --workdir=$(WORKDIR)/video_pretrain
+	$(PY) -m avtext.tools.coot_synthetic --tower_workdir=$(WORKDIR)/video_pretrain \
+	  --out=$(WORKDIR)/coot_data --num_train=$(COOT_TRAIN) --num_val=$(COOT_VAL)
+	$(PY) -m avtext.main --config=configs/coot_activitynet.py:demo --workdir=$(WORKDIR)/coot \
+	  --config.dataset.path=$(WORKDIR)/coot_data
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)

@@ -300,6 +300,35 @@ class Mlp(nn.Module):
                     name="dense_out")(x)
 
 
+class CootLayerNorm(nn.Module):
+  """COOT's LayerNormalization: scale * (x - mean) / (std + eps) + bias.
+
+  The standard deviation is the unbiased one (N - 1) and eps sits outside the
+  square root (official `nntrainer/models/normalizations.py`, eps 1e-6), unlike
+  `nn.LayerNorm`. Parameters are named like nn.LayerNorm's.
+  """
+  epsilon: float = 1e-6
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32)
+    y = x.astype(jnp.float32)
+    mean = jnp.mean(y, axis=-1, keepdims=True)
+    std = jnp.std(y, axis=-1, keepdims=True, ddof=1)
+    return (scale * (y - mean) / (std + self.epsilon) + bias).astype(self.dtype)
+
+
+def make_layer_norm(kind: str, epsilon: float, dtype: Any, name: str) -> nn.Module:
+  """'standard' (nn.LayerNorm) or 'coot' (`CootLayerNorm`)."""
+  if kind == "standard":
+    return nn.LayerNorm(epsilon=epsilon, dtype=dtype, name=name)
+  if kind == "coot":
+    return CootLayerNorm(epsilon=epsilon, dtype=dtype, name=name)
+  raise ValueError(f"layer_norm must be 'standard' or 'coot', got {kind!r}")
+
+
 class EncoderBlock(nn.Module):
   """Transformer layer: self-attention, [cross-attention,] MLP, with residuals.
 
@@ -322,6 +351,10 @@ class EncoderBlock(nn.Module):
     causal: add `make_causal_mask` to self-attention (decoder layers); a
       prefix-LM passes `mask=make_prefix_lm_mask(...)` instead.
     cross_attention: add the cross-attention sublayer; calls need `context`.
+    self_attention: False (with cross_attention=True) drops the
+      self-attention sublayer: a cross-attention-only layer, COOT's context
+      "TransformerDecoder" (the global context as the query over the clips).
+    layer_norm: "standard" (nn.LayerNorm) or "coot" (`CootLayerNorm`).
     dropout_rate: dropout on every branch output.
     attention_dropout_rate: dropout on attention probabilities.
     stochastic_depth: per-example drop probability of each residual branch.
@@ -336,6 +369,8 @@ class EncoderBlock(nn.Module):
   layer_norm_eps: float = 1e-6
   causal: bool = False
   cross_attention: bool = False
+  self_attention: bool = True
+  layer_norm: str = "standard"
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   stochastic_depth: float = 0.0
@@ -373,6 +408,8 @@ class EncoderBlock(nn.Module):
           f"context [B, L_c, D_c] exactly when cross_attention=True")
     if context_mask is not None and context is None:
       raise ValueError("context_mask given without context")
+    if not (self.self_attention or self.cross_attention):
+      raise ValueError("EncoderBlock(self_attention=False) needs cross_attention=True")
     if padding_mask is not None:
       # While decoding the keys are the whole cache, checked by `Attention`.
       mask = combine_masks(
@@ -382,9 +419,11 @@ class EncoderBlock(nn.Module):
         Attention, num_heads=self.num_heads,
         dropout_rate=self.attention_dropout_rate,
         kernel_init=self.kernel_init, dtype=self.dtype)
-    branches = [("attention", lambda y: attention(name="attention")(
-        y, mask=mask, causal=self.causal, decode=decode,
-        deterministic=deterministic))]
+    branches = []
+    if self.self_attention:
+      branches.append(("attention", lambda y: attention(name="attention")(
+          y, mask=mask, causal=self.causal, decode=decode,
+          deterministic=deterministic)))
     if self.cross_attention:
       context_keys = None
       if context_mask is not None:
@@ -397,8 +436,8 @@ class EncoderBlock(nn.Module):
         mlp_dim=self.mlp_dim, activation=self.activation,
         kernel_init=self.kernel_init, dtype=self.dtype, name="mlp")))
     for name, branch in branches:
-      norm = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
-                          name=f"{name}_norm")
+      norm = make_layer_norm(self.layer_norm, self.layer_norm_eps, self.dtype,
+                             f"{name}_norm")
       y = branch(norm(x) if self.pre_norm else x)
       y = nn.Dropout(self.dropout_rate)(y, deterministic)
       # One keep/drop decision per example: broadcast over tokens and width.

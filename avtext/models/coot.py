@@ -1,0 +1,240 @@
+"""COOT: Cooperative Hierarchical Transformer (Ging et al. 2020, §3).
+
+Four T-Transformers (`TTransformer`), as the official `RetrievalModelManager`:
+
+  video_local   frame features of the whole video -> video context g_v (pooled)
+                frame features of each clip       -> clip embeddings theta_i
+  video_global  clip embeddings (+ cross-attention to g_v) -> video embedding theta
+  text_local / text_global    the same for paragraph tokens / sentences
+
+A local T-Transformer is: COOT layer norm of the input features, Dense to the
+hidden size + GELU (official `input_fc`), sin-cos positions, one post-norm
+transformer layer (the shared `layers.EncoderBlock` with COOT's layer norm),
+then a pooler: Attention-FA (eq. 4, official `GenPool`), or masked max / mean
+for the ablation. A global one has no input FC; its Contextual Transformer
+(eq. 5) is one cross-attention-only `EncoderBlock` with the local context as
+the single query over the clip sequence, whose output is concatenated to the
+masked mean of the clip sequence: theta = [mean_i h_i, CoT(g, h)]
+(768 = 384 + 384 with the official sizes).
+
+Defaults are the official ActivityNet config (`config/retrieval/paper2020/
+anet_coot.yaml`). Deliberate differences from the official code:
+- the global mean is masked (official `avg_special` sums padded positions too,
+  then divides by the real length), so padding never changes an embedding;
+- biases start at zero (official: truncated normal like the weights);
+- dropout sits after each sublayer branch (`EncoderBlock`), the official layer
+  also drops inside the feed-forward and after the first sublayer's norm.
+
+Batches pack the clips of all videos in one array (`avtext/tasks/coot.py`);
+`clip_slot[c] = video_row * max_clips + position` (-1: padding) scatters clip
+embeddings back into [B, max_clips, D].
+"""
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from avtext.models import layers
+from avtext.models import registry
+
+Array = jax.Array
+POOLERS = ("atn", "max", "avg")
+
+
+def sincos_table(length: int, dim: int) -> np.ndarray:
+  """Official PositionalEncodingSinCos: pe[p, i] = sin/cos(p / 10000 ** (2 i / d)).
+
+  Even columns take sin, odd ones cos, each with its own column index i in the
+  exponent (the official formula, not the 2 * floor(i / 2) of Vaswani et al.).
+  """
+  position = np.arange(length, dtype=np.float64)[:, None]
+  div = 10000.0 ** (2.0 * np.arange(dim, dtype=np.float64) / dim)
+  table = np.zeros((length, dim), np.float64)
+  table[:, 0::2] = np.sin(position / div[0::2])
+  table[:, 1::2] = np.cos(position / div[1::2])
+  return table.astype(np.float32)
+
+
+class AttentionFA(nn.Module):
+  """Attention-aware feature aggregation, COOT eq. 4 (official `GenPool`).
+
+  Per head h (of `num_heads`, each owning a D/H slice of the features):
+    a = W2_h GELU(W1_h x_t + b1_h) + b2_h           [T, D/H] logits
+    w = softmax over the real positions t, per feature of the slice
+    out[slice h] = sum_t w_t * x_t[slice h]
+  W1_h: [D, hidden/H], W2_h: [hidden/H, D/H].
+  """
+  hidden: int = 768
+  num_heads: int = 2
+  dropout: float = 0.0
+  init_std: float = 0.01
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, *, deterministic: bool) -> Array:
+    b, t, d = x.shape
+    h = self.num_heads
+    if self.hidden % h or d % h:
+      raise ValueError(f"AttentionFA: hidden {self.hidden} and width {d} must be divisible "
+                       f"by num_heads={h}")
+    init = nn.initializers.truncated_normal(self.init_std)
+    w1 = self.param("w1", init, (h, d, self.hidden // h))
+    b1 = self.param("b1", nn.initializers.zeros, (h, self.hidden // h))
+    w2 = self.param("w2", init, (h, self.hidden // h, d // h))
+    b2 = self.param("b2", nn.initializers.zeros, (h, d // h))
+    a = jnp.einsum("btd,hde->bhte", x, w1) + b1[None, :, None]
+    a = nn.gelu(nn.Dropout(self.dropout)(a, deterministic), approximate=False)
+    a = jnp.einsum("bhte,hef->bhtf", a, w2) + b2[None, :, None]
+    a = nn.Dropout(self.dropout)(a, deterministic)
+    a = jnp.where(mask[:, None, :, None], a, jnp.finfo(a.dtype).min)
+    weights = jax.nn.softmax(a, axis=2)  # over time, per (head, feature)
+    weights = jnp.where(mask[:, None, :, None], weights, 0.0)  # all-padding rows -> 0
+    weights = nn.Dropout(self.dropout)(weights, deterministic)
+    weights = weights.transpose(0, 2, 1, 3).reshape(b, t, d)
+    return jnp.sum(x * weights, axis=1)
+
+
+def masked_pool(x: Array, mask: Array, kind: str) -> Array:
+  """Masked mean or max over axis 1 (rows without real positions give 0)."""
+  m = mask[..., None]
+  if kind == "avg":
+    return jnp.sum(jnp.where(m, x, 0.0), axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1)
+  if kind == "max":
+    return jnp.where(jnp.any(mask, axis=1)[:, None],
+                     jnp.max(jnp.where(m, x, jnp.finfo(x.dtype).min), axis=1), 0.0)
+  raise ValueError(f"pooler must be one of {POOLERS}, got {kind!r}")
+
+
+class TTransformer(nn.Module):
+  """One COOT T-Transformer (official `TransformerLegacy`). See the module docstring."""
+  hidden_size: int = 384
+  num_heads: int = 8
+  mlp_dim: int = 384
+  num_layers: int = 1
+  dropout: float = 0.025
+  input_fc: bool = True
+  pooler: str = "atn"
+  pool_hidden: int = 768
+  pool_heads: int = 2
+  use_context: bool = False
+  init_std: float = 0.01
+  max_positions: int = 1000
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, context: Array | None = None, *,
+               deterministic: bool) -> tuple[Array, Array]:
+    """x [B, L, D_in], mask [B, L] (True = real) -> (pooled [B, D_out], sequence [B, L, H])."""
+    if x.shape[1] > self.max_positions:
+      raise ValueError(f"sequence of {x.shape[1]} positions is longer than the sin-cos table "
+                       f"(max_positions={self.max_positions})")
+    if self.pooler not in POOLERS:
+      raise ValueError(f"pooler must be one of {POOLERS}, got {self.pooler!r}")
+    init = nn.initializers.truncated_normal(self.init_std)
+    mask = mask.astype(bool)
+    x = layers.CootLayerNorm(name="norm_input")(x)
+    if self.input_fc:
+      x = nn.gelu(nn.Dense(self.hidden_size, kernel_init=init, name="input_fc")(x),
+                  approximate=False)
+    elif x.shape[-1] != self.hidden_size:
+      raise ValueError(f"input width {x.shape[-1]} != hidden_size {self.hidden_size} and "
+                       "input_fc is off")
+    x = x + jnp.asarray(sincos_table(x.shape[1], self.hidden_size))[None]
+    block = lambda name, **kw: layers.EncoderBlock(
+        num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=False, activation="gelu",
+        layer_norm="coot", layer_norm_eps=1e-6, dropout_rate=self.dropout,
+        attention_dropout_rate=self.dropout, kernel_init=init, name=name, **kw)
+    for i in range(self.num_layers):
+      x = block(f"encoderblock_{i}")(x, mask, deterministic=deterministic)
+    if self.pooler == "atn":
+      pooled = AttentionFA(self.pool_hidden, self.pool_heads, self.dropout, self.init_std,
+                           name="pooler")(x, mask, deterministic=deterministic)
+    else:
+      pooled = masked_pool(x, mask, self.pooler)
+    if self.use_context:
+      if context is None:
+        raise ValueError("TTransformer(use_context=True) needs the context vector")
+      ctx = block("context", cross_attention=True, self_attention=False)(
+          context[:, None, :], context=x, context_mask=mask, deterministic=deterministic)
+      pooled = jnp.concatenate([pooled, ctx[:, 0]], axis=-1)
+    return pooled, x
+
+
+def _scatter(values: Array, slot: Array, rows: int, slots: int) -> tuple[Array, Array]:
+  """[C, D] values by slot (row * slots + k, -1 = drop) -> ([rows, slots, D], mask)."""
+  index = jnp.where(slot >= 0, slot, rows * slots)  # out of range: dropped
+  out = jnp.zeros((rows * slots, values.shape[-1]), values.dtype).at[index].set(
+      values, mode="drop")
+  mask = jnp.zeros((rows * slots,), bool).at[index].set(True, mode="drop")
+  return out.reshape(rows, slots, -1), mask.reshape(rows, slots)
+
+
+class COOT(nn.Module):
+  """The four COOT T-Transformers; see the module docstring."""
+  max_clips: int
+  hidden_size: int = 384
+  num_heads: int = 8
+  mlp_dim: int = 384
+  num_layers: int = 1
+  dropout: float = 0.025
+  local_pooler: str = "atn"
+  pool_hidden: int = 768
+  pool_heads: int = 2
+  use_context: bool = True
+  init_std: float = 0.01
+  max_positions: int = 1000
+
+  def _net(self, name: str, *, local: bool) -> TTransformer:
+    return TTransformer(
+        hidden_size=self.hidden_size, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
+        num_layers=self.num_layers, dropout=self.dropout, input_fc=local,
+        pooler=self.local_pooler if local else "avg", pool_hidden=self.pool_hidden,
+        pool_heads=self.pool_heads, use_context=self.use_context and not local,
+        init_std=self.init_std, max_positions=self.max_positions, name=name)
+
+  def setup(self):
+    self.video_local = self._net("video_local", local=True)
+    self.video_global = self._net("video_global", local=False)
+    self.text_local = self._net("text_local", local=True)
+    self.text_global = self._net("text_global", local=False)
+
+  def _encode(self, local, global_, full, full_mask, parts, parts_mask, slot, deterministic):
+    context, _ = local(full, full_mask, deterministic=deterministic)
+    part_emb, _ = local(parts, parts_mask, deterministic=deterministic)
+    grouped, grouped_mask = _scatter(part_emb, slot, full.shape[0], self.max_clips)
+    emb, _ = global_(grouped, grouped_mask, context if self.use_context else None,
+                     deterministic=deterministic)
+    return emb, context, grouped, grouped_mask
+
+  def encode_video(self, video, video_mask, clips, clips_mask, clip_slot, *,
+                   deterministic: bool = True) -> dict[str, Array]:
+    """-> video_emb [B, 768], video_context [B, 384], clip_emb [B, N, 384], clip_mask [B, N]."""
+    emb, ctx, clip, mask = self._encode(self.video_local, self.video_global, video, video_mask,
+                                        clips, clips_mask, clip_slot, deterministic)
+    return {"video_emb": emb, "video_context": ctx, "clip_emb": clip, "clip_mask": mask}
+
+  def encode_text(self, paragraph, paragraph_mask, sentences, sentences_mask, sentence_slot, *,
+                  deterministic: bool = True) -> dict[str, Array]:
+    """-> paragraph_emb, paragraph_context, sentence_emb [B, N, 384], sentence_mask [B, N]."""
+    emb, ctx, sent, mask = self._encode(self.text_local, self.text_global, paragraph,
+                                        paragraph_mask, sentences, sentences_mask, sentence_slot,
+                                        deterministic)
+    return {"paragraph_emb": emb, "paragraph_context": ctx, "sentence_emb": sent,
+            "sentence_mask": mask}
+
+  def __call__(self, video, video_mask, clips, clips_mask, clip_slot, paragraph,
+               paragraph_mask, sentences, sentences_mask, sentence_slot, *,
+               deterministic: bool = True) -> tuple[dict, dict]:
+    return (self.encode_video(video, video_mask, clips, clips_mask, clip_slot,
+                              deterministic=deterministic),
+            self.encode_text(paragraph, paragraph_mask, sentences, sentences_mask,
+                             sentence_slot, deterministic=deterministic))
+
+
+@registry.register_model("coot")
+def coot_from_config(cfg) -> COOT:
+  return COOT(max_clips=int(cfg.max_clips), hidden_size=cfg.hidden_size,
+              num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim, num_layers=cfg.num_layers,
+              dropout=cfg.dropout, local_pooler=cfg.local_pooler, pool_hidden=cfg.pool_hidden,
+              pool_heads=cfg.pool_heads, use_context=cfg.use_context, init_std=cfg.init_std,
+              max_positions=cfg.get("max_positions", 1000))
