@@ -540,7 +540,7 @@ class Tokenizer:
     self._backend = None
 
   def __getstate__(self) -> dict:
-    return {**self.__dict__, "_backend": None}
+    return {**self.__dict__, "_backend": None, "_raw": None}
 
   @property
   def backend(self):
@@ -563,6 +563,19 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self.backend.get_vocab_size()
 
+  def wordpiece(self, text: str) -> list[int]:
+    """Ids of `text` with no [CLS]/[SEP] added, no padding and no cropping.
+
+    Special tokens written in the text ("[CLS] a man [SEP]") map to their ids
+    (COOT's precomputed text features tokenize such strings).
+    """
+    with _TOKENIZER_LOCK:
+      if getattr(self, "_raw", None) is None:
+        import transformers  # pylint: disable=g-import-not-at-top
+        self._raw = transformers.BertTokenizerFast(vocab_file=str(self.vocab_path),
+                                                   do_lower_case=self.lowercase)
+    return list(self._raw(text, add_special_tokens=False)["input_ids"])
+
   def __call__(self, texts: str | Sequence[str]) -> dict[str, np.ndarray]:
     """{'input_ids', 'attention_mask'}: int32 [max_len] for one string, [B, max_len] for a list."""
     single = isinstance(texts, str)
@@ -572,3 +585,54 @@ class Tokenizer:
     if single:
       return {"input_ids": ids[0], "attention_mask": mask[0]}
     return {"input_ids": ids, "attention_mask": mask}
+
+
+# ---------------------------------------------------------------- COOT frame sampling
+def _round_half_down(x: np.ndarray) -> np.ndarray:
+  """Rounds .5 down (official `np_round_half_down`): 0.5 -> 0, 1.5 -> 1, 2.6 -> 3."""
+  return np.ceil(np.asarray(x, np.float64) - 0.5)
+
+
+def coot_frame_indices(num_frames: int, num_target: int,
+                       rng: np.random.Generator | None) -> np.ndarray:
+  """COOT's frame sampler (official `nntrainer/maths.py: compute_indices`).
+
+  Picks `num_target` of `num_frames` frames from evenly spaced bins. Evaluation
+  (rng None): the bin centre, floor(i * n / m + n / (2 m)). Training: bin sizes
+  are the differences of round-half-down(linspace(0, n, m)), shuffled (the last
+  bin takes the rest), and each index is a uniform point inside its bin, floored.
+  The official code draws from numpy's global state; here `rng` does.
+  """
+  if num_target < 1 or num_frames < 1:
+    raise ValueError(f"coot_frame_indices: need num_frames >= 1 and num_target >= 1, got "
+                     f"{num_frames}, {num_target}")
+  starts = np.linspace(0, num_frames, num_target, endpoint=False)
+  if rng is None:
+    return np.floor(starts + num_frames / num_target / 2).astype(np.int64)
+  starts = _round_half_down(starts).astype(np.int64)
+  offsets = starts[1:] - starts[:-1]
+  rng.shuffle(offsets)
+  offsets = np.concatenate([offsets, [num_frames - np.sum(offsets)]])
+  new_starts = np.cumsum(offsets) - offsets[0]
+  offsets = np.roll(offsets, -1)
+  return np.floor(new_starts + offsets * rng.random(num_target)).astype(np.int64)
+
+
+def expand_segment(num_frames_video: int, min_frames: int, start: int, stop: int
+                   ) -> tuple[int, int, bool]:
+  """Grows [start, stop) to >= min_frames frames, alternately to the left and right.
+
+  Official `expand_video_segment` (COOT expands ActivityNet clips to >= 10
+  frames): one frame to the left if possible, then one to the right if
+  possible, until long enough; capped at the video length.
+  """
+  min_frames = min(min_frames, num_frames_video)
+  length, changed = stop - start, False
+  while length < min_frames:
+    if start > 0:
+      start, length, changed = start - 1, length + 1, True
+    if length == min_frames:
+      break
+    if stop < num_frames_video:
+      stop, length, changed = stop + 1, length + 1, True
+  return start, stop, changed

@@ -39,6 +39,8 @@ class Bert(nn.Module):
     attention_dropout_rate: dropout on attention probabilities.
     initializer_range: stddev of the normal init of kernels and embeddings.
     add_pooler: also return `pooled` = tanh(Dense(cls)), BERT's NSP pooler.
+    return_hidden_states: also return every layer's output (COOT's text
+      features are BERT's last two layers).
     dtype: computation dtype.
   """
   vocab_size: int = 30522
@@ -54,6 +56,7 @@ class Bert(nn.Module):
   attention_dropout_rate: float = 0.1
   initializer_range: float = 0.02
   add_pooler: bool = False
+  return_hidden_states: bool = False
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -72,6 +75,9 @@ class Bert(nn.Module):
       sequence: [B, L, D] final-layer outputs (HF `last_hidden_state`).
       cls: [B, D] final-layer output at position 0, the [CLS] token.
       pooled: [B, D], only with add_pooler.
+      hidden_states: only with return_hidden_states: the embeddings' output
+        and every layer's, num_layers + 1 arrays [B, L, D] (HF's
+        `hidden_states`: [-1] is `sequence`, [-2] the layer below).
     """
     length = input_ids.shape[1]
     if length > self.max_position_embeddings:
@@ -93,6 +99,7 @@ class Bert(nn.Module):
     x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
                      name="embeddings_norm")(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    hidden = [x]
     for i in range(self.num_layers):
       x = layers.EncoderBlock(
           num_heads=self.num_heads,
@@ -105,7 +112,10 @@ class Bert(nn.Module):
           kernel_init=init,
           dtype=self.dtype,
           name=f"encoderblock_{i}")(x, attention_mask, deterministic=not train)
+      hidden.append(x)
     outputs = {"sequence": x, "cls": x[:, 0]}
+    if self.return_hidden_states:
+      outputs["hidden_states"] = tuple(hidden)
     if self.add_pooler:
       outputs["pooled"] = jnp.tanh(
           nn.Dense(self.hidden_size, kernel_init=init, dtype=self.dtype,

@@ -12,6 +12,9 @@ and e.g. TensorFlow is imported only by a config that reads TFDS files):
   features:hdf5            precomputed per-item arrays (COOT / TVR style) under
   features:npz             config.dataset.path; layouts and config fields in
   features:array_record    `builders.precomputed` and `avtext.data.features`
+  coot                     COOT's feature layout (ActivityNet-captions, YouCook2, the synthetic
+                           paragraph videos) under config.dataset.path, see
+                           `builders.coot` and `avtext.data.coot_layout`
   videocc3m, msrvtt        real datasets whose builders are not written yet: they
                            fail with what to prepare
 
@@ -45,6 +48,7 @@ _MODULES = {
     "synthetic_clips": "avtext.data.builders.synthetic",
     "videocc3m": "avtext.data.builders.pending",
     "msrvtt": "avtext.data.builders.pending",
+    "coot": "avtext.data.builders.coot",
     "features:hdf5": "avtext.data.builders.precomputed",
     "features:npz": "avtext.data.builders.precomputed",
     "features:array_record": "avtext.data.builders.precomputed",
