@@ -1,0 +1,145 @@
+r"""Writes the synthetic paragraph videos in COOT's feature layout (`make demo-coot`).
+
+    python -m avtext.tools.coot_synthetic --tower_workdir=workdirs/demo/video_pretrain \
+        --out=workdirs/demo/coot_data --num_train=1000 --num_val=500 [--force]
+
+Videos are `MultiSceneSource` examples (3-8 scenes of 2-4 s, one sentence per
+scene). Video features: one per time step at `--feature_fps` (2 per second, the
+centre of each 0.5 s step), the [CLS] embedding of the trained RGB tower in
+`--tower_workdir` (`configs/synthetic_video_pretrain.py`) on the tower's own
+input: `data.num_frames` frames `data.frame_stride` apart around that centre
+(clamped to the video), normalized as in training, like the I3D / S3D / Inception
+features of the real datasets. Text features: MiniLM-L6's last two layers per
+token of the "bert_paper" paragraph (768-d), as COOT's BERT features.
+Written (names as configs/coot_activitynet.py:demo expects): meta_all.json
+(splits "train", "val"), synthetic_tower.h5, text_feat_synthetic_meta_all_minilm-l6_-2,-1.h5
+and its _sentence_splits.json; a finished directory (marker file DONE with the
+arguments) is reused, `--force` rebuilds.
+"""
+import json
+import pathlib
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from avtext import inspect as inspect_lib
+from avtext.data import coot_layout
+from avtext.data import preprocessing
+from avtext.data.synthetic import multiscene
+from avtext.data.synthetic import world
+
+VIDEO_FEATURES = "synthetic_tower"
+TEXT_FEATURES = "text_feat_synthetic_meta_all_minilm-l6_-2,-1"
+
+
+def tower_from_run(workdir):
+  """(apply_fn uint8 [B, F, H, W, 3] -> [B, D], frames per window, stride, image size, spec)."""
+  run = inspect_lib.load_run(workdir)
+  data = run.config.data
+  video = run.model.video
+  params = run.params["video"]
+  size = int(data.image_size)
+
+  @jax.jit
+  def embed(x):
+    return video.apply({"params": params}, {"rgb": x}, train=False)["embedding"]
+
+  def apply_fn(frames: np.ndarray) -> np.ndarray:
+    b, f = frames.shape[:2]
+    flat = preprocessing.resize_crop_normalize(frames.reshape((-1,) + frames.shape[2:]),
+                                               size=size, train=False)
+    return np.asarray(embed(flat.reshape((b, f) + flat.shape[1:]).astype(np.float32)))
+
+  world_cfg = run.config.dataset.get("world")
+  spec = world.WorldSpec(**{k: world_cfg[k] for k in ("height", "width", "fps")}) if world_cfg \
+      else world.WorldSpec()
+  return apply_fn, int(data.num_frames), int(data.frame_stride), spec
+
+
+def window_frames(num_frames: int, fps: float, feature_fps: float, frames_per_window: int,
+                  stride: int) -> np.ndarray:
+  """int [T, frames_per_window]: the frames each feature step sees (clamped to the video)."""
+  steps = max(1, int(np.floor(num_frames / fps * feature_fps)))
+  centres = np.round((np.arange(steps) + 0.5) / feature_fps * fps)
+  offsets = stride * (np.arange(frames_per_window) - (frames_per_window - 1) / 2)
+  return np.clip(np.round(centres[:, None] + offsets[None]), 0, num_frames - 1).astype(np.int64)
+
+
+def extract_video_features(source, indices, *, apply_fn, frames_per_window: int,
+                           frame_stride: int, feature_fps: float, batch_size: int = 256
+                           ) -> dict[str, np.ndarray]:
+  """{video_id: float32 [T, D]} for `indices` of a `MultiSceneSource` (see the module doc)."""
+  jobs = []  # (video id, step, frame indices)
+  for i in indices:
+    windows = window_frames(source.num_frames(i), source.spec.fps, feature_fps,
+                            frames_per_window, frame_stride)
+    jobs += [(i, t, w) for t, w in enumerate(windows)]
+  out: dict[int, list] = {}
+  for start in tqdm(range(0, len(jobs), batch_size), desc="video features", unit="batch"):
+    chunk = jobs[start:start + batch_size]
+    frames = np.stack([source.render_frames(i, w) for i, _, w in chunk])
+    emb = apply_fn(frames)
+    for (i, _, _), e in zip(chunk, emb):
+      out.setdefault(i, []).append(e)
+  return {source.video_id(i): np.stack(v).astype(np.float32) for i, v in out.items()}
+
+
+def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed: int = 0,
+                  feature_fps: float = 2.0, force: bool = False) -> pathlib.Path:
+  out = pathlib.Path(out_dir)
+  args = dict(tower_workdir=str(pathlib.Path(tower_workdir).absolute()), num_train=num_train,
+              num_val=num_val, seed=seed, feature_fps=feature_fps)
+  done = out / "DONE"
+  if not force and done.is_file() and json.loads(done.read_text()) == args:
+    logging.info("%s is complete; reusing it (--force rebuilds)", out)
+    return out
+  done.unlink(missing_ok=True)
+  begin = time.time()
+  apply_fn, frames_per_window, stride, spec = tower_from_run(tower_workdir)
+  meta, videos, paragraphs = {}, {}, {}
+  for split, n in (("train", num_train), ("val", num_val)):
+    source = multiscene.MultiSceneSource(split, seed=seed, num_examples=n, spec=spec)
+    videos.update(extract_video_features(source, range(n), apply_fn=apply_fn,
+                                         frames_per_window=frames_per_window,
+                                         frame_stride=stride, feature_fps=feature_fps))
+    for i in range(n):
+      d = source.describe(i)
+      meta[d["video_id"]] = {
+          "data_key": d["video_id"], "split": split, "duration_sec": d["duration_s"],
+          "segments": [{"start_sec": s["start_s"], "stop_sec": s["stop_s"],
+                        "text": s["sentence"]} for s in d["segments"]]}
+      paragraphs[d["video_id"]] = d["paragraph"]
+  text, lengths = coot_layout.encode_paragraphs(paragraphs)
+  coot_layout.write_video_features_h5(out, VIDEO_FEATURES, videos)
+  coot_layout.write_text_features(out, TEXT_FEATURES, text, lengths)
+  coot_layout.write_meta(out, meta)
+  done.write_text(json.dumps(args))
+  logging.info("wrote %d videos to %s in %.0f s", len(meta), out, time.time() - begin)
+  return out
+
+
+_TOWER = flags.DEFINE_string("tower_workdir", None, "run dir of the trained RGB tower")
+_OUT = flags.DEFINE_string("out", None, "output dataset directory")
+_TRAIN = flags.DEFINE_integer("num_train", 1000, "training videos")
+_VAL = flags.DEFINE_integer("num_val", 500, "validation videos")
+_SEED = flags.DEFINE_integer("seed", 0, "world seed")
+_FPS = flags.DEFINE_float("feature_fps", 2.0, "feature steps per second")
+_FORCE = flags.DEFINE_bool("force", False, "rebuild even if complete")
+
+
+def main(argv):
+  del argv
+  if not _TOWER.value or not _OUT.value:
+    raise app.UsageError("--tower_workdir and --out are required")
+  build_dataset(_OUT.value, tower_workdir=_TOWER.value, num_train=_TRAIN.value,
+                num_val=_VAL.value, seed=_SEED.value, feature_fps=_FPS.value,
+                force=_FORCE.value)
+
+
+if __name__ == "__main__":
+  app.run(main)
