@@ -100,6 +100,7 @@ def test_collate_packs_clips_into_slots(tmp_path):
   from avtext.tasks import registry
   write_tiny_dataset(tmp_path)
   config = tiny_config(tmp_path)
+  config.data.pad_multiple, config.data.clip_pad_multiple = 8, 32
   task = registry.build_task(config)
   ex = [{"video": np.ones((5, 2)), "clip_frames": np.arange(12.0).reshape(6, 2),
          "clip_lengths": np.array([2, 4]), "paragraph": np.ones((3, 1)),
