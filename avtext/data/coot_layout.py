@@ -1,164 +1,390 @@
-"""COOT's on-disk feature layout (simon-ging/coot-videotext): readers and writers.
+"""COOT's on-disk feature layout (simon-ging/coot-videotext): names, readers, writers.
 
-A dataset directory `<path>` (e.g. `.../activitynet`, `.../youcook2`) holds:
+A dataset directory `<path>` (COOT: `data/activitynet`, `data/youcook2`) holds:
 
-  meta_<metadata_name>.json   (default meta_all.json)
-      {key: {"data_key": str        id of the video in the feature files,
-             "split": str           "train", "val_1", "val_2" (ActivityNet), "val" (YouCook2),
-             "duration_sec": float,
-             "segments": [{"start_sec": float, "stop_sec": float, "text": str}, ...]}}
-      (other fields are ignored)
-  video features, source "h5":
-      <video_features>.h5         one dataset per data_key, float [T, D]
-                                  (YouCook2: video_feat_100m.h5, D = 512)
-  video features, source "npz_activitynet":
+  meta_<metadata_name>.json                  (default meta_all.json; COOT's
+                                             data_read_{activitynet,youcook2}_meta.py)
+      {key: {"data_key":     str    id of the video in the video features
+                                    (ActivityNet: the 11-letter YouTube id; key is
+                                    "<data_key>_<split>", one video may sit in several
+                                    splits)
+             "split":        str    "train" | "val_1" | "val_2" (ActivityNet),
+                                    "train" | "val" (YouCook2)
+             "duration_sec": float  > 0, the video's duration
+             "segments":     [{"start_sec": float, "stop_sec": float, "text": str}, ...]
+                                    one per sentence, in paragraph order}}
+      Other fields are ignored.
+
+  video features, video_source "h5":
+      <video_features>.h5                    one dataset per data_key, float [T, D]
+                                             (YouCook2: video_feat_100m.h5, D = 512;
+                                             video_feat_2d3d.h5, D = 4096)
+  video features, video_source "npz_activitynet":
       features/<video_features>/v_<data_key>.npz
-                                  array "frame_scores" float [T, 1, D, 1, 1]
-                                  (ICEP_V3_global_pool_skip_8_direct_resize, D = 2048)
-  <video_features>_num_frames.json   optional {data_key: T} (written on first read)
-  text features:
-      <text_features>.h5          one dataset per key, float [num_tokens, Dt]: BERT's last
-                                  two layers concatenated per token (bert-base: 1536)
-      <text_features>_sentence_splits.json   {key: [tokens of sentence 1, 2, ...]}, summing
-                                  to num_tokens; with the official "bert_paper" text
-                                  ("[CLS]" + sentences each ending in "[SEP]") the [CLS]
-                                  token counts to the first sentence.
+                                             array "frame_scores", float [T, 1, D, 1, 1]
+                                             (ICEP_V3_global_pool_skip_8_direct_resize,
+                                             D = 2048)
+  <video_features>_num_frames.json           {data_key: T}, optional: a cache written the
+                                             first time a split is opened (COOT's loader
+                                             does the same) and trusted afterwards
 
-`python -m avtext.tools.precompute_text_features` writes the text files from
-the meta file with our `Bert` (`encode_paragraphs`).
+  text features (`python -m avtext.tools.precompute_text_features`, COOT's
+  precompute_text.py):
+      <text_features>.h5                     one dataset per key, float32 [num_tokens, Dt]:
+                                             the listed hidden layers of BERT concatenated
+                                             per token (bert-base-uncased, layers -2,-1:
+                                             Dt = 1536; MiniLM-L6: 768). Keys of old COOT
+                                             releases, "v_<key[:11]>", are read too.
+      <text_features>_sentence_splits.json   {key: [tokens of sentence 1, 2, ...]}: int,
+                                             summing to num_tokens, one entry per segment
+
+The paragraph is COOT's "bert_paper" text (nntrainer/data_text.py), one string
+per sentence (`bert_paper_sentences`): whitespace collapsed, one trailing dot
+removed ("..." is kept), an inner ". " turned into a "[SEP]", "[CLS]" before
+the first sentence and "[SEP]" after each; no lower-casing (the uncased
+WordPiece does it). Each string is tokenized on its own (no special tokens
+added), so [CLS] counts to sentence 1 and every sentence ends in [SEP]; the
+paragraph's tokens are their concatenation and go through BERT at once.
 """
 import json
 import os
 import pathlib
 import re
+import zipfile
 from typing import Mapping, Sequence
 
+from absl import logging
 import numpy as np
 
+VIDEO_SOURCES = ("h5", "npz_activitynet")
+NPZ_ARRAY = "frame_scores"
+CLS, SEP = "[CLS]", "[SEP]"
+MIN_CUT = 5  # precompute_text.py: a sentence cut to fit max_len keeps >= 5 tokens
+
 _WHITESPACE = re.compile(r"\s+")
+_META_FIELDS = ("data_key", "split", "duration_sec", "segments")
+_SEGMENT_FIELDS = ("start_sec", "stop_sec", "text")
 
 
+# ---------------------------------------------------------------- file names
 def meta_path(dataset_dir, metadata_name: str = "all") -> pathlib.Path:
   return pathlib.Path(dataset_dir) / f"meta_{metadata_name}.json"
 
 
+def video_h5_path(dataset_dir, name: str) -> pathlib.Path:
+  return pathlib.Path(dataset_dir) / f"{name}.h5"
+
+
+def video_npz_path(dataset_dir, name: str, data_key: str) -> pathlib.Path:
+  return pathlib.Path(dataset_dir) / "features" / name / f"v_{data_key}.npz"
+
+
+def num_frames_path(dataset_dir, name: str) -> pathlib.Path:
+  return pathlib.Path(dataset_dir) / f"{name}_num_frames.json"
+
+
+def text_h5_path(dataset_dir, name: str) -> pathlib.Path:
+  return pathlib.Path(dataset_dir) / f"{name}.h5"
+
+
+def sentence_splits_path(dataset_dir, name: str) -> pathlib.Path:
+  return pathlib.Path(dataset_dir) / f"{name}_sentence_splits.json"
+
+
+def legacy_text_key(key: str) -> str:
+  """The key older COOT text features use for `key` (features_loader.py's fallback)."""
+  return f"v_{key[:11]}"
+
+
+# ---------------------------------------------------------------- readers
+def read_json(path: pathlib.Path, what: str):
+  try:
+    return json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: not valid JSON ({e}); expected the {what}") from e
+
+
+def check_meta_entry(meta_file, key: str, entry) -> None:
+  """Raises ValueError naming the meta file, key and field when `entry` is malformed."""
+  if not isinstance(entry, Mapping):
+    raise ValueError(f"{meta_file}: entry {key!r} is {type(entry).__name__}, expected an "
+                     f"object with {list(_META_FIELDS)}")
+  for field in _META_FIELDS:
+    if field not in entry:
+      raise ValueError(f"{meta_file}: entry {key!r} has no field {field!r}; every entry needs "
+                       f"{list(_META_FIELDS)}")
+  if not isinstance(entry["duration_sec"], (int, float)) or not entry["duration_sec"] > 0:
+    raise ValueError(f"{meta_file}: entry {key!r}: duration_sec={entry['duration_sec']!r}, "
+                     "expected a number > 0")
+  if not isinstance(entry["segments"], list) or not entry["segments"]:
+    raise ValueError(f"{meta_file}: entry {key!r}: 'segments' must be a non-empty list of "
+                     f"{{{', '.join(_SEGMENT_FIELDS)}}}")
+  for i, seg in enumerate(entry["segments"]):
+    missing = [f for f in _SEGMENT_FIELDS if not isinstance(seg, Mapping) or f not in seg]
+    if missing:
+      raise ValueError(f"{meta_file}: entry {key!r}, segment {i} has no field {missing[0]!r}; "
+                       f"every segment needs {list(_SEGMENT_FIELDS)}")
+
+
+def npz_shape(file: pathlib.Path) -> tuple[int, ...]:
+  """Shape of `frame_scores` in an .npz, from the array header only (no data read)."""
+  with zipfile.ZipFile(file) as archive:
+    member = f"{NPZ_ARRAY}.npy"
+    if member not in archive.namelist():
+      raise KeyError(f"{file}: no array {NPZ_ARRAY!r} (arrays there: "
+                     f"{[n.removesuffix('.npy') for n in archive.namelist()]}); expected "
+                     f"{NPZ_ARRAY} [T, 1, D, 1, 1] (COOT's ActivityNet features)")
+    with archive.open(member) as f:
+      version = np.lib.format.read_magic(f)
+      read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0) else
+                     np.lib.format.read_array_header_2_0)
+      shape, _, _ = read_header(f)
+  return tuple(shape)
+
+
+def check_npz_shape(file: pathlib.Path, shape: Sequence[int]) -> None:
+  if len(shape) != 5 or shape[1] != 1 or shape[3:] != (1, 1):
+    raise ValueError(f"{file}: {NPZ_ARRAY} has shape {list(shape)}; expected "
+                     f"[T, 1, D, 1, 1] (COOT's ActivityNet features)")
+
+
+def read_npz_video(file: pathlib.Path) -> np.ndarray:
+  """float32 [T, D] from an ActivityNet `v_<data_key>.npz` ([T, 1, D, 1, 1] frame_scores)."""
+  with np.load(file) as npz:
+    if NPZ_ARRAY not in npz:
+      raise KeyError(f"{file}: no array {NPZ_ARRAY!r} (arrays there: {list(npz)}); expected "
+                     f"{NPZ_ARRAY} [T, 1, D, 1, 1] (COOT's ActivityNet features)")
+    scores = npz[NPZ_ARRAY]
+  check_npz_shape(file, scores.shape)
+  return np.asarray(scores[:, 0, :, 0, 0], np.float32)
+
+
+# ---------------------------------------------------------------- writers
 def _atomic_write(path: pathlib.Path, write) -> pathlib.Path:
-  tmp = path.with_name(path.name + ".tmp")
-  write(tmp)
-  os.replace(tmp, path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+  try:
+    write(tmp)
+    os.replace(tmp, path)
+  finally:
+    tmp.unlink(missing_ok=True)
   return path
 
 
+def write_json(path: pathlib.Path, value) -> pathlib.Path:
+  return _atomic_write(pathlib.Path(path),
+                       lambda p: p.write_text(json.dumps(value, sort_keys=True), encoding="utf-8"))
+
+
+def _write_h5(path: pathlib.Path, arrays: Mapping[str, np.ndarray]) -> pathlib.Path:
+  import h5py  # pylint: disable=g-import-not-at-top
+
+  def write(tmp):
+    with h5py.File(tmp, "w") as h5:
+      for key, value in arrays.items():
+        h5[key] = np.asarray(value, np.float32)
+  return _atomic_write(path, write)
+
+
+def _as_videos(features: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  out = {}
+  for key, value in features.items():
+    value = np.asarray(value, np.float32)
+    if value.ndim != 2 or not len(value):
+      raise ValueError(f"video features of {key!r}: shape {value.shape}, expected [T >= 1, D]")
+    out[key] = value
+  return out
+
+
 def write_meta(dataset_dir, meta: Mapping, metadata_name: str = "all") -> pathlib.Path:
+  """`meta_<metadata_name>.json`; every entry is checked (`check_meta_entry`) first."""
   path = meta_path(dataset_dir, metadata_name)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  return _atomic_write(path, lambda p: p.write_text(json.dumps(meta)))
+  for key, entry in meta.items():
+    check_meta_entry(path, key, entry)
+  return write_json(path, dict(meta))
 
 
 def write_video_features_h5(dataset_dir, name: str,
                             features: Mapping[str, np.ndarray]) -> pathlib.Path:
-  """`<name>.h5` (one [T, D] dataset per data key) and `<name>_num_frames.json`."""
-  import h5py  # pylint: disable=g-import-not-at-top
-  directory = pathlib.Path(dataset_dir)
-  directory.mkdir(parents=True, exist_ok=True)
+  """`<name>.h5` (one float32 [T, D] dataset per data_key) and `<name>_num_frames.json`."""
+  videos = _as_videos(features)
+  write_json(num_frames_path(dataset_dir, name), {k: len(v) for k, v in videos.items()})
+  return _write_h5(video_h5_path(dataset_dir, name), videos)
 
-  def write(tmp):
-    with h5py.File(tmp, "w") as h5:
-      for key, value in features.items():
-        h5[key] = np.asarray(value, np.float32)
 
-  _atomic_write(directory / f"{name}_num_frames.json",
-                lambda p: p.write_text(json.dumps({k: int(len(v)) for k, v in features.items()})))
-  return _atomic_write(directory / f"{name}.h5", write)
+def write_video_features_npz(dataset_dir, name: str,
+                             features: Mapping[str, np.ndarray]) -> pathlib.Path:
+  """ActivityNet's layout: `features/<name>/v_<data_key>.npz`, float32 [T, 1, D, 1, 1].
+
+  No num-frames cache is written (COOT's download has none either). Returns
+  the directory.
+  """
+  def writer(video):
+    def write(tmp):
+      with open(tmp, "wb") as f:
+        np.savez(f, **{NPZ_ARRAY: video[:, None, :, None, None]})
+    return write
+
+  for key, value in _as_videos(features).items():
+    _atomic_write(video_npz_path(dataset_dir, name, key), writer(value))
+  return pathlib.Path(dataset_dir) / "features" / name
 
 
 def write_text_features(dataset_dir, name: str, features: Mapping[str, np.ndarray],
                         sentence_lengths: Mapping[str, Sequence[int]]) -> pathlib.Path:
-  """`<name>.h5` (one [tokens, Dt] dataset per key) and `<name>_sentence_splits.json`."""
-  import h5py  # pylint: disable=g-import-not-at-top
-  directory = pathlib.Path(dataset_dir)
-  directory.mkdir(parents=True, exist_ok=True)
+  """`<name>.h5` (float32 [tokens, Dt] per key) and `<name>_sentence_splits.json`."""
+  if set(features) != set(sentence_lengths):
+    odd = sorted(set(features) ^ set(sentence_lengths))
+    raise ValueError(f"text features {name!r}: features and sentence lengths cover different "
+                     f"keys, e.g. {odd[:3]}")
   for key, value in features.items():
-    if sum(sentence_lengths[key]) != len(value):
-      raise ValueError(f"text features of {key!r}: {len(value)} tokens but the sentence "
-                       f"lengths sum to {sum(sentence_lengths[key])}")
-
-  def write(tmp):
-    with h5py.File(tmp, "w") as h5:
-      for key, value in features.items():
-        h5[key] = np.asarray(value, np.float32)
-
-  _atomic_write(directory / f"{name}_sentence_splits.json", lambda p: p.write_text(
-      json.dumps({k: [int(n) for n in v] for k, v in sentence_lengths.items()})))
-  return _atomic_write(directory / f"{name}.h5", write)
+    if np.ndim(value) != 2 or sum(sentence_lengths[key]) != len(value):
+      raise ValueError(f"text features of {key!r}: shape {np.shape(value)} but the sentence "
+                       f"lengths {list(sentence_lengths[key])} sum to "
+                       f"{sum(sentence_lengths[key])}; expected [that many tokens, Dt]")
+  write_json(sentence_splits_path(dataset_dir, name),
+             {k: [int(n) for n in v] for k, v in sentence_lengths.items()})
+  return _write_h5(text_h5_path(dataset_dir, name), features)
 
 
+# ---------------------------------------------------------------- text features
 def bert_paper_sentences(sentences: Sequence[str]) -> list[str]:
-  """The official "bert_paper" text: lower case, no trailing dot, "[CLS]" + "... [SEP]".
+  """COOT's "bert_paper" preprocessing (nntrainer/data_text.py), one string per sentence.
 
-  Returns one string per sentence (the first carries "[CLS] "), so tokenizing
-  each gives the per-sentence token counts of the sentence-splits file.
+  "A man  walks.", "He sits. Then he leaves." ->
+  "[CLS] A man walks [SEP]", "He sits [SEP] Then he leaves [SEP]".
   """
   out = []
   for i, sentence in enumerate(sentences):
-    s = _WHITESPACE.sub(" ", sentence).strip()
+    s = _WHITESPACE.sub(" ", str(sentence)).strip()
     if not s:
-      raise ValueError(f"sentence {i} is empty")
-    if s.endswith(".") and len(s) > 1 and s[-2] != ".":
+      raise ValueError(f"sentence {i} of the paragraph is empty: {sentence!r}")
+    if s[-1] == "." and len(s) > 1 and s[-2] != ".":
       s = s[:-1]
-    s = f"{s.strip().lower()} [SEP]"
-    out.append(f"[CLS] {s}" if i == 0 else s)
+    s = s.strip().replace(". ", f" {SEP} ")
+    words = [w for w in s.split(" ") if w.strip()]
+    out.append(" ".join(([CLS] if i == 0 else []) + words + [SEP]))
   return out
+
+
+def bert_paper_paragraph(sentences: Sequence[str]) -> str:
+  """The whole "bert_paper" paragraph: `bert_paper_sentences` joined by spaces."""
+  return " ".join(bert_paper_sentences(sentences))
+
+
+def cut_to_length(pieces: list[list[int]], max_len: int, key: str) -> list[list[int]]:
+  """precompute_text.py's cut of a paragraph longer than `max_len` tokens.
+
+  From the last sentence backwards, each is given the length n = max(MIN_CUT,
+  its length - what is still too much) and keeps its first n - 1 tokens and
+  its last ([SEP]). As there, a sentence shorter than MIN_CUT that is reached
+  keeps all its tokens plus a repeated last one.
+  """
+  lengths = [len(p) for p in pieces]
+  for i in reversed(range(len(pieces))):
+    overshoot = sum(lengths) - max_len
+    if overshoot <= 0:
+      break
+    lengths[i] = max(MIN_CUT, len(pieces[i]) - overshoot)
+  out = [p if n == len(p) else p[:n - 1] + p[-1:] for p, n in zip(pieces, lengths)]
+  if sum(map(len, out)) > max_len:
+    raise ValueError(f"paragraph {key!r}: its {len(pieces)} sentences do not fit "
+                     f"max_len={max_len} tokens even when cut to {MIN_CUT} tokens each")
+  return out
+
+
+def _lowercase(directory: pathlib.Path) -> bool:
+  config = directory / "tokenizer_config.json"
+  if config.is_file():
+    return bool(read_json(config, "tokenizer config").get("do_lower_case", True))
+  return True
 
 
 def encode_paragraphs(paragraphs: Mapping[str, Sequence[str]], *, bert_dir=None,
                       layers: Sequence[int] = (-2, -1), batch_size: int = 16,
                       max_len: int = 512) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
-  """Per-token features of each paragraph: our `Bert`'s `layers` hidden states, concatenated.
+  """COOT's text features (precompute_text.py) computed with our `Bert`.
 
-  bert_dir: a HF BERT-family dir (config.json, vocab.txt, safetensors); None = the
-  offline MiniLM-L6 (2 x 384 = 768-d with the default layers). Returns
-  ({key: float32 [tokens, D]}, {key: tokens per sentence}).
+  Each paragraph (a list of sentences) becomes its "bert_paper" tokens
+  (`bert_paper_sentences`, WordPiece of `bert_dir`'s vocab.txt, lower-cased
+  unless its tokenizer_config.json says do_lower_case=false), goes through
+  BERT in one sequence, and each token's hidden states of `layers` (HF
+  numbering: 0 the embeddings, -1 the last layer) are concatenated.
+  Paragraphs over `max_len` tokens are cut as the official script does by
+  default (`cut_to_length`, logged), not strided.
+
+  Args:
+    paragraphs: {key: sentences}.
+    bert_dir: an HF BERT-family directory (config.json, model.safetensors,
+      vocab.txt); None = the offline MiniLM-L6 (2 x 384 = 768-d with the
+      default layers; bert-base-uncased gives 1536).
+    layers: hidden-state indices to concatenate.
+    batch_size: paragraphs per forward pass (similar lengths are batched).
+    max_len: most tokens per paragraph; the model's max_position_embeddings
+      if that is less (the official script's limit).
+
+  Returns:
+    ({key: float32 [tokens, len(layers) * D]}, {key: tokens per sentence}).
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+
   from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
+  from avtext.models import bert as bert_model  # pylint: disable=g-import-not-at-top
   from avtext.weights import assets  # pylint: disable=g-import-not-at-top
   from avtext.weights import bert as bert_weights  # pylint: disable=g-import-not-at-top
 
-  from avtext.models import bert as bert_model  # pylint: disable=g-import-not-at-top
   directory = pathlib.Path(bert_dir) if bert_dir else assets.minilm_l6_dir()
   kwargs, params = bert_weights.load_hf_bert(directory)
-  model = bert_model.Bert(**{**kwargs, "return_hidden_states": True, "dropout_rate": 0.0,
-                             "attention_dropout_rate": 0.0})
-  tokenizer = preprocessing.Tokenizer(directory / "vocab.txt", max_len=max_len)
-  keys = list(paragraphs)
-  token_ids, lengths = {}, {}
-  for key in keys:
-    pieces = [tokenizer.wordpiece(s) for s in bert_paper_sentences(paragraphs[key])]
+  max_len = min(max_len, kwargs["max_position_embeddings"])
+  num_states = kwargs["num_layers"] + 1
+  bad = [layer for layer in layers if not -num_states <= layer < num_states]
+  if not layers or bad:
+    raise ValueError(f"layers={tuple(layers)}: {directory} has {num_states} hidden states "
+                     f"(embeddings + {kwargs['num_layers']} layers); use indices in "
+                     f"[{-num_states}, {num_states - 1}]")
+  model = bert_model.Bert(**{**kwargs, "return_hidden_states": True})
+  vocab = directory / "vocab.txt"
+  if not vocab.is_file():
+    raise FileNotFoundError(f"{vocab} not found: the WordPiece vocabulary of {directory}")
+  tokenizer = preprocessing.Tokenizer(vocab, lowercase=_lowercase(directory))
+
+  token_ids, lengths, cut = {}, {}, []
+  for key, sentences in paragraphs.items():
+    try:
+      pieces = [tokenizer.wordpiece(s) for s in bert_paper_sentences(sentences)]
+    except ValueError as e:
+      raise ValueError(f"paragraph {key!r}: {e}") from e
+    if sum(map(len, pieces)) > max_len:
+      pieces = cut_to_length(pieces, max_len, key)
+      cut.append(key)
     lengths[key] = [len(p) for p in pieces]
-    ids = [i for p in pieces for i in p]
-    if len(ids) > max_len:
-      raise ValueError(f"paragraph {key!r} has {len(ids)} tokens, more than max_len={max_len}")
-    token_ids[key] = ids
+    token_ids[key] = [i for p in pieces for i in p]
+  if cut:
+    logging.warning("%d paragraphs longer than %d tokens were cut as COOT's precompute_text.py "
+                    "does, e.g. %s", len(cut), max_len, cut[:3])
 
   @jax.jit
   def run(ids, mask):
     states = model.apply({"params": params}, ids, mask)["hidden_states"]
     return jnp.concatenate([states[i] for i in layers], axis=-1)
 
+  # Similar lengths share a batch; widths are rounded up to 16 to bound recompilation.
+  order = sorted(token_ids, key=lambda k: len(token_ids[k]))
   features = {}
-  for start in tqdm(range(0, len(keys), batch_size), desc="text features", unit="batch"):
-    chunk = keys[start:start + batch_size]
-    longest = max(len(token_ids[k]) for k in chunk)
-    width = -(-longest // 16) * 16
-    ids = np.zeros((batch_size, width), np.int32)
-    mask = np.zeros((batch_size, width), np.int32)
-    for row, key in enumerate(chunk):
-      ids[row, :len(token_ids[key])] = token_ids[key]
-      mask[row, :len(token_ids[key])] = 1
-    out = np.asarray(run(ids, mask))
-    for row, key in enumerate(chunk):
-      features[key] = out[row, :len(token_ids[key])].astype(np.float32)
-  return features, lengths
+  # The features are stored in float32: no reduced-precision matmuls (TPU/GPU defaults).
+  with jax.default_matmul_precision("highest"):
+    for start in tqdm(range(0, len(order), batch_size), desc="text features", unit="batch"):
+      chunk = order[start:start + batch_size]
+      width = min(-(-len(token_ids[chunk[-1]]) // 16) * 16, max_len)
+      ids = np.zeros((batch_size, width), np.int32)
+      mask = np.zeros((batch_size, width), np.int32)
+      mask[len(chunk):, 0] = 1  # filler rows attend to one token (no all-masked softmax)
+      for row, key in enumerate(chunk):
+        ids[row, :len(token_ids[key])] = token_ids[key]
+        mask[row, :len(token_ids[key])] = 1
+      out = np.asarray(run(ids, mask))
+      for row, key in enumerate(chunk):
+        features[key] = out[row, :len(token_ids[key])].astype(np.float32)
+  return {k: features[k] for k in paragraphs}, lengths

@@ -587,21 +587,38 @@ class Tokenizer:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-# ---------------------------------------------------------------- COOT frame sampling
+# ----------------------------------------------------------------------------
+# COOT frame sampling (coot-videotext nntrainer/maths.py)
+# ----------------------------------------------------------------------------
+
+
 def _round_half_down(x: np.ndarray) -> np.ndarray:
-  """Rounds .5 down (official `np_round_half_down`): 0.5 -> 0, 1.5 -> 1, 2.6 -> 3."""
+  """Rounds .5 down (official `np_round_half_down`): 0.5 -> 0, 2.5 -> 2, 2.6 -> 3."""
   return np.ceil(np.asarray(x, np.float64) - 0.5)
 
 
 def coot_frame_indices(num_frames: int, num_target: int,
                        rng: np.random.Generator | None) -> np.ndarray:
-  """COOT's frame sampler (official `nntrainer/maths.py: compute_indices`).
+  """COOT's frame sampler (official `compute_indices`): `num_target` of `num_frames` frames.
 
-  Picks `num_target` of `num_frames` frames from evenly spaced bins. Evaluation
-  (rng None): the bin centre, floor(i * n / m + n / (2 m)). Training: bin sizes
-  are the differences of round-half-down(linspace(0, n, m)), shuffled (the last
-  bin takes the rest), and each index is a uniform point inside its bin, floored.
-  The official code draws from numpy's global state; here `rng` does.
+  With n = num_frames, m = num_target (the caller picks m = min(n, max_frames)):
+
+  Evaluation (rng None): the centre of each of m equal bins,
+  floor(i n / m + n / (2 m)). 10 -> 4: floor(1.25, 3.75, 6.25, 8.75) = 1, 3, 6, 8.
+
+  Training: the rounded starts round-half-down(i n / m) give m - 1 sizes;
+  shuffled, plus the rest n - (their sum), they are s_0 .. s_{m-1}; bin k
+  starts at s_1 + ... + s_k and is s_{k+1} long (the last bin s_0). Each
+  index is a uniform point in its bin, floored. 10 -> 4: starts 0, 2, 5, 7
+  -> sizes 2, 3, 2 shuffled, then 3.
+
+  The official code draws from numpy's global state (np.random.shuffle, then
+  np.random.rand(m)); here `rng` makes the same two calls (`shuffle`,
+  `random(m)`), so a `np.random.RandomState(s)` reproduces the official
+  indices after `np.random.seed(s)`.
+
+  Returns:
+    int64 [num_target], ascending in evaluation; in [0, num_frames).
   """
   if num_target < 1 or num_frames < 1:
     raise ValueError(f"coot_frame_indices: need num_frames >= 1 and num_target >= 1, got "
@@ -610,21 +627,22 @@ def coot_frame_indices(num_frames: int, num_target: int,
   if rng is None:
     return np.floor(starts + num_frames / num_target / 2).astype(np.int64)
   starts = _round_half_down(starts).astype(np.int64)
-  offsets = starts[1:] - starts[:-1]
-  rng.shuffle(offsets)
-  offsets = np.concatenate([offsets, [num_frames - np.sum(offsets)]])
-  new_starts = np.cumsum(offsets) - offsets[0]
-  offsets = np.roll(offsets, -1)
-  return np.floor(new_starts + offsets * rng.random(num_target)).astype(np.int64)
+  sizes = starts[1:] - starts[:-1]
+  rng.shuffle(sizes)
+  sizes = np.concatenate([sizes, [num_frames - np.sum(sizes)]])
+  bin_starts = np.cumsum(sizes) - sizes[0]
+  sizes = np.roll(sizes, -1)
+  return np.floor(bin_starts + sizes * rng.random(num_target)).astype(np.int64)
 
 
 def expand_segment(num_frames_video: int, min_frames: int, start: int, stop: int
                    ) -> tuple[int, int, bool]:
-  """Grows [start, stop) to >= min_frames frames, alternately to the left and right.
+  """Grows the segment [start, stop) to `min_frames` frames (official `expand_video_segment`).
 
-  Official `expand_video_segment` (COOT expands ActivityNet clips to >= 10
-  frames): one frame to the left if possible, then one to the right if
-  possible, until long enough; capped at the video length.
+  COOT expands ActivityNet clips to >= 10 frames. min_frames is capped at
+  the video's length; while the segment is shorter, it takes one frame on the
+  left (when start > 0), then one on the right (when stop < num_frames_video).
+  Returns (start, stop, whether anything changed).
   """
   min_frames = min(min_frames, num_frames_video)
   length, changed = stop - start, False
