@@ -40,7 +40,8 @@ COOT_VAL ?= 500
 demo-coot: $(STAMP)
 	$(PY) -m avtext.main --config=configs/synthetic_video_pretrain.py --workdir=$(WORKDIR)/video_pretrain
 	$(PY) -m avtext.tools.coot_synthetic --tower_workdir=$(WORKDIR)/video_pretrain \
-	  --out=$(WORKDIR)/coot_data --num_train=$(COOT_TRAIN) --num_val=$(COOT_VAL)
+	  --out=$(WORKDIR)/coot_data --num_train=$(COOT_TRAIN) --num_val=$(COOT_VAL) \
+	  --feature_fps=1
 	$(PY) -m avtext.main --config=configs/coot_activitynet.py:demo --workdir=$(WORKDIR)/coot \
 	  --config.dataset.path=$(WORKDIR)/coot_data
 
