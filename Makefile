@@ -12,7 +12,7 @@ WORKDIR ?= workdirs/demo
 # pip's log goes to a file and is shown (minus local-index noise) only on failure.
 pip = $(PY) -m pip install $(PIP_FLAGS) $(1) > $(VENV)/pip.log 2>&1 || { grep -v "is ignored: it is neither" $(VENV)/pip.log; exit 1; }
 
-.PHONY: venv demo demo-coot test test-slow clean
+.PHONY: venv bench-venv demo demo-coot test test-slow clean
 
 venv: $(STAMP)
 
@@ -44,6 +44,16 @@ demo-coot: $(STAMP)
 	  --feature_fps=1
 	$(PY) -m avtext.main --config=configs/coot_activitynet.py:demo --workdir=$(WORKDIR)/coot \
 	  --config.dataset.path=$(WORKDIR)/coot_data
+
+# Side-by-side benchmarks with official PyTorch code (benchmarks/bench_coot_train_step.py):
+# a separate venv, so torch never enters the default install.
+BENCH_VENV := .venv-bench
+bench-venv: $(BENCH_VENV)/.installed
+$(BENCH_VENV)/.installed: requirements.lock requirements-bench.txt setup.py
+	@test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) -r requirements.lock -r requirements-bench.txt
+	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
+	@touch $@
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)

@@ -77,6 +77,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.pool_heads = 2  # pooler_config.num_heads
   config.model.use_context = True  # net_*_global.use_context: Contextual Transformer (eq. 5)
   config.model.init_std = 0.01  # weight_init_type truncnorm, weight_init_std
+  # Dropout keep-masks from a counter hash (`avtext.ops.hash_bernoulli`): threefry masks
+  # were ~25% of a CPU train step (BENCHMARKS.md); "jax" restores flax's own masks.
+  config.model.dropout_masks = "hash"
   config.model.max_clips = 32  # clip slots per video (ActivityNet's longest has 27)
   config.model.max_positions = 1000  # sin-cos table (official max_len)
 
@@ -164,7 +167,7 @@ def synthetic(config: ml_collections.ConfigDict, *, tiny: bool) -> None:
   d.video_features = "synthetic_tower"  # avtext/tools/coot_synthetic.py's names
   d.video_source = "h5"
   d.video_dim = 128  # the demo video tower's width (configs/videocc_avr.py:demo)
-  d.text_features = "text_feat_synthetic_meta_all_minilm-l6_-2,-1"
+  d.text_features = "text_feat_synthetic_meta_all_transformers_minilm-l6_-2,-1"
   d.text_dim = 768  # MiniLM-L6: 2 x 384
   d.add_stop_frame = 1
   d.expand_segments = 4  # 2 features/s: at least 2 s

@@ -545,3 +545,17 @@ def test_feature_windows_are_centred_and_clamped():
   np.testing.assert_array_equal(w[0], [0, 2, 10, 18])  # 6 - 12 clamped to 0
   np.testing.assert_array_equal(w[1], [7, 15, 23, 31])  # centre round(18.75) = 19
   assert w.max() == 99
+
+
+def test_synthetic_text_features_follow_the_precompute_naming(tmp_path):
+  from avtext.tools import coot_synthetic  # pylint: disable=g-import-not-at-top
+  from avtext.tools import precompute_text_features  # pylint: disable=g-import-not-at-top
+  assert coot_synthetic.TEXT_FEATURES == precompute_text_features.default_name(
+      tmp_path / "synthetic", "all", None, (-2, -1))
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("coot_cfg", "configs/coot_activitynet.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config("demo")
+  assert config.dataset.text_features == coot_synthetic.TEXT_FEATURES
+  assert config.dataset.video_features == coot_synthetic.VIDEO_FEATURES

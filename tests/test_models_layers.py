@@ -387,3 +387,76 @@ def test_decode_rejects_masks_not_covering_the_cache():
         variables, tokens[:, :3], tokens[:, :3],
         mask=layers.make_causal_mask(3)[..., :1], decode=True,
         mutable=["cache"]))
+
+
+# ---- hash dropout masks (ops.hash_bernoulli, dropout_masks="hash") ----------
+
+
+@pytest.mark.parametrize("p", [0.025, 0.3, 0.975])
+def test_hash_bernoulli_rate_and_pairwise_independence(p):
+  from avtext import ops  # pylint: disable=g-import-not-at-top
+  m = np.asarray(ops.hash_bernoulli(jax.random.PRNGKey(3), p, (1000, 2000)))
+  n = m.size
+  sigma = np.sqrt(p * (1 - p) / n)
+  assert abs(m.mean() - p) < 5 * sigma
+  # Neighbours along either axis are independent: P(both) = p^2.
+  for both in (m[:, 1:] & m[:, :-1], m[1:] & m[:-1]):
+    assert abs(both.mean() - p * p) < 5 * np.sqrt(p * p * (1 - p * p) / both.size)
+  # Another key gives an unrelated mask: P(agree) = p^2 + (1-p)^2.
+  other = np.asarray(ops.hash_bernoulli(jax.random.PRNGKey(4), p, (1000, 2000)))
+  agree = p * p + (1 - p) ** 2
+  assert abs((m == other).mean() - agree) < 5 * np.sqrt(agree * (1 - agree) / n)
+  np.testing.assert_array_equal(
+      m, ops.hash_bernoulli(jax.random.PRNGKey(3), p, (1000, 2000)))
+
+
+def test_hash_bernoulli_edges():
+  from avtext import ops  # pylint: disable=g-import-not-at-top
+  key = jax.random.PRNGKey(0)
+  assert not np.asarray(ops.hash_bernoulli(key, 0.0, (64, 64))).any()
+  assert np.asarray(ops.hash_bernoulli(key, 1.0, (64, 64))).all()
+  assert ops.hash_bernoulli(key, 0.5, (0, 3)).shape == (0, 3)
+  with pytest.raises(ValueError, match="2\\^32"):
+    ops.hash_bernoulli(key, 0.5, (2**16, 2**16))
+
+
+def test_hash_dropout_rate_scale_and_broadcast():
+  class Drop(nn.Module):
+    broadcast_dims: tuple = ()
+
+    @nn.compact
+    def __call__(self, x, deterministic):
+      return layers.dropout(x, 0.25, deterministic=deterministic, masks="hash",
+                            broadcast_dims=self.broadcast_dims)
+
+  x = jnp.ones((4, 500, 100))
+  rngs = {"dropout": jax.random.PRNGKey(1)}
+  y = np.asarray(Drop().apply({}, x, False, rngs=rngs))
+  np.testing.assert_allclose(np.unique(y), [0.0, 4.0 / 3.0])  # kept: scaled by 1/(1 - rate)
+  assert abs((y == 0).mean() - 0.25) < 0.005
+  np.testing.assert_array_equal(Drop().apply({}, x, True), x)
+  z = np.asarray(Drop(broadcast_dims=(1, 2)).apply({}, x, False, rngs=rngs))
+  assert all(len(np.unique(z[i])) == 1 for i in range(4))  # one decision per example
+  with pytest.raises(ValueError, match="dropout masks"):
+    layers.dropout(x, 0.1, deterministic=False, masks="philox")
+
+
+def test_hash_attention_dropout_is_unbiased_and_eval_unchanged():
+  x = _normal((2, 5, WIDTH), 3)
+  jax_attention = layers.Attention(num_heads=HEADS, dropout_rate=0.3)
+  hash_attention = layers.Attention(num_heads=HEADS, dropout_rate=0.3, dropout_masks="hash")
+  params = _random_params(jax_attention, x, deterministic=True)
+  mask = layers.make_causal_mask(5)
+  det = hash_attention.apply({"params": params}, x, mask=mask, deterministic=True)
+  np.testing.assert_array_equal(
+      det, jax_attention.apply({"params": params}, x, mask=mask, deterministic=True))
+
+  @jax.jit
+  def sample(key):
+    return hash_attention.apply({"params": params}, x, mask=mask, deterministic=False,
+                                rngs={"dropout": key})
+  draws = jax.vmap(sample)(jax.random.split(jax.random.PRNGKey(0), 4000))
+  assert np.abs(draws[0] - det).max() > 1e-2  # dropout acts
+  # The output is linear in the dropped probabilities: its mean is the eval output.
+  stderr = np.asarray(draws.std(0)) / np.sqrt(len(draws))
+  assert (np.abs(np.asarray(draws.mean(0)) - det) < 5 * stderr + 1e-6).mean() > 0.999

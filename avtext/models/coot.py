@@ -70,6 +70,7 @@ class AttentionFA(nn.Module):
   num_heads: int = 2
   dropout: float = 0.0
   init_std: float = 0.01
+  dropout_masks: str = "jax"
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, *, deterministic: bool) -> Array:
@@ -84,13 +85,15 @@ class AttentionFA(nn.Module):
     w2 = self.param("w2", init, (h, self.hidden // h, d // h))
     b2 = self.param("b2", nn.initializers.zeros, (h, d // h))
     a = jnp.einsum("btd,hde->bhte", x, w1) + b1[None, :, None]
-    a = nn.gelu(nn.Dropout(self.dropout)(a, deterministic), approximate=False)
+    drop = lambda y: layers.dropout(y, self.dropout, deterministic=deterministic,
+                                    masks=self.dropout_masks)
+    a = nn.gelu(drop(a), approximate=False)
     a = jnp.einsum("bhte,hef->bhtf", a, w2) + b2[None, :, None]
-    a = nn.Dropout(self.dropout)(a, deterministic)
+    a = drop(a)
     a = jnp.where(mask[:, None, :, None], a, jnp.finfo(a.dtype).min)
     weights = jax.nn.softmax(a, axis=2)  # over time, per (head, feature)
     weights = jnp.where(mask[:, None, :, None], weights, 0.0)  # all-padding rows -> 0
-    weights = nn.Dropout(self.dropout)(weights, deterministic)
+    weights = drop(weights)
     weights = weights.transpose(0, 2, 1, 3).reshape(b, t, d)
     return jnp.sum(x * weights, axis=1)
 
@@ -120,6 +123,7 @@ class TTransformer(nn.Module):
   use_context: bool = False
   init_std: float = 0.01
   max_positions: int = 1000
+  dropout_masks: str = "jax"
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, context: Array | None = None, *,
@@ -143,12 +147,13 @@ class TTransformer(nn.Module):
     block = lambda name, **kw: layers.EncoderBlock(
         num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=False, activation="gelu",
         layer_norm="coot", layer_norm_eps=1e-6, dropout_rate=self.dropout,
-        attention_dropout_rate=self.dropout, kernel_init=init, name=name, **kw)
+        attention_dropout_rate=self.dropout, dropout_masks=self.dropout_masks,
+        kernel_init=init, name=name, **kw)
     for i in range(self.num_layers):
       x = block(f"encoderblock_{i}")(x, mask, deterministic=deterministic)
     if self.pooler == "atn":
       pooled = AttentionFA(self.pool_hidden, self.pool_heads, self.dropout, self.init_std,
-                           name="pooler")(x, mask, deterministic=deterministic)
+                           self.dropout_masks, name="pooler")(x, mask, deterministic=deterministic)
     else:
       pooled = masked_pool(x, mask, self.pooler)
     if self.use_context:
@@ -183,6 +188,7 @@ class COOT(nn.Module):
   use_context: bool = True
   init_std: float = 0.01
   max_positions: int = 1000
+  dropout_masks: str = "jax"
 
   def _net(self, name: str, *, local: bool) -> TTransformer:
     return TTransformer(
@@ -190,7 +196,8 @@ class COOT(nn.Module):
         num_layers=self.num_layers, dropout=self.dropout, input_fc=local,
         pooler=self.local_pooler if local else "avg", pool_hidden=self.pool_hidden,
         pool_heads=self.pool_heads, use_context=self.use_context and not local,
-        init_std=self.init_std, max_positions=self.max_positions, name=name)
+        init_std=self.init_std, max_positions=self.max_positions,
+        dropout_masks=self.dropout_masks, name=name)
 
   def setup(self):
     self.video_local = self._net("video_local", local=True)
@@ -237,4 +244,5 @@ def coot_from_config(cfg) -> COOT:
               num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim, num_layers=cfg.num_layers,
               dropout=cfg.dropout, local_pooler=cfg.local_pooler, pool_hidden=cfg.pool_hidden,
               pool_heads=cfg.pool_heads, use_context=cfg.use_context, init_std=cfg.init_std,
-              max_positions=cfg.get("max_positions", 1000))
+              max_positions=cfg.get("max_positions", 1000),
+              dropout_masks=cfg.get("dropout_masks", "jax"))

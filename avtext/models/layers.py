@@ -60,6 +60,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from avtext import ops
+
 Array = jax.Array
 Initializer = Callable[..., Array]
 
@@ -164,6 +166,42 @@ def _rows(mask: Array | None, start: Array, length: int,
   return jax.lax.dynamic_slice_in_dim(mask, start, length, axis=mask.ndim - 2)
 
 
+DROPOUT_MASKS = ("jax", "hash")
+
+
+def dropout(x: Array, rate: float, *, deterministic: bool, masks: str = "jax",
+            broadcast_dims: tuple[int, ...] = ()) -> Array:
+  """`nn.Dropout(rate, broadcast_dims)(x)` inside the calling compact module.
+
+  masks="jax" is flax's own layer (`jax.random.bernoulli`, the default PRNG);
+  "hash" draws the keep-mask with `ops.hash_bernoulli` from the same "dropout"
+  rng stream: the same distribution at a fraction of the cost on CPUs, where
+  threefry masks are a large share of a small model's step.
+  """
+  if masks not in DROPOUT_MASKS:
+    raise ValueError(f"dropout masks must be one of {DROPOUT_MASKS}, got {masks!r}")
+  if masks == "jax":
+    return nn.Dropout(rate, broadcast_dims=broadcast_dims)(x, deterministic)
+  return HashDropout(rate, broadcast_dims)(x, deterministic)
+
+
+class HashDropout(nn.Module):
+  """`nn.Dropout` with `ops.hash_bernoulli` masks (see `dropout`)."""
+  rate: float
+  broadcast_dims: tuple[int, ...] = ()
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    if self.rate == 1.0:
+      return jnp.zeros_like(x)
+    dims = {d % x.ndim for d in self.broadcast_dims}
+    shape = [1 if i in dims else n for i, n in enumerate(x.shape)]
+    keep = ops.hash_bernoulli(self.make_rng("dropout"), 1.0 - self.rate, shape)
+    return jnp.where(keep, x / (1.0 - self.rate), jnp.zeros((), x.dtype)).astype(x.dtype)
+
+
 class Attention(nn.Module):
   """Multi-head dot-product attention with an optional autoregressive cache.
 
@@ -178,11 +216,13 @@ class Attention(nn.Module):
   Attributes:
     num_heads: H; the query width D must be divisible by it.
     dropout_rate: dropout on attention probabilities.
+    dropout_masks: "jax" (flax's masks) or "hash" (`dropout`).
     kernel_init: initializer of the four kernels (biases start at zero).
     dtype: computation dtype; parameters stay float32.
   """
   num_heads: int
   dropout_rate: float = 0.0
+  dropout_masks: str = "jax"
   kernel_init: Initializer = nn.initializers.lecun_normal()
   dtype: Any = jnp.float32
 
@@ -237,6 +277,16 @@ class Attention(nn.Module):
       masks.append(written[None, None, None, :])
     mask = combine_masks(*masks)
 
+    if self.dropout_masks != "jax" and not deterministic and self.dropout_rate > 0:
+      weights = nn.dot_product_attention_weights(
+          query, key, mask=mask, deterministic=True, dtype=self.dtype,
+          force_fp32_for_softmax=True, module=self if sow_weights else None)
+      weights = dropout(weights, self.dropout_rate, deterministic=False,
+                        masks=self.dropout_masks)
+      x = jnp.einsum("...hqk,...khd->...qhd", weights, value)
+      return nn.DenseGeneral(features, axis=(-2, -1),
+                             kernel_init=self.kernel_init, dtype=self.dtype,
+                             name="out")(x)
     dropout_rng = None
     if not deterministic and self.dropout_rate > 0:
       dropout_rng = self.make_rng("dropout")
@@ -357,6 +407,7 @@ class EncoderBlock(nn.Module):
     layer_norm: "standard" (nn.LayerNorm) or "coot" (`CootLayerNorm`).
     dropout_rate: dropout on every branch output.
     attention_dropout_rate: dropout on attention probabilities.
+    dropout_masks: "jax" (flax's) or "hash" (`dropout`), for every dropout.
     stochastic_depth: per-example drop probability of each residual branch.
     kernel_init: initializer of every kernel (xavier for ViT, normal(0.02)
       for BERT).
@@ -373,6 +424,7 @@ class EncoderBlock(nn.Module):
   layer_norm: str = "standard"
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
+  dropout_masks: str = "jax"
   stochastic_depth: float = 0.0
   kernel_init: Initializer = nn.initializers.xavier_uniform()
   dtype: Any = jnp.float32
@@ -418,6 +470,7 @@ class EncoderBlock(nn.Module):
     attention = functools.partial(
         Attention, num_heads=self.num_heads,
         dropout_rate=self.attention_dropout_rate,
+        dropout_masks=self.dropout_masks,
         kernel_init=self.kernel_init, dtype=self.dtype)
     branches = []
     if self.self_attention:
@@ -439,10 +492,11 @@ class EncoderBlock(nn.Module):
       norm = make_layer_norm(self.layer_norm, self.layer_norm_eps, self.dtype,
                              f"{name}_norm")
       y = branch(norm(x) if self.pre_norm else x)
-      y = nn.Dropout(self.dropout_rate)(y, deterministic)
+      y = dropout(y, self.dropout_rate, deterministic=deterministic,
+                  masks=self.dropout_masks)
       # One keep/drop decision per example: broadcast over tokens and width.
-      y = nn.Dropout(self.stochastic_depth, broadcast_dims=(1, 2))(
-          y, deterministic)
+      y = dropout(y, self.stochastic_depth, deterministic=deterministic,
+                  masks=self.dropout_masks, broadcast_dims=(1, 2))
       x = x + y if self.pre_norm else norm(x + y)
     return x
 

@@ -12,7 +12,7 @@ input: `data.num_frames` frames `data.frame_stride` apart around that centre
 features of the real datasets. Text features: MiniLM-L6's last two layers per
 token of the "bert_paper" paragraph (768-d), as COOT's BERT features.
 Written (names as configs/coot_activitynet.py:demo expects): meta_all.json
-(splits "train", "val"), synthetic_tower.h5, text_feat_synthetic_meta_all_minilm-l6_-2,-1.h5
+(splits "train", "val"), synthetic_tower.h5, text_feat_synthetic_meta_all_transformers_minilm-l6_-2,-1.h5
 and its _sentence_splits.json; a finished directory (marker file DONE with the
 arguments) is reused, `--force` rebuilds.
 """
@@ -34,7 +34,8 @@ from avtext.data.synthetic import multiscene
 from avtext.data.synthetic import world
 
 VIDEO_FEATURES = "synthetic_tower"
-TEXT_FEATURES = "text_feat_synthetic_meta_all_minilm-l6_-2,-1"
+# precompute_text_features.default_name's scheme, so either command finds the other's file.
+TEXT_FEATURES = "text_feat_synthetic_meta_all_transformers_minilm-l6_-2,-1"
 
 
 def tower_from_run(workdir):
@@ -93,7 +94,8 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed:
                   feature_fps: float = 2.0, force: bool = False) -> pathlib.Path:
   out = pathlib.Path(out_dir)
   args = dict(tower_workdir=str(pathlib.Path(tower_workdir).absolute()), num_train=num_train,
-              num_val=num_val, seed=seed, feature_fps=feature_fps)
+              num_val=num_val, seed=seed, feature_fps=feature_fps,
+              files=[VIDEO_FEATURES, TEXT_FEATURES])
   done = out / "DONE"
   if not force and done.is_file() and json.loads(done.read_text()) == args:
     logging.info("%s is complete; reusing it (--force rebuilds)", out)
