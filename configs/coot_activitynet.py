@@ -170,7 +170,7 @@ def synthetic(config: ml_collections.ConfigDict, *, tiny: bool) -> None:
   d.text_features = "text_feat_synthetic_meta_all_transformers_minilm-l6_-2,-1"
   d.text_dim = 768  # MiniLM-L6: 2 x 384
   d.add_stop_frame = 1
-  d.expand_segments = 4  # 2 features/s: at least 2 s
+  d.expand_segments = 2  # 1 feature/s (make demo-coot): at least 2 s
   config.model.video_dim, config.model.text_dim = d.video_dim, d.text_dim
   config.model.max_clips = 8  # 3-8 scenes per video
   # Coarse padding: every distinct batch shape compiles the step once (seconds on a CPU).
