@@ -40,8 +40,7 @@ COOT_VAL ?= 500
 demo-coot: $(STAMP)
 	$(PY) -m avtext.main --config=configs/synthetic_video_pretrain.py --workdir=$(WORKDIR)/video_pretrain
 	$(PY) -m avtext.tools.coot_synthetic --tower_workdir=$(WORKDIR)/video_pretrain \
-	  --out=$(WORKDIR)/coot_data --num_train=$(COOT_TRAIN) --num_val=$(COOT_VAL) \
-	  --feature_fps=1
+	  --out=$(WORKDIR)/coot_data --num_train=$(COOT_TRAIN) --num_val=$(COOT_VAL)
 	$(PY) -m avtext.main --config=configs/coot_activitynet.py:demo --workdir=$(WORKDIR)/coot \
 	  --config.dataset.path=$(WORKDIR)/coot_data
 

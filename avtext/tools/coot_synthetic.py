@@ -4,8 +4,8 @@ r"""Writes the synthetic paragraph videos in COOT's feature layout (`make demo-c
         --out=workdirs/demo/coot_data --num_train=1000 --num_val=500 [--force]
 
 Videos are `MultiSceneSource` examples (3-8 scenes of 2-4 s, one sentence per
-scene). Video features: one per time step at `--feature_fps` (2 per second, the
-centre of each 0.5 s step), the [CLS] embedding of the trained RGB tower in
+scene). Video features: one per time step at `--feature_fps` (default 1 per second,
+at the centre of each step; 2/s doubles the tower time and the sequence lengths), the [CLS] embedding of the trained RGB tower in
 `--tower_workdir` (`configs/synthetic_video_pretrain.py`) on the tower's own
 input: `data.num_frames` frames `data.frame_stride` apart around that centre
 (clamped to the video), normalized as in training, like the I3D / S3D / Inception
@@ -91,7 +91,7 @@ def extract_video_features(source, indices, *, apply_fn, frames_per_window: int,
 
 
 def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed: int = 0,
-                  feature_fps: float = 2.0, force: bool = False) -> pathlib.Path:
+                  feature_fps: float = 1.0, force: bool = False) -> pathlib.Path:
   out = pathlib.Path(out_dir)
   args = dict(tower_workdir=str(pathlib.Path(tower_workdir).absolute()), num_train=num_train,
               num_val=num_val, seed=seed, feature_fps=feature_fps,
@@ -130,7 +130,7 @@ _OUT = flags.DEFINE_string("out", None, "output dataset directory")
 _TRAIN = flags.DEFINE_integer("num_train", 1000, "training videos")
 _VAL = flags.DEFINE_integer("num_val", 500, "validation videos")
 _SEED = flags.DEFINE_integer("seed", 0, "world seed")
-_FPS = flags.DEFINE_float("feature_fps", 2.0, "feature steps per second")
+_FPS = flags.DEFINE_float("feature_fps", 1.0, "feature steps per second")
 _FORCE = flags.DEFINE_bool("force", False, "rebuild even if complete")
 
 
