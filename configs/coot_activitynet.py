@@ -181,7 +181,7 @@ def synthetic(config: ml_collections.ConfigDict, *, tiny: bool) -> None:
   m = config.model
   m.hidden_size, m.num_heads, m.mlp_dim, m.pool_hidden = 128, 4, 128, 256
   config.evals.val.split = "val"
-  config.train.num_epochs = 12
+  config.train.num_epochs = 10  # the ablation's budget (BENCHMARKS.md); keeps make demo-coot < 15 min
   config.train.log_every_steps = 20
   config.optimizer.warmup_epochs = 1
   config.eval.early_stopping_patience = 8
