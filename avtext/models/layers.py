@@ -284,17 +284,15 @@ class Attention(nn.Module):
       weights = dropout(weights, self.dropout_rate, deterministic=False,
                         masks=self.dropout_masks)
       x = jnp.einsum("...hqk,...khd->...qhd", weights, value)
-      return nn.DenseGeneral(features, axis=(-2, -1),
-                             kernel_init=self.kernel_init, dtype=self.dtype,
-                             name="out")(x)
-    dropout_rng = None
-    if not deterministic and self.dropout_rate > 0:
-      dropout_rng = self.make_rng("dropout")
-    x = nn.dot_product_attention(
-        query, key, value, mask=mask, broadcast_dropout=False,
-        dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
-        deterministic=deterministic, dtype=self.dtype,
-        force_fp32_for_softmax=True, module=self if sow_weights else None)
+    else:
+      dropout_rng = None
+      if not deterministic and self.dropout_rate > 0:
+        dropout_rng = self.make_rng("dropout")
+      x = nn.dot_product_attention(
+          query, key, value, mask=mask, broadcast_dropout=False,
+          dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
+          deterministic=deterministic, dtype=self.dtype,
+          force_fp32_for_softmax=True, module=self if sow_weights else None)
     return nn.DenseGeneral(features, axis=(-2, -1),
                            kernel_init=self.kernel_init, dtype=self.dtype,
                            name="out")(x)
