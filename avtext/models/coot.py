@@ -29,7 +29,6 @@ Batches pack the clips of all videos in one array (`avtext/tasks/coot.py`);
 `clip_slot[c] = video_row * max_clips + position` (-1: padding) scatters clip
 embeddings back into [B, max_clips, D].
 """
-from typing import Any
 
 import flax.linen as nn
 import jax
