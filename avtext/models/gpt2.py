@@ -1,0 +1,209 @@
+"""GPT-2 and VideoCC's video captioner (VideoCC §4.2).
+
+`GPT2` is the GPT-2 language model (Radford et al. 2019) on the shared
+`layers.EncoderBlock` (pre-LN, tanh GELU, LayerNorm eps 1e-5, init N(0, 0.02))
+with learned positions and the output projection tied to the token embedding.
+It can take a *prefix* of already-embedded vectors before the tokens:
+
+  x = [prefix_1 .. prefix_P ; wte(y_0) + wpe(0) .. wte(y_{n-1}) + wpe(n-1)]
+
+Prefix vectors get no GPT-2 position embedding (they carry their own), text
+positions start at 0 after them, and logits are returned for the text
+positions only. The mask is the caller's (`layers.make_prefix_lm_mask` for a
+prefix LM); without one, attention is causal.
+
+`VideoCaptioner` is VideoCC's captioner: "given video features C as context
+... we encode the context C and the previous embedded tokens H_i using a
+single transformer ... We then predict the next token y_i from h~_{i-1} using
+a linear projection" (§4.2). C is every output token of the MBT video encoder
+(each modality's [CLS] + patch tokens, then the fusion bottleneck), projected
+to the decoder width; the mask is the prefix-LM mask (full attention over C,
+causal over H); Phi is the tied embedding matrix.
+
+Decoding with the KV cache (`layers` module docstring): `start` runs the
+encoder and a prefill of [C ; BOS] into a cache of P + max_text_len
+positions and returns the logits of the first word; `step` feeds one token
+per call at text position t. Both keep shapes fixed, so
+`avtext.inference.generate` jits the whole loop.
+
+Parameters (GPT-2; `avtext.weights.gpt2` maps HF checkpoints onto them):
+  wte {embedding [V, D]}, wpe {embedding [N_pos, D]},
+  h_<i> (EncoderBlock), ln_f {scale, bias}.
+"""
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from avtext.models import layers
+from avtext.models import registry
+
+Array = jax.Array
+
+
+class GPT2(nn.Module):
+  """GPT-2 LM with an optional embedded prefix (see the module docstring).
+
+  Attributes (HF GPT2Config names in brackets; defaults are GPT-2 117M):
+    vocab_size [vocab_size], max_positions [n_positions], hidden_size
+    [n_embd], num_layers [n_layer], num_heads [n_head], mlp_dim [n_inner,
+    default 4 * n_embd], layer_norm_eps [layer_norm_epsilon].
+    dropout_rate: embedding and residual dropout [embd_pdrop, resid_pdrop].
+    attention_dropout_rate: [attn_pdrop].
+    dropout_masks: "jax" or "hash" (layers.dropout).
+    dtype: computation dtype.
+  """
+  vocab_size: int = 50257
+  max_positions: int = 1024
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  mlp_dim: int = 3072
+  layer_norm_eps: float = 1e-5
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  dropout_masks: str = "jax"
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    init = nn.initializers.normal(0.02)
+    self.wte = nn.Embed(self.vocab_size, self.hidden_size, embedding_init=init, name="wte")
+    self.wpe = nn.Embed(self.max_positions, self.hidden_size, embedding_init=init,
+                        name="wpe")
+    self.blocks = [
+        layers.EncoderBlock(
+            num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=True,
+            activation="gelu_tanh", layer_norm_eps=self.layer_norm_eps,
+            dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            dropout_masks=self.dropout_masks, kernel_init=init, dtype=self.dtype,
+            name=f"h_{i}") for i in range(self.num_layers)]
+    self.ln_f = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="ln_f")
+    if self.dropout_masks not in layers.DROPOUT_MASKS:
+      raise ValueError(f"dropout_masks must be one of {layers.DROPOUT_MASKS}, got "
+                       f"{self.dropout_masks!r}")
+    self.embedding_dropout = (layers.HashDropout(self.dropout_rate)
+                              if self.dropout_masks == "hash" else nn.Dropout(self.dropout_rate))
+
+  def __call__(self, input_ids: Array, *, positions: Array | None = None,
+               prefix: Array | None = None, mask: Array | None = None,
+               padding_mask: Array | None = None, decode: bool = False,
+               train: bool = False) -> Array:
+    """Next-token logits.
+
+    Args:
+      input_ids: int [B, L] token ids (while decoding: the next T tokens).
+      positions: int [B, L] or [L] text positions; default 0..L-1 (required
+        while decoding past the prefill).
+      prefix: [B, P, D] embedded vectors before the tokens, or None.
+      mask: bool self-attention mask over the whole sequence (prefix +
+        tokens; while decoding, the whole cache), broadcastable to
+        [B, H, S, S]; None: causal (required while decoding).
+      padding_mask: [B, S] (while decoding [B, cache length]), nonzero for
+        real positions; masks keys.
+      decode: read and extend the KV cache (layers module docstring).
+      train: enables dropout (needs the 'dropout' rng).
+
+    Returns:
+      float32 [B, L, vocab_size]: logits of the token after each text position.
+    """
+    if positions is None:
+      positions = jnp.arange(input_ids.shape[1])
+    if input_ids.shape[1] and jnp.ndim(positions) == 1:
+      positions = jnp.broadcast_to(positions, input_ids.shape)
+    x = self.wte(input_ids) + self.wpe(positions)
+    num_prefix = 0
+    if prefix is not None:
+      if prefix.shape[-1] != self.hidden_size:
+        raise ValueError(f"prefix width {prefix.shape[-1]} != GPT-2 hidden_size "
+                         f"{self.hidden_size}; project it first")
+      num_prefix = prefix.shape[1]
+      x = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
+    x = x.astype(self.dtype)
+    if mask is None:
+      if decode:
+        raise ValueError("GPT2(decode=True) needs the whole cache's mask, e.g. "
+                         "layers.make_causal_mask(cache length)")
+      mask = layers.make_causal_mask(x.shape[1])
+    x = self.embedding_dropout(x, deterministic=not train)
+    for block in self.blocks:
+      x = block(x, padding_mask, mask=mask, deterministic=not train, decode=decode)
+    x = self.ln_f(x[:, num_prefix:])
+    return self.wte.attend(x.astype(jnp.float32))
+
+
+class VideoCaptioner(nn.Module):
+  """VideoCC §4.2: MBT video encoder -> C, GPT-2 prefix LM over [C ; H]."""
+  video: nn.Module
+  decoder: GPT2
+
+  def setup(self):
+    self.video_projection = nn.Dense(self.decoder.hidden_size, name="video_projection")
+
+  def encode(self, video_inputs: dict[str, Array], *, train: bool = False) -> Array:
+    """C: [B, P, D_decoder], every MBT output token, projected."""
+    out = self.video(video_inputs, train=train)
+    tokens = [out["tokens"][m] for m in sorted(out["tokens"])]
+    if "bottleneck" in out:
+      tokens.append(out["bottleneck"])
+    return self.video_projection(jnp.concatenate(tokens, axis=1))
+
+  def _mask(self, batch: int, num_prefix: int, length: int) -> Array:
+    return layers.make_prefix_lm_mask(jnp.full((batch,), num_prefix), num_prefix + length)
+
+  def __call__(self, video_inputs: dict[str, Array], input_ids: Array, *,
+               train: bool = False) -> Array:
+    """Teacher forcing: logits [B, L, V]; position i predicts token i + 1 (target i)."""
+    context = self.encode(video_inputs, train=train)
+    b, p = context.shape[:2]
+    return self.decoder(input_ids, prefix=context, train=train,
+                        mask=self._mask(b, p, input_ids.shape[1]))
+
+  def start(self, video_inputs: dict[str, Array], bos: Array, max_len: int) -> Array:
+    """Prefill: encodes the video, runs [C ; BOS] into the cache; first-word logits [B, V].
+
+    Call with mutable=["cache"] on variables holding an empty cache made by
+    `init_cache` (P + max_len positions).
+    """
+    context = self.encode(video_inputs)
+    b, p = context.shape[:2]
+    logits = self.decoder(bos[:, None], prefix=context, decode=True,
+                          mask=self._mask(b, p, max_len))
+    return logits[:, -1]
+
+  def step(self, tokens: Array, position: Array, num_prefix: int, max_len: int) -> Array:
+    """Feeds `tokens` [B] at text position `position`; logits of the next token [B, V]."""
+    b = tokens.shape[0]
+    logits = self.decoder(tokens[:, None], positions=jnp.full((b, 1), position),
+                          decode=True, mask=self._mask(b, num_prefix, max_len))
+    return logits[:, 0]
+
+  def init_cache(self, video_inputs: dict[str, Array], max_len: int) -> Array:
+    """Creates the cache (flax's way: a decode call on the whole sequence)."""
+    context = self.encode(video_inputs)
+    b, p = context.shape[:2]
+    ids = jnp.zeros((b, max_len), jnp.int32)
+    return self.decoder(ids, prefix=context, decode=True, mask=self._mask(b, p, max_len))
+
+
+def gpt2_from_config(cfg) -> GPT2:
+  """`config.model.decoder` (name="gpt2") -> GPT2."""
+  return GPT2(
+      vocab_size=cfg.vocab_size, max_positions=cfg.get("max_positions", 1024),
+      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
+      mlp_dim=cfg.get("mlp_dim") or 4 * cfg.hidden_size,
+      layer_norm_eps=cfg.get("layer_norm_eps", 1e-5),
+      dropout_rate=cfg.get("dropout_rate", 0.1),
+      attention_dropout_rate=cfg.get("attention_dropout_rate", 0.1),
+      dropout_masks=cfg.get("dropout_masks", "jax"))
+
+
+registry.register_model("gpt2")(gpt2_from_config)
+
+
+@registry.register_model("video_captioner")
+def video_captioner_from_config(cfg) -> VideoCaptioner:
+  """`config.model` with `video` (name "mbt") and `decoder` (name "gpt2") sub-nodes."""
+  return VideoCaptioner(video=registry.build_model(cfg.video, where="config.model.video"),
+                        decoder=registry.build_model(cfg.decoder, where="config.model.decoder"))
