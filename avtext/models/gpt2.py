@@ -30,7 +30,7 @@ Parameters (GPT-2; `avtext.weights.gpt2` maps HF checkpoints onto them):
   wte {embedding [V, D]}, wpe {embedding [N_pos, D]},
   h_<i> (EncoderBlock), ln_f {scale, bias}.
 """
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -207,3 +207,68 @@ def video_captioner_from_config(cfg) -> VideoCaptioner:
   """`config.model` with `video` (name "mbt") and `decoder` (name "gpt2") sub-nodes."""
   return VideoCaptioner(video=registry.build_model(cfg.video, where="config.model.video"),
                         decoder=registry.build_model(cfg.decoder, where="config.model.decoder"))
+
+
+def _empty_cache(apply_fn: Callable[[], Any]) -> Any:
+  """Zeros shaped like the cache `apply_fn` (a decode call with mutable=["cache"]) creates."""
+  shapes = jax.eval_shape(apply_fn)[1]["cache"]
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def lm_decoding_fns(model: GPT2, params: Any, prompt: Array, max_new_tokens: int):
+  """(start_fn, step_fn) for `avtext.inference.generate`: GPT-2 continuing `prompt` [B, P].
+
+  The cache holds P + max_new_tokens - 1 positions (the last generated token
+  is never fed back).
+  """
+  b, p = prompt.shape
+  length = p + max_new_tokens - 1
+  if length > model.max_positions:
+    raise ValueError(f"prompt {p} + {max_new_tokens} new tokens exceed GPT-2's "
+                     f"{model.max_positions} positions")
+  mask = layers.make_causal_mask(length)
+  cache = _empty_cache(lambda: model.apply(
+      {"params": params}, jnp.zeros((b, length), jnp.int32), mask=mask, decode=True,
+      mutable=["cache"]))
+
+  def start_fn():
+    logits, mutated = model.apply({"params": params, "cache": cache}, prompt, mask=mask,
+                                  decode=True, mutable=["cache"])
+    return logits[:, -1], mutated["cache"]
+
+  def step_fn(state, tokens, t):
+    logits, mutated = model.apply(
+        {"params": params, "cache": state}, tokens[:, None],
+        positions=jnp.full((tokens.shape[0], 1), p + t - 1), mask=mask, decode=True,
+        mutable=["cache"])
+    return logits[:, 0], mutated["cache"]
+
+  return start_fn, step_fn
+
+
+def captioner_decoding_fns(model: VideoCaptioner, variables: Any,
+                           video_inputs: dict[str, Array], max_new_tokens: int, bos_id: int):
+  """(start_fn, step_fn) for `avtext.inference.generate`: captions of `video_inputs`.
+
+  Text positions 0 .. max_new_tokens - 1 hold BOS and the fed-back tokens; the
+  cache holds them after the P video tokens.
+  """
+  variables = {k: v for k, v in variables.items() if k != "cache"}
+  b = next(iter(video_inputs.values())).shape[0]
+  cache = _empty_cache(lambda: model.apply(variables, video_inputs, max_new_tokens,
+                                           method=model.init_cache, mutable=["cache"]))
+  # The number of video tokens P, from the cache's length.
+  num_prefix = next(x.shape[1] for x in jax.tree.leaves(cache) if x.ndim == 4) - max_new_tokens
+
+  def start_fn():
+    bos = jnp.full((b,), bos_id, jnp.int32)
+    logits, mutated = model.apply({**variables, "cache": cache}, video_inputs, bos,
+                                  max_new_tokens, method=model.start, mutable=["cache"])
+    return logits, mutated["cache"]
+
+  def step_fn(state, tokens, t):
+    logits, mutated = model.apply({**variables, "cache": state}, tokens, t, num_prefix,
+                                  max_new_tokens, method=model.step, mutable=["cache"])
+    return logits, mutated["cache"]
+
+  return start_fn, step_fn
