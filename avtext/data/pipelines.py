@@ -6,6 +6,7 @@ global batch k is a pure function of (seed, k), whatever the number of hosts:
 the iterator's state is just its position, saved in every checkpoint, and a
 resumed run sees exactly the batches an uninterrupted one would.
 """
+import json
 from typing import Any, Callable, Sequence
 
 import grain
@@ -42,6 +43,18 @@ def train_batches(num_examples: int, example_fn: Callable[[int, np.random.Genera
   return chunks[process_index::process_count] if process_count > 1 else chunks
 
 
+def source_captions(source: Any, n: int | None = None) -> list[str]:
+  """The first n (default all) captions of a clips source, decoding no frame when it can."""
+  n = len(source) if n is None else min(n, len(source))
+  if hasattr(source, "describe"):
+    return [source.describe(i)["caption"] for i in range(n)]
+  out = []
+  for i in range(n):
+    caption = source[i]["caption"]
+    out.append(caption.decode() if isinstance(caption, bytes) else str(caption))
+  return out
+
+
 class ClipReader:
   """Frames and audio of clip `i`, rendering only what is asked when the source can."""
 
@@ -68,7 +81,7 @@ class ClipReader:
       desc = self.source.describe(index)
       idx = frame_indices_fn(desc["num_frames"])
       out = {"frame_indices": idx, "caption": desc["caption"],
-             "attributes": desc.get("attributes")}
+             "attributes": desc.get("attributes"), "clip_id": desc.get("clip_id")}
       if "rgb" in modalities:
         frames = self.source.render_frames(index, np.ravel(idx))
         out["frames"] = frames.reshape(np.shape(idx) + frames.shape[1:])
@@ -124,8 +137,11 @@ class ClipExamples:
     `spec_segment_frames` frames, `spec_segment_stride_frames` apart, centred
     on the RGB segment (app. C: 8 x 100 frames, 3 s apart, 800 x 128 over 24 s);
     zeros and has_audio=False when the clip has no audio.
-  With a `tokenizer`, the caption's 'input_ids' / 'attention_mask' are added
-  (retrieval); with a `label_fn(clip)`, its 'labels' (classification). At
+  With a `tokenizer`, its fields of the caption are added ('input_ids' /
+  'attention_mask' for retrieval, `CaptionTokenizer`'s for captioning); with a
+  `label_fn(clip)`, its 'labels' (classification). `host_fields` (eval only)
+  are clip fields passed on as strings, dicts JSON-encoded: 'caption',
+  'attributes', 'clip_id' (the record's id, else the example index). At
   eval time a record's 'video_id' (several captions of one video) is passed
   on as a host field (a str) for the retrieval evaluator's ground truth.
   `modalities` ('rgb', 'audio' or both, the default) are the inputs the model
@@ -137,12 +153,14 @@ class ClipExamples:
   def __init__(self, reader: ClipReader, data: ml_collections.ConfigDict,
                tokenizer: preprocessing.Tokenizer | None = None, *, train: bool,
                label_fn: Callable[[dict], np.ndarray] | None = None,
-               modalities: str | Sequence[str] = MODALITIES):
+               modalities: str | Sequence[str] = MODALITIES,
+               host_fields: Sequence[str] = ()):
     self.reader = reader
     self.modalities = parse_modalities(modalities)
     self.data = data
     self.tokenizer = tokenizer
     self.label_fn = label_fn
+    self.host_fields = tuple(host_fields)
     self.train = train
     self.hop = int(round(data.sample_rate * preprocessing.HOP_MS / 1000))
     self.win = int(round(data.sample_rate * preprocessing.WINDOW_MS / 1000))
@@ -205,13 +223,18 @@ class ClipExamples:
       out["has_audio"] = np.full((k,), clip["has_audio"])
     if self.tokenizer is not None:
       tokens = self.tokenizer([clip["caption"]])
-      out["input_ids"] = tokens["input_ids"][0]
-      out["attention_mask"] = tokens["attention_mask"][0]
+      out.update({key: value[0] for key, value in tokens.items()})
     if self.label_fn is not None:
       out["labels"] = self.label_fn(clip)
     if self.train:  # K = 1 at training time
       out = {key: (v[0] if key in ("rgb", "audio", "has_audio") else v) for key, v in out.items()}
-    elif clip.get("video_id") is not None:
-      # A host field: the retrieval evaluator groups captions of one video by it.
-      out["video_id"] = clip["video_id"]
+    else:
+      if clip.get("video_id") is not None:
+        # A host field: the retrieval evaluator groups captions of one video by it.
+        out["video_id"] = clip["video_id"]
+      for name in self.host_fields:
+        value = clip.get(name)
+        if name == "clip_id" and value is None:
+          value = clip.get("video_id") or f"{index:08d}"
+        out[name] = json.dumps(value, sort_keys=True) if isinstance(value, dict) else str(value)
     return out

@@ -644,11 +644,7 @@ class CaptionTokenizer:
     return self._hf
 
   def _load_subset(self) -> None:
-    try:
-      ids = json.loads(self.vocab_subset.read_text())["gpt2_ids"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-      raise ValueError(f"{self.vocab_subset}: expected a JSON file {{\"gpt2_ids\": [...]}} "
-                       f"(written by write_vocab_subset): {e}") from e
+    ids = read_vocab_subset(self.vocab_subset)
     eot = 50256
     if eot not in ids:
       raise ValueError(f"{self.vocab_subset}: gpt2_ids must contain <|endoftext|> ({eot})")
@@ -715,6 +711,15 @@ class CaptionTokenizer:
     if self._subset is not None:
       ids = [int(self._subset[0][i]) for i in ids]
     return self.hf.decode(ids).strip()
+
+
+def read_vocab_subset(path: str | pathlib.Path) -> list[int]:
+  """The GPT-2 ids of a `write_vocab_subset` file, in compact-id order."""
+  try:
+    return list(json.loads(pathlib.Path(path).read_text())["gpt2_ids"])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ValueError(f"{path}: expected a JSON file {{\"gpt2_ids\": [...]}} (written by "
+                     f"write_vocab_subset / python -m avtext.tools.caption_vocab): {e}") from e
 
 
 def write_vocab_subset(texts, path: str | pathlib.Path,

@@ -188,9 +188,18 @@ class VideoCaptioner(nn.Module):
 
 
 def gpt2_from_config(cfg) -> GPT2:
-  """`config.model.decoder` (name="gpt2") -> GPT2."""
+  """`config.model.decoder` (name="gpt2") -> GPT2.
+
+  vocab_size None: the size of `vocab_subset` (a `write_vocab_subset` file).
+  """
+  vocab_size = cfg.get("vocab_size")
+  if not vocab_size:
+    if not cfg.get("vocab_subset"):
+      raise ValueError("config.model.decoder: set vocab_size (GPT-2: 50257) or vocab_subset")
+    from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
+    vocab_size = len(preprocessing.read_vocab_subset(cfg.vocab_subset))
   return GPT2(
-      vocab_size=cfg.vocab_size, max_positions=cfg.get("max_positions", 1024),
+      vocab_size=vocab_size, max_positions=cfg.get("max_positions", 1024),
       hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
       mlp_dim=cfg.get("mlp_dim") or 4 * cfg.hidden_size,
       layer_norm_eps=cfg.get("layer_norm_eps", 1e-5),

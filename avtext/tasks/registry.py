@@ -17,7 +17,8 @@ from avtext.models import registry as models_registry
 
 # Modules imported on first lookup so `config.task` alone selects a task.
 _TASKS = registry_lib.Registry(
-    "task", ("avtext.tasks.retrieval", "avtext.tasks.classification", "avtext.tasks.coot"))
+    "task", ("avtext.tasks.retrieval", "avtext.tasks.classification", "avtext.tasks.coot",
+             "avtext.tasks.captioning"))
 register = _TASKS.register
 
 

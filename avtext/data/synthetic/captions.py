@@ -267,3 +267,72 @@ def oracle_recall_at_1(num_fitting: Sequence[int] | np.ndarray) -> float:
     raise ValueError(f'oracle_recall_at_1: every caption must fit >= 1 clip '
                      f'(its own); got counts {n[:10]}...')
   return float(100.0 * np.mean(1.0 / n))
+
+
+# ---- reading attributes back from free text (generated captions) ----------
+
+_COUNT_PHRASES = (('a pair of shapes', 2), ('two objects', 2), ('two shapes', 2),
+                  ('a single', 1), ('only one', 1))
+_STATEMENT_PHRASES = sorted(
+    [(w, ('shape', k)) for k, ws in SHAPE_WORDS.items() for w in ws]
+    + [(w, ('colour', k)) for k, ws in COLOUR_WORDS.items() for w in ws]
+    + [(w, ('motion', k)) for k, ws in MOTION_WORDS.items() for w in ws]
+    + [(w, ('background', k)) for k, ws in BACKGROUND_WORDS.items() for w in ws]
+    + [(w, ('sound', k)) for k, ws in SOUND_WORDS.items() for w in ws]
+    + [(w, ('num_objects', n)) for w, n in _COUNT_PHRASES],
+    key=lambda item: -len(item[0]))
+
+
+def parse_statements(text: str) -> set[tuple[str, Any]]:
+  """The attribute statements a caption's words make, as unbound atoms.
+
+  Atoms are ('num_objects', n), ('background', b), ('sound', s), ('shape', x),
+  ('colour', c), ('motion', m): every synonym of `render_caption`'s word lists
+  is recognized, longest phrase first, so any text (a model's caption) can be
+  scored against a clip with `statement_precision_recall`. Objects are not
+  bound: "a red square and a blue circle" says red, blue, square, circle.
+  """
+  rest = ' ' + re.sub(r'[^a-z\- ]+', ' ', text.lower()) + ' '
+  found = set()
+  for phrase, atom in _STATEMENT_PHRASES:
+    pattern = r'(?<![a-z\-])' + re.escape(phrase) + r'(?![a-z\-])'
+    if re.search(pattern, rest):
+      found.add(atom)
+      rest = re.sub(pattern, ' ', rest)
+  if re.search(r'(?<![a-z\-])one(?![a-z\-])(?! of them)', rest):
+    found.add(('num_objects', 1))
+  return found
+
+
+def mention_statements(mention: Mapping[str, Any]) -> set[tuple[str, Any]]:
+  """`parse_statements`'s atoms of a mention dict (what a caption says)."""
+  atoms = {(key, mention[key]) for key in ('num_objects', 'background', 'sound')
+           if key in mention}
+  for desc in mention.get('objects', ()):
+    atoms.update(desc.items())
+  return atoms
+
+
+def clip_statements(attributes: Mapping[str, Any]) -> set[tuple[str, Any]]:
+  """Every atom true of a clip (its ground-truth attributes)."""
+  return mention_statements({key: attributes[key] for key in
+                             ('num_objects', 'background', 'sound', 'objects')})
+
+
+def statement_precision_recall(texts: Sequence[str],
+                               attributes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+  """Attribute precision and recall (%) of captions against their clips, micro-averaged.
+
+  precision: of all statements the captions make, the share true of their
+  clip; recall: of all the clips' atoms, the share their caption states.
+  A caption stating nothing contributes no statements (and no precision).
+  """
+  said = true = total = 0
+  for text, attrs in zip(texts, attributes, strict=True):
+    stated, truth = parse_statements(text), clip_statements(attrs)
+    said += len(stated)
+    true += len(stated & truth)
+    total += len(truth)
+  return {'attribute_precision': 100.0 * true / max(said, 1),
+          'attribute_recall': 100.0 * true / max(total, 1),
+          'attributes_per_caption': said / max(len(texts), 1)}

@@ -1,0 +1,183 @@
+"""Captioning evaluator (`type="captioning"`).
+
+Config fields (besides `base.Evaluator`'s):
+  captions_fn   the task's predict function giving {"tokens": [B, T], ...}
+                (default "captions"); the task's `decode` turns tokens to text
+  baselines     optional, computed once per run on the same split and scored
+                the same way:
+                  most_frequent: {num_train}: the most frequent caption among
+                    the first num_train training captions, for every clip
+                  nearest_neighbour: {run, step, num_train, num_clips}: the
+                    caption of the training clip nearest to each test clip
+                    under the video embedding of another run (an AVR run's
+                    `embed_video`, averaged over its K test clips; num_clips
+                    overrides K), among the first num_train
+
+Metrics (`avtext.metrics.captioning.caption_metrics`, pycocoevalcap's
+scale): BLEU-1..4, METEOR, ROUGE-L, CIDEr-D. References are the split's
+captions; when examples carry a `video_id` (several captions per video,
+MSR-VTT), they are grouped per video and each video is captioned once. On the
+synthetic world, `attribute_precision` / `attribute_recall`
+(`synthetic.captions.statement_precision_recall`): the share of the
+attributes a generated caption names that its clip has, and the share of the
+clip's attributes it names; the ground-truth captions' own values are
+reported as `reference/...` for scale. An empty generation is scored as the
+one-word caption "<empty>" and counted (`num_empty`).
+
+Predictions go to `workdir/captions/<name>_step<step>.json` in the COCO
+result format, [{"image_id": <clip id>, "caption": ...}], with the baselines'
+next to them.
+"""
+import collections
+import json
+from typing import Any
+
+import jax
+import numpy as np
+
+from avtext import evals
+from avtext.data import pipelines
+from avtext.evals import base
+from avtext.metrics import captioning as metrics
+
+EMPTY = "<empty>"
+
+
+def _attributes(host: dict) -> list[dict] | None:
+  values = host.get("attributes")
+  if not values or any(v in (None, "None") for v in values):
+    return None
+  return [json.loads(v) for v in values]
+
+
+@evals.register_evaluator("captioning")
+class CaptioningEvaluator(base.Evaluator):
+  """Generates a caption per test video and scores it against the references."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._baselines = None
+
+  def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
+    fn = self.cache.predict_fn(self.cfg.get("captions_fn", "captions"))
+    out, host = self.predict(("captioning", fn), lambda: fn, variables, mesh=mesh)
+    hypotheses = self.task.decode(out["tokens"])
+    ids, refs, keep = self._references(host)
+    hyps = {ids[i]: hypotheses[i] for i in keep}
+    results = self._score(refs, hyps, host, keep)
+    results["mean_length_tokens"] = float(np.mean(np.asarray(out["lengths"])[keep]))
+    if self._baselines is None:
+      self._baselines = self._compute_baselines(host, keep, ids, mesh=mesh)
+    for name, texts in self._baselines.items():
+      scored = self._score(refs, dict(zip([ids[i] for i in keep], texts)), host, keep)
+      results.update({f"{name}/{k}": v for k, v in scored.items()})
+    attrs = _attributes(host)
+    if attrs is not None:
+      from avtext.data.synthetic import captions  # pylint: disable=g-import-not-at-top
+      ref = captions.statement_precision_recall([host["caption"][i] for i in keep],
+                                                [attrs[i] for i in keep])
+      results.update({f"reference/{k}": v for k, v in ref.items()})
+    self._write(step, hyps, ids, keep)
+    return results
+
+  def _references(self, host: dict) -> tuple[list[str], dict, list[int]]:
+    """(id per example, {id: [references]}, rows to caption: one per video)."""
+    captions = host["caption"]
+    videos = host.get("video_id")
+    if videos is None:
+      ids = list(host["clip_id"])
+      if len(set(ids)) != len(ids):
+        raise ValueError(f"config.evals.{self.name}: clip ids are not unique")
+      return ids, {i: [c] for i, c in zip(ids, captions)}, list(range(len(ids)))
+    refs = collections.defaultdict(list)
+    first = {}
+    for row, (vid, cap) in enumerate(zip(videos, captions)):
+      refs[vid].append(cap)
+      first.setdefault(vid, row)
+    return list(videos), dict(refs), sorted(first.values())
+
+  def _score(self, refs: dict, hyps: dict, host: dict, keep: list[int]) -> dict[str, Any]:
+    empty = sum(not h.strip() for h in hyps.values())
+    hyps = {k: (h if h.strip() else EMPTY) for k, h in hyps.items()}
+    results = metrics.caption_metrics({k: refs[k] for k in hyps}, hyps)
+    results["num_empty"] = empty
+    results["num_videos"] = len(hyps)
+    attrs = _attributes(host)
+    if attrs is not None:
+      from avtext.data.synthetic import captions  # pylint: disable=g-import-not-at-top
+      results.update(captions.statement_precision_recall(list(hyps.values()),
+                                                         [attrs[i] for i in keep]))
+    return results
+
+  def _compute_baselines(self, host: dict, keep: list[int], ids: list[str], *,
+                         mesh) -> dict[str, list[str]]:
+    cfg = self.cfg.get("baselines") or {}
+    out = {}
+    if cfg.get("most_frequent"):
+      train = pipelines.source_captions(self.task.train_source, int(cfg.most_frequent.num_train))
+      counts = collections.Counter(train)
+      best = max(counts.values())
+      top = next(c for c in train if counts[c] == best)  # ties: the earliest
+      out["baseline_most_frequent"] = [top] * len(keep)
+    if cfg.get("nearest_neighbour"):
+      out["baseline_nearest_neighbour"] = self._nearest_neighbour(cfg.nearest_neighbour, keep,
+                                                                  mesh=mesh)
+    return out
+
+  def _nearest_neighbour(self, cfg, keep: list[int], *, mesh) -> list[str]:
+    from avtext import inspect  # pylint: disable=g-import-not-at-top
+    if not cfg.get("run"):
+      raise ValueError(f"config.evals.{self.name}.baselines.nearest_neighbour.run is not set: "
+                       "the run directory of a retrieval model (e.g. workdirs/demo/avr)")
+    run = inspect.load_run(cfg.run, step=cfg.get("step"))
+    if cfg.get("num_clips"):  # fewer test clips per video than the run evaluates with
+      run.config.data.eval_num_clips = int(cfg.num_clips)
+    task = run.task()
+    embed = dict(task.predict_fns())[cfg.get("video_fn", "embed_video")]
+    fn = jax.jit(embed)
+    train_source = self.task.train_source
+    n_train = min(int(cfg.num_train), len(train_source))
+
+    def embed_split(source, n):
+      emb, _ = base.map_examples(lambda b: fn(run.variables, b), task.eval_examples(source), n,
+                                 mesh=mesh, global_batch_size=self.batch_size)
+      emb = np.asarray(emb, np.float64)
+      if emb.ndim == 3:  # [N, K, D]: VideoCC averages the K clips' similarities
+        emb = emb.mean(axis=1)
+      return emb
+
+    train_emb = embed_split(train_source, n_train)
+    test_emb = embed_split(self.source, len(self.source))[keep]
+    nearest = np.argmax(test_emb @ train_emb.T, axis=1)
+    train_captions = pipelines.source_captions(train_source, n_train)
+    return [train_captions[j] for j in nearest]
+
+  def _write(self, step: int, hyps: dict, ids: list[str], keep: list[int]) -> None:
+    if self.workdir is None or jax.process_index() != 0:
+      return
+    import pathlib  # pylint: disable=g-import-not-at-top
+    folder = pathlib.Path(self.workdir) / "captions"
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"image_id": k, "caption": v} for k, v in hyps.items()]
+    (folder / f"{self.name}_step{step}.json").write_text(json.dumps(rows, indent=0))
+    for name, texts in (self._baselines or {}).items():
+      rows = [{"image_id": ids[i], "caption": t} for i, t in zip(keep, texts)]
+      (folder / f"{self.name}_{name}.json").write_text(json.dumps(rows, indent=0))
+
+  def report(self, results: dict, step: int) -> None:
+    names = ["BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "attribute_precision",
+             "attribute_recall"]
+    names = [n for n in names if n in results]
+    rows = [("model", "")] + [(p.split("/")[0], p.split("/")[0] + "/")
+                              for p in sorted({k.rsplit("/", 1)[0] for k in results
+                                               if "/" in k})]
+    lines = [f"== {self.name}: captioning, step {step}, {results['num_videos']} videos "
+             f"({results['num_empty']} empty) ==",
+             f"{'':<28}" + "".join(f"{n.replace('attribute_precision', 'attr_prec').replace('attribute_recall', 'attr_rec'):>12}" for n in names)]
+    for label, prefix in rows:
+      values = [results.get(prefix + n) for n in names]
+      scale = [1.0 if n.startswith("attribute") else 100.0 for n in names]
+      lines.append(f"{label:<28}" + "".join(
+          f"{v * s:12.2f}" if v is not None else f"{'-':>12}" for v, s in zip(values, scale)))
+    lines.append("(BLEU/METEOR/ROUGE-L/CIDEr-D x 100; attribute precision/recall in %)")
+    print("\n".join(lines), flush=True)

