@@ -1,0 +1,179 @@
+r"""Greedy / beam decoding speed: avtext's jitted generate beside transformers' PyTorch GPT-2.
+
+    make bench-venv       # .venv-bench: requirements.lock + requirements-bench.txt (torch CPU)
+    .venv-bench/bin/python benchmarks/bench_generate.py [--repeats=5] [--rounds=2]
+
+GPT-2 117M (transformers' default GPT2Config: 12 layers, width 768, 50257
+tokens), random weights: the PyTorch side creates them (seed 0) and saves a
+safetensors checkpoint in the hub's layout, which avtext imports
+(`avtext.weights.gpt2`), so both decode the same model. Each call generates
+exactly 32 new tokens after a random 16-token prompt (EOS is suppressed for
+32 tokens on both sides: `min_new_tokens=32` / `min_length=32`), at batch 1
+and 16, greedy and beam 4 (HF: `num_beams=4`; avtext: with and without its
+greedy guard, see `generate.generate`).
+
+- PyTorch: `GPT2LMHeadModel.generate(use_cache=True, do_sample=False)` under
+  `torch.inference_mode()`, fp32, torch's default threads.
+- avtext: `jax.jit` of `generate.generate` over `gpt2.lm_decoding_fns`
+  (prefill + `lax.while_loop`, preallocated KV cache), compiled once per shape
+  before timing.
+
+Each side runs in its own process (no second framework's threads beside it);
+processes alternate PyTorch / avtext for `--rounds` rounds, each timing
+`--repeats` calls per setting after one untimed call; the median over all
+timed calls is reported. Greedy outputs of the two sides are compared token
+for token (same weights, so they agree unless two logits tie within float
+error).
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+PROMPT, NEW = 16, 32
+SETTINGS = [(1, 1), (16, 1), (1, 4), (16, 4)]  # (batch, beams)
+
+
+def prompts(batch: int) -> np.ndarray:
+  return np.random.default_rng(batch).integers(0, 50256, (batch, PROMPT))
+
+
+def side_init(workdir: pathlib.Path) -> None:
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+  model.save_pretrained(workdir, safe_serialization=True)
+
+
+def side_torch(workdir: pathlib.Path, repeats: int) -> dict:
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  model = transformers.GPT2LMHeadModel.from_pretrained(workdir).eval()
+  out = {"threads": torch.get_num_threads()}
+  for batch, beams in SETTINGS:
+    ids = torch.tensor(prompts(batch))
+    kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, num_beams=beams,
+              use_cache=True, pad_token_id=50256, attention_mask=torch.ones_like(ids))
+    times = []
+    with torch.inference_mode():
+      for r in range(repeats + 1):
+        t0 = time.perf_counter()
+        seq = model.generate(ids, **kw)
+        if r:
+          times.append(time.perf_counter() - t0)
+    out[f"b{batch}_k{beams}"] = {"times": times, "tokens": seq[:, PROMPT:].tolist()}
+  return out
+
+
+def side_jax(workdir: pathlib.Path, repeats: int) -> dict:
+  import functools  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from avtext.inference import generate  # pylint: disable=g-import-not-at-top
+  from avtext.models import gpt2  # pylint: disable=g-import-not-at-top
+  from avtext.weights import gpt2 as gpt2_weights  # pylint: disable=g-import-not-at-top
+  kwargs, params = gpt2_weights.load_hf_gpt2(workdir)
+  model = gpt2.GPT2(**kwargs)
+  params = jax.device_put(params)
+
+  @functools.partial(jax.jit, static_argnums=(2, 3))
+  def run(params, prompt, beams, guard):
+    start, step = gpt2.lm_decoding_fns(model, params, prompt, NEW)
+    return generate.generate(start, step, max_new_tokens=NEW, eos_id=50256, beam_size=beams,
+                             min_length=NEW, length_penalty=1.0 if beams > 1 else 0.0,
+                             guard_greedy=guard)["tokens"]
+  out = {"devices": str(jax.devices())}
+  for batch, beams in SETTINGS:
+    for guard in ((True, False) if beams > 1 else (True,)):
+      ids = jnp.asarray(prompts(batch), jnp.int32)
+      t0 = time.perf_counter()
+      run(params, ids, beams, guard).block_until_ready()
+      compile_s = time.perf_counter() - t0
+      times = []
+      for _ in range(repeats):
+        t0 = time.perf_counter()
+        tokens = run(params, ids, beams, guard).block_until_ready()
+        times.append(time.perf_counter() - t0)
+      key = f"b{batch}_k{beams}" + ("" if guard or beams == 1 else "_noguard")
+      out[key] = {"times": times, "first_call_s": compile_s,
+                  "tokens": np.asarray(tokens).tolist()}
+  return out
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--side", choices=["init", "torch", "jax"])
+  ap.add_argument("--workdir")
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--rounds", type=int, default=2)
+  ap.add_argument("--out", default=None)
+  args = ap.parse_args()
+  if args.side:
+    workdir = pathlib.Path(args.workdir)
+    if args.side == "init":
+      side_init(workdir)
+    else:
+      fn = side_torch if args.side == "torch" else side_jax
+      print("RESULT " + json.dumps(fn(workdir, args.repeats)))
+    return
+
+  with tempfile.TemporaryDirectory() as tmp:
+    def child(side):
+      cmd = [sys.executable, __file__, f"--side={side}", f"--workdir={tmp}",
+             f"--repeats={args.repeats}"]
+      res = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+      if res.returncode:
+        sys.exit(f"{side} side failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+      lines = [l for l in res.stdout.splitlines() if l.startswith("RESULT ")]
+      return json.loads(lines[-1][len("RESULT "):]) if lines else None
+
+    child("init")
+    runs = {"torch": [], "jax": []}
+    for r in range(args.rounds):
+      for side in ("torch", "jax"):
+        print(f"round {r + 1}/{args.rounds}: {side}", flush=True)
+        runs[side].append(child(side))
+
+  def median(side, key):
+    return float(np.median(sum((run[key]["times"] for run in runs[side]), [])))
+
+  report = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or
+            platform.machine(), "cpus": os.cpu_count(), "prompt": PROMPT, "new_tokens": NEW,
+            "repeats": args.repeats, "rounds": args.rounds, "settings": {}}
+  print(f"\nGPT-2 117M, {PROMPT}-token prompt + {NEW} new tokens, CPU x{os.cpu_count()}, "
+        f"median of {args.repeats * args.rounds} calls")
+  print(f"{'setting':<28}{'PyTorch s':>11}{'avtext s':>11}{'PyTorch tok/s':>15}"
+        f"{'avtext tok/s':>14}{'ratio':>8}")
+  for batch, beams in SETTINGS:
+    key = f"b{batch}_k{beams}"
+    t_torch = median("torch", key)
+    for jkey in ([key] + ([key + "_noguard"] if beams > 1 else [])):
+      t_jax = median("jax", jkey)
+      label = f"batch {batch}, " + ("greedy" if beams == 1 else f"beam {beams}") + (
+          " (no guard)" if jkey.endswith("noguard") else "")
+      row = {"pytorch_s": t_torch, "avtext_s": t_jax,
+             "pytorch_tokens_per_s": batch * NEW / t_torch,
+             "avtext_tokens_per_s": batch * NEW / t_jax, "ratio": t_torch / t_jax,
+             "avtext_first_call_s": runs["jax"][0][jkey]["first_call_s"]}
+      if beams == 1:
+        row["same_tokens"] = runs["jax"][0][key]["tokens"] == runs["torch"][0][key]["tokens"]
+      report["settings"][label] = row
+      print(f"{label:<28}{t_torch:11.3f}{t_jax:11.3f}{row['pytorch_tokens_per_s']:15.1f}"
+            f"{row['avtext_tokens_per_s']:14.1f}{row['ratio']:7.2f}x"
+            + (f"  same greedy tokens: {row['same_tokens']}" if beams == 1 else ""))
+  if args.out:
+    pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+  main()
