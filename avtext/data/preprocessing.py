@@ -16,6 +16,7 @@ The conventions follow VideoCC (Nagrani et al. 2022):
   * §5.2: uncased WordPiece text, 32 tokens per caption, cropped or padded.
 """
 import functools
+import itertools
 import json
 import math
 import pathlib
@@ -731,8 +732,14 @@ def write_vocab_subset(texts, path: str | pathlib.Path,
   """
   tok = CaptionTokenizer(bpe_dir)
   used = {50256}
-  for text in texts:
-    used.update(tok.bpe(text))
+  chunk = []
+  for text in itertools.chain(texts, [None]):
+    if text is not None:
+      chunk.append(text)
+    if chunk and (text is None or len(chunk) == 4096):  # batched: the Rust tokenizer's speed
+      for ids in tok.hf(chunk, add_special_tokens=False)["input_ids"]:
+        used.update(ids)
+      chunk = []
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps({"gpt2_ids": sorted(used)}))

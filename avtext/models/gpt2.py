@@ -17,7 +17,7 @@ prefix LM); without one, attention is causal.
 single transformer ... We then predict the next token y_i from h~_{i-1} using
 a linear projection" (§4.2). C is every output token of the MBT video encoder
 (each modality's [CLS] + patch tokens, then the fusion bottleneck), projected
-to the decoder width; the mask is the prefix-LM mask (full attention over C,
+to the decoder width (`context_groups` averages the patch tokens into fewer); the mask is the prefix-LM mask (full attention over C,
 causal over H); Phi is the tied embedding matrix.
 
 Decoding with the KV cache (`layers` module docstring): `start` runs the
@@ -137,14 +137,30 @@ class VideoCaptioner(nn.Module):
   """VideoCC §4.2: MBT video encoder -> C, GPT-2 prefix LM over [C ; H]."""
   video: nn.Module
   decoder: GPT2
+  context_groups: int | None = None
 
   def setup(self):
     self.video_projection = nn.Dense(self.decoder.hidden_size, name="video_projection")
 
   def encode(self, video_inputs: dict[str, Array], *, train: bool = False) -> Array:
-    """C: [B, P, D_decoder], every MBT output token, projected."""
+    """C: [B, P, D_decoder], the MBT output tokens, projected.
+
+    context_groups=None: every token (VideoCC). N: per modality its [CLS] and
+    its patch tokens averaged in N contiguous groups of their (time-major)
+    sequence, then the bottleneck: a shorter prefix for a cheaper decoder.
+    """
     out = self.video(video_inputs, train=train)
-    tokens = [out["tokens"][m] for m in sorted(out["tokens"])]
+    tokens = []
+    for m in sorted(out["tokens"]):
+      x = out["tokens"][m]
+      if self.context_groups:
+        n = x.shape[1] - 1
+        if n % self.context_groups:
+          raise ValueError(f"context_groups={self.context_groups} does not divide the "
+                           f"{n} {m} patch tokens")
+        patches = x[:, 1:].reshape(x.shape[0], self.context_groups, -1, x.shape[-1])
+        x = jnp.concatenate([x[:, :1], jnp.mean(patches, axis=2)], axis=1)
+      tokens.append(x)
     if "bottleneck" in out:
       tokens.append(out["bottleneck"])
     return self.video_projection(jnp.concatenate(tokens, axis=1))
@@ -215,7 +231,8 @@ registry.register_model("gpt2")(gpt2_from_config)
 def video_captioner_from_config(cfg) -> VideoCaptioner:
   """`config.model` with `video` (name "mbt") and `decoder` (name "gpt2") sub-nodes."""
   return VideoCaptioner(video=registry.build_model(cfg.video, where="config.model.video"),
-                        decoder=registry.build_model(cfg.decoder, where="config.model.decoder"))
+                        decoder=registry.build_model(cfg.decoder, where="config.model.decoder"),
+                        context_groups=cfg.get("context_groups"))
 
 
 def _empty_cache(apply_fn: Callable[[], Any]) -> Any:
