@@ -111,14 +111,16 @@ def test_tiny_run_trains_evaluates_and_writes_predictions(tmp_path):
   test = builders.get_source(config.dataset, "test")
   refs = {test.describe(i)["clip_id"]: [test.describe(i)["caption"]] for i in range(len(test))}
   folder = workdir / "captions"
-  for name, prefix in (("test_step10", "test/"),
-                       ("test_baseline_most_frequent", "test/baseline_most_frequent/"),
-                       ("test_baseline_nearest_neighbour", "test/baseline_nearest_neighbour/")):
-    rows = json.loads((folder / f"{name}.json").read_text())
-    hyps = {r["image_id"]: r["caption"] or "<empty>" for r in rows}
-    assert set(hyps) == set(refs)
-    scores = caption_metrics.caption_metrics(refs, hyps)
-    assert scores["CIDEr-D"] == pytest.approx(latest[prefix + "CIDEr-D"], abs=1e-9)
+  rows = json.loads((folder / "test_step10.json").read_text())
+  hyps = {r["image_id"]: r["caption"] or "<empty>" for r in rows}
+  assert set(hyps) == set(refs)
+  scores = caption_metrics.caption_metrics(refs, hyps)
+  for key in ("BLEU-4", "ROUGE-L", "CIDEr-D"):
+    assert scores[key] == pytest.approx(latest["test/" + key], abs=1e-9)
+  attrs = [test.describe(i)["attributes"] for i in range(len(test))]
+  ids = [test.describe(i)["clip_id"] for i in range(len(test))]
+  pr = captions.statement_precision_recall([hyps[i] for i in ids], attrs)
+  assert pr["attribute_recall"] == pytest.approx(latest["test/attribute_recall"])
   # The baselines are what they say: the mode of the training captions, and
   # training captions picked per clip.
   mf = json.loads((folder / "test_baseline_most_frequent.json").read_text())

@@ -188,6 +188,9 @@ def five_steps(tmp_path_factory):
   return two, one
 
 
+# ~150 s (three subprocess runs and two resumes): behind -m slow since the captioning tests
+# came in, to keep the default run under 12 minutes.
+@pytest.mark.slow
 def test_two_processes_train_like_one_and_resume_in_one(five_steps, tmp_path):
   two, one = five_steps
   losses_two, losses_one = _logged(two, "loss"), _logged(one, "loss")
@@ -214,6 +217,7 @@ def test_two_processes_train_like_one_and_resume_in_one(five_steps, tmp_path):
   assert _max_param_diff(resumed_two, resumed_one, 6) <= 1e-5
 
 
+@pytest.mark.slow
 def test_inspect_loads_a_two_process_checkpoint(five_steps):
   two, one = five_steps
   assert _max_param_diff(two, one, 5) <= 1e-5
