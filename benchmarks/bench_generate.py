@@ -21,7 +21,8 @@ greedy guard, see `generate.generate`).
 Each side runs in its own process (no second framework's threads beside it);
 processes alternate PyTorch / avtext for `--rounds` rounds, each timing
 `--repeats` calls per setting after one untimed call; the median over all
-timed calls is reported. Greedy outputs of the two sides are compared token
+timed calls is reported. A third process times the matrix products of one
+decode step alone (`side_gemm`), the floor for a step. Greedy outputs of the two sides are compared token
 for token (same weights, so they agree unless two logits tie within float
 error).
 """
@@ -109,9 +110,43 @@ def side_jax(workdir: pathlib.Path, repeats: int) -> dict:
   return out
 
 
+def side_gemm(repeats: int) -> dict:
+  """The matrix products of one decode step alone (no attention, cache or softmax).
+
+  Per layer [B, 768] x [768, 2304] (qkv), x [768, 768] (out), x [768, 3072] and
+  [B, 3072] x [3072, 768] (MLP); then [B, 768] x [768, 50257] (tied output):
+  the floor a decode step cannot go below on this machine.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  w = [jnp.asarray(rng.standard_normal(s, np.float32) * 0.02) for s in
+       [(768, 2304), (768, 768), (768, 3072), (3072, 768)]]
+  e = jnp.asarray(rng.standard_normal((50257, 768), np.float32) * 0.02)
+  out = {}
+  for batch in (1, 16):
+    @jax.jit
+    def step(x):
+      for _ in range(12):
+        q = x @ w[0]
+        x = x + q[:, :768] @ w[1]
+        x = x + jax.nn.gelu(x @ w[2]) @ w[3]
+      return x @ e.T
+    x = jnp.asarray(rng.standard_normal((batch, 768), np.float32))
+    step(x).block_until_ready()
+    times = []
+    for _ in range(repeats * 10):
+      t0 = time.perf_counter()
+      step(x).block_until_ready()
+      times.append(time.perf_counter() - t0)
+    flops = 2 * batch * (12 * 768 * (2304 + 768 + 2 * 3072) + 768 * 50257)
+    out[f"b{batch}"] = {"times": times, "gflop": flops / 1e9}
+  return out
+
+
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument("--side", choices=["init", "torch", "jax"])
+  ap.add_argument("--side", choices=["init", "torch", "jax", "gemm"])
   ap.add_argument("--workdir")
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--rounds", type=int, default=2)
@@ -121,6 +156,8 @@ def main():
     workdir = pathlib.Path(args.workdir)
     if args.side == "init":
       side_init(workdir)
+    elif args.side == "gemm":
+      print("RESULT " + json.dumps(side_gemm(args.repeats)))
     else:
       fn = side_torch if args.side == "torch" else side_jax
       print("RESULT " + json.dumps(fn(workdir, args.repeats)))
@@ -138,6 +175,7 @@ def main():
       return json.loads(lines[-1][len("RESULT "):]) if lines else None
 
     child("init")
+    gemm = child("gemm")
     runs = {"torch": [], "jax": []}
     for r in range(args.rounds):
       for side in ("torch", "jax"):
@@ -171,6 +209,13 @@ def main():
       print(f"{label:<28}{t_torch:11.3f}{t_jax:11.3f}{row['pytorch_tokens_per_s']:15.1f}"
             f"{row['avtext_tokens_per_s']:14.1f}{row['ratio']:7.2f}x"
             + (f"  same greedy tokens: {row['same_tokens']}" if beams == 1 else ""))
+  for batch in (1, 16):
+    t = float(np.median(gemm[f"b{batch}"]["times"]))
+    report[f"gemm_floor_b{batch}"] = {"step_s": t, "gflop": gemm[f"b{batch}"]["gflop"],
+                                      "gflop_per_s": gemm[f"b{batch}"]["gflop"] / t}
+    print(f"floor, batch {batch}: the matrix products of one decode step alone take "
+          f"{1e3 * t:.1f} ms ({gemm[f'b{batch}']['gflop']:.2f} GFLOP, "
+          f"{gemm[f'b{batch}']['gflop'] / t:.0f} GFLOP/s) x {NEW} steps = {NEW * t:.3f} s")
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
 
