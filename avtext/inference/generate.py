@@ -189,7 +189,7 @@ def beam_search(start_fn: StartFn, step_fn: StepFn, *, beam_size: int, max_new_t
     c, origin = advance(i, logits, c)
     return i + 1, c, _gather_beams(state, origin, b, k)
 
-  i, c, _ = jax.lax.while_loop(cond, body, (1, c, state))
+  _, c, _ = jax.lax.while_loop(cond, body, (1, c, state))
   alive_seq, alive_logp, fin_seq, fin_score, fin_len = c
   # Live beams at the end are cut at max_new_tokens (or provably worse than
   # every finished one when the loop stopped early).
@@ -200,7 +200,6 @@ def beam_search(start_fn: StartFn, step_fn: StepFn, *, beam_size: int, max_new_t
   fin_seq = jnp.take_along_axis(jnp.concatenate([fin_seq, alive_seq], 1), top[:, :, None], 1)
   fin_len = jnp.take_along_axis(
       jnp.concatenate([fin_len, jnp.full((b, k), t_max, jnp.int32)], 1), top, 1)
-  del i
   return {"tokens": fin_seq[:, 0], "lengths": fin_len[:, 0], "scores": fin_score[:, 0],
           "beams": fin_seq, "beam_lengths": fin_len, "beam_scores": fin_score}
 
