@@ -43,16 +43,18 @@ def train_batches(num_examples: int, example_fn: Callable[[int, np.random.Genera
   return chunks[process_index::process_count] if process_count > 1 else chunks
 
 
-def source_captions(source: Any, n: int | None = None) -> list[str]:
-  """The first n (default all) captions of a clips source, decoding no frame when it can."""
-  n = len(source) if n is None else min(n, len(source))
+def source_caption(source: Any, index: int) -> str:
+  """Caption `index` of a clips source, decoding no frame when the source can describe."""
   if hasattr(source, "describe"):
-    return [source.describe(i)["caption"] for i in range(n)]
-  out = []
-  for i in range(n):
-    caption = source[i]["caption"]
-    out.append(caption.decode() if isinstance(caption, bytes) else str(caption))
-  return out
+    return source.describe(index)["caption"]
+  caption = source[index]["caption"]
+  return caption.decode() if isinstance(caption, bytes) else str(caption)
+
+
+def source_captions(source: Any, n: int | None = None) -> list[str]:
+  """The first n (default all) captions of a clips source."""
+  n = len(source) if n is None else min(n, len(source))
+  return [source_caption(source, i) for i in range(n)]
 
 
 class ClipReader:

@@ -31,7 +31,7 @@ def main(argv):
   config = _CONFIG.value
   source = builders.get_source(config.dataset, "train")
   n = len(source) if _NUM.value is None else min(_NUM.value, len(source))
-  texts = tqdm.tqdm(pipelines.source_captions(source, n), desc="captions", total=n)
+  texts = (pipelines.source_caption(source, i) for i in tqdm.tqdm(range(n), desc="captions"))
   size = preprocessing.write_vocab_subset(texts, _OUT.value, config.data.get("bpe_dir"))
   print(f"{_OUT.value}: {size} GPT-2 tokens used by {n} training captions")
 
