@@ -129,11 +129,11 @@ def sample_mention(rng: np.random.Generator, attributes: Mapping[str, Any]
   return mention
 
 
-def _with_article(phrase: str) -> str:
+def with_article(phrase: str) -> str:
   return ('an ' if phrase[0] in 'aeiou' else 'a ') + phrase
 
 
-def _object_phrase(rng: np.random.Generator, desc: Mapping[str, str]) -> str:
+def object_phrase(rng: np.random.Generator, desc: Mapping[str, str]) -> str:
   """Noun phrase without determiner, e.g. 'scarlet disc sliding to the left'."""
   noun = _pick(rng, SHAPE_WORDS[desc['shape']] if 'shape' in desc else
                GENERIC_NOUNS)
@@ -144,13 +144,14 @@ def _object_phrase(rng: np.random.Generator, desc: Mapping[str, str]) -> str:
   return noun
 
 
-def _objects_phrase(rng: np.random.Generator, mention: Mapping[str, Any]
-                    ) -> str:
+def objects_phrase(rng: np.random.Generator, mention: Mapping[str, Any]
+                   ) -> str:
+  """The mention's count and objects as one noun phrase ('two shapes: a red disc and ...')."""
   descs = mention['objects']
-  nps = [_with_article(_object_phrase(rng, d)) for d in descs]
+  nps = [with_article(object_phrase(rng, d)) for d in descs]
   count = mention.get('num_objects')
   if count == 1:
-    single = _object_phrase(rng, descs[0] if descs else {})
+    single = object_phrase(rng, descs[0] if descs else {})
     return f"{_pick(rng, ('a single', 'one', 'only one'))} {single}"
   if count == 2:
     group = _pick(rng, ('two objects', 'two shapes', 'a pair of shapes'))
@@ -171,7 +172,7 @@ def render_caption(rng: np.random.Generator, mention: Mapping[str, Any]
                    ) -> tuple[str, int]:
   """(caption text, template index) saying exactly the mentioned statements."""
   template_id = int(rng.integers(len(TEMPLATES)))
-  slots = {'objs': _objects_phrase(rng, mention)}
+  slots = {'objs': objects_phrase(rng, mention)}
   if 'background' in mention:
     slots['bg'] = _pick(rng, BACKGROUND_WORDS[mention['background']])
   if 'sound' in mention:

@@ -8,9 +8,9 @@ and equals the same frame / sample of a full rendering bit for bit (as in
 
   COOT paragraph videos (here, `MultiSceneSource`): one sentence per scene,
       the paragraph is the scenes' sentences in order;
-  TVR-style long videos: the same video plus a subtitle stream and moment
-      queries whose start/end are scene boundaries (to come, on
-      `MultiSceneVideo` + `MultiSceneSource.describe`);
+  TVR / TVC long videos (`longvideo.LongVideoSource`): the same videos plus
+      a subtitle stream and moments whose start/end are scene boundaries, each
+      with descriptions of type video / sub / video+sub;
   spoken captions / mining corpora: any text or audio derived per scene.
 
 Draw order per example (random access: example i depends only on (seed,
@@ -98,7 +98,12 @@ def render_audio(video: MultiSceneVideo, start_sample: int, num_samples: int,
 
 
 class MultiSceneSource:
-  """Paragraph videos of 3-8 scenes (grain random-access protocol); COOT's synthetic data."""
+  """Paragraph videos of 3-8 scenes (grain random-access protocol); COOT's synthetic data.
+
+  Subclasses (`longvideo.LongVideoSource`) keep the video and the rendering
+  and override `_annotate` (the text drawn per video) and `describe`.
+  """
+  STREAM = 'multiscene'
 
   def __init__(self, split: str, *, seed: int = 0, num_examples: int | None = None,
                spec: world.WorldSpec = world.WorldSpec(),
@@ -110,7 +115,7 @@ class MultiSceneSource:
     self.split, self.seed, self.spec = split, seed, spec
     self.num_scenes, self.scene_duration_s = tuple(num_scenes), tuple(scene_duration_s)
     self.num_examples = DEFAULT_SPLIT_SIZES[split] if num_examples is None else num_examples
-    self._stream = f'multiscene/{split}'
+    self._stream = f'{self.STREAM}/{split}'
     self._last: tuple[int, Any] | None = None
 
   def __len__(self) -> int:
@@ -130,19 +135,24 @@ class MultiSceneSource:
     rng = world.example_rng(self.seed, self._stream, i)
     video = sample_multiscene_video(rng, self.spec, num_scenes=self.num_scenes,
                                     scene_duration_s=self.scene_duration_s)
+    sample = (video, self._annotate(rng, video))
+    self._last = (i, sample)
+    return sample
+
+  def _annotate(self, rng: world.ExampleRng, video: MultiSceneVideo) -> Any:
+    """The text of a video (drawn from rng.text after the video): one sentence per scene."""
     sentences = []
     for scene in video.scenes:
       mention = captions.sample_mention(rng.text, scene.attributes())
       text, _ = captions.render_caption(rng.text, mention)
       sentences.append((text, mention))
-    self._last = (i, (video, sentences))
-    return video, sentences
+    return sentences
 
   def video(self, index: int) -> MultiSceneVideo:
     return self._sample(index)[0]
 
   def video_id(self, index: int) -> str:
-    return f'multiscene-{self.split}-s{self.seed}-{int(index):07d}'
+    return f'{self.STREAM}-{self.split}-s{self.seed}-{int(index):07d}'
 
   def num_frames(self, index: int) -> int:
     return int(round(self.video(index).duration_s * self.spec.fps))
