@@ -23,71 +23,16 @@ import time
 from absl import app
 from absl import flags
 from absl import logging
-import jax
-import numpy as np
-from tqdm import tqdm
 
-from avtext import inspect as inspect_lib
 from avtext.data import coot_layout
-from avtext.data import preprocessing
 from avtext.data.synthetic import multiscene
-from avtext.data.synthetic import world
+from avtext.tools.tower_features import extract_video_features
+from avtext.tools.tower_features import tower_from_run
+from avtext.tools.tower_features import window_frames  # pylint: disable=unused-import
 
 VIDEO_FEATURES = "synthetic_tower"
 # precompute_text_features.default_name's scheme, so either command finds the other's file.
 TEXT_FEATURES = "text_feat_synthetic_meta_all_transformers_minilm-l6_-2,-1"
-
-
-def tower_from_run(workdir):
-  """(apply_fn uint8 [B, F, H, W, 3] -> [B, D], frames per window, stride, image size, spec)."""
-  run = inspect_lib.load_run(workdir)
-  data = run.config.data
-  video = run.model.video
-  params = run.params["video"]
-  size = int(data.image_size)
-
-  @jax.jit
-  def embed(x):
-    return video.apply({"params": params}, {"rgb": x}, train=False)["embedding"]
-
-  def apply_fn(frames: np.ndarray) -> np.ndarray:
-    b, f = frames.shape[:2]
-    flat = preprocessing.resize_crop_normalize(frames.reshape((-1,) + frames.shape[2:]),
-                                               size=size, train=False)
-    return np.asarray(embed(flat.reshape((b, f) + flat.shape[1:]).astype(np.float32)))
-
-  world_cfg = run.config.dataset.get("world")
-  spec = world.WorldSpec(**{k: world_cfg[k] for k in ("height", "width", "fps")}) if world_cfg \
-      else world.WorldSpec()
-  return apply_fn, int(data.num_frames), int(data.frame_stride), spec
-
-
-def window_frames(num_frames: int, fps: float, feature_fps: float, frames_per_window: int,
-                  stride: int) -> np.ndarray:
-  """int [T, frames_per_window]: the frames each feature step sees (clamped to the video)."""
-  steps = max(1, int(np.floor(num_frames / fps * feature_fps)))
-  centres = np.round((np.arange(steps) + 0.5) / feature_fps * fps)
-  offsets = stride * (np.arange(frames_per_window) - (frames_per_window - 1) / 2)
-  return np.clip(np.round(centres[:, None] + offsets[None]), 0, num_frames - 1).astype(np.int64)
-
-
-def extract_video_features(source, indices, *, apply_fn, frames_per_window: int,
-                           frame_stride: int, feature_fps: float, batch_size: int = 256
-                           ) -> dict[str, np.ndarray]:
-  """{video_id: float32 [T, D]} for `indices` of a `MultiSceneSource` (see the module doc)."""
-  jobs = []  # (video id, step, frame indices)
-  for i in indices:
-    windows = window_frames(source.num_frames(i), source.spec.fps, feature_fps,
-                            frames_per_window, frame_stride)
-    jobs += [(i, t, w) for t, w in enumerate(windows)]
-  out: dict[int, list] = {}
-  for start in tqdm(range(0, len(jobs), batch_size), desc="video features", unit="batch"):
-    chunk = jobs[start:start + batch_size]
-    frames = np.stack([source.render_frames(i, w) for i, _, w in chunk])
-    emb = apply_fn(frames)
-    for (i, _, _), e in zip(chunk, emb):
-      out.setdefault(i, []).append(e)
-  return {source.video_id(i): np.stack(v).astype(np.float32) for i, v in out.items()}
 
 
 def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed: int = 0,

@@ -1,0 +1,243 @@
+"""MMT: TVR's MultiModal Transformer captioner for TVC (Lei et al. 2020, app. D.2).
+
+A transformer encoder-decoder over video clip features and subtitle words
+(config names of the official TVCaption code, `baselines/multimodal_transformer`,
+in brackets):
+
+Context (the encoder input), `max_v_len + max_sub_len` positions (20 + 30):
+    ids    [CLS] [VID] x n [SEP] [PAD].. | [BOS] subtitle words [EOS] [PAD]..
+    video  0      f_1 .. f_n  0    0      | 0 ..
+    type   0 (the first max_v_len positions) | 1 (the rest)
+  x = word_fc(E[ids]) + video_fc(video) + T[type] + PE, then LayerNorm and
+  dropout, where E is the 300-d word embedding [word_vec_size], word_fc =
+  LN -> dropout -> Linear(300 -> D) -> ReLU -> LN, video_fc the same from the
+  clip-feature width, T the learned token-type embedding and PE the fixed
+  sinusoidal position encoding over the whole context (subtitle positions
+  are 20..49 whatever the video length). The paper concatenates the projected
+  video and subtitle embeddings, E_ctx = [E_v; E_s]; the official code sums
+  the two streams at every position with the other stream's input zero,
+  which is that concatenation plus the constant video_fc(0) / word embedding
+  of the special tokens; this module does what the official code does.
+Encoder: `num_layers` post-LN BERT layers (`layers.EncoderBlock`,
+  pre_norm=False, erf GELU, MLP width `intermediate_size` [768], LayerNorm
+  eps 1e-12), bidirectional over the real context positions.
+Decoder input: word_fc(E[caption ids]) + PE (the embedding shared with the
+  encoder), no token type.
+Decoder: `num_layers` transformer decoder layers (`EncoderBlock(causal=True,
+  cross_attention=True)`: causal self-attention, cross-attention to the
+  encoder output over the real context positions, MLP), each sublayer
+  post-LN with dropout, as the paper's "standard design [40]". The official
+  decoder layer departs from it: no output projection after either
+  attention, no residual dropout on them, and a single Linear (no GELU) as
+  its feed-forward part; we keep the standard layer, the one block every
+  avtext model shares.
+Output: Dense(D) -> GELU -> LN, then Linear(D -> V) with bias, not tied to
+  the word embedding [share_wd_cls_weight=False].
+Init: N(0, 0.02) for every kernel and embedding, zero biases [init_bert_weights].
+
+Decoding with the KV cache: `encode` once, `decode_step(tokens, position)`
+feeds one caption token per call; `captioner_decoding_fns` wraps them for
+`avtext.inference.generate` (greedy by default, as the paper).
+
+Parameters: word_embeddings {embedding [V, 300]}, word_fc, video_fc
+{norm_in, dense, norm_out}, token_type_embeddings {embedding [2, D]},
+embedding_norm, encoder_<i>, decoder_<i> (EncoderBlock), head {transform,
+transform_norm, output {kernel [D, V], bias [V]}}.
+"""
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from avtext.models import layers
+from avtext.models import registry
+
+Array = jax.Array
+
+# Special word ids of the official vocabulary (TVCaption build_vocab.py).
+PAD, CLS, SEP, VID, BOS, EOS, UNK = range(7)
+SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[VID]", "[BOS]", "[EOS]", "[UNK]")
+
+
+def sinusoidal_positions(length: int, width: int) -> np.ndarray:
+  """float32 [length, width]: sin at even, cos at odd dims, 10000^(-2i/width) frequencies."""
+  pos = np.arange(length, dtype=np.float64)[:, None]
+  div = np.exp(np.arange(0, width, 2, dtype=np.float64) * -(np.log(10000.0) / width))
+  pe = np.zeros((length, width), np.float64)
+  pe[:, 0::2] = np.sin(pos * div)
+  pe[:, 1::2] = np.cos(pos * div)[:, :width // 2]
+  return pe.astype(np.float32)
+
+
+class _Projection(nn.Module):
+  """LN -> dropout -> Linear -> ReLU -> LN (the official word_fc / video_embeddings)."""
+  features: int
+  dropout_rate: float
+  layer_norm_eps: float
+
+  @nn.compact
+  def __call__(self, x: Array, *, deterministic: bool) -> Array:
+    init = nn.initializers.normal(0.02)
+    x = nn.LayerNorm(epsilon=self.layer_norm_eps, name="norm_in")(x)
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    x = nn.relu(nn.Dense(self.features, kernel_init=init, name="dense")(x))
+    return nn.LayerNorm(epsilon=self.layer_norm_eps, name="norm_out")(x)
+
+
+class MMT(nn.Module):
+  """TVC's MMT (see the module docstring). Defaults: the official TVCaption ones."""
+  vocab_size: int
+  video_dim: int = 3072
+  hidden_size: int = 768
+  num_layers: int = 2
+  num_heads: int = 12
+  intermediate_size: int = 768
+  word_dim: int = 300
+  max_positions: int = 50  # max(max_v_len + max_sub_len, max_cap_len)
+  type_vocab_size: int = 2
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  layer_norm_eps: float = 1e-12
+
+  def setup(self):
+    init = nn.initializers.normal(0.02)
+    self.word_embeddings = nn.Embed(self.vocab_size, self.word_dim, embedding_init=init)
+    proj = dict(features=self.hidden_size, dropout_rate=self.dropout_rate,
+                layer_norm_eps=self.layer_norm_eps)
+    self.word_fc = _Projection(**proj)
+    self.video_fc = _Projection(**proj)
+    self.token_type_embeddings = nn.Embed(self.type_vocab_size, self.hidden_size,
+                                          embedding_init=init)
+    self.embedding_norm = nn.LayerNorm(epsilon=self.layer_norm_eps)
+    self.embedding_dropout = nn.Dropout(self.dropout_rate)
+    block = dict(num_heads=self.num_heads, mlp_dim=self.intermediate_size, pre_norm=False,
+                 activation="gelu", layer_norm_eps=self.layer_norm_eps,
+                 dropout_rate=self.dropout_rate,
+                 attention_dropout_rate=self.attention_dropout_rate, kernel_init=init)
+    self.encoder = [layers.EncoderBlock(**block, name=f"encoder_{i}")
+                    for i in range(self.num_layers)]
+    self.decoder = [layers.EncoderBlock(**block, causal=True, cross_attention=True,
+                                        name=f"decoder_{i}") for i in range(self.num_layers)]
+    self.head_transform = nn.Dense(self.hidden_size, kernel_init=init, name="head_transform")
+    self.head_norm = nn.LayerNorm(epsilon=self.layer_norm_eps, name="head_norm")
+    self.head_output = nn.Dense(self.vocab_size, kernel_init=init, name="head_output")
+
+  def _positions(self, start: Array | int, length: int) -> Array:
+    table = jnp.asarray(sinusoidal_positions(self.max_positions, self.hidden_size))
+    return jax.lax.dynamic_slice_in_dim(table, start, length, axis=0)
+
+  def encode(self, ctx_ids: Array, video: Array, ctx_mask: Array, token_type_ids: Array, *,
+             train: bool = False) -> Array:
+    """Encoder output [B, L_ctx, D] (`ctx_*` as in the module docstring)."""
+    if ctx_ids.shape[1] > self.max_positions:
+      raise ValueError(f"context of {ctx_ids.shape[1]} positions > max_positions="
+                       f"{self.max_positions}")
+    det = not train
+    x = (self.word_fc(self.word_embeddings(ctx_ids), deterministic=det)
+         + self.video_fc(video.astype(jnp.float32), deterministic=det)
+         + self.token_type_embeddings(token_type_ids)
+         + self._positions(0, ctx_ids.shape[1])[None])
+    x = self.embedding_dropout(self.embedding_norm(x), deterministic=det)
+    for block in self.encoder:
+      x = block(x, ctx_mask, deterministic=det)
+    return x
+
+  def decode(self, caption_ids: Array, memory: Array, ctx_mask: Array, *,
+             start: Array | int = 0, train: bool = False,
+             cache_len: int | None = None) -> Array:
+    """Logits [B, T, V] of the token after each caption position start .. start + T - 1.
+
+    cache_len: decode with the self-attention KV cache of that many positions
+    (created by a call on cache_len positions, see `init_cache`).
+    """
+    det = not train
+    x = (self.word_fc(self.word_embeddings(caption_ids), deterministic=det)
+         + self._positions(start, caption_ids.shape[1])[None])
+    decode = cache_len is not None
+    mask = layers.make_causal_mask(cache_len) if decode else None
+    for block in self.decoder:
+      x = block(x, mask=mask, context=memory, context_mask=ctx_mask, deterministic=det,
+                decode=decode)
+    h = self.head_norm(nn.gelu(self.head_transform(x), approximate=False))
+    return self.head_output(h).astype(jnp.float32)
+
+  def __call__(self, ctx_ids: Array, video: Array, ctx_mask: Array, token_type_ids: Array,
+               caption_ids: Array, *, train: bool = False) -> Array:
+    """Teacher forcing: logits [B, L_cap, V]; position i predicts caption token i + 1."""
+    memory = self.encode(ctx_ids, video, ctx_mask, token_type_ids, train=train)
+    return self.decode(caption_ids, memory, ctx_mask, train=train)
+
+  def init_cache(self, memory: Array, ctx_mask: Array, max_len: int) -> Array:
+    """Creates the decoder cache (flax's way: a decode call over max_len positions)."""
+    ids = jnp.zeros((memory.shape[0], max_len), jnp.int32)
+    return self.decode(ids, memory, ctx_mask, cache_len=max_len)
+
+  def decode_step(self, tokens: Array, position: Array, memory: Array, ctx_mask: Array,
+                  max_len: int) -> Array:
+    """Feeds tokens [B] at caption position `position`; next-token logits [B, V]."""
+    return self.decode(tokens[:, None], memory, ctx_mask, start=position,
+                       cache_len=max_len)[:, 0]
+
+
+@registry.register_model("mmt")
+def mmt_from_config(cfg) -> MMT:
+  """`config.model` (name="mmt").
+
+  vocab_size None: the size of the word vocabulary `cfg.vocab` (a word2idx
+  JSON, `avtext.data.preprocessing.WordVocab`); video_dim: the clip-feature
+  width (official resnet_i3d: 3072).
+  """
+  vocab_size = cfg.get("vocab_size")
+  if not vocab_size:
+    if not cfg.get("vocab"):
+      raise ValueError("config.model: set vocab (a word2idx JSON, python -m "
+                       "avtext.tools.caption_vocab) or vocab_size")
+    from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
+    vocab_size = len(preprocessing.WordVocab.load(cfg.vocab))
+  return MMT(vocab_size=int(vocab_size), video_dim=int(cfg.video_dim),
+             hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
+             intermediate_size=cfg.intermediate_size, word_dim=cfg.word_dim,
+             max_positions=cfg.max_positions, dropout_rate=cfg.dropout_rate,
+             attention_dropout_rate=cfg.attention_dropout_rate,
+             layer_norm_eps=cfg.get("layer_norm_eps", 1e-12))
+
+
+def _empty_cache(apply_fn) -> Any:
+  shapes = jax.eval_shape(apply_fn)[1]["cache"]
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def captioner_decoding_fns(model: MMT, variables: Any, ctx: dict[str, Array],
+                           max_new_tokens: int, *, bos_id: int = BOS,
+                           banned_ids: tuple[int, ...] = (UNK,)):
+  """(start_fn, step_fn) for `avtext.inference.generate`: captions of the contexts `ctx`.
+
+  `ctx` holds ctx_ids, video, ctx_mask, token_type_ids. Caption position 0
+  holds BOS; the cache holds max_new_tokens positions. `banned_ids` get
+  -inf logits (the official greedy decoder bans [UNK]).
+  """
+  variables = {k: v for k, v in variables.items() if k != "cache"}
+  memory = model.apply(variables, ctx["ctx_ids"], ctx["video"], ctx["ctx_mask"],
+                       ctx["token_type_ids"], method=model.encode)
+  mask = ctx["ctx_mask"]
+  cache = _empty_cache(lambda: model.apply(variables, memory, mask, max_new_tokens,
+                                           method=model.init_cache, mutable=["cache"]))
+  banned = jnp.asarray(banned_ids, jnp.int32)
+
+  def ban(logits):
+    return logits.at[:, banned].set(-jnp.inf) if banned_ids else logits
+
+  def start_fn():
+    bos = jnp.full((memory.shape[0],), bos_id, jnp.int32)
+    logits, mutated = model.apply({**variables, "cache": cache}, bos, 0, memory, mask,
+                                  max_new_tokens, method=model.decode_step, mutable=["cache"])
+    return ban(logits), mutated["cache"]
+
+  def step_fn(state, tokens, t):
+    logits, mutated = model.apply({**variables, "cache": state}, tokens, t, memory, mask,
+                                  max_new_tokens, method=model.decode_step, mutable=["cache"])
+    return ban(logits), mutated["cache"]
+
+  return start_fn, step_fn
