@@ -25,10 +25,15 @@ reported as `reference/...` for scale. An empty generation is scored as the
 one-word caption "<empty>" and counted (`num_empty`).
 
 Predictions go to `workdir/captions/<name>_step<step>.json` in the COCO
-result format, [{"image_id": <clip id>, "caption": ...}], with the baselines'
-next to them.
+result format, [{"image_id": <clip id>, "caption": ...}], or with
+`output_format="tvc"` to `<name>_step<step>.jsonl` in TVCaption's submission
+format, one line per moment {"descs": [{"desc": ...}], "clip_id", "ts",
+"vid_name"} (what its standalone_eval/evaluate.py scores), with the
+baselines' next to them. Examples that carry `references` (all the
+descriptions of a TVC moment) are scored against them, one caption each.
 """
 import collections
+import functools
 import json
 from typing import Any
 
@@ -48,6 +53,21 @@ def _attributes(host: dict) -> list[dict] | None:
   if not values or any(v in (None, "None") for v in values):
     return None
   return [json.loads(v) for v in values]
+
+
+def _write_coco(path, texts: list[str], ids: list[str]) -> None:
+  rows = [{"image_id": k, "caption": t} for k, t in zip(ids, texts)]
+  path.write_text(json.dumps(rows, indent=0))
+
+
+def _write_tvc(path, texts: list[str], ids: list[str], *, host: dict, keep: list[int]) -> None:
+  """TVCaption's submission jsonl: {"descs": [{"desc"}], "clip_id", "ts", "vid_name"}."""
+  lines = []
+  for row, text, clip_id in zip(keep, texts, ids, strict=True):
+    lines.append(json.dumps({"descs": [{"desc": text}],
+                             "clip_id": int(clip_id) if clip_id.isdigit() else clip_id,
+                             "ts": host["ts"][row], "vid_name": host["vid_name"][row]}))
+  path.write_text("".join(line + "\n" for line in lines))
 
 
 @evals.register_evaluator("captioning")
@@ -74,14 +94,19 @@ class CaptioningEvaluator(base.Evaluator):
     attrs = _attributes(host)
     if attrs is not None:
       from avtext.data.synthetic import captions  # pylint: disable=g-import-not-at-top
-      ref = captions.statement_precision_recall([host["caption"][i] for i in keep],
+      ref = captions.statement_precision_recall([refs[ids[i]][0] for i in keep],
                                                 [attrs[i] for i in keep])
       results.update({f"reference/{k}": v for k, v in ref.items()})
-    self._write(step, hyps, ids, keep)
+    self._write(step, hyps, ids, keep, host)
     return results
 
   def _references(self, host: dict) -> tuple[list[str], dict, list[int]]:
     """(id per example, {id: [references]}, rows to caption: one per video)."""
+    if "references" in host:  # one example per item with all its references (TVC)
+      ids = list(host["clip_id"])
+      if len(set(ids)) != len(ids):
+        raise ValueError(f"config.evals.{self.name}: clip ids are not unique")
+      return ids, {i: list(r) for i, r in zip(ids, host["references"])}, list(range(len(ids)))
     captions = host["caption"]
     videos = host.get("video_id")
     if videos is None:
@@ -114,7 +139,7 @@ class CaptioningEvaluator(base.Evaluator):
     cfg = self.cfg.get("baselines") or {}
     out = {}
     if cfg.get("most_frequent"):
-      train = pipelines.source_captions(self.task.train_source, int(cfg.most_frequent.num_train))
+      train = self.task.train_captions(int(cfg.most_frequent.num_train))
       counts = collections.Counter(train)
       best = max(counts.values())
       top = next(c for c in train if counts[c] == best)  # ties: the earliest
@@ -152,17 +177,24 @@ class CaptioningEvaluator(base.Evaluator):
     train_captions = pipelines.source_captions(train_source, n_train)
     return [train_captions[j] for j in nearest]
 
-  def _write(self, step: int, hyps: dict, ids: list[str], keep: list[int]) -> None:
+  def _write(self, step: int, hyps: dict, ids: list[str], keep: list[int], host: dict) -> None:
     if self.workdir is None or jax.process_index() != 0:
       return
     import pathlib  # pylint: disable=g-import-not-at-top
     folder = pathlib.Path(self.workdir) / "captions"
     folder.mkdir(parents=True, exist_ok=True)
-    rows = [{"image_id": k, "caption": v} for k, v in hyps.items()]
-    (folder / f"{self.name}_step{step}.json").write_text(json.dumps(rows, indent=0))
+    if self.cfg.get("output_format", "coco") == "tvc":
+      write = functools.partial(_write_tvc, host=host, keep=keep)
+      suffix = ".jsonl"
+    elif self.cfg.get("output_format", "coco") == "coco":
+      write, suffix = _write_coco, ".json"
+    else:
+      raise ValueError(f"config.evals.{self.name}.output_format="
+                       f"{self.cfg.output_format!r}; expected 'coco' or 'tvc'")
+    write(folder / f"{self.name}_step{step}{suffix}", [hyps[ids[i]] for i in keep],
+          [ids[i] for i in keep])
     for name, texts in (self._baselines or {}).items():
-      rows = [{"image_id": ids[i], "caption": t} for i, t in zip(keep, texts)]
-      (folder / f"{self.name}_{name}.json").write_text(json.dumps(rows, indent=0))
+      write(folder / f"{self.name}_{name}{suffix}", texts, [ids[i] for i in keep])
 
   def report(self, results: dict, step: int) -> None:
     names = ["BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "attribute_precision",

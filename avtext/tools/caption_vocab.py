@@ -1,7 +1,16 @@
-r"""Writes the GPT-2 vocabulary subset of a captioning dataset's training captions.
+r"""Writes the vocabulary of a captioning config's training captions.
 
     python -m avtext.tools.caption_vocab --config=configs/videocc_caption.py:demo \
         --out=workdirs/demo/caption_vocab.json [--num=20000]
+    python -m avtext.tools.caption_vocab --config=configs/mmt_tvc.py:demo \
+        --out=workdirs/demo/tvc_word2idx.json [--min_count=5]
+
+MMT (`config.model.name="mmt"`): TVCaption's word2idx (`preprocessing.WordVocab`):
+the words of every training description seen more than --min_count times (the
+official build_vocab.py rule, min_word_count 5) after the 7 special tokens.
+Point `config.model.vocab` at it.
+
+VideoCC's captioner: the GPT-2 BPE subset.
 
 The captioner's embedding and softmax then have one row per BPE token the
 corpus uses (plus <|endoftext|>) instead of GPT-2's 50257 (see
@@ -24,11 +33,25 @@ from avtext.data import preprocessing
 _CONFIG = config_flags.DEFINE_config_file("config", None, "captioning experiment config")
 _OUT = flags.DEFINE_string("out", None, "output JSON path", required=True)
 _NUM = flags.DEFINE_integer("num", None, "read the first NUM training captions (default all)")
+_MIN_COUNT = flags.DEFINE_integer("min_count", 5, "MMT: keep words seen more than this")
+
+
+def word_vocab(config, out: str, num: int | None, min_count: int) -> None:
+  source = builders.get_source(config.dataset, "train")
+  n = len(source) if num is None else min(num, len(source))
+  texts = [d for i in tqdm.tqdm(range(n), desc="moments") for d in source.describe(i)["descs"]]
+  vocab = preprocessing.WordVocab.build(texts, min_count=min_count)
+  vocab.save(out)
+  print(f"{out}: {len(vocab)} words (7 special) from {len(texts)} descriptions of {n} "
+        "training moments")
 
 
 def main(argv):
   del argv
   config = _CONFIG.value
+  if config.model.get("name") == "mmt":
+    word_vocab(config, _OUT.value, _NUM.value, _MIN_COUNT.value)
+    return
   source = builders.get_source(config.dataset, "train")
   n = len(source) if _NUM.value is None else min(_NUM.value, len(source))
   texts = (pipelines.source_caption(source, i) for i in tqdm.tqdm(range(n), desc="captions"))

@@ -8,7 +8,11 @@
         Adam); 0 or unset: none
     optimizer.b1, b2, eps: Adam-family moments and epsilon (default 0.9, 0.999, 1e-8;
         COOT YouCook2's RAdam: 0.56, 0.98, 1.5e-9)
-    optimizer.schedule: 'cosine' | 'constant'
+    optimizer.schedule: 'cosine' | 'constant' | 'linear' (BERT's warmup_linear:
+        linear decay to 0 at the last step, after the warmup)
+    optimizer.weight_decay_exclude: regexes over parameter paths that get no
+        weight decay (BERT / TVCaption / TVRetrieval: biases and LayerNorm,
+        (r"bias$", r"norm")); adamw only
     optimizer.warmup_epochs / warmup_steps: linear warmup from 0 (epochs win when set)
     optimizer.grad_clip_norm: global-norm clipping when > 0
     optimizer.frozen: regexes over parameter paths ("text/encoderblock_0/...")
@@ -39,20 +43,38 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, total_steps: int,
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=peak, warmup_steps=warmup,
         decay_steps=max(total_steps, warmup + 1), end_value=0.0)
+  if name == "linear":
+    decay = max(total_steps - warmup, 1)
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, peak, warmup), optax.linear_schedule(peak, 0.0, decay)],
+        [warmup])
   if name == "constant":
     if not warmup:
       return optax.constant_schedule(peak)
     return optax.join_schedules(
         [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)],
         [warmup])
-  raise ValueError(f"config.optimizer.schedule={name!r}; expected 'cosine' or 'constant'")
+  raise ValueError(f"config.optimizer.schedule={name!r}; expected 'cosine', 'constant' or "
+                   "'linear'")
 
 
 def _base(opt: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.GradientTransformation:
   name = opt.name
   adam_args = dict(b1=opt.get("b1", 0.9), b2=opt.get("b2", 0.999), eps=opt.get("eps", 1e-8))
+  exclude = opt.get("weight_decay_exclude") or ()
+  if exclude and name != "adamw":
+    raise ValueError(f"config.optimizer.weight_decay_exclude is for adamw, not {name!r}")
   if name == "adamw":
-    return optax.adamw(lr, weight_decay=opt.get("weight_decay", 0.01), **adam_args)
+    mask = None
+    if exclude:
+      compiled = [re.compile(p) for p in exclude]
+
+      def mask(params):
+        _require_matches(params, zip(exclude, compiled), "config.optimizer.weight_decay_exclude",
+                         "trainable parameter")
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: not any(r.search(path_name(path)) for r in compiled), params)
+    return optax.adamw(lr, weight_decay=opt.get("weight_decay", 0.01), mask=mask, **adam_args)
   if name == "sgd":
     tx = optax.sgd(lr, momentum=opt.get("momentum", 0.9) or None,
                    nesterov=opt.get("nesterov", False))

@@ -15,6 +15,9 @@ and e.g. TensorFlow is imported only by a config that reads TFDS files):
   coot                     COOT's feature layout (ActivityNet-captions, YouCook2, the synthetic
                            paragraph videos) under config.dataset.path, see
                            `builders.coot` and `avtext.data.coot_layout`
+  tvc                      TV show Captions (TVR app. D) in the official TVCaption layout
+                           (annotation jsonl, TVQA subtitles, clip-feature h5) under
+                           config.dataset.path, see `builders.tvc`; moments of a 'features' kind
   videocc3m, msrvtt        real datasets whose builders are not written yet: they
                            fail with what to prepare
 
@@ -49,6 +52,7 @@ _MODULES = {
     "videocc3m": "avtext.data.builders.pending",
     "msrvtt": "avtext.data.builders.pending",
     "coot": "avtext.data.builders.coot",
+    "tvc": "avtext.data.builders.tvc",
     "features:hdf5": "avtext.data.builders.precomputed",
     "features:npz": "avtext.data.builders.precomputed",
     "features:array_record": "avtext.data.builders.precomputed",

@@ -1,0 +1,197 @@
+"""Dataset `tvc`: TV show Captions (TVR app. D) in the official TVCaption layout.
+
+Files under `config.dataset.path` (the official names; TVCaption README "Data"):
+
+  tvc_<split>_release.jsonl        one moment per line, split = train | val | test_public:
+      {"vid_name": "friends_s01e03_seg02_clip_19", "duration": 61.46,
+       "ts": [16.48, 33.87], "clip_id": 86603,
+       "descs": [{"desc": "...", "type": "v" | "t" | "vt", "desc_id": 109026}, ...]}
+      (2 descriptions per training moment, 4 in val / test; the released
+      test_public file has no "descs": it can be captioned, not scored)
+  tvqa_preprocessed_subtitles.jsonl  one video per line:
+      {"vid_name": ..., "sub": [{"text": "( Chase : ) That's all?", "start": 0.862,
+                                 "end": 1.862}, ...]}                    (seconds)
+  video_feature/<video_features>.h5  key vid_name -> float32 [n_clips, D], one row per
+      1.5 s clip (`clip_length`); the official default
+      tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5.h5 is ResNet-152 (max
+      over the clip) and I3D (mean), each L2-normalized, concatenated (D 3072)
+
+config.dataset fields:
+  path             the directory above
+  video_features   h5 name without .h5 (default the official resnet_i3d file)
+  video_dim        D, checked against the file
+  subtitles        subtitle file name (default tvqa_preprocessed_subtitles.jsonl)
+  clip_length      seconds per feature row (1.5)
+  max_moments      -1: every moment of the split, else the first N
+
+Example i of a split is moment i (file order): {"id": clip_id, "vid_name",
+"duration", "ts" [2], "video": float32 [n_clips, D] (the whole video's rows),
+"subtitles": [(start, end, text), ...] (the whole video's lines),
+"descs": [str], "types": [str], "attributes": JSON string or None}; the
+MMT task picks the moment's clips and subtitle lines from them
+(`avtext.tasks.captioning`). `describe(i)` is the same without reading
+features. Extra keys of a line (the synthetic writer stores the moment's
+ground-truth "attributes") are ignored by the official code and kept here.
+
+Opening a split checks every line's fields and that every video has
+features and subtitles; errors name the file, the line and the field.
+"""
+import json
+import os
+import pathlib
+
+from absl import logging
+import numpy as np
+
+from avtext.data import builders
+
+DEFAULT_VIDEO_FEATURES = "tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5"
+DEFAULT_SUBTITLES = "tvqa_preprocessed_subtitles.jsonl"
+SPLITS = ("train", "val", "test_public")
+_PREPARE = ("Download the TVC annotations (github.com/jayleicn/TVCaption, data/), the TVQA "
+            "subtitles and the TVR video features (tvc_feature_release) into this layout "
+            "(avtext/data/builders/tvc.py), or write the synthetic dataset with "
+            "`python -m avtext.tools.tvr_synthetic` (make demo-tvc).")
+
+
+def annotation_path(path, split: str) -> pathlib.Path:
+  return pathlib.Path(path) / f"tvc_{split}_release.jsonl"
+
+
+def video_features_path(path, name: str) -> pathlib.Path:
+  return pathlib.Path(path) / "video_feature" / f"{name}.h5"
+
+
+def read_jsonl(file: pathlib.Path, what: str) -> list[dict]:
+  if not file.is_file():
+    raise FileNotFoundError(f"{what} {file} not found. {_PREPARE}")
+  rows = []
+  with open(file, encoding="utf-8") as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        rows.append(json.loads(line))
+      except ValueError as e:
+        raise ValueError(f"{file}, line {n}: not JSON ({e})") from e
+  return rows
+
+
+def _check_moment(file, n: int, row) -> None:
+  where = f"{file}, line {n}"
+  if not isinstance(row, dict):
+    raise ValueError(f"{where}: expected a JSON object per line")
+  for key, kind in (("vid_name", str), ("duration", (int, float)), ("ts", list),
+                    ("clip_id", (int, str))):
+    if not isinstance(row.get(key), kind):
+      raise ValueError(f"{where}: field {key!r} missing or not a {kind}: {row.get(key)!r}")
+  ts = row["ts"]
+  if len(ts) != 2 or not all(isinstance(t, (int, float)) for t in ts):
+    raise ValueError(f"{where}: ts must be [start, end] in seconds, got {ts!r}")
+  for j, d in enumerate(row.get("descs") or ()):
+    if not isinstance(d, dict) or not isinstance(d.get("desc"), str):
+      raise ValueError(f"{where}: descs[{j}] must be {{\"desc\": str, ...}}, got {d!r}")
+
+
+class TvcSource:
+  """Moments of one TVC split (grain random-access protocol)."""
+  kind = builders.FEATURES
+
+  def __init__(self, cfg, split: str):
+    if split not in SPLITS:
+      raise ValueError(f"tvc: unknown split {split!r}; expected one of {SPLITS}")
+    if not cfg.get("path"):
+      raise ValueError(f"config.dataset.path is not set: the TVC directory. {_PREPARE}")
+    self.path = pathlib.Path(cfg.path)
+    self.split = split
+    self.clip_length = float(cfg.get("clip_length") or 1.5)
+    self.video_file = video_features_path(self.path, cfg.get("video_features")
+                                          or DEFAULT_VIDEO_FEATURES)
+    self.video_dim = cfg.get("video_dim")
+    file = annotation_path(self.path, split)
+    self.moments = read_jsonl(file, f"TVC {split} annotations")
+    for n, row in enumerate(self.moments, 1):
+      _check_moment(file, n, row)
+    limit = int(cfg.get("max_moments", -1) or -1)
+    if limit >= 0:
+      self.moments = self.moments[:limit]
+    if not self.moments:
+      raise ValueError(f"{file}: no moments")
+    self.has_descs = all(row.get("descs") for row in self.moments)
+    subs_file = self.path / (cfg.get("subtitles") or DEFAULT_SUBTITLES)
+    wanted = {row["vid_name"] for row in self.moments}
+    self.subtitles: dict[str, list[tuple[float, float, str]]] = {}
+    for n, row in enumerate(read_jsonl(subs_file, "subtitles"), 1):
+      if not isinstance(row, dict) or "vid_name" not in row or "sub" not in row:
+        raise ValueError(f"{subs_file}, line {n}: expected {{\"vid_name\", \"sub\": [...]}}")
+      if row["vid_name"] in wanted:
+        try:
+          self.subtitles[row["vid_name"]] = [(float(s["start"]), float(s["end"]),
+                                              str(s["text"])) for s in row["sub"]]
+        except (KeyError, TypeError, ValueError) as e:
+          raise ValueError(f"{subs_file}, line {n}: each sub needs start, end (seconds) and "
+                           f"text: {e}") from e
+    missing = sorted(wanted - set(self.subtitles))
+    if missing:
+      raise ValueError(f"{subs_file}: no subtitles for {len(missing)} videos of {file}, e.g. "
+                       f"{missing[:3]}")
+    self._h5, self._pid = None, None
+    if not self.video_file.is_file():
+      raise FileNotFoundError(f"video features {self.video_file} not found. {_PREPARE}")
+    h5 = self._file()
+    absent = sorted(v for v in wanted if v not in h5)
+    if absent:
+      raise ValueError(f"{self.video_file}: no features for {len(absent)} videos of {file}, "
+                       f"e.g. {absent[:3]}")
+    width = h5[next(iter(wanted))].shape[-1]
+    if self.video_dim and int(self.video_dim) != width:
+      raise ValueError(f"{self.video_file}: features are {width}-d but config.dataset."
+                       f"video_dim={self.video_dim}")
+    self.video_dim = int(width)
+    self._close()
+    logging.info("tvc %s/%s: %d moments of %d videos", self.path, split, len(self.moments),
+                 len(wanted))
+
+  def __len__(self) -> int:
+    return len(self.moments)
+
+  def __repr__(self) -> str:
+    return f"TvcSource({str(self.path)!r}, {self.split!r}, {len(self)} moments)"
+
+  def __getstate__(self):
+    return {**self.__dict__, "_h5": None, "_pid": None}
+
+  def _file(self):
+    import h5py  # pylint: disable=g-import-not-at-top
+    if self._h5 is None or self._pid != os.getpid():  # one handle per process (forks)
+      self._h5, self._pid = h5py.File(self.video_file, "r"), os.getpid()
+    return self._h5
+
+  def _close(self):
+    if self._h5 is not None:
+      self._h5.close()
+    self._h5 = None
+
+  def describe(self, i: int) -> dict:
+    """Moment i without its features."""
+    row = self.moments[int(i)]
+    descs = row.get("descs") or []
+    attrs = row.get("attributes")
+    return {"id": row["clip_id"], "vid_name": row["vid_name"],
+            "duration": float(row["duration"]), "ts": [float(t) for t in row["ts"]],
+            "subtitles": self.subtitles[row["vid_name"]],
+            "descs": [d["desc"] for d in descs], "types": [d.get("type", "") for d in descs],
+            "attributes": None if attrs is None else json.dumps(attrs)}
+
+  def __getitem__(self, i: int) -> dict:
+    item = self.describe(i)
+    video = np.asarray(self._file()[item["vid_name"]], np.float32)
+    if video.ndim != 2 or video.shape[0] == 0:
+      raise ValueError(f"{self.video_file}, video {item['vid_name']!r}: expected [n_clips, "
+                       f"{self.video_dim}] features, got shape {list(video.shape)}")
+    return {**item, "video": video}
+
+
+@builders.register_dataset("tvc")
+def _open(cfg, split: str) -> TvcSource:
+  return TvcSource(cfg, split)

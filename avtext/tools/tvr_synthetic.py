@@ -1,0 +1,127 @@
+r"""Writes the synthetic long videos in the official TVR / TVC layout (`make demo-tvc`).
+
+    python -m avtext.tools.tvr_synthetic --tower_workdir=workdirs/demo/video_pretrain \
+        --out=workdirs/demo/tvr_data --num_train=1000 --num_val=200 --num_test=300 [--force]
+
+Videos are `longvideo.LongVideoSource` examples (4-8 scenes of 3-7.5 s with a
+subtitle stream; 3 moments per video, each one scene, with 2 descriptions in
+train and 4 in val / test_public). Written, in the layout `builders.tvc` reads
+(and TVRetrieval's, for the XML issue):
+
+  tvc_{train,val,test_public}_release.jsonl   moments, TVC fields + "attributes"
+                                               (the scene's ground truth)
+  tvr_{train,val,test_public}_release.jsonl   one query per moment (its first
+                                               description): desc_id, desc, type,
+                                               vid_name, duration, ts
+  tvqa_preprocessed_subtitles.jsonl           every video's lines
+  video_feature/synthetic_tower_cl-1.5.h5     vid_name -> [ceil(duration / 1.5), D]
+
+Video features: one row per 1.5 s clip, the trained RGB tower's embedding of
+its own input window centred on the clip (`tower_features`), L2-normalized as
+the official per-part normalization (x / (||x|| + 1e-5)). Clip ids and
+description ids are integers, unique over the splits. A finished directory
+(marker file DONE holding the arguments) is reused; `--force` rebuilds.
+"""
+import json
+import pathlib
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+
+from avtext.data import coot_layout
+from avtext.data.builders import tvc
+from avtext.data.synthetic import longvideo
+from avtext.tools import tower_features
+
+VIDEO_FEATURES = "synthetic_tower_cl-1.5"
+CLIP_LENGTH = 1.5
+SPLITS = (("train", "train"), ("val", "val"), ("test_public", "test"))  # file name, world split
+
+
+def l2_normalize(x: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+  return (x / (np.linalg.norm(x, axis=-1, keepdims=True) + eps)).astype(np.float32)
+
+
+def annotations(source: longvideo.LongVideoSource, indices, clip_ids, desc_ids):
+  """(TVC lines, TVR lines, subtitle lines) of `indices`; ids drawn from the two iterators."""
+  tvc_rows, tvr_rows, subs = [], [], []
+  for i in indices:
+    d = source.describe(i)
+    vid, duration = d["video_id"], round(d["duration_s"], 3)
+    subs.append({"vid_name": vid, "sub": [{"text": s["text"], "start": s["start"],
+                                           "end": s["end"]} for s in d["subtitles"]]})
+    for m in d["moments"]:
+      ts = [round(t, 3) for t in m["ts"]]
+      descs = [{"desc": x["desc"], "type": x["type"], "desc_id": next(desc_ids)}
+               for x in m["descs"]]
+      tvc_rows.append({"vid_name": vid, "duration": duration, "ts": ts,
+                       "clip_id": next(clip_ids), "descs": descs,
+                       "attributes": m["attributes"]})
+      tvr_rows.append({"desc_id": descs[0]["desc_id"], "desc": descs[0]["desc"],
+                       "type": descs[0]["type"], "vid_name": vid, "duration": duration,
+                       "ts": ts})
+  return tvc_rows, tvr_rows, subs
+
+
+def _write_jsonl(path: pathlib.Path, rows) -> None:
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  tmp.replace(path)
+
+
+def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, num_test: int,
+                  seed: int = 0, force: bool = False) -> pathlib.Path:
+  out = pathlib.Path(out_dir)
+  args = dict(tower_workdir=str(pathlib.Path(tower_workdir).absolute()), num_train=num_train,
+              num_val=num_val, num_test=num_test, seed=seed, files=[VIDEO_FEATURES])
+  done = out / "DONE"
+  if not force and done.is_file() and json.loads(done.read_text()) == args:
+    logging.info("%s is complete; reusing it (--force rebuilds)", out)
+    return out
+  done.unlink(missing_ok=True)
+  (out / "video_feature").mkdir(parents=True, exist_ok=True)
+  begin = time.time()
+  apply_fn, frames_per_window, stride, spec = tower_features.tower_from_run(tower_workdir)
+  clip_ids, desc_ids = iter(range(10**9)), iter(range(10**9))
+  videos, all_subs = {}, []
+  for name, split in SPLITS:
+    n = {"train": num_train, "val": num_val, "test": num_test}[split]
+    source = longvideo.LongVideoSource(split, seed=seed, num_examples=n, spec=spec,
+                                       clip_length_s=CLIP_LENGTH)
+    feats = tower_features.extract_video_features(
+        source, range(n), apply_fn=apply_fn, frames_per_window=frames_per_window,
+        frame_stride=stride, feature_fps=1.0 / CLIP_LENGTH, num_steps=source.num_clips)
+    videos.update({k: l2_normalize(v) for k, v in feats.items()})
+    tvc_rows, tvr_rows, subs = annotations(source, range(n), clip_ids, desc_ids)
+    _write_jsonl(tvc.annotation_path(out, name), tvc_rows)
+    _write_jsonl(out / f"tvr_{name}_release.jsonl", tvr_rows)
+    all_subs += subs
+  _write_jsonl(out / tvc.DEFAULT_SUBTITLES, all_subs)
+  coot_layout.write_video_features_h5(out / "video_feature", VIDEO_FEATURES, videos)
+  done.write_text(json.dumps(args))
+  logging.info("wrote %d videos to %s in %.0f s", len(videos), out, time.time() - begin)
+  return out
+
+
+_TOWER = flags.DEFINE_string("tower_workdir", None, "run dir of the trained RGB tower")
+_OUT = flags.DEFINE_string("out", None, "output dataset directory")
+_TRAIN = flags.DEFINE_integer("num_train", 1000, "training videos")
+_VAL = flags.DEFINE_integer("num_val", 200, "validation videos")
+_TEST = flags.DEFINE_integer("num_test", 300, "test_public videos")
+_SEED = flags.DEFINE_integer("seed", 0, "world seed")
+_FORCE = flags.DEFINE_bool("force", False, "rebuild even if complete")
+
+
+def main(argv):
+  del argv
+  if not _TOWER.value or not _OUT.value:
+    raise app.UsageError("--tower_workdir and --out are required")
+  build_dataset(_OUT.value, tower_workdir=_TOWER.value, num_train=_TRAIN.value,
+                num_val=_VAL.value, num_test=_TEST.value, seed=_SEED.value, force=_FORCE.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,135 @@
+r"""MMT on TVC (TVR app. D.2): video clip features + subtitles -> moment captions.
+
+    python -m avtext.tools.caption_vocab --config=configs/mmt_tvc.py \
+        --config.dataset.path=/data/tvc --out=/data/tvc/tvc_word2idx.json
+    python -m avtext.main --config=configs/mmt_tvc.py --workdir=workdirs/mmt_tvc \
+        --config.dataset.path=/data/tvc --config.model.vocab=/data/tvc/tvc_word2idx.json
+    make demo-tvc     # the `demo` variant on the synthetic long videos
+
+Data: the official TVCaption layout under `dataset.path` (avtext/data/builders/tvc.py):
+tvc_{train,val,test_public}_release.jsonl, tvqa_preprocessed_subtitles.jsonl and
+video_feature/tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5.h5 (3072-d). Without
+them training stops with what to prepare. The vocabulary is TVCaption's word2idx
+(an official cache/tvc_word2idx.json loads as is; caption_vocab builds the same
+rule: training-caption words seen more than 5 times).
+
+Defaults are the official TVCaption ones (baselines/multimodal_transformer,
+train.py + scripts/train.sh video_sub resnet_i3d): hidden 768, 2 encoder and 2
+decoder layers, 12 heads, intermediate 768, 300-d word embeddings trained from
+scratch (no GloVe), dropout 0.1; max_v_len 20, max_sub_len 30, max_cap_len 20;
+label smoothing 0.1; lr 1e-4, 10 % linear warmup then linear decay over 50
+epochs, weight decay 0.01 except biases and LayerNorm, eps 1e-6, global grad
+clip 1; batch 128; greedy decoding with [UNK] banned; validation CIDEr-D after
+every epoch selects the best checkpoint, training stops after 10 evaluations
+without gain (the official es_cnt > 10). Differences from the official code
+(documented in avtext/models/mmt.py and BENCHMARKS.md): the standard decoder
+layer, optax AdamW (bias-corrected) in place of BertAdam, and a mean loss over
+tokens instead of a sum.
+
+Variants:
+  video, sub   the paper's Table 14 ablation (context without subtitles / video)
+  demo         the synthetic long videos (avtext/tools/tvr_synthetic.py writes them in
+               this layout to workdirs/demo/tvr_data): clip features of the demo's
+               pretrained video tower; a 256-wide MMT sized for this CPU
+  tiny         seconds-long smoke run (tests)
+"""
+import ml_collections
+
+DEMO_DATA = "workdirs/demo/tvr_data"
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  variants = set(filter(None, (arg or "").split(",")))
+  unknown = variants - {"demo", "tiny", "video", "sub"}
+  if unknown:
+    raise ValueError(f"configs/mmt_tvc.py: unknown variant(s) {sorted(unknown)}; "
+                     "expected demo, tiny, video, sub")
+  config = ml_collections.ConfigDict()
+  config.task = "captioning"
+  config.seed = 2019  # train.py
+  config.num_devices = None
+
+  config.dataset = ml_collections.ConfigDict(dict(
+      name="tvc", path=ml_collections.config_dict.placeholder(str),
+      video_features="tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5", video_dim=3072,
+      subtitles="tvqa_preprocessed_subtitles.jsonl", clip_length=1.5, max_moments=-1))
+
+  config.data = ml_collections.ConfigDict(dict(
+      context="video_sub", max_v_len=20, max_sub_len=30, max_cap_len=20))
+
+  config.model = ml_collections.ConfigDict(dict(
+      name="mmt", vocab=ml_collections.config_dict.placeholder(str),
+      vocab_size=ml_collections.config_dict.placeholder(int), video_dim=3072,
+      hidden_size=768, num_layers=2, num_heads=12, intermediate_size=768, word_dim=300,
+      max_positions=50, dropout_rate=0.1, attention_dropout_rate=0.1, layer_norm_eps=1e-12))
+
+  config.loss = ml_collections.ConfigDict(dict(name="nll", label_smoothing=0.1))
+  config.generation = ml_collections.ConfigDict(dict(
+      beam_size=1, max_new_tokens=19, min_length=0, length_penalty=0.0, banned_ids=(6,)))
+
+  config.optimizer = ml_collections.ConfigDict(dict(
+      name="adamw", learning_rate=1e-4, weight_decay=0.01,
+      weight_decay_exclude=(r"bias$", r"norm"), b1=0.9, b2=0.999, eps=1e-6,
+      schedule="linear", warmup_epochs=5.0, warmup_steps=0, grad_clip_norm=1.0, frozen=(),
+      lr_multipliers=()))  # warmup 0.1 x 50 epochs
+
+  config.init_from = ml_collections.ConfigDict(dict(
+      workdir=ml_collections.config_dict.placeholder(str),
+      step=ml_collections.config_dict.placeholder(str), params=(("", ""),)))
+
+  config.train = ml_collections.ConfigDict(dict(
+      batch_size=128, num_epochs=50, num_steps=None, log_every_steps=100,
+      checkpoint_every_steps=1000, keep_checkpoints=2, async_checkpointing=True))
+
+  config.evals = ml_collections.ConfigDict()
+  config.evals.val = ml_collections.ConfigDict(dict(
+      type="captioning", every_epochs=1, split="val", captions_fn="captions",
+      output_format="tvc", batch_size=50))
+  config.eval = ml_collections.ConfigDict(dict(
+      batch_size=50, select=("val/CIDEr-D", "max"), keep_best=1,
+      plateau=dict(factor=ml_collections.config_dict.placeholder(float), patience=2,
+                   cooldown=3, min_lr=0.0, threshold=1e-4),
+      early_stopping_patience=10))
+
+  if "video" in variants:
+    config.data.context = "video"
+  if "sub" in variants:
+    config.data.context = "sub"
+  if "demo" in variants or "tiny" in variants:
+    _synthetic(config, tiny="tiny" in variants)
+  return config
+
+
+def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
+  config.dataset.path = DEMO_DATA
+  config.dataset.video_features = "synthetic_tower_cl-1.5"
+  config.dataset.video_dim = config.model.video_dim = 128  # the RGB tower's width
+  m = config.model
+  # CPU budget: a quarter of the width (the synthetic captions use ~200 words).
+  m.hidden_size, m.num_heads, m.intermediate_size = 256, 4, 256
+  config.optimizer.learning_rate = 5e-4
+  config.optimizer.warmup_epochs = 1.0
+  config.train.batch_size = 64
+  config.train.num_epochs = 8
+  config.train.log_every_steps = 50
+  config.train.checkpoint_every_steps = 500
+  config.evals.val.every_epochs = 2
+  config.evals.val.batch_size = config.eval.batch_size = 100
+  config.evals.test = ml_collections.ConfigDict(dict(
+      type="captioning", every_steps=0, split="test_public", captions_fn="captions",
+      output_format="tvc", batch_size=100, baselines=dict(most_frequent=dict(num_train=10**6))))
+  if tiny:
+    m.hidden_size, m.num_heads, m.intermediate_size, m.word_dim = 32, 2, 32, 16
+    config.data.max_v_len, config.data.max_sub_len, config.data.max_cap_len = 8, 12, 10
+    config.generation.max_new_tokens = 9
+    config.train.batch_size = 8
+    config.train.num_epochs = None
+    config.train.num_steps = 6
+    config.train.log_every_steps = 3
+    config.train.checkpoint_every_steps = 3
+    config.optimizer.warmup_epochs = None
+    config.optimizer.warmup_steps = 2
+    config.evals.val.every_epochs = None
+    config.evals.val.every_steps = 3
+    config.evals.val.batch_size = config.evals.test.batch_size = config.eval.batch_size = 8
+    config.eval.early_stopping_patience = None
