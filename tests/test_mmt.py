@@ -1,6 +1,7 @@
 """TVC's MMT: data rules, vocabulary, model numerics, decoding, and a tiny end-to-end run."""
 import json
 import pathlib
+import shutil
 import sys
 
 import jax
@@ -305,3 +306,14 @@ def test_tiny_mmt_run_writes_a_tvc_submission_scored_like_the_official_eval(tvc_
   for key in ("BLEU-1", "BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L"):
     np.testing.assert_allclose(results["6"][f"test/{key}"], metrics[key], rtol=1e-9)
   assert results["best"]["step"] in (3, 6)  # selected on val CIDEr-D
+  # A split released without descriptions (TVC test_public) is captioned, not scored.
+  blind = tmp_path / "blind"
+  shutil.copytree(tvc_dir, blind)
+  (blind / "tvc_test_public_release.jsonl").write_text("".join(
+      json.dumps({k: v for k, v in r.items() if k != "descs"}) + "\n" for r in refs))
+  config.evals.test.dataset = ml_collections.ConfigDict(dict(path=str(blind)))
+  config.evals = ml_collections.ConfigDict(dict(test=config.evals.test))
+  out = trainer_lib.Trainer(config, str(workdir), registry.build_task(config)).evaluate()
+  assert out["test/num_videos"] == len(refs) and "test/CIDEr-D" not in out
+  again = (workdir / "captions" / "test_step6.jsonl").read_text().splitlines()
+  assert [json.loads(l) for l in again] == sub  # the same captions, now a submission only

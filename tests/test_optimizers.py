@@ -33,8 +33,8 @@ def test_constant_schedule_and_bad_names():
   sched = optimizers.learning_rate_schedule(
       opt_config(schedule="constant", warmup_epochs=None, warmup_steps=4), 50, 10)
   assert [float(sched(s)) for s in (0, 2, 4, 40)] == pytest.approx([0.0, 0.2, 0.4, 0.4])
-  with pytest.raises(ValueError, match="config.optimizer.schedule='linear'"):
-    optimizers.learning_rate_schedule(opt_config(schedule="linear"), 10, 1)
+  with pytest.raises(ValueError, match="config.optimizer.schedule='step'"):
+    optimizers.learning_rate_schedule(opt_config(schedule="step"), 10, 1)
   with pytest.raises(ValueError, match="config.optimizer.name='lamb'"):
     optimizers.make_optimizer(opt_config(name="lamb"), total_steps=10, steps_per_epoch=1)
 

@@ -30,7 +30,9 @@ result format, [{"image_id": <clip id>, "caption": ...}], or with
 format, one line per moment {"descs": [{"desc": ...}], "clip_id", "ts",
 "vid_name"} (what its standalone_eval/evaluate.py scores), with the
 baselines' next to them. Examples that carry `references` (all the
-descriptions of a TVC moment) are scored against them, one caption each.
+descriptions of a TVC moment) are scored against them, one caption each; a
+split without any (TVC's released test_public) is captioned and written, not
+scored.
 """
 import collections
 import functools
@@ -84,6 +86,12 @@ class CaptioningEvaluator(base.Evaluator):
     hypotheses = self.task.decode(out["tokens"])
     ids, refs, keep = self._references(host)
     hyps = {ids[i]: hypotheses[i] for i in keep}
+    if not any(refs.values()):  # e.g. TVC's released test_public: a submission file only
+      self._write(step, hyps, ids, keep, host)
+      return {"num_videos": len(hyps), "num_empty": sum(not h.strip() for h in hyps.values())}
+    if not all(refs.values()):
+      raise ValueError(f"config.evals.{self.name}: {sum(not r for r in refs.values())} of "
+                       f"{len(refs)} items have no reference caption")
     results = self._score(refs, hyps, host, keep)
     results["mean_length_tokens"] = float(np.mean(np.asarray(out["lengths"])[keep]))
     if self._baselines is None:
