@@ -64,7 +64,7 @@ demo-caption: $(STAMP) $(WORKDIR)/avr/results.json
 # when its results.json exists), its 1.5 s clip features + the subtitles and moment
 # descriptions written in the official TVC layout, the word vocabulary, then MMT trained
 # (selected on val CIDEr-D) and its best checkpoint evaluated on test_public beside a baseline.
-TVC_TRAIN ?= 800
+TVC_TRAIN ?= 600
 TVC_VAL ?= 150
 TVC_TEST ?= 250
 demo-tvc: $(STAMP) $(WORKDIR)/video_pretrain/results.json

@@ -26,6 +26,7 @@ from absl import logging
 
 from avtext.data import coot_layout
 from avtext.data.synthetic import multiscene
+from avtext.tools import tower_features
 from avtext.tools.tower_features import extract_video_features
 from avtext.tools.tower_features import tower_from_run
 from avtext.tools.tower_features import window_frames  # pylint: disable=unused-import
@@ -41,11 +42,8 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed:
   args = dict(tower_workdir=str(pathlib.Path(tower_workdir).absolute()), num_train=num_train,
               num_val=num_val, seed=seed, feature_fps=feature_fps,
               files=[VIDEO_FEATURES, TEXT_FEATURES])
-  done = out / "DONE"
-  if not force and done.is_file() and json.loads(done.read_text()) == args:
-    logging.info("%s is complete; reusing it (--force rebuilds)", out)
+  if tower_features.reuse_finished(out, args, force):
     return out
-  done.unlink(missing_ok=True)
   begin = time.time()
   apply_fn, frames_per_window, stride, spec = tower_from_run(tower_workdir)
   meta, videos, paragraphs = {}, {}, {}
@@ -65,7 +63,7 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed:
   coot_layout.write_video_features_h5(out, VIDEO_FEATURES, videos)
   coot_layout.write_text_features(out, TEXT_FEATURES, text, lengths)
   coot_layout.write_meta(out, meta)
-  done.write_text(json.dumps(args))
+  tower_features.mark_finished(out, args)
   logging.info("wrote %d videos to %s in %.0f s", len(meta), out, time.time() - begin)
   return out
 

@@ -6,6 +6,10 @@ directory (`configs/synthetic_video_pretrain.py`) on its own input:
 `data.num_frames` frames `data.frame_stride` apart around the step's centre
 (clamped to the video), normalized as in training.
 """
+import json
+import pathlib
+
+from absl import logging
 import jax
 import numpy as np
 from tqdm import tqdm
@@ -73,3 +77,17 @@ def extract_video_features(source, indices, *, apply_fn, frames_per_window: int,
     for (i, _, _), e in zip(chunk, emb):
       out.setdefault(i, []).append(e)
   return {source.video_id(i): np.stack(v).astype(np.float32) for i, v in out.items()}
+
+
+def reuse_finished(out: pathlib.Path, args: dict, force: bool) -> bool:
+  """True when `out` holds a build finished with `args` (its DONE marker); else clears the mark."""
+  done = pathlib.Path(out) / "DONE"
+  if not force and done.is_file() and json.loads(done.read_text()) == args:
+    logging.info("%s is complete; reusing it (--force rebuilds)", out)
+    return True
+  done.unlink(missing_ok=True)
+  return False
+
+
+def mark_finished(out: pathlib.Path, args: dict) -> None:
+  (pathlib.Path(out) / "DONE").write_text(json.dumps(args))

@@ -77,11 +77,8 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, num_t
   out = pathlib.Path(out_dir)
   args = dict(tower_workdir=str(pathlib.Path(tower_workdir).absolute()), num_train=num_train,
               num_val=num_val, num_test=num_test, seed=seed, files=[VIDEO_FEATURES])
-  done = out / "DONE"
-  if not force and done.is_file() and json.loads(done.read_text()) == args:
-    logging.info("%s is complete; reusing it (--force rebuilds)", out)
+  if tower_features.reuse_finished(out, args, force):
     return out
-  done.unlink(missing_ok=True)
   (out / "video_feature").mkdir(parents=True, exist_ok=True)
   begin = time.time()
   apply_fn, frames_per_window, stride, spec = tower_features.tower_from_run(tower_workdir)
@@ -101,27 +98,28 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, num_t
     all_subs += subs
   _write_jsonl(out / tvc.DEFAULT_SUBTITLES, all_subs)
   coot_layout.write_video_features_h5(out / "video_feature", VIDEO_FEATURES, videos)
-  done.write_text(json.dumps(args))
+  tower_features.mark_finished(out, args)
   logging.info("wrote %d videos to %s in %.0f s", len(videos), out, time.time() - begin)
   return out
 
 
-_TOWER = flags.DEFINE_string("tower_workdir", None, "run dir of the trained RGB tower")
-_OUT = flags.DEFINE_string("out", None, "output dataset directory")
-_TRAIN = flags.DEFINE_integer("num_train", 1000, "training videos")
-_VAL = flags.DEFINE_integer("num_val", 200, "validation videos")
-_TEST = flags.DEFINE_integer("num_test", 300, "test_public videos")
-_SEED = flags.DEFINE_integer("seed", 0, "world seed")
-_FORCE = flags.DEFINE_bool("force", False, "rebuild even if complete")
-
-
 def main(argv):
   del argv
-  if not _TOWER.value or not _OUT.value:
+  f = flags.FLAGS
+  if not f.tower_workdir or not f.out:
     raise app.UsageError("--tower_workdir and --out are required")
-  build_dataset(_OUT.value, tower_workdir=_TOWER.value, num_train=_TRAIN.value,
-                num_val=_VAL.value, num_test=_TEST.value, seed=_SEED.value, force=_FORCE.value)
+  build_dataset(f.out, tower_workdir=f.tower_workdir, num_train=f.num_train,
+                num_val=f.num_val, num_test=f.num_test, seed=f.seed, force=f.force)
 
 
 if __name__ == "__main__":
+  # Defined here, not at import: the tests import this module beside coot_synthetic,
+  # which defines flags of the same names.
+  flags.DEFINE_string("tower_workdir", None, "run dir of the trained RGB tower")
+  flags.DEFINE_string("out", None, "output dataset directory")
+  flags.DEFINE_integer("num_train", 1000, "training videos")
+  flags.DEFINE_integer("num_val", 200, "validation videos")
+  flags.DEFINE_integer("num_test", 300, "test_public videos")
+  flags.DEFINE_integer("seed", 0, "world seed")
+  flags.DEFINE_bool("force", False, "rebuild even if complete")
   app.run(main)
