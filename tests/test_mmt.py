@@ -312,7 +312,6 @@ def test_tiny_mmt_run_writes_a_tvc_submission_scored_like_the_official_eval(tvc_
   (blind / "tvc_test_public_release.jsonl").write_text("".join(
       json.dumps({k: v for k, v in r.items() if k != "descs"}) + "\n" for r in refs))
   config.evals.test.dataset = ml_collections.ConfigDict(dict(path=str(blind)))
-  config.evals = ml_collections.ConfigDict(dict(test=config.evals.test))
   out = trainer_lib.Trainer(config, str(workdir), registry.build_task(config)).evaluate()
   assert out["test/num_videos"] == len(refs) and "test/CIDEr-D" not in out
   again = (workdir / "captions" / "test_step6.jsonl").read_text().splitlines()
