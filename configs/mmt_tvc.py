@@ -21,7 +21,8 @@ label smoothing 0.1; lr 1e-4, 10 % linear warmup then linear decay over 50
 epochs, weight decay 0.01 except biases and LayerNorm, eps 1e-6, global grad
 clip 1; batch 128; greedy decoding with [UNK] banned; validation CIDEr-D after
 every epoch selects the best checkpoint, training stops after 10 evaluations
-without gain (the official es_cnt > 10). Differences from the official code
+without gain (the official es_cnt > 10); at the end test_public (released without
+descriptions) is captioned into a submission file, workdir/captions/test_public_step<N>.jsonl. Differences from the official code
 (documented in avtext/models/mmt.py and BENCHMARKS.md): the standard decoder
 layer, optax AdamW (bias-corrected) in place of BertAdam, and a mean loss over
 tokens instead of a sum.
@@ -85,6 +86,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.evals.val = ml_collections.ConfigDict(dict(
       type="captioning", every_epochs=1, split="val", captions_fn="captions",
       output_format="tvc", batch_size=50))
+  # The released test_public has no descriptions: captioned at the end (and in --mode=eval)
+  # into workdir/captions/test_public_step<N>.jsonl, TVCaption's submission format.
+  config.evals.test_public = ml_collections.ConfigDict(dict(
+      type="captioning", every_steps=0, split="test_public", captions_fn="captions",
+      output_format="tvc", batch_size=50))
   config.eval = ml_collections.ConfigDict(dict(
       batch_size=50, select=("val/CIDEr-D", "max"), keep_best=1,
       plateau=dict(factor=ml_collections.config_dict.placeholder(float), patience=2,
@@ -115,6 +121,7 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   config.train.checkpoint_every_steps = 500
   config.evals.val.every_epochs = 2
   config.evals.val.batch_size = config.eval.batch_size = 100
+  del config.evals["test_public"]  # the synthetic test_public has references: scored below
   config.evals.test = ml_collections.ConfigDict(dict(
       type="captioning", every_steps=0, split="test_public", captions_fn="captions",
       output_format="tvc", batch_size=100, baselines=dict(most_frequent=dict(num_train=10**6))))
