@@ -316,3 +316,16 @@ def test_tiny_mmt_run_writes_a_tvc_submission_scored_like_the_official_eval(tvc_
   assert out["test/num_videos"] == len(refs) and "test/CIDEr-D" not in out
   again = (workdir / "captions" / "test_step6.jsonl").read_text().splitlines()
   assert [json.loads(l) for l in again] == sub  # the same captions, now a submission only
+
+
+def test_default_config_says_what_to_prepare(tmp_path):
+  config = mmt_tvc.get_config()
+  assert (config.model.hidden_size, config.model.num_layers, config.data.max_v_len,
+          config.data.max_sub_len, config.data.max_cap_len) == (768, 2, 20, 30, 20)
+  with pytest.raises(ValueError, match=r"set vocab \(a word2idx JSON, python -m "
+                                       r"avtext.tools.caption_vocab\)"):
+    registry.build_task(config)
+  preprocessing.WordVocab.build([]).save(tmp_path / "w.json")
+  config.model.vocab = str(tmp_path / "w.json")
+  with pytest.raises(ValueError, match=r"config.dataset.path is not set: the TVC directory"):
+    registry.build_task(config).num_train_examples()
