@@ -21,7 +21,6 @@ import ml_collections
 import numpy as np
 import optax
 
-from avtext.data import builders
 from avtext.data import pipelines
 from avtext.data import preprocessing
 from avtext.inference import generate
@@ -200,17 +199,10 @@ class MmtCaptioningTask(registry.Task):
     if self.max_v_len + self.max_sub_len > self.model.max_positions:
       raise ValueError(f"max_v_len + max_sub_len = {self.max_v_len + self.max_sub_len} > "
                        f"config.model.max_positions={self.model.max_positions}")
-    self._train_source = None
     self._pairs = None
 
   # ---------------------------------------------------------------- data
-  @property
-  def train_source(self):
-    if self._train_source is None:
-      self._train_source = self._check(builders.get_source(self.config.dataset, "train"))
-    return self._train_source
-
-  def _check(self, source):
+  def check_source(self, source):
     if not hasattr(source, "describe") or not hasattr(source, "video_dim"):
       raise ValueError(f"MMT captioning reads TVC moments (config.dataset.name='tvc'), got "
                        f"{type(source).__name__} from dataset {self.config.dataset.name!r}")
@@ -270,7 +262,7 @@ class MmtCaptioningTask(registry.Task):
                                    process_count=process_count)
 
   def eval_examples(self, source):
-    source = self._check(source)  # a split without descriptions is captioned, not scored
+    source = self.check_source(source)  # a split without descriptions is captioned, not scored
 
     def example(i: int) -> dict:
       item = source[i]

@@ -55,17 +55,10 @@ class CootTask(registry.Task):
 
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
-    self._train_source = None
     self.max_clips = int(config.model.max_clips)
 
   # ---------------------------------------------------------------- data
-  @property
-  def train_source(self):
-    if self._train_source is None:
-      self._train_source = self._check(builders.get_source(self.config.dataset, "train"))
-    return self._train_source
-
-  def _check(self, source):
+  def check_source(self, source):
     if source.kind != builders.FEATURES or not hasattr(source, "keys"):
       raise ValueError(f"task 'coot' reads the COOT feature layout (config.dataset.name='coot'), "
                        f"got dataset {self.config.dataset.name!r} of kind {source.kind!r}")
@@ -135,7 +128,7 @@ class CootTask(registry.Task):
         collate=self.collate)
 
   def eval_examples(self, source):
-    source = self._check(source)
+    source = self.check_source(source)
     return lambda i: self.example(source[i], None)
 
   # ---------------------------------------------------------------- model

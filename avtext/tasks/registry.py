@@ -44,6 +44,18 @@ class Task:
   def __init__(self, config: ml_collections.ConfigDict):
     self.config = config
     self.model = models_registry.build_model(config.model)
+    self._train_source = None
+
+  @property
+  def train_source(self):
+    """`config.dataset`'s train split, opened (and checked by `check_source`) on first use."""
+    if self._train_source is None:
+      self._train_source = self.check_source(builders.get_source(self.config.dataset, "train"))
+    return self._train_source
+
+  def check_source(self, source):
+    """`source` if this task can read it; raises naming what it needs otherwise."""
+    return source
 
   def num_train_examples(self) -> int:
     raise NotImplementedError
@@ -93,17 +105,7 @@ class ClipTask(Task):
   (opened on first use), its size and the training batches are here.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict):
-    super().__init__(config)
-    self._train_source = None
-
-  @property
-  def train_source(self):
-    if self._train_source is None:
-      self._train_source = self._check_clips(builders.get_source(self.config.dataset, "train"))
-    return self._train_source
-
-  def _check_clips(self, source):
+  def check_source(self, source):
     if source.kind != builders.CLIPS:
       raise ValueError(f"task {self.config.task!r} reads clips (frames, audio, captions) but "
                        f"the dataset gives {source.kind!r}; pick a clips dataset "
@@ -115,7 +117,7 @@ class ClipTask(Task):
     raise NotImplementedError
 
   def eval_examples(self, source) -> Callable[[int], dict]:
-    return self.examples(self._check_clips(source), train=False)
+    return self.examples(self.check_source(source), train=False)
 
   def num_train_examples(self) -> int:
     return len(self.train_source)
