@@ -30,7 +30,7 @@ Parameters (GPT-2; `avtext.weights.gpt2` maps HF checkpoints onto them):
   wte {embedding [V, D]}, wpe {embedding [N_pos, D]},
   h_<i> (EncoderBlock), ln_f {scale, bias}.
 """
-from typing import Any, Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -235,12 +235,6 @@ def video_captioner_from_config(cfg) -> VideoCaptioner:
                         context_groups=cfg.get("context_groups"))
 
 
-def _empty_cache(apply_fn: Callable[[], Any]) -> Any:
-  """Zeros shaped like the cache `apply_fn` (a decode call with mutable=["cache"]) creates."""
-  shapes = jax.eval_shape(apply_fn)[1]["cache"]
-  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-
 def lm_decoding_fns(model: GPT2, params: Any, prompt: Array, max_new_tokens: int):
   """(start_fn, step_fn) for `avtext.inference.generate`: GPT-2 continuing `prompt` [B, P].
 
@@ -253,7 +247,7 @@ def lm_decoding_fns(model: GPT2, params: Any, prompt: Array, max_new_tokens: int
     raise ValueError(f"prompt {p} + {max_new_tokens} new tokens exceed GPT-2's "
                      f"{model.max_positions} positions")
   mask = layers.make_causal_mask(length)
-  cache = _empty_cache(lambda: model.apply(
+  cache = layers.empty_cache(lambda: model.apply(
       {"params": params}, jnp.zeros((b, length), jnp.int32), mask=mask, decode=True,
       mutable=["cache"]))
 
@@ -281,7 +275,7 @@ def captioner_decoding_fns(model: VideoCaptioner, variables: Any,
   """
   variables = {k: v for k, v in variables.items() if k != "cache"}
   b = next(iter(video_inputs.values())).shape[0]
-  cache = _empty_cache(lambda: model.apply(variables, video_inputs, max_new_tokens,
+  cache = layers.empty_cache(lambda: model.apply(variables, video_inputs, max_new_tokens,
                                            method=model.init_cache, mutable=["cache"]))
   # The number of video tokens P, from the cache's length.
   num_prefix = next(x.shape[1] for x in jax.tree.leaves(cache) if x.ndim == 4) - max_new_tokens

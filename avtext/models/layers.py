@@ -331,6 +331,16 @@ class Attention(nn.Module):
     return cached_key.value, cached_value.value, start
 
 
+def empty_cache(apply_fn: Callable[[], Any]) -> Any:
+  """Zeros shaped like the cache `apply_fn` (a decode call with mutable=["cache"]) creates.
+
+  The flax way of making a cache runs the model; under `jax.eval_shape` it
+  runs nothing, and zeros are the empty cache (module docstring).
+  """
+  shapes = jax.eval_shape(apply_fn)[1]["cache"]
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
 class Mlp(nn.Module):
   """Position-wise feed-forward: Dense(mlp_dim) -> activation -> Dense(D)."""
   mlp_dim: int

@@ -204,11 +204,6 @@ def mmt_from_config(cfg) -> MMT:
              layer_norm_eps=cfg.get("layer_norm_eps", 1e-12))
 
 
-def _empty_cache(apply_fn) -> Any:
-  shapes = jax.eval_shape(apply_fn)[1]["cache"]
-  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-
 def captioner_decoding_fns(model: MMT, variables: Any, ctx: dict[str, Array],
                            max_new_tokens: int, *, bos_id: int = BOS,
                            banned_ids: tuple[int, ...] = (UNK,)):
@@ -222,7 +217,7 @@ def captioner_decoding_fns(model: MMT, variables: Any, ctx: dict[str, Array],
   memory = model.apply(variables, ctx["ctx_ids"], ctx["video"], ctx["ctx_mask"],
                        ctx["token_type_ids"], method=model.encode)
   mask = ctx["ctx_mask"]
-  cache = _empty_cache(lambda: model.apply(variables, memory, mask, max_new_tokens,
+  cache = layers.empty_cache(lambda: model.apply(variables, memory, mask, max_new_tokens,
                                            method=model.init_cache, mutable=["cache"]))
   banned = jnp.asarray(banned_ids, jnp.int32)
 

@@ -59,6 +59,13 @@ def sequence_nll(logits: jax.Array, targets: jax.Array, mask: jax.Array,
   return jnp.sum(nll * mask) / count, 100.0 * jnp.sum(hits * mask) / count
 
 
+def generate_captions(gen: ml_collections.ConfigDict, start, step, max_new: int, eos: int):
+  """`config.generation` (beam_size, min_length, length_penalty) applied to a decoder."""
+  return generate.generate(start, step, max_new_tokens=max_new, eos_id=eos,
+                           beam_size=int(gen.beam_size), min_length=int(gen.get("min_length", 0)),
+                           length_penalty=float(gen.get("length_penalty", 0.0)))
+
+
 @registry.register("captioning")
 def captioning_task(config: ml_collections.ConfigDict):
   """The captioning task of `config.model.name`: VideoCC's captioner or TVC's MMT."""
@@ -118,10 +125,7 @@ class CaptioningTask(registry.ClipTask):
     def captions(variables, batch):  # {"tokens": [B, T], "lengths": [B], "scores": [B]}
       inputs = {k: v[:, 0] for k, v in registry.video_inputs(batch).items()}  # K = 1
       start, step = gpt2_lib.captioner_decoding_fns(model, variables, inputs, max_new, bos)
-      return generate.generate(start, step, max_new_tokens=max_new, eos_id=eos,
-                               beam_size=int(gen.beam_size),
-                               min_length=int(gen.get("min_length", 0)),
-                               length_penalty=float(gen.get("length_penalty", 0.0)))
+      return generate_captions(gen, start, step, max_new, eos)
 
     return {"captions": captions}
 
@@ -294,10 +298,7 @@ class MmtCaptioningTask(registry.Task):
       ctx = dict(zip(("ctx_ids", "video", "ctx_mask", "token_type_ids"), self._context(batch)))
       start, step = mmt_lib.captioner_decoding_fns(model, variables, ctx, max_new,
                                                    bos_id=self.vocab.BOS, banned_ids=banned)
-      return generate.generate(start, step, max_new_tokens=max_new, eos_id=self.vocab.EOS,
-                               beam_size=int(gen.beam_size),
-                               min_length=int(gen.get("min_length", 0)),
-                               length_penalty=float(gen.get("length_penalty", 0.0)))
+      return generate_captions(gen, start, step, max_new, self.vocab.EOS)
 
     return {"captions": captions}
 
