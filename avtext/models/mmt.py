@@ -56,9 +56,9 @@ from avtext.models import registry
 
 Array = jax.Array
 
-# Special word ids of the official vocabulary (TVCaption build_vocab.py).
+# Special word ids of the official vocabulary (TVCaption build_vocab.py); the same as
+# `preprocessing.WordVocab`'s, which tests/test_mmt.py checks.
 PAD, CLS, SEP, VID, BOS, EOS, UNK = range(7)
-SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[VID]", "[BOS]", "[EOS]", "[UNK]")
 
 
 def sinusoidal_positions(length: int, width: int) -> np.ndarray:
