@@ -12,7 +12,7 @@ WORKDIR ?= workdirs/demo
 # pip's log goes to a file and is shown (minus local-index noise) only on failure.
 pip = $(PY) -m pip install $(PIP_FLAGS) $(1) > $(VENV)/pip.log 2>&1 || { grep -v "is ignored: it is neither" $(VENV)/pip.log; exit 1; }
 
-.PHONY: venv bench-venv demo demo-coot demo-caption demo-tvc test test-slow clean
+.PHONY: venv bench-venv demo demo-coot demo-caption demo-tvc demo-xml test test-slow clean
 
 venv: $(STAMP)
 
@@ -77,6 +77,20 @@ demo-tvc: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 	$(PY) -m avtext.main --config=configs/mmt_tvc.py:demo --workdir=$(WORKDIR)/tvc \
 	  --config.dataset.path=$(WORKDIR)/tvr_data --config.model.vocab=$(WORKDIR)/tvc_word2idx.json \
 	  --mode=eval --step=best
+
+# XML video corpus moment retrieval on the same synthetic long videos (shared with demo-tvc:
+# the data is reused when complete): trained with val VCMR selecting the best checkpoint,
+# which answers test_public's queries (VCMR / SVMR / VR R@K beside a random-span baseline);
+# the official eval script's numbers are then recomputed from the written submission file.
+demo-xml: $(STAMP) $(WORKDIR)/video_pretrain/results.json
+	$(PY) -m avtext.tools.tvr_synthetic --tower_workdir=$(WORKDIR)/video_pretrain \
+	  --out=$(WORKDIR)/tvr_data --num_train=$(TVC_TRAIN) --num_val=$(TVC_VAL) --num_test=$(TVC_TEST)
+	$(PY) -m avtext.main --config=configs/xml_tvr.py:demo --workdir=$(WORKDIR)/xml \
+	  --config.dataset.path=$(WORKDIR)/tvr_data
+	$(PY) -m avtext.main --config=configs/xml_tvr.py:demo --workdir=$(WORKDIR)/xml \
+	  --config.dataset.path=$(WORKDIR)/tvr_data --mode=eval --step=best
+	$(PY) -m avtext.tools.tvr_eval --submission=$$(ls -t $(WORKDIR)/xml/moments/test_step*[0-9].json | head -1) \
+	  --ground_truth=$(WORKDIR)/tvr_data/tvr_test_public_release.jsonl
 
 # Side-by-side benchmarks with official PyTorch code (benchmarks/bench_coot_train_step.py):
 # a separate venv, so torch never enters the default install.

@@ -176,7 +176,7 @@ def write_json(path: pathlib.Path, value) -> pathlib.Path:
                        lambda p: p.write_text(json.dumps(value, sort_keys=True), encoding="utf-8"))
 
 
-def _write_h5(path: pathlib.Path, arrays: Mapping[str, np.ndarray]) -> pathlib.Path:
+def write_h5(path: pathlib.Path, arrays: Mapping[str, np.ndarray]) -> pathlib.Path:
   import h5py  # pylint: disable=g-import-not-at-top
 
   def write(tmp):
@@ -209,7 +209,7 @@ def write_video_features_h5(dataset_dir, name: str,
   """`<name>.h5` (one float32 [T, D] dataset per data_key) and `<name>_num_frames.json`."""
   videos = _as_videos(features)
   write_json(num_frames_path(dataset_dir, name), {k: len(v) for k, v in videos.items()})
-  return _write_h5(video_h5_path(dataset_dir, name), videos)
+  return write_h5(video_h5_path(dataset_dir, name), videos)
 
 
 def write_video_features_npz(dataset_dir, name: str,
@@ -244,7 +244,7 @@ def write_text_features(dataset_dir, name: str, features: Mapping[str, np.ndarra
                        f"{sum(sentence_lengths[key])}; expected [that many tokens, Dt]")
   write_json(sentence_splits_path(dataset_dir, name),
              {k: [int(n) for n in v] for k, v in sentence_lengths.items()})
-  return _write_h5(text_h5_path(dataset_dir, name), features)
+  return write_h5(text_h5_path(dataset_dir, name), features)
 
 
 # ---------------------------------------------------------------- text features
@@ -293,13 +293,6 @@ def cut_to_length(pieces: list[list[int]], max_len: int, key: str) -> list[list[
   return out
 
 
-def _lowercase(directory: pathlib.Path) -> bool:
-  config = directory / "tokenizer_config.json"
-  if config.is_file():
-    return bool(read_json(config, "tokenizer config").get("do_lower_case", True))
-  return True
-
-
 def encode_paragraphs(paragraphs: Mapping[str, Sequence[str]], *, bert_dir=None,
                       layers: Sequence[int] = (-2, -1), batch_size: int = 16,
                       max_len: int = 512) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
@@ -326,29 +319,11 @@ def encode_paragraphs(paragraphs: Mapping[str, Sequence[str]], *, bert_dir=None,
   Returns:
     ({key: float32 [tokens, len(layers) * D]}, {key: tokens per sentence}).
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  from avtext.data import text_features  # pylint: disable=g-import-not-at-top
 
-  from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
-  from avtext.models import bert as bert_model  # pylint: disable=g-import-not-at-top
-  from avtext.weights import assets  # pylint: disable=g-import-not-at-top
-  from avtext.weights import bert as bert_weights  # pylint: disable=g-import-not-at-top
-
-  directory = pathlib.Path(bert_dir) if bert_dir else assets.minilm_l6_dir()
-  kwargs, params = bert_weights.load_hf_bert(directory)
-  max_len = min(max_len, kwargs["max_position_embeddings"])
-  num_states = kwargs["num_layers"] + 1
-  bad = [layer for layer in layers if not -num_states <= layer < num_states]
-  if not layers or bad:
-    raise ValueError(f"layers={tuple(layers)}: {directory} has {num_states} hidden states "
-                     f"(embeddings + {kwargs['num_layers']} layers); use indices in "
-                     f"[{-num_states}, {num_states - 1}]")
-  model = bert_model.Bert(**{**kwargs, "return_hidden_states": True})
-  vocab = directory / "vocab.txt"
-  if not vocab.is_file():
-    raise FileNotFoundError(f"{vocab} not found: the WordPiece vocabulary of {directory}")
-  tokenizer = preprocessing.Tokenizer(vocab, lowercase=_lowercase(directory))
+  encoder = text_features.TextEncoder(bert_dir, layers)
+  max_len = min(max_len, encoder.max_len)
+  tokenizer = encoder.tokenizer
 
   token_ids, lengths, cut = {}, {}, []
   for key, sentences in paragraphs.items():
@@ -365,26 +340,5 @@ def encode_paragraphs(paragraphs: Mapping[str, Sequence[str]], *, bert_dir=None,
     logging.warning("%d paragraphs longer than %d tokens were cut as COOT's precompute_text.py "
                     "does, e.g. %s", len(cut), max_len, cut[:3])
 
-  @jax.jit
-  def run(ids, mask):
-    states = model.apply({"params": params}, ids, mask)["hidden_states"]
-    return jnp.concatenate([states[i] for i in layers], axis=-1)
-
-  # Similar lengths share a batch; widths are rounded up to 16 to bound recompilation.
-  order = sorted(token_ids, key=lambda k: len(token_ids[k]))
-  features = {}
-  # The features are stored in float32: no reduced-precision matmuls (TPU/GPU defaults).
-  with jax.default_matmul_precision("highest"):
-    for start in tqdm(range(0, len(order), batch_size), desc="text features", unit="batch"):
-      chunk = order[start:start + batch_size]
-      width = min(-(-len(token_ids[chunk[-1]]) // 16) * 16, max_len)
-      ids = np.zeros((batch_size, width), np.int32)
-      mask = np.zeros((batch_size, width), np.int32)
-      mask[len(chunk):, 0] = 1  # filler rows attend to one token (no all-masked softmax)
-      for row, key in enumerate(chunk):
-        ids[row, :len(token_ids[key])] = token_ids[key]
-        mask[row, :len(token_ids[key])] = 1
-      out = np.asarray(run(ids, mask))
-      for row, key in enumerate(chunk):
-        features[key] = out[row, :len(token_ids[key])].astype(np.float32)
+  features = encoder.run(token_ids, batch_size=batch_size)
   return {k: features[k] for k in paragraphs}, lengths

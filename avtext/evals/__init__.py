@@ -24,7 +24,8 @@ from avtext import registry as registry_lib
 
 _EVALUATORS = registry_lib.Registry(
     "evaluator", ("avtext.evals.retrieval", "avtext.evals.classification",
-                  "avtext.evals.hierarchical", "avtext.evals.captioning"))
+                  "avtext.evals.hierarchical", "avtext.evals.captioning",
+                  "avtext.evals.moments"))
 register_evaluator = _EVALUATORS.register
 
 

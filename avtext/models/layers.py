@@ -412,6 +412,8 @@ class EncoderBlock(nn.Module):
     self_attention: False (with cross_attention=True) drops the
       self-attention sublayer: a cross-attention-only layer, COOT's context
       "TransformerDecoder" (the global context as the query over the clips).
+    feed_forward: False drops the MLP sublayer (`mlp_dim` unused): XML's
+      Self-Encoder, attention -> linear -> residual -> LayerNorm (TVR sec. 4.1).
     layer_norm: "standard" (nn.LayerNorm) or "coot" (`CootLayerNorm`).
     dropout_rate: dropout on every branch output.
     attention_dropout_rate: dropout on attention probabilities.
@@ -429,6 +431,7 @@ class EncoderBlock(nn.Module):
   causal: bool = False
   cross_attention: bool = False
   self_attention: bool = True
+  feed_forward: bool = True
   layer_norm: str = "standard"
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
@@ -493,9 +496,10 @@ class EncoderBlock(nn.Module):
                        lambda y: attention(name="cross_attention")(
                            y, context, mask=context_keys,
                            deterministic=deterministic)))
-    branches.append(("mlp", Mlp(
-        mlp_dim=self.mlp_dim, activation=self.activation,
-        kernel_init=self.kernel_init, dtype=self.dtype, name="mlp")))
+    if self.feed_forward:
+      branches.append(("mlp", Mlp(
+          mlp_dim=self.mlp_dim, activation=self.activation,
+          kernel_init=self.kernel_init, dtype=self.dtype, name="mlp")))
     for name, branch in branches:
       norm = make_layer_norm(self.layer_norm, self.layer_norm_eps, self.dtype,
                              f"{name}_norm")

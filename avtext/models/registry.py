@@ -27,7 +27,8 @@ Factory = Callable[[ml_collections.ConfigDict], nn.Module]
 
 _MODELS = registry_lib.Registry("model", (
     "avtext.models.mbt", "avtext.models.bert", "avtext.models.dual_encoder",
-    "avtext.models.heads", "avtext.models.coot", "avtext.models.gpt2", "avtext.models.mmt"))
+    "avtext.models.heads", "avtext.models.coot", "avtext.models.gpt2", "avtext.models.mmt",
+    "avtext.models.xml"))
 register_model = _MODELS.register
 registered = _MODELS.names
 

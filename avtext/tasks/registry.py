@@ -18,7 +18,7 @@ from avtext.models import registry as models_registry
 # Modules imported on first lookup so `config.task` alone selects a task.
 _TASKS = registry_lib.Registry(
     "task", ("avtext.tasks.retrieval", "avtext.tasks.classification", "avtext.tasks.coot",
-             "avtext.tasks.captioning"))
+             "avtext.tasks.captioning", "avtext.tasks.moments"))
 register = _TASKS.register
 
 

@@ -15,6 +15,9 @@
         (r"bias$", r"norm")); adamw only
     optimizer.warmup_epochs / warmup_steps: linear warmup from 0 (epochs win when set)
     optimizer.grad_clip_norm: global-norm clipping when > 0
+    optimizer.grad_clip_per_tensor: when > 0, each parameter tensor's gradient is
+        clipped to this norm on its own (BertAdam's max_grad_norm: TVCaption,
+        TVRetrieval)
     optimizer.frozen: regexes over parameter paths ("text/encoderblock_0/...")
         that are neither differentiated nor updated (see `split_frozen`)
     optimizer.lr_multipliers: ((regex, factor), ...); a parameter's update
@@ -26,6 +29,7 @@ import re
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -178,6 +182,22 @@ def make_optimizer(opt: ml_collections.ConfigDict, *, total_steps: int,
   tx = _base(opt, schedule)
   if opt.get("lr_multipliers"):
     tx = optax.chain(tx, scale_by_path(opt.lr_multipliers))
+  if opt.get("grad_clip_per_tensor"):
+    tx = optax.chain(clip_per_tensor(float(opt.grad_clip_per_tensor)), tx)
   if opt.get("grad_clip_norm"):
     tx = optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), tx)
   return tx, schedule
+
+
+def clip_per_tensor(max_norm: float) -> optax.GradientTransformation:
+  """g * min(1, max_norm / ||g||) for every leaf separately (BertAdam's clipping)."""
+
+  def update_fn(updates, state, params=None):
+    del params
+
+    def clip(g):
+      norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
+      return (g * jnp.minimum(1.0, max_norm / jnp.maximum(norm, 1e-30))).astype(g.dtype)
+    return jax.tree.map(clip, updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)

@@ -18,6 +18,9 @@ and e.g. TensorFlow is imported only by a config that reads TFDS files):
   tvc                      TV show Captions (TVR app. D) in the official TVCaption layout
                            (annotation jsonl, TVQA subtitles, clip-feature h5) under
                            config.dataset.path, see `builders.tvc`; moments of a 'features' kind
+  tvr                      TV show Retrieval queries and their split's video corpus in the
+                           official TVRetrieval layout (annotation jsonl, video / subtitle /
+                           query feature h5) under config.dataset.path, see `builders.tvr`
   videocc3m, msrvtt        real datasets whose builders are not written yet: they
                            fail with what to prepare
 
@@ -53,6 +56,7 @@ _MODULES = {
     "msrvtt": "avtext.data.builders.pending",
     "coot": "avtext.data.builders.coot",
     "tvc": "avtext.data.builders.tvc",
+    "tvr": "avtext.data.builders.tvr",
     "features:hdf5": "avtext.data.builders.precomputed",
     "features:npz": "avtext.data.builders.precomputed",
     "features:array_record": "avtext.data.builders.precomputed",

@@ -1,0 +1,327 @@
+"""Video corpus moment retrieval with XML over a stored corpus (TVR sec. 4.3, eqs. 4, 7, 8).
+
+The corpus is encoded once (`CorpusWriter`): per video, the Self-Encoder
+outputs H^m_0 of every stream, L2-normalized per clip (for the VR cosine of
+eq. 4), and the Cross-Encoder outputs H^m_1 (for ConvSE), on a fixed grid of
+`max_len` clips with a mask. On disk, a directory:
+
+  meta.json   {"videos": [vid_name], "video_idx": [int], "num_clips": [int],
+               "streams": ["video", "sub"], "dim": D, "max_len": L,
+               "dtype": "float32" | "bfloat16" | "int8", "clip_length": 1.5, ...}
+  h0.bin, h1.bin   [V, M, L, D] in `dtype` (raw, C order; np.memmap)
+  h0_scale.bin, h1_scale.bin   float32 [V, M, L], int8 only: x = q * scale
+  mask.bin    uint8 [V, L], 1 for real clips
+
+Queries are answered (`search`) in two stages:
+  1. VR: s_vr(v | q) = mean_m max_l <q_m / |q_m|, H^m_0[l]> over every video,
+     streamed in chunks (`video_chunk`) through one GEMM per stream, keeping
+     the best `top_n_videos` per query. Exhaustive; `candidates` restricts
+     the scan to given videos (the FAISS path, `avtext.inference.ann`).
+  2. VCMR (eq. 8) on those videos: ConvSE (`span_fn`, the model's
+     `span_logits`) on their H_1, P_st / P_ed by masked softmax, spans under
+     the length prior (`spans.vcmr_scores`: s_svmr * exp(alpha * s_vr)),
+     the best `max_before_nms` kept; SVMR (eq. 7) on the query's own video
+     when it is known.
+Predictions are [video_idx, st, ed, score] in seconds, st = start * clip_length,
+ed = (end + 1) * clip_length (end inclusive), in the TVR submission format
+(`submission`); VR predictions are [video_idx, 0, 0, exp(alpha * s_vr)] as
+the official code writes them.
+"""
+import dataclasses
+import json
+import pathlib
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from avtext.inference import spans
+
+DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "int8": np.int8}
+
+
+def l2_normalize(x: np.ndarray, axis: int = -1) -> np.ndarray:
+  norm = np.linalg.norm(x, axis=axis, keepdims=True)
+  return x / np.maximum(norm, 1e-12)
+
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Symmetric per-vector int8: (q int8 [..., D], scale float32 [...]) with x ~ q * scale."""
+  scale = np.max(np.abs(x), axis=-1) / 127.0
+  safe = np.where(scale > 0, scale, 1.0)
+  q = np.clip(np.rint(x / safe[..., None]), -127, 127).astype(np.int8)
+  return q, scale.astype(np.float32)
+
+
+class CorpusWriter:
+  """Writes a corpus store chunk by chunk (memory stays one chunk); `close` writes meta.json."""
+
+  def __init__(self, directory, *, num_videos: int, streams: Sequence[str], dim: int,
+               max_len: int, dtype: str = "float32", clip_length: float = 1.5):
+    if dtype not in DTYPES:
+      raise ValueError(f"corpus dtype {dtype!r}; expected one of {sorted(DTYPES)}")
+    self.dir = pathlib.Path(directory)
+    self.dir.mkdir(parents=True, exist_ok=True)
+    (self.dir / "meta.json").unlink(missing_ok=True)  # incomplete until close()
+    self.meta = dict(streams=list(streams), dim=int(dim), max_len=int(max_len), dtype=dtype,
+                     clip_length=float(clip_length), num_videos=int(num_videos))
+    shape = (num_videos, len(streams), max_len, dim)
+    self.h = {n: np.memmap(self.dir / f"{n}.bin", DTYPES[dtype], "w+", shape=shape)
+              for n in ("h0", "h1")}
+    self.scale = ({n: np.memmap(self.dir / f"{n}_scale.bin", np.float32, "w+", shape=shape[:3])
+                   for n in ("h0", "h1")} if dtype == "int8" else None)
+    self.mask = np.memmap(self.dir / "mask.bin", np.uint8, "w+", shape=(num_videos, max_len))
+    self.videos, self.video_idx, self.num_clips = [], [], []
+
+  def add(self, names: Sequence[str], video_idx: Sequence[int], h0: np.ndarray, h1: np.ndarray,
+          mask: np.ndarray) -> None:
+    """Appends videos: h0, h1 float [n, M, L, D] (h0 is normalized here), mask [n, L]."""
+    start, n = len(self.videos), len(names)
+    if start + n > self.mask.shape[0]:
+      raise ValueError(f"corpus store {self.dir}: more than the {self.mask.shape[0]} videos "
+                       "announced")
+    want = self.h["h0"].shape[1:]
+    if h0.shape[1:] != want or h1.shape[1:] != want or mask.shape != (n, want[1]):
+      raise ValueError(f"corpus store {self.dir}: expected h0, h1 [n, {want}] and mask "
+                       f"[n, {want[1]}], got {h0.shape}, {h1.shape}, {mask.shape}")
+    mask = np.asarray(mask).astype(bool)
+    h0 = l2_normalize(np.asarray(h0, np.float32)) * mask[:, None, :, None]
+    h1 = np.asarray(h1, np.float32) * mask[:, None, :, None]
+    for name, x in (("h0", h0), ("h1", h1)):
+      if self.scale is not None:
+        x, s = quantize_int8(x)
+        self.scale[name][start:start + n] = s
+      self.h[name][start:start + n] = x
+    self.mask[start:start + n] = mask
+    self.videos += list(names)
+    self.video_idx += [int(i) for i in video_idx]
+    self.num_clips += [int(c) for c in mask.sum(axis=1)]
+
+  def close(self) -> "CorpusStore":
+    if len(self.videos) != self.mask.shape[0]:
+      raise ValueError(f"corpus store {self.dir}: {len(self.videos)} videos written, "
+                       f"{self.mask.shape[0]} announced")
+    for x in [*self.h.values(), self.mask, *(self.scale or {}).values()]:
+      x.flush()
+    meta = {**self.meta, "videos": self.videos, "video_idx": self.video_idx,
+            "num_clips": self.num_clips}
+    (self.dir / "meta.json").write_text(json.dumps(meta))
+    return CorpusStore(self.dir)
+
+
+class CorpusStore:
+  """A stored corpus, memory-mapped (module docstring)."""
+
+  def __init__(self, directory):
+    self.dir = pathlib.Path(directory)
+    meta_file = self.dir / "meta.json"
+    if not meta_file.is_file():
+      raise FileNotFoundError(f"{meta_file} not found: not a finished corpus store (encode "
+                              "one with `--mode=eval` of a moments config or CorpusWriter)")
+    self.meta = json.loads(meta_file.read_text())
+    self.videos = self.meta["videos"]
+    self.video_idx = np.asarray(self.meta["video_idx"], np.int64)
+    self.streams, self.dim = tuple(self.meta["streams"]), int(self.meta["dim"])
+    self.max_len, self.dtype = int(self.meta["max_len"]), self.meta["dtype"]
+    self.clip_length = float(self.meta["clip_length"])
+    shape = (len(self.videos), len(self.streams), self.max_len, self.dim)
+    for name in ("h0", "h1", "mask"):
+      if not (self.dir / f"{name}.bin").is_file():
+        raise FileNotFoundError(f"{self.dir / (name + '.bin')} not found (corpus store)")
+    self.h = {n: np.memmap(self.dir / f"{n}.bin", DTYPES[self.dtype], "r", shape=shape)
+              for n in ("h0", "h1")}
+    self.scale = ({n: np.memmap(self.dir / f"{n}_scale.bin", np.float32, "r", shape=shape[:3])
+                   for n in ("h0", "h1")} if self.dtype == "int8" else None)
+    self.mask = np.memmap(self.dir / "mask.bin", np.uint8, "r", shape=(shape[0], shape[2]))
+
+  def __len__(self) -> int:
+    return len(self.videos)
+
+  @property
+  def nbytes_h0(self) -> int:
+    return self.h["h0"].nbytes + (self.scale["h0"].nbytes if self.scale else 0)
+
+  def read(self, name: str, index) -> np.ndarray:
+    """float32 rows `index` (a slice or an int array) of h0 / h1, dequantized."""
+    x = np.asarray(self.h[name][index]).astype(np.float32)
+    if self.scale is not None:
+      x *= np.asarray(self.scale[name][index])[..., None]
+    return x
+
+
+def _merge_topk(scores: np.ndarray, index: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+  """Best k columns per row of (scores, index), sorted by decreasing score (ties: lower index)."""
+  if scores.shape[1] > k:
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    scores = np.take_along_axis(scores, part, 1)
+    index = np.take_along_axis(index, part, 1)
+  order = np.lexsort((index, -scores), axis=1)
+  return np.take_along_axis(scores, order, 1), np.take_along_axis(index, order, 1)
+
+
+def chunk_video_scores(q_norm: np.ndarray, h0: np.ndarray, mask: np.ndarray,
+                       scale: np.ndarray | None = None) -> np.ndarray:
+  """s_vr [Q, C] of normalized queries [Q, M, D] on a chunk h0 [C, M, L, D] (any dtype)."""
+  c, m, l, d = h0.shape
+  total = np.zeros((q_norm.shape[0], c), np.float32)
+  real = mask.astype(bool)
+  for s in range(m):
+    x = np.asarray(h0[:, s]).reshape(c * l, d)
+    if x.dtype != np.float32:
+      x = x.astype(np.float32)
+    sim = (q_norm[:, s] @ x.T).reshape(-1, c, l)  # one GEMM per stream
+    if scale is not None:
+      sim *= np.asarray(scale[:, s])[None]
+    total += np.max(np.where(real[None], sim, -np.inf), axis=2)
+  return total / m
+
+
+def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: int = 8192,
+                    candidates: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(s_vr [Q, k], store row [Q, k]) of the k best videos per query, eq. 4.
+
+  Exhaustive over the store in chunks of `video_chunk` videos, or, with
+  `candidates` [Q, C] store rows, over each query's candidates only.
+  """
+  q_norm = l2_normalize(np.asarray(q, np.float32))
+  n = len(store)
+  k = min(k, n)
+  if candidates is not None:
+    out_s, out_i = [], []
+    for i in range(q_norm.shape[0]):
+      rows = np.unique(candidates[i][candidates[i] >= 0])
+      s = chunk_video_scores(q_norm[i:i + 1], store.h["h0"][rows], store.mask[rows],
+                             None if store.scale is None else store.scale["h0"][rows])
+      s, r = _merge_topk(s, rows[None], min(k, len(rows)))
+      pad = k - s.shape[1]
+      out_s.append(np.pad(s, ((0, 0), (0, pad)), constant_values=-np.inf))
+      out_i.append(np.pad(r, ((0, 0), (0, pad)), constant_values=-1))
+    return np.concatenate(out_s), np.concatenate(out_i)
+  best_s = np.full((q_norm.shape[0], 0), -np.inf, np.float32)
+  best_i = np.zeros((q_norm.shape[0], 0), np.int64)
+  for a in range(0, n, video_chunk):
+    b = min(a + video_chunk, n)
+    s = chunk_video_scores(q_norm, store.h["h0"][a:b], store.mask[a:b],
+                           None if store.scale is None else store.scale["h0"][a:b])
+    idx = np.broadcast_to(np.arange(a, b), s.shape)
+    best_s, best_i = _merge_topk(np.concatenate([best_s, s], 1),
+                                 np.concatenate([best_i, idx], 1), k)
+  return best_s, best_i
+
+
+def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
+  return jax.nn.softmax(jnp.where(mask.astype(bool), logits, -jnp.inf), axis=-1)
+
+
+@dataclasses.dataclass
+class SearchConfig:
+  """XML's inference settings (official defaults)."""
+  top_n_videos: int = 100  # max_vcmr_video
+  alpha: float = 20.0  # q2c_alpha
+  min_len: int = 2  # length prior, clips (see avtext/inference/spans.py)
+  max_len: int = 16
+  max_before_nms: int = 200
+  query_batch: int = 8  # queries whose candidates are scored together (memory)
+  video_chunk: int = 8192
+
+
+def _spans_of(span_fn, q, h1, mask, cfg: SearchConfig):
+  """(p_start, p_end) [Q, N, L] of queries [Q, M, D] on their candidates h1 [Q, N, M, L, D]."""
+  start, end = span_fn(q[:, None], h1, mask)
+  return masked_softmax(start, mask), masked_softmax(end, mask)
+
+
+def search(store: CorpusStore, q: np.ndarray, span_fn: Callable, cfg: SearchConfig, *,
+           own_video: Sequence[int | None] | None = None,
+           candidates: np.ndarray | None = None) -> dict[str, list]:
+  """VR, VCMR and (where `own_video` gives a query's store row) SVMR predictions.
+
+  Args:
+    store: the encoded corpus.
+    q: float32 [Q, M, D] modular query vectors (the model's `encode_query`).
+    span_fn: `(q [Q, 1, M, D], h1 [Q, N, M, L, D], mask [Q, N, L]) -> (start,
+      end) logits [Q, N, L]` (the model's `span_logits`, jitted).
+    cfg: `SearchConfig`.
+    own_video: per query, the store row of its ground-truth video, or None.
+    candidates: optional [Q, C] store rows to restrict VR to (-1 = none).
+
+  Returns:
+    {"VR": [Q lists of [row, score]], "VCMR": [Q lists of [row, start, end, score]],
+     "SVMR": [Q lists or None]}; start / end are clip indices (end inclusive).
+  """
+  q = np.asarray(q, np.float32)
+  num_q, n = q.shape[0], min(cfg.top_n_videos, len(store))
+  vr_s, vr_i = video_retrieval(store, q, n, video_chunk=cfg.video_chunk,
+                               candidates=candidates)
+  out = {"VR": [], "VCMR": [], "SVMR": []}
+  for i in range(num_q):
+    keep = vr_i[i] >= 0
+    out["VR"].append([[int(r), float(s)] for r, s in zip(vr_i[i][keep], vr_s[i][keep])])
+  for a in range(0, num_q, cfg.query_batch):
+    b = min(a + cfg.query_batch, num_q)
+    rows = vr_i[a:b]
+    valid = rows >= 0
+    safe = np.where(valid, rows, 0)
+    h1 = store.read("h1", safe.reshape(-1)).reshape(*rows.shape, *store.h["h1"].shape[1:])
+    mask = np.asarray(store.mask[safe.reshape(-1)]).reshape(*rows.shape, -1)
+    mask = mask * valid[..., None]
+    p_st, p_ed = _spans_of(span_fn, q[a:b], h1, mask, cfg)
+    video_score = jnp.where(valid, vr_s[a:b], -1e4)  # a missing candidate: exp(-alpha * 1e4)=0
+    num_spans = spans._check_lengths(cfg.min_len, cfg.max_len, store.max_len, "search")  # pylint: disable=protected-access
+    k = min(cfg.max_before_nms, n * num_spans)
+    vid, st, ed, score = spans.vcmr_scores(
+        video_score, p_st, p_ed, top_n_videos=n, alpha=cfg.alpha, min_len=cfg.min_len,
+        max_len=cfg.max_len, k=k)
+    vid = np.take_along_axis(rows, np.asarray(vid), 1)
+    for j in range(b - a):
+      out["VCMR"].append([[int(v), int(s), int(e), float(c)] for v, s, e, c
+                          in zip(vid[j], np.asarray(st[j]), np.asarray(ed[j]),
+                                 np.asarray(score[j])) if v >= 0])
+  own = list(own_video) if own_video is not None else [None] * num_q
+  for a in range(0, num_q, cfg.query_batch):
+    idx = [i for i in range(a, min(a + cfg.query_batch, num_q)) if own[i] is not None]
+    if not idx:
+      out["SVMR"] += [None] * (min(a + cfg.query_batch, num_q) - a)
+      continue
+    rows = np.asarray([own[i] for i in idx])
+    h1 = store.read("h1", rows)[:, None]
+    mask = np.asarray(store.mask[rows])[:, None]
+    p_st, p_ed = _spans_of(span_fn, q[idx], h1, mask, cfg)
+    num_spans = spans._check_lengths(cfg.min_len, cfg.max_len, store.max_len, "search")  # pylint: disable=protected-access
+    st, ed, score = spans.top_spans(p_st[:, 0], p_ed[:, 0], min_len=cfg.min_len,
+                                    max_len=cfg.max_len, k=min(cfg.max_before_nms, num_spans))
+    by_query = {i: j for j, i in enumerate(idx)}
+    for i in range(a, min(a + cfg.query_batch, num_q)):
+      if i not in by_query:
+        out["SVMR"].append(None)
+        continue
+      j = by_query[i]
+      out["SVMR"].append([[int(rows[j]), int(s), int(e), float(c)] for s, e, c
+                          in zip(np.asarray(st[j]), np.asarray(ed[j]), np.asarray(score[j]))])
+  return out
+
+
+def submission(store: CorpusStore, results: dict[str, list], queries: Sequence[dict], *,
+               alpha: float, top_n: int = 100) -> dict[str, Any]:
+  """The TVR submission dict (official format) of `search` results for `queries`
+  (dicts with desc_id and desc): seconds, video ids from the store's video_idx."""
+  cl = store.clip_length
+  vidx = store.video_idx
+  sub = {"video2idx": {v: int(i) for v, i in zip(store.videos, vidx)}, "VCMR": [], "VR": []}
+  has_svmr = any(r is not None for r in results["SVMR"])
+  if has_svmr:
+    sub["SVMR"] = []
+  for i, query in enumerate(queries):
+    head = {"desc_id": query["desc_id"], "desc": query.get("desc", "")}
+    sub["VR"].append({**head, "predictions": [
+        [int(vidx[r]), 0, 0, float(np.exp(alpha * s))] for r, s in results["VR"][i][:top_n]]})
+    sub["VCMR"].append({**head, "predictions": [
+        [int(vidx[r]), float(s * cl), float((e + 1) * cl), c]
+        for r, s, e, c in results["VCMR"][i][:top_n]]})
+    if has_svmr:
+      preds = results["SVMR"][i] or []
+      sub["SVMR"].append({**head, "predictions": [
+          [int(vidx[r]), float(s * cl), float((e + 1) * cl), c] for r, s, e, c in preds[:top_n]]})
+  return sub

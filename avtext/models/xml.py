@@ -1,0 +1,251 @@
+"""XML: Cross-modal Moment Localization (TVR, Lei et al. 2020, sec. 4).
+
+Inputs (per item; `avtext.tasks.moments` builds them):
+  query      [Lq, Dq] token features (TVR: RoBERTa, 768-d), query_mask [Lq]
+  video      [L, Dv] clip features (TVR: ResNet-152 + I3D, 3072-d), ctx_mask [L]
+  sub        [L, Ds] subtitle features pooled on the same 1.5 s clip grid (768-d)
+  (`context` = "video", "sub" or "video_sub" says which of video / sub exist)
+
+Backbone (sec. 4.1; names of the official code, jayleicn/TVRetrieval
+`crossmodal_moment_localization/model_xml.py`, in brackets):
+  input projection  LN -> dropout -> Linear -> ReLU       [LinearLayer]
+  positions         LN(x + P[pos]) -> dropout, one learned table per query and
+                    one shared by the two context streams  [TrainablePositionalEncoding]
+  Self-Encoder      one post-LN attention layer without feed-forward part:
+                    LN(x + dropout(Linear(SelfAttention(x)))) (`layers.EncoderBlock`,
+                    feed_forward=False)                     [BertAttention]
+  query             H_q = SelfEnc(E_q); modular attention a_m = softmax_r(w_m . h_r)
+                    over the real tokens, q_m = sum_r a_mr h_r, m in {v, s}   (eq. 1)
+  context           H^m_0 = SelfEnc_m(E_m); Cross-Encoder: LN(H^m_0 +
+                    Linear(CrossAttn(H^m_0 -> H^other_0))) then another
+                    Self-Encoder -> H^m_1                   (cross_context_encoder)
+  VR score          s_vr = mean_m max_l cos(H^m_0[l], q_m)  (eq. 4)
+  query-clip        S = mean_m H^m_1 q_m                    (eq. 2)
+  ConvSE            S_st = Conv1D_st(S), S_ed = Conv1D_ed(S): one input and one
+                    output channel, kernel `conv_kernel_size` (5), 'same' padding,
+                    no bias (eq. 3); P_st, P_ed = softmax over the real clips.
+  TEF               `tef=True` appends [l / n, (l + 1) / n] (n = real clips) to the
+                    video and subtitle features, as the official option.
+
+Choices where the paper and the official code differ (paper followed unless said):
+- Eq. 2 uses q_m itself; the official code first maps q_m through a Linear
+  per stream (video_query_linear / sub_query_linear): `span_query_linear=True`.
+- The paper's Cross-Encoder has "a linear layer" after cross-attention; the
+  official one has none. We keep the linear (the shared attention block's
+  output projection).
+- S is zeroed at padded clips before the convolution, so a video's scores do
+  not depend on how it was padded (the official conv sees encoder outputs at
+  padded positions, so its results depend on the batch's longest video).
+  Consequently the corpus encodings can be stored once and VCMR over them
+  equals a brute-force loop over videos (tests/test_xml.py).
+- LayerNorm eps 1e-5 (PyTorch's default, which the official code uses); every
+  Linear and embedding N(0, 0.02), biases 0; the ConvSE filters PyTorch's
+  default U(-1/sqrt(k), 1/sqrt(k)).
+
+Methods (all pure; `avtext.inference.vcmr` calls the last three on stored
+encodings): `__call__` (training: VR scores of every query against every
+video of the batch, and the start/end logits of each query on its own video),
+`encode_query` -> q [B, M, D], `encode_context` -> (H_0, H_1) [B, M, L, D],
+`span_logits(q, h1, mask)` -> start/end logits [..., L].
+"""
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from avtext.losses import moments as moment_losses
+from avtext.models import layers
+from avtext.models import registry
+
+Array = jax.Array
+CONTEXTS = ("video", "sub", "video_sub")
+NEG_INF = -1e10  # the official mask_logits value
+
+
+def modalities(context: str) -> tuple[str, ...]:
+  """The context streams, in the order of the M axis: ('video', 'sub') for video_sub."""
+  if context not in CONTEXTS:
+    raise ValueError(f"XML context={context!r}; expected one of {CONTEXTS}")
+  return tuple(m for m in ("video", "sub") if m in context.split("_"))
+
+
+def masked_logits(x: Array, mask: Array) -> Array:
+  return jnp.where(mask.astype(bool), x, NEG_INF)
+
+
+def tef(mask: Array) -> Array:
+  """[..., L, 2] temporal endpoint features [l / n, (l + 1) / n], 0 at padding."""
+  n = jnp.maximum(jnp.sum(mask, axis=-1, keepdims=True), 1).astype(jnp.float32)
+  pos = jnp.arange(mask.shape[-1], dtype=jnp.float32)
+  out = jnp.stack([pos / n, (pos + 1) / n], axis=-1)
+  return out * mask[..., None]
+
+
+class _InputProjection(nn.Module):
+  """LN -> dropout -> Linear -> ReLU (the official LinearLayer)."""
+  features: int
+  dropout_rate: float
+  layer_norm_eps: float
+
+  @nn.compact
+  def __call__(self, x: Array, *, deterministic: bool) -> Array:
+    x = nn.LayerNorm(epsilon=self.layer_norm_eps, name="norm")(x)
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    return nn.relu(nn.Dense(self.features, kernel_init=nn.initializers.normal(0.02),
+                            name="dense")(x))
+
+
+class _Positions(nn.Module):
+  """LN(x + P[:L]) -> dropout, P learned [max_len, D]."""
+  max_len: int
+  dropout_rate: float
+  layer_norm_eps: float
+
+  @nn.compact
+  def __call__(self, x: Array, *, deterministic: bool) -> Array:
+    if x.shape[-2] > self.max_len:
+      raise ValueError(f"XML positions: {x.shape[-2]} steps exceed the table's {self.max_len} "
+                       "(config.model.max_ctx_len / max_query_len)")
+    table = self.param("embedding", nn.initializers.normal(0.02),
+                       (self.max_len, x.shape[-1]), jnp.float32)
+    x = nn.LayerNorm(epsilon=self.layer_norm_eps, name="norm")(x + table[:x.shape[-2]])
+    return nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+
+
+def _conv_init(key, shape, dtype=jnp.float32):
+  bound = 1.0 / jnp.sqrt(shape[0] * shape[1])  # PyTorch Conv1d default, fan_in = k * 1
+  return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+class ConvSE(nn.Module):
+  """Start and end filters over the query-clip similarity S [..., L] (TVR eq. 3).
+
+  Parameters: start_kernel, end_kernel [k, 1, 1] (flax Conv layout). Padded
+  clips of S must be zero (the caller masks them); the outputs are logits
+  before the masked softmax.
+  """
+  kernel_size: int = 5
+
+  @nn.compact
+  def __call__(self, similarity: Array) -> tuple[Array, Array]:
+    if self.kernel_size % 2 != 1:
+      raise ValueError(f"ConvSE kernel_size must be odd ('same' padding), got {self.kernel_size}")
+    lead = similarity.shape[:-1]
+    x = similarity.reshape(-1, similarity.shape[-1], 1)
+    conv = dict(features=1, kernel_size=(self.kernel_size,), padding="SAME", use_bias=False,
+                kernel_init=_conv_init)
+    start = nn.Conv(**conv, name="start")(x)[..., 0]
+    end = nn.Conv(**conv, name="end")(x)[..., 0]
+    return start.reshape(*lead, -1), end.reshape(*lead, -1)
+
+
+class XML(nn.Module):
+  """XML (module docstring). Defaults: the official TVR ones."""
+  context: str = "video_sub"
+  hidden_size: int = 256
+  num_heads: int = 4
+  max_ctx_len: int = 100
+  max_query_len: int = 30
+  dropout_rate: float = 0.1  # hidden and attention dropout [drop]
+  input_dropout_rate: float = 0.1  # projections and positions [input_drop]
+  layer_norm_eps: float = 1e-5
+  conv_kernel_size: int = 5
+  span_query_linear: bool = False
+  use_tef: bool = False
+
+  def setup(self):
+    self.streams = modalities(self.context)
+    init = nn.initializers.normal(0.02)
+    proj = dict(features=self.hidden_size, dropout_rate=self.input_dropout_rate,
+                layer_norm_eps=self.layer_norm_eps)
+    pos = dict(dropout_rate=self.input_dropout_rate, layer_norm_eps=self.layer_norm_eps)
+    block = dict(num_heads=self.num_heads, mlp_dim=0, pre_norm=False, feed_forward=False,
+                 layer_norm_eps=self.layer_norm_eps, dropout_rate=self.dropout_rate,
+                 attention_dropout_rate=self.dropout_rate, kernel_init=init)
+    self.query_proj = _InputProjection(**proj)
+    self.query_pos = _Positions(self.max_query_len, **pos)
+    self.query_encoder = layers.EncoderBlock(**block)
+    self.modular = nn.Dense(len(self.streams), use_bias=False, kernel_init=init)
+    self.ctx_pos = _Positions(self.max_ctx_len, **pos)  # shared by the streams (official)
+    self.ctx_proj = {m: _InputProjection(**proj, name=f"{m}_proj") for m in self.streams}
+    self.encoder0 = {m: layers.EncoderBlock(**block, name=f"{m}_encoder0") for m in self.streams}
+    if len(self.streams) == 2:
+      self.cross = {m: layers.EncoderBlock(**block, self_attention=False, cross_attention=True,
+                                           name=f"{m}_cross") for m in self.streams}
+    self.encoder1 = {m: layers.EncoderBlock(**block, name=f"{m}_encoder1") for m in self.streams}
+    if self.span_query_linear:
+      self.span_query = {m: nn.Dense(self.hidden_size, kernel_init=init, name=f"{m}_span_query")
+                         for m in self.streams}
+    self.convse = ConvSE(self.conv_kernel_size)
+
+  # ------------------------------------------------------------ encoders
+  def encode_query(self, query: Array, query_mask: Array, *, train: bool = False) -> Array:
+    """Modular query vectors q [B, M, D] (eq. 1); M follows `modalities(context)`."""
+    det = not train
+    x = self.query_pos(self.query_proj(query, deterministic=det), deterministic=det)
+    h = self.query_encoder(x, query_mask, deterministic=det)  # [B, Lq, D]
+    scores = masked_logits(self.modular(h), query_mask[..., None])  # [B, Lq, M]
+    attn = jax.nn.softmax(scores, axis=-2)
+    return jnp.einsum("blm,bld->bmd", attn, h)
+
+  def encode_context(self, ctx: dict, ctx_mask: Array, *, train: bool = False
+                     ) -> tuple[Array, Array]:
+    """(H_0, H_1), each [B, M, L, D]: the Self- and Cross-Encoder outputs of every stream."""
+    det = not train
+    h0 = {}
+    for m in self.streams:
+      x = ctx[m]
+      if self.use_tef:
+        x = jnp.concatenate([x, tef(ctx_mask).astype(x.dtype)], axis=-1)
+      x = self.ctx_pos(self.ctx_proj[m](x, deterministic=det), deterministic=det)
+      h0[m] = self.encoder0[m](x, ctx_mask, deterministic=det)
+    h1 = {}
+    for m in self.streams:
+      x = h0[m]
+      if len(self.streams) == 2:
+        other = h0["sub" if m == "video" else "video"]
+        x = self.cross[m](x, context=other, context_mask=ctx_mask, deterministic=det)
+      h1[m] = self.encoder1[m](x, ctx_mask, deterministic=det)
+    stack = lambda h: jnp.stack([h[m] for m in self.streams], axis=1)  # noqa: E731
+    return stack(h0), stack(h1)
+
+  def span_logits(self, q: Array, h1: Array, ctx_mask: Array) -> tuple[Array, Array]:
+    """ConvSE start/end logits [..., L] of queries q [..., M, D] on contexts h1 [..., M, L, D].
+
+    Leading dims broadcast (q [Q, 1, M, D] against h1 [Q, V, M, L, D] scores Q
+    queries on V videos each). Padded clips get NEG_INF.
+    """
+    if self.span_query_linear:
+      q = jnp.stack([self.span_query[m](q[..., i, :]) for i, m in enumerate(self.streams)],
+                    axis=-2)
+    sim = jnp.mean(jnp.einsum("...md,...mld->...ml", q, h1), axis=-2)  # eq. 2
+    sim = sim * ctx_mask.astype(sim.dtype)
+    start, end = self.convse(sim)
+    return masked_logits(start, ctx_mask), masked_logits(end, ctx_mask)
+
+  # ------------------------------------------------------------ training
+  def __call__(self, query: Array, query_mask: Array, ctx: dict, ctx_mask: Array, *,
+               train: bool = False) -> dict[str, Array]:
+    """Batch of B (query, own video) pairs -> {"vr_scores" [B, B] (query i vs video j),
+    "start_logits", "end_logits" [B, L] (query i on video i), "query" [B, M, D]}."""
+    q = self.encode_query(query, query_mask, train=train)
+    h0, h1 = self.encode_context(ctx, ctx_mask, train=train)
+    vr = moment_losses.video_retrieval_scores(q, h0, ctx_mask)
+    start, end = self.span_logits(q, h1, ctx_mask)
+    return {"vr_scores": vr, "start_logits": start, "end_logits": end, "query": q}
+
+
+@registry.register_model("xml")
+def xml_from_config(cfg: ml_collections.ConfigDict) -> XML:
+  """config.model: context, hidden_size, num_heads, max_ctx_len, max_query_len,
+  dropout_rate, input_dropout_rate, layer_norm_eps, conv_kernel_size,
+  span_query_linear, use_tef (XML's fields; defaults the official values)."""
+  fields = [f for f in XML.__dataclass_fields__ if f not in ("parent", "name")]
+  unknown = sorted(set(cfg.keys()) - set(fields) - {"name"})
+  if unknown:
+    raise ValueError(f"config.model: unknown XML field(s) {unknown}; XML takes {fields}")
+  kwargs: dict[str, Any] = {k: cfg[k] for k in fields if cfg.get(k) is not None}
+  modalities(kwargs.get("context", "video_sub"))
+  return XML(**kwargs)

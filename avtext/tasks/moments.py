@@ -1,0 +1,194 @@
+"""Task `moments`: video corpus moment retrieval with XML (TVR sec. 4.3) on a `tvr` dataset.
+
+Training example (one query): its token features cut to `model.max_query_len`
+tokens, its video's clip features (video and / or subtitle streams, as
+`model.context`) cut to `model.max_ctx_len` clips (the official truncation:
+later moments become unreachable), both zero-padded with masks, and the
+ground-truth clip labels
+
+    start = min(floor(t_st / cl), n - 1),   end = min(max(ceil(t_ed / cl) - 1, start), n - 1)
+
+with `end` inclusive, so decoding's (end + 1) * cl gives the moment back. (The
+official code labels end = ceil(t_ed / cl), one clip past the moment, and decodes
+it as inclusive, so its predictions run one clip long; `data.end_label =
+"official"` reproduces that.)
+
+Loss (eqs. 5, 6): L_vr on the batch's [B, B] VR scores with one negative video
+and one negative query per positive (uniform over the batch, or from epoch
+`loss.hard_negatives_from_epoch` uniform among the `loss.hard_pool_size`
+highest-scoring ones) + `loss.span_weight` * L_svmr. Batches carry their epoch
+(`epoch`, from the position in the training stream) for that switch.
+
+Evaluation (`avtext.evals.moments`) encodes the split's video corpus with
+`predict_fns()["encode_context"]` over `corpus_examples`, its queries with
+`encode_query` over `eval_examples`, and ranks moments with `span_logits`
+(`avtext.inference.vcmr`).
+"""
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from avtext.data import pipelines
+from avtext.losses import moments as moment_losses
+from avtext.models import xml as xml_lib
+from avtext.tasks import registry
+
+
+def clip_labels(ts, num_clips: int, clip_length: float, end_label: str = "inclusive"
+                ) -> tuple[int, int]:
+  """(start, end) clip indices of a [t_st, t_ed] moment (module docstring)."""
+  if end_label not in ("inclusive", "official"):
+    raise ValueError(f"config.data.end_label={end_label!r}; expected 'inclusive' or 'official'")
+  st = min(int(math.floor(ts[0] / clip_length)), num_clips - 1)
+  if end_label == "official":
+    ed = int(math.ceil(ts[1] / clip_length))
+  else:
+    ed = max(int(math.ceil(ts[1] / clip_length)) - 1, st)
+  return st, min(ed, num_clips - 1)
+
+
+def pad_rows(x: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+  """(x cut / zero-padded to `length` rows, int32 mask)."""
+  x = x[:length]
+  out = np.zeros((length,) + x.shape[1:], np.float32)
+  out[:len(x)] = x
+  mask = np.zeros(length, np.int32)
+  mask[:len(x)] = 1
+  return out, mask
+
+
+@registry.register("moments")
+class MomentsTask(registry.Task):
+  """XML on TVR-layout data (module docstring)."""
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    super().__init__(config)
+    m = config.model
+    self.streams = xml_lib.modalities(m.get("context") or "video_sub")
+    self.max_ctx_len = int(m.get("max_ctx_len") or 100)
+    self.max_query_len = int(m.get("max_query_len") or 30)
+    self.end_label = config.get("data", {}).get("end_label", "inclusive")
+    clip_labels((0.0, 1.0), 1, 1.0, self.end_label)  # validates end_label
+    loss = config.loss
+    self.margin = float(loss.get("margin", 0.1))
+    self.span_weight = float(loss.get("span_weight", 0.01))
+    self.hard_from = loss.get("hard_negatives_from_epoch")
+    self.hard_pool = int(loss.get("hard_pool_size") or 20)
+
+  # ---------------------------------------------------------------- data
+  def check_source(self, source):
+    if not hasattr(source, "context") or not hasattr(source, "corpus"):
+      raise ValueError(f"task 'moments' reads TVR queries and their corpus (config.dataset."
+                       f"name='tvr'), got {type(source).__name__} from dataset "
+                       f"{self.config.dataset.name!r}")
+    if "sub" in self.streams and source.sub_h5 is None:
+      raise ValueError(f"config.model.context={self.config.model.context!r} needs subtitle "
+                       f"features but config.dataset.sub_features is unset ({source!r})")
+    return source
+
+  def num_train_examples(self) -> int:
+    return len(self.train_source)
+
+  def context_example(self, ctx: dict) -> dict:
+    """{"video"?, "sub"?: [max_ctx_len, D], "ctx_mask": [max_ctx_len]} of a video."""
+    out = {}
+    for m in self.streams:
+      out[m], mask = pad_rows(ctx[m], self.max_ctx_len)
+    out["ctx_mask"] = mask
+    return out
+
+  def query_example(self, item: dict) -> dict:
+    query, mask = pad_rows(item["query"], self.max_query_len)
+    return {"query": query, "query_mask": mask}
+
+  def _train_example(self, source, i: int, rng) -> dict:
+    del rng  # no augmentation (official)
+    item = source[i]
+    ctx = self.context_example(source.context(item["vid_name"]))
+    n = int(ctx["ctx_mask"].sum())
+    st, ed = clip_labels(item["ts"], n, source.clip_length, self.end_label)
+    return {**self.query_example(item), **ctx, "start": np.int32(st), "end": np.int32(ed)}
+
+  def train_data(self, *, batch_size, seed, process_index, process_count):
+    source = self.train_source
+    if not source.has_ground_truth:
+      raise ValueError(f"{source!r}: training queries need vid_name and ts")
+    n = len(source)
+    batches = pipelines.train_batches(
+        n, lambda i, rng: self._train_example(source, i, rng), batch_size=batch_size,
+        seed=seed, process_index=process_index, process_count=process_count)
+    global_batch = batch_size * process_count
+
+    def with_epoch(k, batch):  # local batch k is global batch k (pipelines.train_batches)
+      return {**batch, "epoch": np.full(len(batch["start"]), k * global_batch // n, np.int32)}
+    return batches.map_with_index(with_epoch)
+
+  def eval_examples(self, source) -> Callable[[int], dict]:
+    source = self.check_source(source)
+
+    def example(i: int) -> dict:
+      item = source[i]
+      return {**self.query_example(item), "desc_id": str(item["desc_id"]),
+              "desc": item["desc"], "type": item["type"], "vid_name": item["vid_name"] or ""}
+    return example
+
+  def corpus_examples(self, source) -> Callable[[int], dict]:
+    """`index -> example` over `source.corpus` (the split's videos, in order)."""
+    source = self.check_source(source)
+
+    def example(i: int) -> dict:
+      vid, idx = source.corpus[i]
+      return {**self.context_example(source.context(vid)), "vid_name": vid,
+              "video_idx": str(idx)}
+    return example
+
+  # ---------------------------------------------------------------- model
+  def _ctx(self, batch) -> dict:
+    return {m: batch[m] for m in self.streams}
+
+  def init_variables(self, rng, batch):
+    return self.model.init({"params": rng}, batch["query"], batch["query_mask"],
+                           self._ctx(batch), batch["ctx_mask"])
+
+  def loss_fn(self, variables, batch, rng) -> tuple[Any, dict, dict]:
+    dropout_rng, neg_rng = jax.random.split(rng)
+    out = self.model.apply(variables, batch["query"], batch["query_mask"], self._ctx(batch),
+                           batch["ctx_mask"], train=True, rngs={"dropout": dropout_rng})
+    scores = out["vr_scores"]
+    neg_v, neg_q = moment_losses.sample_negatives(neg_rng, scores)
+    hard = jnp.zeros((), bool)
+    if self.hard_from is not None:
+      hard = batch["epoch"][0] >= int(self.hard_from)
+      hard_v, hard_q = moment_losses.sample_negatives(neg_rng, scores,
+                                                      hard_pool_size=self.hard_pool)
+      neg_v, neg_q = jnp.where(hard, hard_v, neg_v), jnp.where(hard, hard_q, neg_q)
+    vr_loss = moment_losses.video_retrieval_hinge(scores, neg_v, neg_q, margin=self.margin)
+    span_loss = moment_losses.svmr_nll(out["start_logits"], out["end_logits"], batch["start"],
+                                       batch["end"], batch["ctx_mask"])
+    loss = vr_loss + self.span_weight * span_loss
+    pos = jnp.diagonal(scores)
+    return loss, {"vr_loss": vr_loss, "span_loss": span_loss, "hard_negatives": hard,
+                  "positive_score": jnp.mean(pos)}, {}
+
+  def predict_fns(self):
+    model = self.model
+
+    def encode_query(variables, batch):
+      return {"q": model.apply(variables, batch["query"], batch["query_mask"],
+                               method=model.encode_query)}
+
+    def encode_context(variables, batch):
+      h0, h1 = model.apply(variables, self._ctx(batch), batch["ctx_mask"],
+                           method=model.encode_context)
+      return {"h0": h0, "h1": h1, "mask": batch["ctx_mask"]}
+
+    def span_logits(variables, batch):
+      return model.apply(variables, batch["q"], batch["h1"], batch["mask"],
+                         method=model.span_logits)
+
+    return {"encode_query": encode_query, "encode_context": encode_context,
+            "span_logits": span_logits}

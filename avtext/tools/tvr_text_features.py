@@ -1,0 +1,145 @@
+r"""TVR's query and subtitle token features (the layout `builders.tvr` reads).
+
+    python -m avtext.tools.tvr_text_features --data=/data/tvr [--bert_dir=/models/roberta-ft] \
+        [--layer=-2] [--subtitles=tvqa_preprocessed_subtitles.jsonl] \
+        [--video_features=tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5] [--force]
+
+Writes, with the official names under `<data>/bert_feature/sub_query/`:
+
+  tvr_query_pretrained_w_sub_query.h5          str(desc_id) -> float32 [L, D]: the
+      hidden state `--layer` (official: the second-to-last) of every token of
+      "[CLS] desc [SEP]" cut to 30 tokens, [CLS] and [SEP] removed, for every
+      query of tvr_{train,val,test_public}_release.jsonl present
+  tvr_sub_pretrained_w_sub_query_max_cl-1.5.h5 vid_name -> float32 [n_clips, D]: per
+      1.5 s clip, the max over the tokens of the subtitle lines touching it (a line
+      [s, e] covers clips floor(s / 1.5) .. ceil(e / 1.5) - 1), zeros where none
+      does; n_clips is the video feature file's; "<vid_name>-mask" -> float32
+      [n_clips], 1 where a line touches the clip
+
+Each subtitle line is encoded as its own "[CLS] line [SEP]" sequence. The
+official features come from a RoBERTa fine-tuned on TVR's queries and
+subtitles (768-d); the default here is the offline MiniLM-L6 as is (384-d),
+so the configs set query_dim / sub_dim accordingly. Existing files are kept
+unless `--force`.
+"""
+import argparse
+import math
+import pathlib
+from typing import Sequence
+
+from absl import logging
+import numpy as np
+
+from avtext.data import coot_layout
+from avtext.data import text_features
+from avtext.data.builders import tvc
+from avtext.data.builders import tvr
+
+MAX_QUERY_TOKENS = 30  # the official tokenizer max_length (with <s> </s>)
+MAX_LINE_TOKENS = 64
+
+
+def clip_span(start: float, end: float, clip_length: float) -> tuple[int, int]:
+  """Clips [a, b) a subtitle line [start, end] seconds touches (TVCaption / TVR rule)."""
+  return int(math.floor(start / clip_length)), int(math.ceil(end / clip_length))
+
+
+def pool_subtitles(lines: Sequence[tuple[float, float, np.ndarray]], num_clips: int,
+                   clip_length: float, dim: int) -> tuple[np.ndarray, np.ndarray]:
+  """(float32 [num_clips, dim] max over the tokens of the lines touching each clip, mask)."""
+  out = np.full((num_clips, dim), -np.inf, np.float32)
+  for start, end, tokens in lines:
+    a, b = clip_span(start, end, clip_length)
+    a, b = max(a, 0), min(b, num_clips)
+    if a < b:
+      out[a:b] = np.maximum(out[a:b], tokens.max(axis=0))
+  mask = np.isfinite(out[:, 0]).astype(np.float32)
+  out[mask == 0] = 0.0
+  return out, mask
+
+
+def write(data_dir, *, bert_dir=None, layer: int = -2, subtitles: str = tvc.DEFAULT_SUBTITLES,
+          video_features: str = tvr.DEFAULT_VIDEO_FEATURES[0], clip_length: float = 1.5,
+          batch_size: int = 64, force: bool = False) -> tuple[pathlib.Path, pathlib.Path]:
+  """Writes both files (module docstring); returns (query h5, subtitle h5)."""
+  import h5py  # pylint: disable=g-import-not-at-top
+
+  data = pathlib.Path(data_dir)
+  query_out, sub_out = data / tvr.DEFAULT_QUERY_FEATURES, data / tvr.DEFAULT_SUB_FEATURES
+  if query_out.is_file() and sub_out.is_file() and not force:
+    logging.info("%s and %s exist; nothing to do (--force overwrites)", query_out, sub_out)
+    return query_out, sub_out
+  encoder = text_features.TextEncoder(bert_dir, (layer,))
+
+  queries = {}
+  for split in tvr.SPLITS:
+    file = tvr.annotation_path(data, split)
+    if file.is_file():
+      for n, row in enumerate(tvc.read_jsonl(file, "TVR annotations"), 1):
+        if not isinstance(row, dict) or "desc_id" not in row or "desc" not in row:
+          raise ValueError(f"{file}, line {n}: expected desc_id and desc")
+        queries[str(row["desc_id"])] = encoder.sentence_ids(str(row["desc"]), MAX_QUERY_TOKENS)
+  if not queries:
+    raise FileNotFoundError(f"no tvr_<split>_release.jsonl under {data}")
+  feats = encoder.run(queries, batch_size=batch_size, desc="query features")
+  coot_layout.write_h5(query_out, {k: v[1:-1] if len(v) > 2 else v for k, v in feats.items()})
+
+  video_file = tvc.video_features_path(data, video_features)
+  if not video_file.is_file():
+    raise FileNotFoundError(f"{video_file} not found: the subtitle features take their clip "
+                            "count from it (--video_features)")
+  with h5py.File(video_file, "r") as h5:
+    num_clips = {k: int(h5[k].shape[0]) for k in h5.keys()}
+  subs_file = data / subtitles
+  lines, texts = {}, {}
+  for n, row in enumerate(tvc.read_jsonl(subs_file, "subtitles"), 1):
+    if not isinstance(row, dict) or "vid_name" not in row or "sub" not in row:
+      raise ValueError(f"{subs_file}, line {n}: expected {{\"vid_name\", \"sub\": [...]}}")
+    if row["vid_name"] not in num_clips:
+      continue
+    lines[row["vid_name"]] = []
+    for j, s in enumerate(row["sub"]):
+      try:
+        start, end, text = float(s["start"]), float(s["end"]), str(s["text"])
+      except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{subs_file}, line {n}, sub {j}: needs start, end, text ({e})") from e
+      key = f"{row['vid_name']}/{j}"
+      texts[key] = encoder.sentence_ids(text, MAX_LINE_TOKENS)
+      lines[row["vid_name"]].append((start, end, key))
+  missing = sorted(set(num_clips) - set(lines))
+  if missing:
+    logging.warning("%d videos of %s have no subtitle line in %s: all-zero subtitle features, "
+                    "e.g. %s", len(missing), video_file, subs_file, missing[:3])
+  line_feats = encoder.run(texts, batch_size=batch_size, desc="subtitle features")
+  arrays = {}
+  for vid, n in num_clips.items():
+    pooled, mask = pool_subtitles(
+        [(s, e, line_feats[k][1:-1] if len(line_feats[k]) > 2 else line_feats[k])
+         for s, e, k in lines.get(vid, [])], n, clip_length, encoder.dim)
+    arrays[vid], arrays[f"{vid}-mask"] = pooled, mask
+  coot_layout.write_h5(sub_out, arrays)
+  logging.info("wrote %d query and %d video subtitle features (%d-d) to %s", len(feats),
+               len(num_clips), encoder.dim, query_out.parent)
+  return query_out, sub_out
+
+
+def main(argv: Sequence[str] | None = None):
+  parser = argparse.ArgumentParser(prog="python -m avtext.tools.tvr_text_features",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--data", required=True, help="TVR directory (builders/tvr.py layout)")
+  parser.add_argument("--bert_dir", default=None, help="local HF BERT dir (default MiniLM-L6)")
+  parser.add_argument("--layer", default=-2, type=int, help="hidden state (HF numbering)")
+  parser.add_argument("--subtitles", default=tvc.DEFAULT_SUBTITLES)
+  parser.add_argument("--video_features", default=tvr.DEFAULT_VIDEO_FEATURES[0],
+                      help="video feature h5 name giving the clip count per video")
+  parser.add_argument("--clip_length", default=1.5, type=float)
+  parser.add_argument("--force", action="store_true")
+  args = parser.parse_args(argv)
+  logging.set_verbosity(logging.INFO)
+  return write(args.data, bert_dir=args.bert_dir, layer=args.layer, subtitles=args.subtitles,
+               video_features=args.video_features, clip_length=args.clip_length,
+               force=args.force)
+
+
+if __name__ == "__main__":
+  main()
