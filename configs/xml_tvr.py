@@ -72,7 +72,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       sub_features="bert_feature/sub_query/tvr_sub_pretrained_w_sub_query_max_cl-1.5.h5",
       sub_dim=768,
       query_features="bert_feature/sub_query/tvr_query_pretrained_w_sub_query.h5",
-      query_dim=768, normalize_text=True, clip_length=1.5, max_queries=-1))
+      query_dim=768, normalize_text=True, clip_length=1.5, max_queries=-1,
+      # How `python -m avtext.search` encodes new queries: it must match query_features
+      # (official: a RoBERTa fine-tuned on TVR, layer -2; pass its local directory).
+      query_encoder=dict(bert_dir=ml_collections.config_dict.placeholder(str), layer=-2)))
 
   config.data = ml_collections.ConfigDict(dict(end_label="inclusive", num_threads=2,
                                                prefetch=4))
@@ -80,7 +83,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict(dict(
       name="xml", context="video_sub", hidden_size=256, num_heads=4, max_ctx_len=100,
       max_query_len=30, dropout_rate=0.1, input_dropout_rate=0.1, layer_norm_eps=1e-5,
-      conv_kernel_size=5, span_query_linear=False, use_tef=False))
+      conv_kernel_size=5, span_query_linear=False, use_tef=False,
+      dropout_masks="hash"))  # cheap dropout masks (avtext.models.layers.dropout)
 
   config.loss = ml_collections.ConfigDict(dict(
       name="xml", margin=0.1, span_weight=0.01, hard_negatives_from_epoch=20,
@@ -134,6 +138,7 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   d.video_features = ("synthetic_tower_cl-1.5",)
   d.video_dim, d.sub_dim, d.query_dim = 128, 384, 384  # RGB tower; MiniLM-L6 layer -2
   config.model.max_ctx_len = 40  # the longest synthetic video: 8 scenes x 7.5 s = 40 clips
+  config.model.hidden_size = 128  # CPU budget: a 256-wide step takes 0.9 s here, 128 ~0.3 s
   config.train.num_epochs = 30
   config.loss.hard_negatives_from_epoch = 15
   config.optimizer.learning_rate = 5e-4

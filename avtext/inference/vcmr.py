@@ -8,7 +8,9 @@ eq. 4), and the Cross-Encoder outputs H^m_1 (for ConvSE), on a fixed grid of
   meta.json   {"videos": [vid_name], "video_idx": [int], "num_clips": [int],
                "streams": ["video", "sub"], "dim": D, "max_len": L,
                "dtype": "float32" | "bfloat16" | "int8", "clip_length": 1.5, ...}
-  h0.bin, h1.bin   [V, M, L, D] in `dtype` (raw, C order; np.memmap)
+  h0.bin, h1.bin   [V, M, L, D] in `dtype` (raw, C order; np.memmap); a padded clip of
+                   h0 repeats the video's first clip, so the max of eq. 4 needs no mask;
+                   padded clips of h1 are zero
   h0_scale.bin, h1_scale.bin   float32 [V, M, L], int8 only: x = q * scale
   mask.bin    uint8 [V, L], 1 for real clips
 
@@ -87,7 +89,10 @@ class CorpusWriter:
       raise ValueError(f"corpus store {self.dir}: expected h0, h1 [n, {want}] and mask "
                        f"[n, {want[1]}], got {h0.shape}, {h1.shape}, {mask.shape}")
     mask = np.asarray(mask).astype(bool)
-    h0 = l2_normalize(np.asarray(h0, np.float32)) * mask[:, None, :, None]
+    if not mask[:, 0].all():
+      raise ValueError(f"corpus store {self.dir}: every video needs a first real clip")
+    h0 = l2_normalize(np.asarray(h0, np.float32))
+    h0 = np.where(mask[:, None, :, None], h0, h0[:, :, :1])  # padding = clip 0 (max unchanged)
     h1 = np.asarray(h1, np.float32) * mask[:, None, :, None]
     for name, x in (("h0", h0), ("h1", h1)):
       if self.scale is not None:
@@ -161,12 +166,13 @@ def _merge_topk(scores: np.ndarray, index: np.ndarray, k: int) -> tuple[np.ndarr
   return np.take_along_axis(scores, order, 1), np.take_along_axis(index, order, 1)
 
 
-def chunk_video_scores(q_norm: np.ndarray, h0: np.ndarray, mask: np.ndarray,
+def chunk_video_scores(q_norm: np.ndarray, h0: np.ndarray,
                        scale: np.ndarray | None = None) -> np.ndarray:
-  """s_vr [Q, C] of normalized queries [Q, M, D] on a chunk h0 [C, M, L, D] (any dtype)."""
+  """s_vr [Q, C] of normalized queries [Q, M, D] on a stored chunk h0 [C, M, L, D] (any
+  dtype; padded clips repeat clip 0, so the max over all L clips is the max over the real
+  ones)."""
   c, m, l, d = h0.shape
   total = np.zeros((q_norm.shape[0], c), np.float32)
-  real = mask.astype(bool)
   for s in range(m):
     x = np.asarray(h0[:, s]).reshape(c * l, d)
     if x.dtype != np.float32:
@@ -174,11 +180,11 @@ def chunk_video_scores(q_norm: np.ndarray, h0: np.ndarray, mask: np.ndarray,
     sim = (q_norm[:, s] @ x.T).reshape(-1, c, l)  # one GEMM per stream
     if scale is not None:
       sim *= np.asarray(scale[:, s])[None]
-    total += np.max(np.where(real[None], sim, -np.inf), axis=2)
+    total += sim.max(axis=2)
   return total / m
 
 
-def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: int = 8192,
+def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: int = 1024,
                     candidates: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
   """(s_vr [Q, k], store row [Q, k]) of the k best videos per query, eq. 4.
 
@@ -192,7 +198,7 @@ def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: i
     out_s, out_i = [], []
     for i in range(q_norm.shape[0]):
       rows = np.unique(candidates[i][candidates[i] >= 0])
-      s = chunk_video_scores(q_norm[i:i + 1], store.h["h0"][rows], store.mask[rows],
+      s = chunk_video_scores(q_norm[i:i + 1], store.h["h0"][rows],
                              None if store.scale is None else store.scale["h0"][rows])
       s, r = _merge_topk(s, rows[None], min(k, len(rows)))
       pad = k - s.shape[1]
@@ -203,7 +209,7 @@ def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: i
   best_i = np.zeros((q_norm.shape[0], 0), np.int64)
   for a in range(0, n, video_chunk):
     b = min(a + video_chunk, n)
-    s = chunk_video_scores(q_norm, store.h["h0"][a:b], store.mask[a:b],
+    s = chunk_video_scores(q_norm, store.h["h0"][a:b],
                            None if store.scale is None else store.scale["h0"][a:b])
     idx = np.broadcast_to(np.arange(a, b), s.shape)
     best_s, best_i = _merge_topk(np.concatenate([best_s, s], 1),
@@ -224,7 +230,7 @@ class SearchConfig:
   max_len: int = 16
   max_before_nms: int = 200
   query_batch: int = 8  # queries whose candidates are scored together (memory)
-  video_chunk: int = 8192
+  video_chunk: int = 1024
 
 
 def _spans_of(span_fn, q, h1, mask, cfg: SearchConfig):

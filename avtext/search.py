@@ -1,0 +1,109 @@
+r"""Search a stored video corpus with a trained XML run: text queries in, top moments out.
+
+    python -m avtext.search --workdir=workdirs/demo/xml --step=best \
+        --corpus=workdirs/demo/xml/corpus/test_step840 --queries=queries.txt [--top=10]
+    echo "Alice : we should talk about the weather" | python -m avtext.search \
+        --workdir=workdirs/demo/xml --corpus=... --queries=-
+
+The corpus is a store written by the `moments` evaluator (`workdir/corpus/<eval>_step<N>/`,
+kept with `keep_corpus=True`) or by `avtext.inference.vcmr.CorpusWriter`; it must come
+from the same run and step (the encodings depend on the weights). Each query line is
+encoded as the query features were (`config.dataset.query_encoder`: a local HF BERT
+directory, default the offline MiniLM-L6, and its hidden state, default -2; tokens
+without [CLS] / [SEP], L2-normalized), then answered by `vcmr.search` (VR over the whole
+corpus, eq. 8 on the top videos). Prints, per query, rank, video, start-end seconds,
+score; `--json` prints one JSON object per query instead.
+"""
+import argparse
+import json
+import sys
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from avtext import inspect as inspect_lib
+from avtext.data import text_features
+from avtext.data.builders import tvr
+from avtext.inference import vcmr
+from avtext.tools import tvr_text_features
+
+
+class Searcher:
+  """A run + a stored corpus: `__call__(texts) -> per query, [(vid_name, st, ed, score)]`."""
+
+  def __init__(self, workdir, corpus, *, step=None, bert_dir=None, layer=None,
+               search: dict | None = None):
+    self.run = inspect_lib.load_run(workdir, step)
+    config, model = self.run.config, self.run.model
+    if config.model.name != "xml":
+      raise ValueError(f"{workdir}: a {config.model.name!r} run; avtext.search needs an XML run")
+    self.store = vcmr.CorpusStore(corpus)
+    streams = tuple(model.context.split("_"))
+    if self.store.streams != streams:
+      raise ValueError(f"{corpus}: streams {self.store.streams} but the run's context is "
+                       f"{model.context!r}: encode the corpus with this run")
+    enc = dict(config.dataset.get("query_encoder") or {})
+    self.encoder = text_features.TextEncoder(bert_dir or enc.get("bert_dir"),
+                                             (layer if layer is not None
+                                              else enc.get("layer", -2),))
+    self.normalize = bool(config.dataset.get("normalize_text", True))
+    evals = config.get("evals") or {}
+    defaults = next((dict(e.get("search") or {}) for e in evals.values()
+                     if e.get("type") == "moments"), {})
+    self.cfg = vcmr.SearchConfig(**{**defaults, **(search or {})})
+    variables = self.run.variables
+    self._query = jax.jit(lambda q, m: model.apply(variables, q, m, method=model.encode_query))
+    self._span = jax.jit(lambda q, h1, m: model.apply(variables, q, h1, m,
+                                                      method=model.span_logits))
+
+  def encode(self, texts: Sequence[str]) -> np.ndarray:
+    ids = {str(i): self.encoder.sentence_ids(t, tvr_text_features.MAX_QUERY_TOKENS)
+           for i, t in enumerate(texts)}
+    feats = self.encoder.run(ids, desc="queries")
+    max_len = self.run.model.max_query_len
+    q = np.zeros((len(texts), max_len, self.encoder.dim), np.float32)
+    mask = np.zeros((len(texts), max_len), np.int32)
+    for i in range(len(texts)):
+      x = feats[str(i)][1:-1] if len(feats[str(i)]) > 2 else feats[str(i)]
+      x = tvr.l2_normalize(x) if self.normalize else x
+      q[i, :len(x[:max_len])], mask[i, :len(x[:max_len])] = x[:max_len], 1
+    return np.asarray(self._query(q, mask))
+
+  def __call__(self, texts: Sequence[str], top: int = 10) -> list[list[tuple]]:
+    results = vcmr.search(self.store, self.encode(texts), self._span, self.cfg)
+    cl = self.store.clip_length
+    return [[(self.store.videos[v], s * cl, (e + 1) * cl, score)
+             for v, s, e, score in results["VCMR"][i][:top]] for i in range(len(texts))]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(prog="python -m avtext.search",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--workdir", required=True, help="an XML run directory")
+  parser.add_argument("--step", default=None, help="checkpoint: N, 'best' or latest (default)")
+  parser.add_argument("--corpus", required=True, help="a corpus store of that run and step")
+  parser.add_argument("--queries", default="-", help="a text file, one query per line; - = stdin")
+  parser.add_argument("--top", type=int, default=10, help="moments printed per query")
+  parser.add_argument("--bert_dir", default=None, help="overrides config.dataset.query_encoder")
+  parser.add_argument("--json", action="store_true", help="one JSON object per query")
+  args = parser.parse_args(argv)
+  lines = (sys.stdin if args.queries == "-" else open(args.queries, encoding="utf-8"))
+  texts = [l.strip() for l in lines if l.strip()]
+  if not texts:
+    parser.error("no queries given")
+  step = int(args.step) if args.step and args.step.isdigit() else args.step
+  searcher = Searcher(args.workdir, args.corpus, step=step, bert_dir=args.bert_dir)
+  for text, moments in zip(texts, searcher(texts, top=args.top)):
+    if args.json:
+      print(json.dumps({"query": text, "moments": [
+          {"vid_name": v, "st": round(s, 2), "ed": round(e, 2), "score": sc}
+          for v, s, e, sc in moments]}))
+      continue
+    print(f"query: {text}")
+    for rank, (vid, s, e, score) in enumerate(moments, 1):
+      print(f"  {rank:3d}. {vid}  {s:7.1f} - {e:7.1f} s   score {score:.4g}")
+
+
+if __name__ == "__main__":
+  main()

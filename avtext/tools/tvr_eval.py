@@ -1,0 +1,73 @@
+r"""Scores a TVR submission file: VCMR / SVMR / VR R@{1,5,10,100} at IoU 0.5 / 0.7.
+
+    python -m avtext.tools.tvr_eval --submission=workdirs/demo/xml/moments/test_step840.json \
+        --ground_truth=workdirs/demo/tvr_data/tvr_test_public_release.jsonl \
+        [--official_script=/path/to/TVRetrieval/standalone_eval/eval.py]
+
+The numbers are `avtext.metrics.moments.evaluate_predictions`'s (equal to the
+official standalone_eval/eval.py). With `--official_script`, that script (not part of
+avtext; a checkout of jayleicn/TVRetrieval) is run on the same files and every metric
+is compared; the exit status is 1 when any differs.
+"""
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from typing import Sequence
+
+from avtext.metrics import moments
+
+
+def table(results: dict) -> str:
+  lines = [" " * 12 + "".join(f"R@{k:<7d}" for k in (1, 5, 10, 100))]
+  for task in ("VCMR", "SVMR", "VR"):
+    if task not in results:
+      continue
+    for thd in ((None,) if task == "VR" else ("0.5", "0.7")):
+      key = "r" if thd is None else f"{thd}-r"
+      lines.append(f"{task + ('' if thd is None else ' ' + thd):<12s}" + "".join(
+          f"{results[task][f'{key}{k}']:<9.2f}" for k in (1, 5, 10, 100)))
+  return "\n".join(lines)
+
+
+def differences(ours: dict, official: dict) -> list[str]:
+  out = []
+  for task in sorted(set(ours) | set(official)):
+    a, b = ours.get(task, {}), official.get(task, {})
+    for key in sorted(set(a) | set(b)):
+      x, y = a.get(key), b.get(key)
+      same = x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x)
+                        and math.isnan(y))
+      if not same:
+        out.append(f"{task}/{key}: avtext {x!r}, official {y!r}")
+  return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m avtext.tools.tvr_eval",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--submission", required=True)
+  parser.add_argument("--ground_truth", required=True, help="tvr_<split>_release.jsonl")
+  parser.add_argument("--official_script", default=None, help="TVRetrieval's eval.py")
+  args = parser.parse_args(argv)
+  ours = moments.evaluate_predictions(args.submission, args.ground_truth)
+  print(f"{args.submission}\n{table(ours)}")
+  if not args.official_script:
+    return 0
+  with tempfile.NamedTemporaryFile(suffix=".json") as out:
+    subprocess.run([sys.executable, args.official_script, "--submission_path",
+                    args.submission, "--gt_path", args.ground_truth, "--save_path", out.name,
+                    "--not_verbose"], check=True)
+    official = json.loads(open(out.name, encoding="utf-8").read())
+  diff = differences(ours, official)
+  n = sum(len(v) for v in ours.values())
+  print(f"official script: {'all ' + str(n) + ' metrics equal' if not diff else 'DIFFERS'}")
+  for line in diff:
+    print("  " + line)
+  return 1 if diff else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

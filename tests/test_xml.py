@@ -1,0 +1,327 @@
+"""XML (TVR sec. 4): ConvSE and the modular query by hand, VCMR against a brute-force loop,
+the corpus store, the tvr dataset and text features, and a tiny end-to-end run."""
+import itertools
+import json
+import math
+import pathlib
+import sys
+
+import h5py
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from avtext.data import builders
+from avtext.data import coot_layout
+from avtext.data.builders import tvr
+from avtext.data.synthetic import longvideo
+from avtext.data.synthetic import world
+from avtext.inference import vcmr
+from avtext.metrics import moments as moment_metrics
+from avtext.models import xml
+from avtext.tasks import moments as moments_task
+from avtext.tasks import registry
+from avtext.tools import tvr_synthetic
+from avtext.tools import tvr_text_features
+from avtext.train import trainer as trainer_lib
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
+import xml_tvr  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+# ---------------------------------------------------------------- model pieces by hand
+
+
+def _tiny_xml(**kw):
+  return xml.XML(**{**dict(hidden_size=4, num_heads=2, max_ctx_len=6, max_query_len=5), **kw})
+
+
+def _inputs(rng, b=2, length=6, lq=5):
+  q = jnp.asarray(rng.normal(size=(b, lq, 3)), jnp.float32)
+  qm = jnp.asarray([[1, 1, 1, 0, 0]] * b, jnp.int32)
+  ctx = {"video": jnp.asarray(rng.normal(size=(b, length, 5)), jnp.float32),
+         "sub": jnp.asarray(rng.normal(size=(b, length, 3)), jnp.float32)}
+  cm = jnp.asarray([[1] * length, [1] * 4 + [0] * (length - 4)], jnp.int32)
+  return q, qm, ctx, cm
+
+
+def test_convse_is_two_unbiased_same_padded_filters():
+  conv = xml.ConvSE(kernel_size=3)
+  s = jnp.asarray([[0.0, 1.0, 2.0, 0.0, 0.0]])
+  params = {"start": {"kernel": jnp.asarray([-1.0, 0.0, 1.0]).reshape(3, 1, 1)},
+            "end": {"kernel": jnp.asarray([1.0, 0.0, -1.0]).reshape(3, 1, 1)}}
+  start, end = conv.apply({"params": params}, s)
+  # start[l] = -s[l-1] + s[l+1] (zeros beyond the ends): an "up" edge detector.
+  np.testing.assert_allclose(start, [[1.0, 2.0, -1.0, -2.0, 0.0]], atol=1e-6)
+  np.testing.assert_allclose(end, -np.asarray([[1.0, 2.0, -1.0, -2.0, 0.0]]), atol=1e-6)
+  v = conv.init(jax.random.PRNGKey(0), s)
+  assert set(jax.tree.leaves(jax.tree.map(lambda x: x.shape, v))) == {3, 1}
+  assert all(np.all(np.abs(k) <= 1 / math.sqrt(3)) for k in jax.tree.leaves(v))
+
+
+def test_modular_query_is_a_masked_softmax_over_the_encoded_tokens():
+  model = _tiny_xml()
+  q, qm, ctx, cm = _inputs(np.random.default_rng(0))
+  v = model.init(jax.random.PRNGKey(0), q, qm, ctx, cm)
+  got = model.apply(v, q, qm, method=model.encode_query)  # [B, 2, D]
+  # The encoded tokens H_q (same modules, applied by hand) and eq. 1.
+  def hq(module):
+    x = module.query_pos(module.query_proj(q, deterministic=True), deterministic=True)
+    return module.query_encoder(x, qm, deterministic=True)
+  h = np.asarray(model.apply(v, method=hq))
+  w = np.asarray(v["params"]["modular"]["kernel"])  # [D, 2]: w_v, w_s
+  for b in range(2):
+    for m in range(2):
+      logits = h[b, :3] @ w[:, m]  # the 3 real tokens only
+      a = np.exp(logits - logits.max())
+      a /= a.sum()
+      np.testing.assert_allclose(got[b, m], a @ h[b, :3], rtol=1e-5, atol=1e-6)
+
+
+def test_span_logits_are_convse_of_the_mean_stream_similarity():
+  model = _tiny_xml()
+  q, qm, ctx, cm = _inputs(np.random.default_rng(1))
+  v = model.init(jax.random.PRNGKey(0), q, qm, ctx, cm)
+  qv = model.apply(v, q, qm, method=model.encode_query)
+  h0, h1 = model.apply(v, ctx, cm, method=model.encode_context)
+  start, end = model.apply(v, qv, h1, cm, method=model.span_logits)
+  ks = {n: np.asarray(v["params"]["convse"][n]["kernel"])[:, 0, 0] for n in ("start", "end")}
+  for b in range(2):
+    n = int(cm[b].sum())
+    sim = 0.5 * (np.asarray(h1[b, 0]) @ np.asarray(qv[b, 0])
+                 + np.asarray(h1[b, 1]) @ np.asarray(qv[b, 1]))  # eq. 2
+    sim[n:] = 0.0  # padded clips are zeroed before the filters
+    padded = np.pad(sim, 2)
+    for name, got in (("start", start), ("end", end)):
+      want = np.asarray([padded[l:l + 5] @ ks[name] for l in range(6)])
+      np.testing.assert_allclose(got[b, :n], want[:n], rtol=1e-5, atol=1e-5)
+      assert np.all(np.asarray(got[b, n:]) == xml.NEG_INF)
+  out = model.apply(v, q, qm, ctx, cm)
+  # eq. 4 on H_0: mean over streams of the best cosine over real clips.
+  for i, j in itertools.product(range(2), range(2)):
+    n = int(cm[j].sum())
+    want = np.mean([max(float(np.dot(h0[j, m, l], qv[i, m]) / np.linalg.norm(h0[j, m, l])
+                            / np.linalg.norm(qv[i, m])) for l in range(n)) for m in range(2)])
+    np.testing.assert_allclose(out["vr_scores"][i, j], want, rtol=1e-5)
+  # A video's encodings do not depend on how far it is padded.
+  short = {k: x[1:, :4] for k, x in ctx.items()}
+  h0s, h1s = model.apply(v, short, cm[1:, :4], method=model.encode_context)
+  np.testing.assert_allclose(h1s[0], h1[1, :, :4], rtol=1e-5, atol=1e-6)
+  s2, _ = model.apply(v, qv[1:], h1s, cm[1:, :4], method=model.span_logits)
+  np.testing.assert_allclose(s2[0], start[1, :4], rtol=1e-5, atol=1e-5)
+
+
+def test_clip_labels_inclusive_and_official():
+  assert moments_task.clip_labels([3.2, 7.6], 10, 1.5) == (2, 5)  # clips 2..5 = 3.0-9.0 s
+  assert moments_task.clip_labels([3.2, 7.6], 10, 1.5, "official") == (2, 6)
+  assert moments_task.clip_labels([3.0, 4.5], 10, 1.5) == (2, 2)  # exactly one clip
+  assert moments_task.clip_labels([40.0, 70.0], 30, 1.5) == (26, 29)  # cut to the video
+  with pytest.raises(ValueError, match="end_label"):
+    moments_task.clip_labels([0, 1], 2, 1.5, "exclusive")
+
+
+# ---------------------------------------------------------------- VCMR vs brute force
+
+
+def _toy_span_fn(q, h1, mask):
+  """A deterministic stand-in for ConvSE: start = <q_0, h1_0>, end = <q_1, h1_1>."""
+  start = jnp.einsum("...d,...ld->...l", q[..., 0, :], h1[..., 0, :, :])
+  end = jnp.einsum("...d,...ld->...l", q[..., 1, :], h1[..., 1, :, :])
+  return (jnp.where(mask.astype(bool), start, -1e10), jnp.where(mask.astype(bool), end, -1e10))
+
+
+def _store(tmp_path, rng, num_videos=7, length=6, dim=4, dtype="float32"):
+  h0 = rng.normal(size=(num_videos, 2, length, dim)).astype(np.float32)
+  h1 = rng.normal(size=(num_videos, 2, length, dim)).astype(np.float32)
+  mask = np.zeros((num_videos, length), np.int32)
+  for i in range(num_videos):
+    mask[i, :rng.integers(3, length + 1)] = 1
+  w = vcmr.CorpusWriter(tmp_path / dtype, num_videos=num_videos, streams=("video", "sub"),
+                        dim=dim, max_len=length, dtype=dtype)
+  w.add([f"v{i}" for i in range(4)], range(100, 104), h0[:4], h1[:4], mask[:4])
+  w.add([f"v{i}" for i in range(4, num_videos)], range(104, 100 + num_videos), h0[4:], h1[4:],
+        mask[4:])
+  return w.close(), h0, h1, mask
+
+
+def test_vcmr_equals_a_brute_force_loop_over_videos_and_spans(tmp_path):
+  rng = np.random.default_rng(0)
+  store, h0, h1, mask = _store(tmp_path, rng)
+  q = rng.normal(size=(3, 2, 4)).astype(np.float32)
+  cfg = vcmr.SearchConfig(top_n_videos=7, alpha=2.0, min_len=2, max_len=4, max_before_nms=40,
+                          query_batch=2, video_chunk=3)
+  out = vcmr.search(store, q, _toy_span_fn, cfg, own_video=[2, None, 5])
+  for i in range(3):
+    # eq. 4: mean over streams of the best cosine over real clips.
+    svr = []
+    for v in range(7):
+      n = mask[v].sum()
+      svr.append(np.mean([max(np.dot(h0[v, m, l], q[i, m]) / np.linalg.norm(h0[v, m, l])
+                              / np.linalg.norm(q[i, m]) for l in range(n)) for m in range(2)]))
+    order = sorted(range(7), key=lambda v: -svr[v])
+    assert [r for r, _ in out["VR"][i]] == order
+    np.testing.assert_allclose([s for _, s in out["VR"][i]], sorted(svr, reverse=True), rtol=1e-5)
+    moments = []
+    for v in range(7):
+      n = mask[v].sum()
+      st = np.exp(h1[v, 0, :n] @ q[i, 0]); st /= st.sum()
+      ed = np.exp(h1[v, 1, :n] @ q[i, 1]); ed /= ed.sum()
+      for a in range(6):
+        for b in range(a, 6):
+          if 2 <= b - a + 1 <= 4:  # the paper's length prior, padded clips have p = 0
+            p = (st[a] if a < n else 0.0) * (ed[b] if b < n else 0.0)
+            moments.append((p * math.exp(2.0 * svr[v]), v, a, b))
+    moments.sort(key=lambda m: -m[0])
+    got = out["VCMR"][i]
+    assert len(got) == 40
+    np.testing.assert_allclose([g[3] for g in got], [m[0] for m in moments[:40]], rtol=1e-4)
+    top = [(m[1], m[2], m[3]) for m in moments[:10] if m[0] > moments[10][0] * (1 + 1e-4)]
+    assert [tuple(g[:3]) for g in got[:len(top)]] == top
+  assert out["SVMR"][1] is None and all(p[0] == 2 for p in out["SVMR"][0])
+  sub = vcmr.submission(store, out, [{"desc_id": k, "desc": "x"} for k in range(3)], alpha=2.0)
+  first = sub["VCMR"][0]["predictions"][0]
+  v, a, b, s = out["VCMR"][0][0]
+  assert first == [100 + v, a * 1.5, (b + 1) * 1.5, s]  # end inclusive: (end + 1) * 1.5 s
+  assert sub["video2idx"] == {f"v{i}": 100 + i for i in range(7)}
+  assert len(sub["SVMR"]) == 3 and sub["SVMR"][1]["predictions"] == []
+
+
+def test_reduced_precision_stores_keep_the_ranking(tmp_path):
+  rng = np.random.default_rng(3)
+  ref, *_ = _store(tmp_path, rng, num_videos=40, length=8, dim=32)
+  q = rng.normal(size=(5, 2, 32)).astype(np.float32)
+  s32, i32 = vcmr.video_retrieval(ref, q, 10)
+  for dtype, tol in (("bfloat16", 2e-2), ("int8", 2e-2)):
+    store, *_ = _store(tmp_path, np.random.default_rng(3), num_videos=40, length=8, dim=32,
+                       dtype=dtype)
+    s, i = vcmr.video_retrieval(store, q, 10)
+    np.testing.assert_allclose(s, s32, atol=tol)
+    assert np.mean([len(set(a[:5]) & set(b[:5])) / 5 for a, b in zip(i, i32)]) >= 0.8
+  cand = np.tile(np.arange(0, 40, 2), (5, 1))  # restricting to candidates: their exact order
+  s, i = vcmr.video_retrieval(ref, q, 5, candidates=cand)
+  full = vcmr.chunk_video_scores(vcmr.l2_normalize(q), ref.h["h0"][:])
+  for row in range(5):
+    best = sorted(range(0, 40, 2), key=lambda v: -full[row, v])[:5]
+    assert list(i[row]) == best
+
+
+# ---------------------------------------------------------------- data
+
+
+def test_pool_subtitles_max_over_touching_lines():
+  a, b = np.asarray([[1.0, -2.0], [0.0, 5.0]]), np.asarray([[3.0, 1.0]])
+  pooled, mask = tvr_text_features.pool_subtitles([(0.2, 2.0, a), (2.9, 3.1, b)], 4, 1.5, 2)
+  # a covers clips floor(0.2/1.5)=0 .. ceil(2.0/1.5)-1=1; b covers 1..2; clip 3 has none.
+  np.testing.assert_allclose(pooled, [[1, 5], [3, 5], [3, 1], [0, 0]])
+  np.testing.assert_array_equal(mask, [1, 1, 1, 0])
+
+
+def write_synthetic_tvr(path: pathlib.Path, *, num=(10, 4, 4), dims=(8, 6, 6), seed=0):
+  """The TVR layout of the synthetic long videos with random features (no tower, no BERT)."""
+  spec = world.WorldSpec(height=32, width=32)
+  clip_ids, desc_ids = iter(range(10**6)), iter(range(10**6))
+  rng = np.random.default_rng(seed)
+  videos, subs, queries, index = {}, {}, {}, {}
+  for (name, split), n in zip(tvr_synthetic.SPLITS, num):
+    src = longvideo.LongVideoSource(split, num_examples=n, spec=spec)
+    _, rows, _ = tvr_synthetic.annotations(src, range(n), clip_ids, desc_ids,
+                                           all_queries=split == "train")
+    (tvr.annotation_path(path, name)).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    index[name] = {}
+    for i in range(n):
+      vid = src.video_id(i)
+      index[name][vid] = [src.describe(i)["duration_s"], len(videos)]
+      videos[vid] = rng.normal(size=(src.num_clips(i), dims[0]))
+      subs[vid] = rng.normal(size=(src.num_clips(i), dims[1]))
+    queries.update({str(r["desc_id"]): rng.normal(size=(rng.integers(3, 9), dims[2]))
+                    for r in rows})
+  coot_layout.write_video_features_h5(path / "video_feature", tvr_synthetic.VIDEO_FEATURES,
+                                      videos)
+  coot_layout.write_h5(path / tvr.DEFAULT_SUB_FEATURES, subs)
+  coot_layout.write_h5(path / tvr.DEFAULT_QUERY_FEATURES, queries)
+  coot_layout.write_json(path / tvr.VIDEO2IDX, index)
+  return path
+
+
+@pytest.fixture(scope="module")
+def tvr_dir(tmp_path_factory):
+  return write_synthetic_tvr(tmp_path_factory.mktemp("tvr"))
+
+
+def _dataset_config(path, **kw):
+  return ml_collections.ConfigDict({**dict(
+      name="tvr", path=str(path), video_features=(tvr_synthetic.VIDEO_FEATURES,),
+      sub_features=tvr.DEFAULT_SUB_FEATURES, query_features=tvr.DEFAULT_QUERY_FEATURES,
+      video_dim=8, sub_dim=6, query_dim=6), **kw})
+
+
+def test_tvr_source_reads_the_official_layout(tvr_dir):
+  src = builders.get_source(_dataset_config(tvr_dir), "val")
+  rows = [json.loads(l) for l in tvr.annotation_path(tvr_dir, "val").read_text().splitlines()]
+  assert len(src) == len(rows) == 12  # one query per moment, 3 moments per video
+  item = src[5]
+  assert item["desc_id"] == rows[5]["desc_id"] and item["type"] in ("v", "t", "vt")
+  with h5py.File(tvr_dir / tvr.DEFAULT_QUERY_FEATURES) as h5:
+    raw = np.asarray(h5[str(rows[5]["desc_id"])])
+  np.testing.assert_allclose(item["query"], raw / (np.linalg.norm(raw, axis=1, keepdims=True)
+                                                   + 1e-5), rtol=1e-6)
+  ctx = src.context(rows[5]["vid_name"])
+  assert ctx["video"].shape[0] == ctx["sub"].shape[0]
+  np.testing.assert_allclose(np.linalg.norm(ctx["sub"], axis=1), 1.0, atol=1e-4)
+  assert [v for v, _ in src.corpus] == list(json.loads(
+      (tvr_dir / tvr.VIDEO2IDX).read_text())["val"])
+  train = builders.get_source(_dataset_config(tvr_dir), "train")
+  assert len(train) == 10 * 3 * 2  # every description of a training moment is a query
+
+
+def test_tvr_source_errors_name_the_file_and_field(tvr_dir, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  bad = tmp_path / "bad"
+  shutil.copytree(tvr_dir, bad)
+  rows = tvr.annotation_path(bad, "val").read_text().splitlines()
+  row = json.loads(rows[2])
+  row["ts"] = [5.0, 1.0]
+  rows[2] = json.dumps(row)
+  tvr.annotation_path(bad, "val").write_text("\n".join(rows) + "\n")
+  with pytest.raises(ValueError, match=r"tvr_val_release.jsonl, line 3: ts must be"):
+    builders.get_source(_dataset_config(bad), "val")
+  with pytest.raises(ValueError, match=r"features are 8-d but config.dataset.video_dim=9"):
+    builders.get_source(_dataset_config(tvr_dir, video_dim=9), "test_public")
+  with pytest.raises(FileNotFoundError, match=r"query features .*nope.h5 not found"):
+    builders.get_source(_dataset_config(tvr_dir, query_features="nope.h5"), "val")
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def test_tiny_xml_run_writes_a_submission_scored_like_the_official_eval(tvr_dir, tmp_path):
+  config = xml_tvr.get_config("tiny")
+  config.dataset = _dataset_config(tvr_dir)
+  config.model.max_ctx_len = 40
+  config.evals.val.every_steps = 3
+  workdir = tmp_path / "run"
+  trainer_lib.Trainer(config, str(workdir), registry.build_task(config)).train()
+  results = json.loads((workdir / "results.json").read_text())
+  sub_path = workdir / "moments" / "test_step6.json"
+  sub = json.loads(sub_path.read_text())
+  want = moment_metrics.evaluate_predictions(
+      sub, tvr.annotation_path(tvr_dir, "test_public"))
+  for task, key in (("VCMR", "0.5-r5"), ("VCMR", "0.7-r100"), ("SVMR", "0.5-r1"),
+                    ("VR", "r10")):
+    assert results["6"][f"test/{task}/{key}"] == want[task][key]
+  assert set(sub) == {"video2idx", "VCMR", "SVMR", "VR"}
+  assert all(len(q["predictions"]) <= 100 for q in sub["VCMR"])
+  assert "test/random/VCMR/0.5-r1" in results["6"]
+  assert results["best"]["step"] in (3, 6)  # selected on val VCMR R@1 sum
+  stored = vcmr.CorpusStore(workdir / "corpus" / "test_step6")
+  assert len(stored) == 4 and stored.streams == ("video", "sub")
+
+
+def test_default_config_says_what_to_prepare():
+  config = xml_tvr.get_config()
+  assert (config.model.hidden_size, config.model.max_ctx_len, config.loss.span_weight,
+          config.train.batch_size) == (256, 100, 0.01, 128)
+  with pytest.raises(ValueError, match=r"config.dataset.path is not set: the TVR directory"):
+    registry.build_task(config).num_train_examples()
