@@ -171,7 +171,8 @@ class MomentsTask(registry.Task):
                                        batch["end"], batch["ctx_mask"])
     loss = vr_loss + self.span_weight * span_loss
     pos = jnp.diagonal(scores)
-    return loss, {"vr_loss": vr_loss, "span_loss": span_loss, "hard_negatives": hard,
+    return loss, {"vr_loss": vr_loss, "span_loss": span_loss,
+                  "hard_negatives": hard.astype(jnp.float32),
                   "positive_score": jnp.mean(pos)}, {}
 
   def predict_fns(self):

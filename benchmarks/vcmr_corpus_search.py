@@ -1,0 +1,223 @@
+r"""Corpus-scale VCMR: 100 queries over N stored videos of 20 clips (TVR Table 8's setting).
+
+    python benchmarks/vcmr_corpus_search.py --dir=/tmp/vcmr_bench \
+        --sizes=10000,100000,1000000 [--queries=100] [--faiss]
+
+For each N a corpus store (`avtext.inference.vcmr`) of synthetic XML encodings
+(2 streams x 20 clips x 256-d, the official hidden size) is written once, in
+float32 where it fits in memory and in int8 (per-vector scales) for 1M videos
+(float32 would be 82 GB, bfloat16 41 GB); 100 queries are answered with
+`vcmr.search` (exhaustive VR over every clip, then eq. 8 with ConvSE of a
+randomly initialized official-size XML on the top 100 videos, 200 moments kept).
+Each timing runs in a fresh subprocess, which reports its peak RSS (file-mapped
+store pages included).
+
+Encodings: each video draws one of 1,000 topics; a clip is its topic's unit
+vector plus noise (both streams), normalized, so a query (a topic vector plus
+noise) has a meaningful top 100. Recall of reduced-precision stores is measured
+against float32 on the 10k corpus (same encodings): the share of the float32 VR
+top 100 that they return, and of the float32 VCMR top 10 moments in their top 100.
+
+Roofline of exhaustive search (measured in the same run): the larger of
+  - reading the stored h0 once at the machine's read bandwidth (a float32 array
+    in memory summed, best of 3; the store sits in the page cache after a warm-up
+    pass, which the timed passes are not charged for), and
+  - the 2 Q N M L D multiply-adds of eq. 4 at the measured single-precision GEMM
+    peak (a 4096^3 matmul, best of 3).
+
+`--faiss`: the approximate path; one FAISS inner-product index per stream over every
+clip vector (IVF, 1,024 lists, 8-bit scalar quantizer, `nprobe` lists probed), the
+videos of each stream's top `--faiss_clips` clips as candidates, then the exact VR
+score of those candidates and eq. 8 as above. Reported: VR top-100 recall against
+exhaustive, time per 100 queries (index build reported apart).
+"""
+import argparse
+import json
+import pathlib
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from avtext.inference import vcmr
+
+TOPICS = 1000
+STREAMS = ("video", "sub")
+
+
+def machine_roofline() -> dict:
+  """Read bandwidth (GB/s) and GEMM peak (GFLOP/s) of this machine, best of 3."""
+  x = np.ones(2**29, np.float32)  # 2 GiB
+  x.sum()
+  reads = []
+  for _ in range(3):
+    t = time.perf_counter()
+    x.sum()
+    reads.append(x.nbytes / (time.perf_counter() - t) / 1e9)
+  del x
+  a = np.random.default_rng(0).random((4096, 4096), dtype=np.float32)
+  a @ a
+  gemms = []
+  for _ in range(3):
+    t = time.perf_counter()
+    a @ a
+    gemms.append(2 * 4096**3 / (time.perf_counter() - t) / 1e9)
+  return {"read_GBps": max(reads), "gemm_GFLOPs": max(gemms)}
+
+
+def topic_vectors(dim: int, seed: int = 0) -> np.ndarray:
+  t = np.random.default_rng(seed).standard_normal((TOPICS, len(STREAMS), dim), np.float32)
+  return t / np.linalg.norm(t, axis=-1, keepdims=True)
+
+
+def build(directory: pathlib.Path, n: int, dtype: str, *, clips: int, dim: int,
+          chunk: int = 8192, seed: int = 0) -> vcmr.CorpusStore:
+  """A store of n synthetic videos (module docstring); reused when complete."""
+  if (directory / "meta.json").is_file():
+    return vcmr.CorpusStore(directory)
+  topics = topic_vectors(dim)
+  rng = np.random.default_rng(seed)
+  writer = vcmr.CorpusWriter(directory, num_videos=n, streams=STREAMS, dim=dim,
+                             max_len=clips, dtype=dtype)
+  for a in range(0, n, chunk):
+    b = min(a + chunk, n)
+    topic = (np.arange(a, b) * 7919) % TOPICS  # deterministic per video, whatever the chunk
+    noise = rng.standard_normal((b - a, len(STREAMS), clips, dim), np.float32)
+    h0 = topics[topic][:, :, None] + noise * (1.5 / np.sqrt(dim))
+    h1 = rng.standard_normal((b - a, len(STREAMS), clips, dim), np.float32)
+    writer.add([f"video{i}" for i in range(a, b)], range(a, b), h0, h1,
+               np.ones((b - a, clips), np.int32))
+    print(f"\r  writing {directory.name}: {b}/{n}", end="", file=sys.stderr, flush=True)
+  print(file=sys.stderr)
+  return writer.close()
+
+
+def queries(num: int, dim: int, seed: int = 1) -> np.ndarray:
+  rng = np.random.default_rng(seed)
+  topics = topic_vectors(dim)
+  q = topics[rng.integers(0, TOPICS, num)] + rng.standard_normal(
+      (num, len(STREAMS), dim), np.float32) * (1.0 / np.sqrt(dim))
+  return q.astype(np.float32)
+
+
+def span_fn(dim: int, clips: int):
+  """Jitted ConvSE stage of an official-size XML with random weights."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from avtext.models import xml  # pylint: disable=g-import-not-at-top
+  model = xml.XML(hidden_size=dim, max_ctx_len=clips)
+  x = {"video": jnp.zeros((1, clips, 8)), "sub": jnp.zeros((1, clips, 8))}
+  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 8)), jnp.ones((1, 4)), x,
+                         jnp.ones((1, clips)))
+  return jax.jit(lambda q, h1, m: model.apply(variables, q, h1, m, method=model.span_logits))
+
+
+def worker(args) -> dict:
+  """One timing in this process: {'seconds', 'vr_seconds', 'peak_rss_GB', results...}."""
+  store = vcmr.CorpusStore(args.store)
+  q = queries(args.queries, store.dim)
+  fn = span_fn(store.dim, store.max_len)
+  cfg = vcmr.SearchConfig()
+  candidates, build_s = None, 0.0
+  if args.faiss:
+    from avtext.inference import ann  # pylint: disable=g-import-not-at-top
+    t = time.perf_counter()
+    index = ann.ClipIndex.build(store, nlist=args.nlist)
+    build_s = time.perf_counter() - t
+  vcmr.search(store, q[:2], fn, cfg)  # warm-up: compile, and the store into the page cache
+  vcmr.video_retrieval(store, q, cfg.top_n_videos)
+  t = time.perf_counter()
+  if args.faiss:
+    candidates = index.candidates(q, clips_per_stream=args.faiss_clips, nprobe=args.nprobe)
+  vr_s, vr_i = vcmr.video_retrieval(store, q, cfg.top_n_videos, candidates=candidates)
+  vr_time = time.perf_counter() - t
+  t = time.perf_counter()
+  if args.faiss:
+    candidates = index.candidates(q, clips_per_stream=args.faiss_clips, nprobe=args.nprobe)
+  out = vcmr.search(store, q, fn, cfg, candidates=candidates)
+  seconds = time.perf_counter() - t
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+  return {"seconds": seconds, "vr_seconds": vr_time, "peak_rss_GB": peak,
+          "index_build_seconds": build_s, "vr": [[r for r, _ in x] for x in out["VR"]],
+          "vcmr": [[m[:3] for m in x[:100]] for x in out["VCMR"]]}
+
+
+def run_worker(store: pathlib.Path, args, faiss: bool = False) -> dict:
+  cmd = [sys.executable, __file__, "--worker", "--store", str(store), "--queries",
+         str(args.queries), "--nlist", str(args.nlist), "--nprobe", str(args.nprobe),
+         "--faiss_clips", str(args.faiss_clips)] + (["--faiss"] if faiss else [])
+  out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def recall(got: list[list], ref: list[list], k_ref: int) -> float:
+  return float(np.mean([len({tuple(x) if isinstance(x, list) else x for x in g}
+                            & {tuple(x) if isinstance(x, list) else x for x in r[:k_ref]})
+                        / min(k_ref, len(r)) for g, r in zip(got, ref)]))
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--dir", default="/tmp/vcmr_bench")
+  p.add_argument("--sizes", default="10000,100000,1000000")
+  p.add_argument("--queries", type=int, default=100)
+  p.add_argument("--clips", type=int, default=20)
+  p.add_argument("--dim", type=int, default=256)
+  p.add_argument("--fp32_max_bytes", type=float, default=12e9,
+                 help="stores whose float32 h0 + h1 exceed this are written in int8")
+  p.add_argument("--faiss", action="store_true")
+  p.add_argument("--nlist", type=int, default=1024)
+  p.add_argument("--nprobe", type=int, default=16)
+  p.add_argument("--faiss_clips", type=int, default=4096)
+  p.add_argument("--worker", action="store_true")
+  p.add_argument("--store", default=None)
+  args = p.parse_args()
+  if args.worker:
+    print(json.dumps(worker(args)))
+    return
+  root = pathlib.Path(args.dir)
+  machine = machine_roofline()
+  print(f"machine: read {machine['read_GBps']:.1f} GB/s, GEMM {machine['gemm_GFLOPs']:.1f} "
+        f"GFLOP/s", flush=True)
+  rows = []
+  for n in [int(s) for s in args.sizes.split(",")]:
+    fp32_bytes = 2 * n * len(STREAMS) * args.clips * args.dim * 4
+    dtypes = ["float32"] if fp32_bytes <= args.fp32_max_bytes else ["int8"]
+    if n == 10000:
+      dtypes = ["float32", "bfloat16", "int8"]
+    ref = None
+    for dtype in dtypes:
+      store = build(root / f"n{n}_{dtype}", n, dtype, clips=args.clips, dim=args.dim)
+      res = run_worker(store.dir, args)
+      flops = 2 * args.queries * n * len(STREAMS) * args.clips * args.dim
+      roof = max(store.nbytes_h0 / (machine["read_GBps"] * 1e9),
+                 flops / (machine["gemm_GFLOPs"] * 1e9))
+      row = {"n": n, "dtype": dtype, "path": "exhaustive", "seconds": res["seconds"],
+             "vr_seconds": res["vr_seconds"], "peak_rss_GB": res["peak_rss_GB"],
+             "h0_GB": store.nbytes_h0 / 1e9, "read_s": store.nbytes_h0 / (
+                 machine["read_GBps"] * 1e9), "gemm_s": flops / (machine["gemm_GFLOPs"] * 1e9),
+             "roofline_s": roof, "x_roofline": res["seconds"] / roof}
+      if ref is None:
+        ref = res
+      else:
+        row["vr_top100_recall_vs_fp32"] = recall(res["vr"], ref["vr"], 100)
+        row["vcmr_top10_in_top100_vs_fp32"] = recall(res["vcmr"], ref["vcmr"], 10)
+      rows.append(row)
+      print(json.dumps(row), flush=True)
+      if args.faiss:
+        fres = run_worker(store.dir, args, faiss=True)
+        frow = {"n": n, "dtype": dtype, "path": f"faiss IVF{args.nlist},SQ8 nprobe "
+                f"{args.nprobe}, {args.faiss_clips} clips/stream",
+                "seconds": fres["seconds"], "vr_seconds": fres["vr_seconds"],
+                "peak_rss_GB": fres["peak_rss_GB"],
+                "index_build_seconds": fres["index_build_seconds"],
+                "vr_top100_recall_vs_exhaustive": recall(fres["vr"], res["vr"], 100)}
+        rows.append(frow)
+        print(json.dumps(frow), flush=True)
+  print(json.dumps({"machine": machine, "rows": rows}))
+
+
+if __name__ == "__main__":
+  main()
