@@ -54,8 +54,7 @@ class Searcher:
     self.cfg = vcmr.SearchConfig(**{**defaults, **(search or {})})
     variables = self.run.variables
     self._query = jax.jit(lambda q, m: model.apply(variables, q, m, method=model.encode_query))
-    self._span = jax.jit(lambda q, h1, m: model.apply(variables, q, h1, m,
-                                                      method=model.span_logits))
+    self._span = lambda v, q, h1, m: model.apply(v, q, h1, m, method=model.span_logits)
 
   def encode(self, texts: Sequence[str]) -> np.ndarray:
     ids = {str(i): self.encoder.sentence_ids(t, tvr_text_features.MAX_QUERY_TOKENS)
@@ -71,7 +70,8 @@ class Searcher:
     return np.asarray(self._query(q, mask))
 
   def __call__(self, texts: Sequence[str], top: int = 10) -> list[list[tuple]]:
-    results = vcmr.search(self.store, self.encode(texts), self._span, self.cfg)
+    results = vcmr.search(self.store, self.encode(texts), self._span, self.cfg,
+                          params=self.run.variables)
     cl = self.store.clip_length
     return [[(self.store.videos[v], s * cl, (e + 1) * cl, score)
              for v, s, e, score in results["VCMR"][i][:top]] for i in range(len(texts))]

@@ -125,8 +125,9 @@ def test_clip_labels_inclusive_and_official():
 # ---------------------------------------------------------------- VCMR vs brute force
 
 
-def _toy_span_fn(q, h1, mask):
+def _toy_span_fn(params, q, h1, mask):
   """A deterministic stand-in for ConvSE: start = <q_0, h1_0>, end = <q_1, h1_1>."""
+  del params
   start = jnp.einsum("...d,...ld->...l", q[..., 0, :], h1[..., 0, :, :])
   end = jnp.einsum("...d,...ld->...l", q[..., 1, :], h1[..., 1, :, :])
   return (jnp.where(mask.astype(bool), start, -1e10), jnp.where(mask.astype(bool), end, -1e10))

@@ -87,6 +87,7 @@ class MomentsEvaluator(base.Evaluator):
                        f"expected some of {sorted(fields)}")
     self.search_cfg = vcmr.SearchConfig(**given)
     self._baselines = None
+    self._span_fn = None
 
   def encode_corpus(self, variables, *, mesh, directory) -> vcmr.CorpusStore:
     """The split's corpus through `encode_context`, stored in `directory`."""
@@ -106,10 +107,13 @@ class MomentsEvaluator(base.Evaluator):
                np.asarray(out["h1"]), np.asarray(out["mask"]))
     return writer.close()
 
-  def span_fn(self, variables, *, mesh):
-    fn = self.cache.predict_fn("span_logits")
-    jitted = self.cache.jitted(("moments_spans", fn), mesh, lambda: fn)
-    return lambda q, h1, mask: jitted(variables, {"q": q, "h1": h1, "mask": mask})
+  @property
+  def span_fn(self):
+    """`(variables, q, h1, mask) -> logits`, one object per run (vcmr.search jits it)."""
+    if self._span_fn is None:
+      fn = self.cache.predict_fn("span_logits")
+      self._span_fn = lambda v, q, h1, mask: fn(v, {"q": q, "h1": h1, "mask": mask})
+    return self._span_fn
 
   def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
     source = self.source
@@ -124,8 +128,8 @@ class MomentsEvaluator(base.Evaluator):
     row_of = {v: i for i, v in enumerate(store.videos)}
     own = [row_of.get(v) if v else None for v in host["vid_name"]]
     cfg = self.search_cfg
-    results = vcmr.search(store, np.asarray(out["q"]), self.span_fn(variables, mesh=mesh),
-                          cfg, own_video=own)
+    results = vcmr.search(store, np.asarray(out["q"]), self.span_fn, cfg, params=variables,
+                          own_video=own)
     sub = vcmr.submission(store, results, queries, alpha=cfg.alpha)
     path = self._write(sub, step)
     summary: dict[str, Any] = {"num_queries": len(queries), "num_videos": len(store)}

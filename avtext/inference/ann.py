@@ -59,8 +59,8 @@ class ClipIndex:
       _, ids = index.search(np.ascontiguousarray(q[:, s]), clips_per_stream)
       found.append(np.where(ids >= 0, self.owners[np.maximum(ids, 0)], -1))
     rows = np.concatenate(found, axis=1)
-    out = np.full(rows.shape, -1, np.int64)
-    for i, r in enumerate(rows):
-      u = np.unique(r[r >= 0])
+    unique = [np.unique(r[r >= 0]) for r in rows]
+    out = np.full((len(rows), max(1, max(len(u) for u in unique))), -1, np.int64)
+    for i, u in enumerate(unique):
       out[i, :len(u)] = u
     return out

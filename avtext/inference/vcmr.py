@@ -30,6 +30,7 @@ ed = (end + 1) * clip_length (end inclusive), in the TVR submission format
 the official code writes them.
 """
 import dataclasses
+import functools
 import json
 import pathlib
 from typing import Any, Callable, Sequence
@@ -166,22 +167,27 @@ def _merge_topk(scores: np.ndarray, index: np.ndarray, k: int) -> tuple[np.ndarr
   return np.take_along_axis(scores, order, 1), np.take_along_axis(index, order, 1)
 
 
+@jax.jit
+def _scan_chunk(q_norm: jax.Array, h0: jax.Array, scale: jax.Array | None) -> jax.Array:
+  """s_vr [Q, C]: per stream one GEMM [C*L, D] x [D, Q] in float32, max over clips."""
+  c, m, l, d = h0.shape
+  total = jnp.zeros((c, q_norm.shape[0]), jnp.float32)
+  for s in range(m):
+    x = h0[:, s].reshape(c * l, d).astype(jnp.float32)
+    sim = (x @ q_norm[:, s].T).reshape(c, l, -1)
+    if scale is not None:
+      sim = sim * scale[:, s, :, None]
+    total = total + sim.max(axis=1)
+  return (total / m).T
+
+
 def chunk_video_scores(q_norm: np.ndarray, h0: np.ndarray,
                        scale: np.ndarray | None = None) -> np.ndarray:
   """s_vr [Q, C] of normalized queries [Q, M, D] on a stored chunk h0 [C, M, L, D] (any
   dtype; padded clips repeat clip 0, so the max over all L clips is the max over the real
-  ones)."""
-  c, m, l, d = h0.shape
-  total = np.zeros((q_norm.shape[0], c), np.float32)
-  for s in range(m):
-    x = np.asarray(h0[:, s]).reshape(c * l, d)
-    if x.dtype != np.float32:
-      x = x.astype(np.float32)
-    sim = (q_norm[:, s] @ x.T).reshape(-1, c, l)  # one GEMM per stream
-    if scale is not None:
-      sim *= np.asarray(scale[:, s])[None]
-    total += sim.max(axis=2)
-  return total / m
+  ones). Compiled once per chunk shape and dtype."""
+  return np.asarray(_scan_chunk(jnp.asarray(q_norm, jnp.float32), np.asarray(h0),
+                                None if scale is None else np.asarray(scale)))
 
 
 def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: int = 1024,
@@ -198,9 +204,15 @@ def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: i
     out_s, out_i = [], []
     for i in range(q_norm.shape[0]):
       rows = np.unique(candidates[i][candidates[i] >= 0])
-      s = chunk_video_scores(q_norm[i:i + 1], store.h["h0"][rows],
-                             None if store.scale is None else store.scale["h0"][rows])
-      s, r = _merge_topk(s, rows[None], min(k, len(rows)))
+      if not len(rows):
+        out_s.append(np.full((1, k), -np.inf, np.float32))
+        out_i.append(np.full((1, k), -1, np.int64))
+        continue
+      width = 1 << (len(rows) - 1).bit_length()  # padded to a power of 2: few compilations
+      padded = np.concatenate([rows, np.full(width - len(rows), rows[0])])
+      s = chunk_video_scores(q_norm[i:i + 1], store.h["h0"][padded],
+                             None if store.scale is None else store.scale["h0"][padded])
+      s, r = _merge_topk(s[:, :len(rows)], rows[None], min(k, len(rows)))
       pad = k - s.shape[1]
       out_s.append(np.pad(s, ((0, 0), (0, pad)), constant_values=-np.inf))
       out_i.append(np.pad(r, ((0, 0), (0, pad)), constant_values=-1))
@@ -209,8 +221,10 @@ def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: i
   best_i = np.zeros((q_norm.shape[0], 0), np.int64)
   for a in range(0, n, video_chunk):
     b = min(a + video_chunk, n)
-    s = chunk_video_scores(q_norm, store.h["h0"][a:b],
-                           None if store.scale is None else store.scale["h0"][a:b])
+    rows = slice(a, b) if b - a == video_chunk or n <= video_chunk else np.minimum(
+        np.arange(a, a + video_chunk), n - 1)  # the last chunk padded: one compilation
+    s = chunk_video_scores(q_norm, store.h["h0"][rows],
+                           None if store.scale is None else store.scale["h0"][rows])[:, :b - a]
     idx = np.broadcast_to(np.arange(a, b), s.shape)
     best_s, best_i = _merge_topk(np.concatenate([best_s, s], 1),
                                  np.concatenate([best_i, idx], 1), k)
@@ -221,7 +235,7 @@ def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
   return jax.nn.softmax(jnp.where(mask.astype(bool), logits, -jnp.inf), axis=-1)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class SearchConfig:
   """XML's inference settings (official defaults)."""
   top_n_videos: int = 100  # max_vcmr_video
@@ -233,23 +247,47 @@ class SearchConfig:
   video_chunk: int = 1024
 
 
-def _spans_of(span_fn, q, h1, mask, cfg: SearchConfig):
-  """(p_start, p_end) [Q, N, L] of queries [Q, M, D] on their candidates h1 [Q, N, M, L, D]."""
-  start, end = span_fn(q[:, None], h1, mask)
+def _probs(span_fn, params, q, h1, mask):
+  """(P_st, P_ed) [Q, N, L] of queries [Q, M, D] on their candidates h1 [Q, N, M, L, D]."""
+  start, end = span_fn(params, q[:, None], h1, mask)
   return masked_softmax(start, mask), masked_softmax(end, mask)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _vcmr_stage(span_fn, cfg: SearchConfig, k: int, params, q, h1, mask, video_score):
+  p_st, p_ed = _probs(span_fn, params, q, h1, mask)
+  return spans.vcmr_scores(video_score, p_st, p_ed, top_n_videos=video_score.shape[1],
+                           alpha=cfg.alpha, min_len=cfg.min_len, max_len=cfg.max_len, k=k)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _svmr_stage(span_fn, cfg: SearchConfig, k: int, params, q, h1, mask):
+  p_st, p_ed = _probs(span_fn, params, q, h1[:, None], mask[:, None])
+  return spans.top_spans(p_st[:, 0], p_ed[:, 0], min_len=cfg.min_len, max_len=cfg.max_len,
+                         k=k)
+
+
+def _batches(num: int, size: int):
+  """(start, stop, row indices padded to `size` by repeating the last): fixed shapes."""
+  for a in range(0, num, size):
+    b = min(a + size, num)
+    yield a, b, np.minimum(np.arange(a, a + size), b - 1)
+
+
 def search(store: CorpusStore, q: np.ndarray, span_fn: Callable, cfg: SearchConfig, *,
-           own_video: Sequence[int | None] | None = None,
+           params: Any = None, own_video: Sequence[int | None] | None = None,
            candidates: np.ndarray | None = None) -> dict[str, list]:
   """VR, VCMR and (where `own_video` gives a query's store row) SVMR predictions.
 
   Args:
     store: the encoded corpus.
     q: float32 [Q, M, D] modular query vectors (the model's `encode_query`).
-    span_fn: `(q [Q, 1, M, D], h1 [Q, N, M, L, D], mask [Q, N, L]) -> (start,
-      end) logits [Q, N, L]` (the model's `span_logits`, jitted).
+    span_fn: `(params, q [Q, 1, M, D], h1 [Q, N, M, L, D], mask [Q, N, L]) ->
+      (start, end) logits [Q, N, L]` (the model's `span_logits`); traced inside one
+      jitted ranking stage per batch shape, so pass the same function object each
+      call (weights go in `params`, not in a closure).
     cfg: `SearchConfig`.
+    params: what `span_fn` takes first (the model variables).
     own_video: per query, the store row of its ground-truth video, or None.
     candidates: optional [Q, C] store rows to restrict VR to (-1 = none).
 
@@ -265,47 +303,36 @@ def search(store: CorpusStore, q: np.ndarray, span_fn: Callable, cfg: SearchConf
   for i in range(num_q):
     keep = vr_i[i] >= 0
     out["VR"].append([[int(r), float(s)] for r, s in zip(vr_i[i][keep], vr_s[i][keep])])
-  for a in range(0, num_q, cfg.query_batch):
-    b = min(a + cfg.query_batch, num_q)
-    rows = vr_i[a:b]
+  num_spans = spans._check_lengths(cfg.min_len, cfg.max_len, store.max_len, "search")  # pylint: disable=protected-access
+  batch = min(cfg.query_batch, num_q)
+  for a, b, idx in _batches(num_q, batch):
+    rows = vr_i[idx]
     valid = rows >= 0
     safe = np.where(valid, rows, 0)
     h1 = store.read("h1", safe.reshape(-1)).reshape(*rows.shape, *store.h["h1"].shape[1:])
-    mask = np.asarray(store.mask[safe.reshape(-1)]).reshape(*rows.shape, -1)
-    mask = mask * valid[..., None]
-    p_st, p_ed = _spans_of(span_fn, q[a:b], h1, mask, cfg)
-    video_score = jnp.where(valid, vr_s[a:b], -1e4)  # a missing candidate: exp(-alpha * 1e4)=0
-    num_spans = spans._check_lengths(cfg.min_len, cfg.max_len, store.max_len, "search")  # pylint: disable=protected-access
-    k = min(cfg.max_before_nms, n * num_spans)
-    vid, st, ed, score = spans.vcmr_scores(
-        video_score, p_st, p_ed, top_n_videos=n, alpha=cfg.alpha, min_len=cfg.min_len,
-        max_len=cfg.max_len, k=k)
-    vid = np.take_along_axis(rows, np.asarray(vid), 1)
+    mask = np.asarray(store.mask[safe.reshape(-1)]).reshape(*rows.shape, -1) * valid[..., None]
+    video_score = np.where(valid, vr_s[idx], -1e4)  # a missing candidate: exp(-alpha 1e4) = 0
+    vid, st, ed, score = jax.device_get(_vcmr_stage(
+        span_fn, cfg, min(cfg.max_before_nms, n * num_spans), params, q[idx], h1, mask,
+        video_score))
+    vid = np.take_along_axis(rows, vid, 1)
     for j in range(b - a):
       out["VCMR"].append([[int(v), int(s), int(e), float(c)] for v, s, e, c
-                          in zip(vid[j], np.asarray(st[j]), np.asarray(ed[j]),
-                                 np.asarray(score[j])) if v >= 0])
+                          in zip(vid[j], st[j], ed[j], score[j]) if v >= 0])
   own = list(own_video) if own_video is not None else [None] * num_q
-  for a in range(0, num_q, cfg.query_batch):
-    idx = [i for i in range(a, min(a + cfg.query_batch, num_q)) if own[i] is not None]
-    if not idx:
-      out["SVMR"] += [None] * (min(a + cfg.query_batch, num_q) - a)
-      continue
-    rows = np.asarray([own[i] for i in idx])
-    h1 = store.read("h1", rows)[:, None]
-    mask = np.asarray(store.mask[rows])[:, None]
-    p_st, p_ed = _spans_of(span_fn, q[idx], h1, mask, cfg)
-    num_spans = spans._check_lengths(cfg.min_len, cfg.max_len, store.max_len, "search")  # pylint: disable=protected-access
-    st, ed, score = spans.top_spans(p_st[:, 0], p_ed[:, 0], min_len=cfg.min_len,
-                                    max_len=cfg.max_len, k=min(cfg.max_before_nms, num_spans))
-    by_query = {i: j for j, i in enumerate(idx)}
-    for i in range(a, min(a + cfg.query_batch, num_q)):
-      if i not in by_query:
-        out["SVMR"].append(None)
-        continue
-      j = by_query[i]
-      out["SVMR"].append([[int(rows[j]), int(s), int(e), float(c)] for s, e, c
-                          in zip(np.asarray(st[j]), np.asarray(ed[j]), np.asarray(score[j]))])
+  known = [i for i in range(num_q) if own[i] is not None]
+  svmr = {}
+  for a, b, idx in _batches(len(known), min(cfg.query_batch, max(len(known), 1))):
+    queries = np.asarray(known)[idx]
+    rows = np.asarray([own[i] for i in queries])
+    st, ed, score = jax.device_get(_svmr_stage(
+        span_fn, cfg, min(cfg.max_before_nms, num_spans), params, q[queries],
+        store.read("h1", rows),
+        np.asarray(store.mask[rows])))
+    for j in range(b - a):
+      svmr[int(queries[j])] = [[int(rows[j]), int(s), int(e), float(c)]
+                               for s, e, c in zip(st[j], ed[j], score[j])]
+  out["SVMR"] = [svmr.get(i) for i in range(num_q)]
   return out
 
 
