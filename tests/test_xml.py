@@ -29,6 +29,7 @@ from avtext.train import trainer as trainer_lib
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
 import xml_tvr  # pylint: disable=g-import-not-at-top,wrong-import-position
+from test_data_coot import ID, _hf_states, tiny_bert  # noqa: F401  (a fixture)  pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 # ---------------------------------------------------------------- model pieces by hand
@@ -86,7 +87,8 @@ def test_span_logits_are_convse_of_the_mean_stream_similarity():
   v = model.init(jax.random.PRNGKey(0), q, qm, ctx, cm)
   qv = model.apply(v, q, qm, method=model.encode_query)
   h0, h1 = model.apply(v, ctx, cm, method=model.encode_context)
-  start, end = model.apply(v, qv, h1, cm, method=model.span_logits)
+  logits = model.apply(v, qv, h1, cm, method=model.span_logits)
+  start, end = logits["start"], logits["end"]
   ks = {n: np.asarray(v["params"]["convse"][n]["kernel"])[:, 0, 0] for n in ("start", "end")}
   for b in range(2):
     n = int(cm[b].sum())
@@ -109,7 +111,7 @@ def test_span_logits_are_convse_of_the_mean_stream_similarity():
   short = {k: x[1:, :4] for k, x in ctx.items()}
   h0s, h1s = model.apply(v, short, cm[1:, :4], method=model.encode_context)
   np.testing.assert_allclose(h1s[0], h1[1, :, :4], rtol=1e-5, atol=1e-6)
-  s2, _ = model.apply(v, qv[1:], h1s, cm[1:, :4], method=model.span_logits)
+  s2 = model.apply(v, qv[1:], h1s, cm[1:, :4], method=model.span_logits)["start"]
   np.testing.assert_allclose(s2[0], start[1, :4], rtol=1e-5, atol=1e-5)
 
 
@@ -130,7 +132,8 @@ def _toy_span_fn(params, q, h1, mask):
   del params
   start = jnp.einsum("...d,...ld->...l", q[..., 0, :], h1[..., 0, :, :])
   end = jnp.einsum("...d,...ld->...l", q[..., 1, :], h1[..., 1, :, :])
-  return (jnp.where(mask.astype(bool), start, -1e10), jnp.where(mask.astype(bool), end, -1e10))
+  return {"start": jnp.where(mask.astype(bool), start, -1e10),
+          "end": jnp.where(mask.astype(bool), end, -1e10)}
 
 
 def _store(tmp_path, rng, num_videos=7, length=6, dim=4, dtype="float32"):
@@ -187,6 +190,29 @@ def test_vcmr_equals_a_brute_force_loop_over_videos_and_spans(tmp_path):
   assert first == [100 + v, a * 1.5, (b + 1) * 1.5, s]  # end inclusive: (end + 1) * 1.5 s
   assert sub["video2idx"] == {f"v{i}": 100 + i for i in range(7)}
   assert len(sub["SVMR"]) == 3 and sub["SVMR"][1]["predictions"] == []
+
+
+def test_sliding_windows_average_clip_scores():
+  from avtext.inference import spans  # pylint: disable=g-import-not-at-top
+  x = jnp.asarray([0.1, 0.9, 0.8, 0.2, 0.6])
+  band = np.asarray(spans.window_means(x, min_len=2, max_len=3))  # [start, length 2 | 3]
+  want = [[0.5, 0.6], [0.85, 0.6333333], [0.5, 0.5333333], [0.4, -np.inf], [-np.inf, -np.inf]]
+  np.testing.assert_allclose(band, want, rtol=1e-6)
+  st, ed, sc = spans.top_windows(x, min_len=2, max_len=3, k=3)
+  assert list(zip(np.asarray(st), np.asarray(ed))) == [(1, 2), (1, 3), (0, 2)]
+  # In VCMR the window mean replaces P_st P_ed: a brute-force loop over a tiny corpus.
+  rng = np.random.default_rng(5)
+  clip = jax.nn.sigmoid(jnp.asarray(rng.normal(size=(2, 3, 6)), jnp.float32))
+  vr = jnp.asarray(rng.uniform(-1, 1, size=(2, 3)), jnp.float32)
+  vid, st, ed, sc = spans.vcmr_window_scores(vr, clip, top_n_videos=3, alpha=2.0, min_len=2,
+                                             max_len=4, k=5)
+  for q in range(2):
+    brute = sorted(((float(np.mean(clip[q, v, a:b + 1])) * math.exp(2.0 * float(vr[q, v])),
+                     v, a, b) for v in range(3) for a in range(6) for b in range(a + 1, 6)
+                    if b - a + 1 <= 4), reverse=True)[:5]
+    np.testing.assert_allclose(np.asarray(sc[q]), [m[0] for m in brute], rtol=1e-5)
+    assert [(int(v), int(a), int(b)) for v, a, b in zip(vid[q], st[q], ed[q])] == [
+        m[1:] for m in brute]
 
 
 def test_reduced_precision_stores_keep_the_ranking(tmp_path):
@@ -326,3 +352,33 @@ def test_default_config_says_what_to_prepare():
           config.train.batch_size) == (256, 100, 0.01, 128)
   with pytest.raises(ValueError, match=r"config.dataset.path is not set: the TVR directory"):
     registry.build_task(config).num_train_examples()
+
+
+def test_text_features_tool_writes_layer_states_without_special_tokens(tiny_bert, tmp_path):
+  directory, model = tiny_bert
+  rows = [{"desc_id": 7, "desc": "The dog runs", "type": "v", "vid_name": "a", "duration": 6.0,
+           "ts": [0.0, 3.0]}, {"desc_id": 9, "desc": "A man sits", "type": "t",
+                               "vid_name": "a", "duration": 6.0, "ts": [1.5, 4.5]}]
+  tvr.annotation_path(tmp_path, "val").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (tmp_path / "tvqa_preprocessed_subtitles.jsonl").write_text(json.dumps(
+      {"vid_name": "a", "sub": [{"text": "the dog", "start": 0.2, "end": 2.0},
+                                {"text": "he walks", "start": 4.6, "end": 5.9}]}) + "\n")
+  coot_layout.write_video_features_h5(tmp_path / "video_feature", "v", {"a": np.ones((4, 3))})
+  q_file, s_file = tvr_text_features.write(tmp_path, bert_dir=str(directory), layer=-2,
+                                           video_features="v")
+  seqs = {"q7": ["[CLS]", "the", "dog", "run", "##s", "[SEP]"],
+          "q9": ["[CLS]", "a", "man", "sit", "##s", "[SEP]"],
+          "l0": ["[CLS]", "the", "dog", "[SEP]"], "l1": ["[CLS]", "he", "walk", "##s", "[SEP]"]}
+  states = dict(zip(seqs, _hf_states(model, [[ID[t] for t in s] for s in seqs.values()])))
+  layer = lambda k: states[k][1:-1, 8:16]  # noqa: E731  hidden state -2 of 0, 1, 2
+  with h5py.File(q_file) as h5:
+    np.testing.assert_allclose(h5["7"], layer("q7"), atol=2e-5)
+    np.testing.assert_allclose(h5["9"], layer("q9"), atol=2e-5)
+  with h5py.File(s_file) as h5:
+    sub, mask = np.asarray(h5["a"]), np.asarray(h5["a-mask"])
+  # line 0 covers clips 0..1, line 1 clips 3..3 (floor(4.6/1.5)=3, ceil(5.9/1.5)-1=3)
+  np.testing.assert_array_equal(mask, [1, 1, 0, 1])
+  np.testing.assert_allclose(sub[0], layer("l0").max(0), atol=2e-5)
+  np.testing.assert_allclose(sub[1], layer("l0").max(0), atol=2e-5)
+  np.testing.assert_allclose(sub[2], 0.0)
+  np.testing.assert_allclose(sub[3], layer("l1").max(0), atol=2e-5)

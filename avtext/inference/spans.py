@@ -58,23 +58,65 @@ def top_spans(p_start: jax.Array, p_end: jax.Array, *, min_len: int,
   if not 1 <= k <= num_valid:
     raise ValueError(f"top_spans: k={k} must be in [1, {num_valid}], the number of "
                      f"spans with {min_len} <= length <= {max_len} in {num_clips} clips")
-  max_len = min(max_len, num_clips)
-  lengths = jnp.arange(min_len, max_len + 1)
-  starts = jnp.arange(num_clips)
-  ends = starts[:, None] + lengths[None, :] - 1  # [L, n_lengths]
-  in_range = ends < num_clips
+  ends, in_range = _band(num_clips, min_len, max_len)
   end_probs = jnp.take(p_end, jnp.minimum(ends, num_clips - 1), axis=-1)  # [..., L, n_lengths]
-  band = p_start[..., :, None] * end_probs
+  return _band_top_k(p_start[..., :, None] * end_probs, in_range, min_len, k)
+
+
+def _band(num_clips: int, min_len: int, max_len: int) -> tuple[jax.Array, jax.Array]:
+  """(end index [L, n_lengths] of the span starting at l with the j-th length, in range)."""
+  lengths = jnp.arange(min_len, min(max_len, num_clips) + 1)
+  ends = jnp.arange(num_clips)[:, None] + lengths[None, :] - 1
+  return ends, ends < num_clips
+
+
+def _band_top_k(band, in_range, min_len: int, k: int):
+  """The k best (start, end, score) of a [..., L, n_lengths] band, row-major tie order."""
+  num_lengths = band.shape[-1]
   band = jnp.where(in_range, band, -jnp.inf)
   flat = band.reshape(*band.shape[:-2], -1)  # start-major, then length = end order
   score, index = jax.lax.top_k(flat, k)
-  num_lengths = lengths.shape[0]
   start = (index // num_lengths).astype(jnp.int32)
   end = (start + min_len + index % num_lengths - 1).astype(jnp.int32)
   return start, end, score
 
 
-def vcmr_scores(video_scores: jax.Array, p_start: jax.Array, p_end: jax.Array,
+def window_means(clip_scores: jax.Array, *, min_len: int, max_len: int) -> jax.Array:
+  """[..., L, n_lengths] mean of `clip_scores` over each span (start l, j-th length).
+
+  The sliding-window proposals of TVR Fig. 6's baseline: every span allowed
+  by the length prior, scored by the average clip score inside it.
+  Out-of-range spans are -inf.
+  """
+  num_clips = clip_scores.shape[-1]
+  _check_lengths(min_len, max_len, num_clips, "window_means")
+  ends, in_range = _band(num_clips, min_len, max_len)
+  csum = jnp.concatenate([jnp.zeros_like(clip_scores[..., :1]),
+                          jnp.cumsum(clip_scores, axis=-1)], axis=-1)  # [..., L + 1]
+  upto = jnp.take(csum, jnp.minimum(ends, num_clips - 1) + 1, axis=-1)
+  sums = upto - csum[..., :num_clips, None]
+  lengths = (ends - jnp.arange(num_clips)[:, None] + 1).astype(clip_scores.dtype)
+  return jnp.where(in_range, sums / lengths, -jnp.inf)
+
+
+def top_windows(clip_scores: jax.Array, *, min_len: int, max_len: int, k: int
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`top_spans` for sliding windows: the k spans with the best mean clip score."""
+  num_valid = _check_lengths(min_len, max_len, clip_scores.shape[-1], "top_windows")
+  if not 1 <= k <= num_valid:
+    raise ValueError(f"top_windows: k={k} must be in [1, {num_valid}]")
+  ends, in_range = _band(clip_scores.shape[-1], min_len, max_len)
+  return _band_top_k(window_means(clip_scores, min_len=min_len, max_len=max_len), in_range,
+                     min_len, k)
+
+
+def vcmr_window_scores(video_scores: jax.Array, clip_scores: jax.Array, **kwargs):
+  """`vcmr_scores` with sliding-window span scores (the mean of `clip_scores` [Q, V, L]
+  over the span, TVR Fig. 6's baseline) in place of P_st(st) P_ed(ed)."""
+  return vcmr_scores(video_scores, clip_scores, None, **kwargs)
+
+
+def vcmr_scores(video_scores: jax.Array, p_start: jax.Array, p_end: jax.Array | None,
                 *, top_n_videos: int, alpha: float, min_len: int, max_len: int,
                 k: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Ranks moments across a corpus, TVR eq. 8.
@@ -100,7 +142,7 @@ def vcmr_scores(video_scores: jax.Array, p_start: jax.Array, p_end: jax.Array,
     (video [Q, k] int32 index into V, start [Q, k] int32, end [Q, k] int32
     inclusive, score [Q, k] s_vcmr), sorted by decreasing score.
   """
-  if (video_scores.ndim != 2 or p_start.shape != p_end.shape
+  if (video_scores.ndim != 2 or (p_end is not None and p_start.shape != p_end.shape)
       or p_start.shape[:2] != video_scores.shape):
     raise ValueError("vcmr_scores: expected video_scores [Q, V] and p_start, p_end "
                      f"[Q, V, L]; got {video_scores.shape}, {p_start.shape}, "
@@ -114,10 +156,14 @@ def vcmr_scores(video_scores: jax.Array, p_start: jax.Array, p_end: jax.Array,
                      f" ({num_valid} spans in each of {top_n_videos} videos)")
   vr_score, video = jax.lax.top_k(video_scores, top_n_videos)  # [Q, N]
   p_start = jnp.take_along_axis(p_start, video[..., None], axis=1)  # [Q, N, L]
-  p_end = jnp.take_along_axis(p_end, video[..., None], axis=1)
   per_video = min(k, num_valid)
-  start, end, span_score = top_spans(p_start, p_end, min_len=min_len,
-                                     max_len=max_len, k=per_video)  # [Q, N, kv]
+  if p_end is None:  # sliding windows over clip scores (`vcmr_window_scores`)
+    start, end, span_score = top_windows(p_start, min_len=min_len, max_len=max_len,
+                                         k=per_video)
+  else:
+    p_end = jnp.take_along_axis(p_end, video[..., None], axis=1)
+    start, end, span_score = top_spans(p_start, p_end, min_len=min_len,
+                                       max_len=max_len, k=per_video)  # [Q, N, kv]
   moment_score = span_score * jnp.exp(alpha * vr_score)[..., None]
   num_queries = video_scores.shape[0]
   score, index = jax.lax.top_k(moment_score.reshape(num_queries, -1), k)

@@ -248,9 +248,12 @@ class SearchConfig:
 
 
 def _probs(span_fn, params, q, h1, mask):
-  """(P_st, P_ed) [Q, N, L] of queries [Q, M, D] on their candidates h1 [Q, N, M, L, D]."""
-  start, end = span_fn(params, q[:, None], h1, mask)
-  return masked_softmax(start, mask), masked_softmax(end, mask)
+  """(P_st, P_ed) [Q, N, L] of queries [Q, M, D] on their candidates h1 [Q, N, M, L, D];
+  for a sliding-window head (P_clip = sigmoid of the clip logits, 0 at padding; None)."""
+  out = span_fn(params, q[:, None], h1, mask)
+  if "clip" in out:
+    return jnp.where(mask.astype(bool), jax.nn.sigmoid(out["clip"]), 0.0), None
+  return masked_softmax(out["start"], mask), masked_softmax(out["end"], mask)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -263,6 +266,8 @@ def _vcmr_stage(span_fn, cfg: SearchConfig, k: int, params, q, h1, mask, video_s
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _svmr_stage(span_fn, cfg: SearchConfig, k: int, params, q, h1, mask):
   p_st, p_ed = _probs(span_fn, params, q, h1[:, None], mask[:, None])
+  if p_ed is None:
+    return spans.top_windows(p_st[:, 0], min_len=cfg.min_len, max_len=cfg.max_len, k=k)
   return spans.top_spans(p_st[:, 0], p_ed[:, 0], min_len=cfg.min_len, max_len=cfg.max_len,
                          k=k)
 
@@ -283,7 +288,8 @@ def search(store: CorpusStore, q: np.ndarray, span_fn: Callable, cfg: SearchConf
     store: the encoded corpus.
     q: float32 [Q, M, D] modular query vectors (the model's `encode_query`).
     span_fn: `(params, q [Q, 1, M, D], h1 [Q, N, M, L, D], mask [Q, N, L]) ->
-      (start, end) logits [Q, N, L]` (the model's `span_logits`); traced inside one
+      {"start", "end"} logits [Q, N, L]` (the model's `span_logits`; {"clip"} for the
+      sliding-window baseline, spans scored by their mean sigmoid); traced inside one
       jitted ranking stage per batch shape, so pass the same function object each
       call (weights go in `params`, not in a closure).
     cfg: `SearchConfig`.

@@ -24,6 +24,9 @@ Backbone (sec. 4.1; names of the official code, jayleicn/TVRetrieval
   ConvSE            S_st = Conv1D_st(S), S_ed = Conv1D_ed(S): one input and one
                     output channel, kernel `conv_kernel_size` (5), 'same' padding,
                     no bias (eq. 3); P_st, P_ed = softmax over the real clips.
+  sliding windows    `span_head="sliding"`: TVR Fig. 6's baseline in place of ConvSE, the
+                    clip logits S trained with BCE (inside / outside the moment) and
+                    every span of the length prior scored by the mean of sigmoid(S)
   TEF               `tef=True` appends [l / n, (l + 1) / n] (n = real clips) to the
                     video and subtitle features, as the official option.
 
@@ -158,6 +161,7 @@ class XML(nn.Module):
   conv_kernel_size: int = 5
   span_query_linear: bool = False
   use_tef: bool = False
+  span_head: str = "convse"  # or "sliding": TVR Fig. 6's sliding-window baseline
   dropout_masks: str = "jax"  # or "hash": the same distribution, cheaper on CPUs (layers.dropout)
 
   def setup(self):
@@ -185,7 +189,10 @@ class XML(nn.Module):
     if self.span_query_linear:
       self.span_query = {m: nn.Dense(self.hidden_size, kernel_init=init, name=f"{m}_span_query")
                          for m in self.streams}
-    self.convse = ConvSE(self.conv_kernel_size)
+    if self.span_head not in ("convse", "sliding"):
+      raise ValueError(f"XML span_head={self.span_head!r}; expected 'convse' or 'sliding'")
+    if self.span_head == "convse":
+      self.convse = ConvSE(self.conv_kernel_size)
 
   # ------------------------------------------------------------ encoders
   def encode_query(self, query: Array, query_mask: Array, *, train: bool = False) -> Array:
@@ -218,8 +225,10 @@ class XML(nn.Module):
     stack = lambda h: jnp.stack([h[m] for m in self.streams], axis=1)  # noqa: E731
     return stack(h0), stack(h1)
 
-  def span_logits(self, q: Array, h1: Array, ctx_mask: Array) -> tuple[Array, Array]:
-    """ConvSE start/end logits [..., L] of queries q [..., M, D] on contexts h1 [..., M, L, D].
+  def span_logits(self, q: Array, h1: Array, ctx_mask: Array) -> dict[str, Array]:
+    """Span logits of queries q [..., M, D] on contexts h1 [..., M, L, D]: ConvSE's
+    {"start", "end"} [..., L], or with span_head="sliding" {"clip"}: the clip logits S
+    (eq. 2) whose sigmoid the sliding windows average.
 
     Leading dims broadcast (q [Q, 1, M, D] against h1 [Q, V, M, L, D] scores Q
     queries on V videos each). Padded clips get NEG_INF.
@@ -228,27 +237,29 @@ class XML(nn.Module):
       q = jnp.stack([self.span_query[m](q[..., i, :]) for i, m in enumerate(self.streams)],
                     axis=-2)
     sim = jnp.mean(jnp.einsum("...md,...mld->...ml", q, h1), axis=-2)  # eq. 2
+    if self.span_head == "sliding":
+      return {"clip": masked_logits(sim, ctx_mask)}
     sim = sim * ctx_mask.astype(sim.dtype)
     start, end = self.convse(sim)
-    return masked_logits(start, ctx_mask), masked_logits(end, ctx_mask)
+    return {"start": masked_logits(start, ctx_mask), "end": masked_logits(end, ctx_mask)}
 
   # ------------------------------------------------------------ training
   def __call__(self, query: Array, query_mask: Array, ctx: dict, ctx_mask: Array, *,
                train: bool = False) -> dict[str, Array]:
     """Batch of B (query, own video) pairs -> {"vr_scores" [B, B] (query i vs video j),
-    "start_logits", "end_logits" [B, L] (query i on video i), "query" [B, M, D]}."""
+    "query" [B, M, D], and `span_logits` of query i on video i [B, L] ("start", "end"
+    or "clip")}."""
     q = self.encode_query(query, query_mask, train=train)
     h0, h1 = self.encode_context(ctx, ctx_mask, train=train)
     vr = moment_losses.video_retrieval_scores(q, h0, ctx_mask)
-    start, end = self.span_logits(q, h1, ctx_mask)
-    return {"vr_scores": vr, "start_logits": start, "end_logits": end, "query": q}
+    return {"vr_scores": vr, "query": q, **self.span_logits(q, h1, ctx_mask)}
 
 
 @registry.register_model("xml")
 def xml_from_config(cfg: ml_collections.ConfigDict) -> XML:
   """config.model: context, hidden_size, num_heads, max_ctx_len, max_query_len,
   dropout_rate, input_dropout_rate, layer_norm_eps, conv_kernel_size,
-  span_query_linear, use_tef, dropout_masks (XML's fields; defaults the official values)."""
+  span_query_linear, use_tef, span_head, dropout_masks (XML's fields; defaults the official values)."""
   fields = [f for f in XML.__dataclass_fields__ if f not in ("parent", "name")]
   unknown = sorted(set(cfg.keys()) - set(fields) - {"name"})
   if unknown:

@@ -16,7 +16,8 @@ it as inclusive, so its predictions run one clip long; `data.end_label =
 Loss (eqs. 5, 6): L_vr on the batch's [B, B] VR scores with one negative video
 and one negative query per positive (uniform over the batch, or from epoch
 `loss.hard_negatives_from_epoch` uniform among the `loss.hard_pool_size`
-highest-scoring ones) + `loss.span_weight` * L_svmr. Batches carry their epoch
+highest-scoring ones) + `loss.span_weight` * L_svmr (with `model.span_head="sliding"`,
+the Fig. 6 baseline, a per-clip BCE in place of L_svmr). Batches carry their epoch
 (`epoch`, from the position in the training stream) for that switch.
 
 Evaluation (`avtext.evals.moments`) encodes the split's video corpus with
@@ -59,6 +60,16 @@ def pad_rows(x: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
   mask = np.zeros(length, np.int32)
   mask[:len(x)] = 1
   return out, mask
+
+
+def clip_bce(logits, start, end, mask):
+  """Mean over real clips of BCE(sigmoid(logit), clip inside [start, end]) (Fig. 6 baseline)."""
+  pos = jnp.arange(logits.shape[-1])[None]
+  label = ((pos >= start[:, None]) & (pos <= end[:, None])).astype(jnp.float32)
+  mask = mask.astype(jnp.float32)
+  x = jnp.where(mask > 0, logits, 0.0).astype(jnp.float32)
+  loss = jnp.maximum(x, 0) - x * label + jnp.log1p(jnp.exp(-jnp.abs(x)))
+  return jnp.sum(loss * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 @registry.register("moments")
@@ -167,8 +178,11 @@ class MomentsTask(registry.Task):
                                                       hard_pool_size=self.hard_pool)
       neg_v, neg_q = jnp.where(hard, hard_v, neg_v), jnp.where(hard, hard_q, neg_q)
     vr_loss = moment_losses.video_retrieval_hinge(scores, neg_v, neg_q, margin=self.margin)
-    span_loss = moment_losses.svmr_nll(out["start_logits"], out["end_logits"], batch["start"],
-                                       batch["end"], batch["ctx_mask"])
+    if "clip" in out:  # sliding-window baseline: BCE of every real clip, inside = 1
+      span_loss = clip_bce(out["clip"], batch["start"], batch["end"], batch["ctx_mask"])
+    else:
+      span_loss = moment_losses.svmr_nll(out["start"], out["end"], batch["start"], batch["end"],
+                                         batch["ctx_mask"])
     loss = vr_loss + self.span_weight * span_loss
     pos = jnp.diagonal(scores)
     return loss, {"vr_loss": vr_loss, "span_loss": span_loss,

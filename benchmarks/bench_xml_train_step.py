@@ -1,0 +1,226 @@
+r"""XML train step: avtext (JAX) beside the official PyTorch XML, same batch, one process each.
+
+    make bench-venv      # .venv-bench: requirements.lock + requirements-bench.txt (torch CPU)
+    git -C <mirror of jayleicn/TVRetrieval> archive HEAD baselines utils | tar -x -C /tmp/TVRetrieval
+    .venv-bench/bin/python benchmarks/bench_xml_train_step.py --tvr_repo=/tmp/TVRetrieval
+
+The official code is imported from `--tvr_repo` (a checkout of jayleicn/TVRetrieval); it is
+never vendored here. Both sides run the official defaults (train.py + scripts/train.sh tvr
+video_sub resnet_i3d; `configs/xml_tvr.py`), fp32, CPU:
+
+- official: `XML(model_config)` as train.py builds it (hidden 256, 4 heads, dropout 0.1,
+  ConvSE k=5, merged streams, cross-attention), span loss on (`set_train_st_ed(0.01)`,
+  hard negatives off), one step = forward (its loss) + backward + `BertAdam.step`
+  (lr 1e-4, 1 % warmup_linear, wd 0.01 except bias / LayerNorm, per-tensor clip 1).
+- avtext: `Trainer._make_train_step` on `configs/xml_tvr.py` (the jitted, donated step
+  `make demo-xml` runs).
+
+The batch: 128 queries, each with its own video of U[40, 100] 1.5 s clips (3072-d video,
+768-d subtitle features), query tokens U[8, 30] (768-d), a moment of 2-16 clips; all
+standard normal from `--seed`. The official tensors are padded to the batch's longest
+(its collate); ours to `max_ctx_len` = 100 / `max_query_len` = 30 (fixed shapes). Timings:
+each side alone in its own process, `--warmup` untimed then `--block` timed steps, the
+processes alternating until each side has `--steps`; median and IQR.
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+CFG = dict(video_dim=3072, sub_dim=768, query_dim=768, max_ctx=100, max_query=30)
+
+
+def make_batch(seed: int, n: int = 128) -> list[dict]:
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(n):
+    clips = int(rng.integers(40, CFG["max_ctx"] + 1))
+    tokens = int(rng.integers(8, CFG["max_query"] + 1))
+    length = int(rng.integers(2, 17))
+    st = int(rng.integers(0, clips - length + 1))
+    out.append({"video": rng.standard_normal((clips, CFG["video_dim"]), np.float32),
+                "sub": rng.standard_normal((clips, CFG["sub_dim"]), np.float32),
+                "query": rng.standard_normal((tokens, CFG["query_dim"]), np.float32),
+                "st": st, "ed": st + length - 1})
+  return out
+
+
+def _pad(seqs, length=None):
+  length = length or max(len(s) for s in seqs)
+  out = np.zeros((len(seqs), length, seqs[0].shape[-1]), np.float32)
+  mask = np.zeros((len(seqs), length), np.float32)
+  for i, s in enumerate(seqs):
+    out[i, :len(s)], mask[i, :len(s)] = s, 1
+  return out, mask
+
+
+# ------------------------------------------------------------------ official
+def official_step_fn(repo: pathlib.Path, examples, threads: int, steps_per_epoch: int):
+  sys.path.insert(0, str(repo))
+  import torch as th  # pylint: disable=g-import-not-at-top
+  from easydict import EasyDict  # pylint: disable=g-import-not-at-top
+  from baselines.crossmodal_moment_localization.model_xml import XML  # pylint: disable=g-import-not-at-top
+  from baselines.crossmodal_moment_localization.optimization import BertAdam  # pylint: disable=g-import-not-at-top
+
+  th.set_num_threads(threads)
+  th.manual_seed(0)
+  config = EasyDict(  # train.py's model_config with the config.py / train.sh defaults
+      merge_two_stream=True, cross_att=True, span_predictor_type="conv",
+      encoder_type="transformer", add_pe_rnn=False, pe_type="cosine",
+      visual_input_size=CFG["video_dim"], sub_input_size=CFG["sub_dim"],
+      query_input_size=CFG["query_dim"], hidden_size=256,
+      stack_conv_predictor_conv_kernel_sizes=-1, conv_kernel_size=5, conv_stride=1,
+      max_ctx_l=CFG["max_ctx"], max_desc_l=CFG["max_query"], input_drop=0.1,
+      cross_att_drop=0.1, drop=0.1, n_heads=4, initializer_range=0.02, ctx_mode="video_sub",
+      margin=0.1, ranking_loss_type="hinge", lw_neg_q=1, lw_neg_ctx=1, lw_st_ed=0,
+      use_hard_negative=False, hard_pool_size=20, use_self_attention=True, no_modular=False)
+  model = XML(config)
+  model.set_train_st_ed(0.01)
+  model.train()
+  no_decay = ["bias", "LayerNorm.bias", "LayerNorm.weight"]
+  named = list(model.named_parameters())
+  groups = [{"params": [p for n, p in named if not any(nd in n for nd in no_decay)],
+             "weight_decay": 0.01},
+            {"params": [p for n, p in named if any(nd in n for nd in no_decay)],
+             "weight_decay": 0.0}]
+  optimizer = BertAdam(groups, lr=1e-4, weight_decay=0.01, warmup=0.01,
+                       t_total=steps_per_epoch * 100, schedule="warmup_linear")
+  video, vmask = _pad([e["video"] for e in examples])
+  sub, smask = _pad([e["sub"] for e in examples])
+  query, qmask = _pad([e["query"] for e in examples])
+  inputs = dict(query_feat=th.from_numpy(query), query_mask=th.from_numpy(qmask),
+                video_feat=th.from_numpy(video), video_mask=th.from_numpy(vmask),
+                sub_feat=th.from_numpy(sub), sub_mask=th.from_numpy(smask),
+                tef_feat=None, tef_mask=None,
+                st_ed_indices=th.tensor([[e["st"], e["ed"]] for e in examples]))
+  num_params = sum(p.numel() for p in model.parameters())
+
+  def step() -> float:
+    loss, _ = model(**inputs)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return float(loss)
+
+  return step, num_params, th.__version__, list(video.shape)
+
+
+# ------------------------------------------------------------------ avtext
+def avtext_step_fn(examples, steps_per_epoch: int):
+  import jax  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
+  from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
+  from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(
+      "xml_tvr", pathlib.Path(__file__).parents[1] / "configs/xml_tvr.py")
+  xml_config = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(xml_config)
+  config = xml_config.get_config()
+  task = tasks.build_task(config)
+  video, vmask = _pad([e["video"] for e in examples], CFG["max_ctx"])
+  sub, _ = _pad([e["sub"] for e in examples], CFG["max_ctx"])
+  query, qmask = _pad([e["query"] for e in examples], CFG["max_query"])
+  batch = {"video": video, "sub": sub, "ctx_mask": vmask.astype(np.int32), "query": query,
+           "query_mask": qmask.astype(np.int32),
+           "start": np.asarray([e["st"] for e in examples], np.int32),
+           "end": np.asarray([e["ed"] for e in examples], np.int32),
+           "epoch": np.zeros(len(examples), np.int32)}  # before the hard-negative epochs
+  trainer = trainer_lib.Trainer(config, "/tmp/bench_xml_unused", task, evaluators={"val": None})
+  trainer.steps_per_epoch = steps_per_epoch
+  trainer.total_steps = steps_per_epoch * config.train.num_epochs
+  state, (tx, schedule) = trainer._init_state(batch)  # pylint: disable=protected-access
+  train_step = trainer._make_train_step(  # pylint: disable=protected-access
+      tx, schedule, trainer._state_sharding(state))  # pylint: disable=protected-access
+  batch = partitioning.host_to_global(batch, trainer.mesh)
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  holder = {"state": state}
+
+  def step() -> float:
+    holder["state"], metrics = train_step(holder["state"], batch)
+    return float(metrics["loss"])  # blocks until the step is done
+
+  return step, num_params, jax.__version__, list(video.shape)
+
+
+def run_side(args) -> None:
+  threads = os.cpu_count()
+  examples = make_batch(args.seed, args.queries)
+  info = {}
+  if args.side == "official":
+    step, info["params"], info["version"], info["video_shape"] = official_step_fn(
+        args.tvr_repo, examples, threads, args.steps_per_epoch)
+  else:
+    step, info["params"], info["version"], info["video_shape"] = avtext_step_fn(
+        examples, args.steps_per_epoch)
+  losses = [step() for _ in range(args.warmup)]  # the first includes jit compilation
+  times = []
+  for _ in range(args.steps):
+    begin = time.perf_counter()
+    losses.append(step())
+    times.append(time.perf_counter() - begin)
+  print("RESULT " + json.dumps({**info, "times": times, "losses": losses}), flush=True)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--tvr_repo", required=True, type=pathlib.Path,
+                      help="checkout of jayleicn/TVRetrieval")
+  parser.add_argument("--steps", type=int, default=10, help="timed steps per side")
+  parser.add_argument("--warmup", type=int, default=2, help="untimed steps per process")
+  parser.add_argument("--block", type=int, default=5, help="timed steps per process")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--queries", type=int, default=128)
+  parser.add_argument("--steps_per_epoch", type=int, default=851,
+                      help="TVR: 108,965 training queries / 128")
+  parser.add_argument("--side", choices=("official", "avtext"), help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  model_file = args.tvr_repo / "baselines/crossmodal_moment_localization/model_xml.py"
+  if not model_file.is_file():
+    raise SystemExit(f"--tvr_repo={args.tvr_repo}: no {model_file.name}; pass a checkout of "
+                     "jayleicn/TVRetrieval (see the module docstring)")
+  if args.side:
+    run_side(args)
+    return
+  results = {"official": [], "avtext": []}
+  for start in range(0, args.steps, args.block):
+    for side in results:
+      cmd = [sys.executable, __file__, f"--tvr_repo={args.tvr_repo}", f"--side={side}",
+             f"--steps={min(args.block, args.steps - start)}", f"--warmup={args.warmup}",
+             f"--seed={args.seed}", f"--queries={args.queries}",
+             f"--steps_per_epoch={args.steps_per_epoch}"]
+      out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+      results[side].append(json.loads(out.split("RESULT ", 1)[1]))
+      print(f"{side}: {np.round(results[side][-1]['times'], 3).tolist()}", flush=True)
+  first = {side: r[0] for side, r in results.items()}
+  times = {side: sum((x["times"] for x in r), []) for side, r in results.items()}
+  cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+              if l.startswith("model name")), platform.processor())
+  print(f"\ndate {datetime.date.today()}, {cpu}, {os.cpu_count()} cores; torch "
+        f"{first['official']['version']}, jax {first['avtext']['version']}")
+  print(f"video batch: official {first['official']['video_shape']} (padded to the batch max), "
+        f"avtext {first['avtext']['video_shape']} (max_ctx_len)")
+  print(f"params: official {first['official']['params'] / 1e6:.3f} M, "
+        f"avtext {first['avtext']['params'] / 1e6:.3f} M")
+  print("loss on the repeated batch, step 1 -> step "
+        f"{len(first['avtext']['losses'])}: " + "; ".join(
+            f"{side} {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}" for side, r in first.items()))
+  print("\n| implementation | step median (s) | IQR (s) |\n|---|---|---|")
+  med = {}
+  for name, t in times.items():
+    q1, med[name], q3 = np.percentile(t, [25, 50, 75])
+    print(f"| {name} | {med[name]:.3f} | {q1:.3f}-{q3:.3f} |")
+  print(f"\nspeed ratio official/avtext: {med['official'] / med['avtext']:.2f}x "
+        f"(>1: avtext faster); {args.steps} timed steps per side, in alternating processes of "
+        f"{args.block} after {args.warmup} untimed")
+
+
+if __name__ == "__main__":
+  main()
