@@ -25,15 +25,15 @@ processes alternating until each side has `--steps`; median and IQR.
 import argparse
 import datetime
 import importlib.util
-import json
 import os
 import pathlib
 import platform
-import subprocess
 import sys
-import time
 
 import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import side_by_side  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 CFG = dict(video_dim=3072, sub_dim=768, query_dim=768, max_ctx=100, max_query=30)
 
@@ -160,13 +160,7 @@ def run_side(args) -> None:
   else:
     step, info["params"], info["version"], info["video_shape"] = avtext_step_fn(
         examples, args.steps_per_epoch)
-  losses = [step() for _ in range(args.warmup)]  # the first includes jit compilation
-  times = []
-  for _ in range(args.steps):
-    begin = time.perf_counter()
-    losses.append(step())
-    times.append(time.perf_counter() - begin)
-  print("RESULT " + json.dumps({**info, "times": times, "losses": losses}), flush=True)
+  side_by_side.time_steps(step, args.warmup, args.steps, info)
 
 
 def main() -> None:
@@ -189,18 +183,13 @@ def main() -> None:
   if args.side:
     run_side(args)
     return
-  results = {"official": [], "avtext": []}
-  for start in range(0, args.steps, args.block):
-    for side in results:
-      cmd = [sys.executable, __file__, f"--tvr_repo={args.tvr_repo}", f"--side={side}",
-             f"--steps={min(args.block, args.steps - start)}", f"--warmup={args.warmup}",
+  results = side_by_side.alternate(
+      lambda side, n: [sys.executable, __file__, f"--tvr_repo={args.tvr_repo}", f"--side={side}",
+             f"--steps={n}", f"--warmup={args.warmup}",
              f"--seed={args.seed}", f"--queries={args.queries}",
-             f"--steps_per_epoch={args.steps_per_epoch}"]
-      out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-      results[side].append(json.loads(out.split("RESULT ", 1)[1]))
-      print(f"{side}: {np.round(results[side][-1]['times'], 3).tolist()}", flush=True)
+             f"--steps_per_epoch={args.steps_per_epoch}"],
+      args.steps, args.block)
   first = {side: r[0] for side, r in results.items()}
-  times = {side: sum((x["times"] for x in r), []) for side, r in results.items()}
   cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
               if l.startswith("model name")), platform.processor())
   print(f"\ndate {datetime.date.today()}, {cpu}, {os.cpu_count()} cores; torch "
@@ -209,17 +198,7 @@ def main() -> None:
         f"avtext {first['avtext']['video_shape']} (max_ctx_len)")
   print(f"params: official {first['official']['params'] / 1e6:.3f} M, "
         f"avtext {first['avtext']['params'] / 1e6:.3f} M")
-  print("loss on the repeated batch, step 1 -> step "
-        f"{len(first['avtext']['losses'])}: " + "; ".join(
-            f"{side} {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}" for side, r in first.items()))
-  print("\n| implementation | step median (s) | IQR (s) |\n|---|---|---|")
-  med = {}
-  for name, t in times.items():
-    q1, med[name], q3 = np.percentile(t, [25, 50, 75])
-    print(f"| {name} | {med[name]:.3f} | {q1:.3f}-{q3:.3f} |")
-  print(f"\nspeed ratio official/avtext: {med['official'] / med['avtext']:.2f}x "
-        f"(>1: avtext faster); {args.steps} timed steps per side, in alternating processes of "
-        f"{args.block} after {args.warmup} untimed")
+  side_by_side.report(results, args.steps, args.block, args.warmup)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,44 @@ def read_jsonl(file: pathlib.Path, what: str) -> list[dict]:
   return rows
 
 
+class H5File:
+  """One h5py handle per process (grain workers fork), opened on first use."""
+
+  def __init__(self, file: pathlib.Path, what: str, prepare: str = _PREPARE):
+    if not file.is_file():
+      raise FileNotFoundError(f"{what} {file} not found. {prepare}")
+    self.file, self.what = file, what
+    self._h5, self._pid = None, None
+
+  def __getstate__(self):
+    return {**self.__dict__, "_h5": None, "_pid": None}
+
+  def get(self):
+    import h5py  # pylint: disable=g-import-not-at-top
+    if self._h5 is None or self._pid != os.getpid():
+      self._h5, self._pid = h5py.File(self.file, "r"), os.getpid()
+    return self._h5
+
+  def read(self, key: str, dim: int | None = None) -> np.ndarray:
+    h5 = self.get()
+    if key not in h5:
+      raise KeyError(f"{self.file}: no key {key!r} ({self.what})")
+    x = np.asarray(h5[key], np.float32)
+    if x.ndim != 2 or x.shape[0] == 0 or (dim is not None and x.shape[1] != dim):
+      raise ValueError(f"{self.file}, key {key!r}: expected float [n >= 1, "
+                       f"{dim or 'D'}] ({self.what}), got shape {list(x.shape)}")
+    return x
+
+  def missing(self, keys) -> list[str]:
+    h5 = self.get()
+    return [k for k in keys if k not in h5]
+
+  def close(self):
+    if self._h5 is not None:
+      self._h5.close()
+    self._h5 = None
+
+
 def _check_moment(file, n: int, row) -> None:
   where = f"{file}, line {n}"
   if not isinstance(row, dict):
@@ -135,10 +173,8 @@ class TvcSource:
     if missing:
       raise ValueError(f"{subs_file}: no subtitles for {len(missing)} videos of {file}, e.g. "
                        f"{missing[:3]}")
-    self._h5, self._pid = None, None
-    if not self.video_file.is_file():
-      raise FileNotFoundError(f"video features {self.video_file} not found. {_PREPARE}")
-    h5 = self._file()
+    self.video_h5 = H5File(self.video_file, "video features")
+    h5 = self.video_h5.get()
     absent = sorted(v for v in wanted if v not in h5)
     if absent:
       raise ValueError(f"{self.video_file}: no features for {len(absent)} videos of {file}, "
@@ -148,7 +184,7 @@ class TvcSource:
       raise ValueError(f"{self.video_file}: features are {width}-d but config.dataset."
                        f"video_dim={self.video_dim}")
     self.video_dim = int(width)
-    self._close()
+    self.video_h5.close()
     logging.info("tvc %s/%s: %d moments of %d videos", self.path, split, len(self.moments),
                  len(wanted))
 
@@ -157,20 +193,6 @@ class TvcSource:
 
   def __repr__(self) -> str:
     return f"TvcSource({str(self.path)!r}, {self.split!r}, {len(self)} moments)"
-
-  def __getstate__(self):
-    return {**self.__dict__, "_h5": None, "_pid": None}
-
-  def _file(self):
-    import h5py  # pylint: disable=g-import-not-at-top
-    if self._h5 is None or self._pid != os.getpid():  # one handle per process (forks)
-      self._h5, self._pid = h5py.File(self.video_file, "r"), os.getpid()
-    return self._h5
-
-  def _close(self):
-    if self._h5 is not None:
-      self._h5.close()
-    self._h5 = None
 
   def describe(self, i: int) -> dict:
     """Moment i without its features."""
@@ -185,7 +207,7 @@ class TvcSource:
 
   def __getitem__(self, i: int) -> dict:
     item = self.describe(i)
-    video = np.asarray(self._file()[item["vid_name"]], np.float32)
+    video = np.asarray(self.video_h5.get()[item["vid_name"]], np.float32)
     if video.ndim != 2 or video.shape[0] == 0:
       raise ValueError(f"{self.video_file}, video {item['vid_name']!r}: expected [n_clips, "
                        f"{self.video_dim}] features, got shape {list(video.shape)}")

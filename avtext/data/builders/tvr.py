@@ -46,7 +46,6 @@ moment task and evaluator. Opening a split checks every line, every corpus
 video's features and every query's; errors name the file, line and field.
 """
 import json
-import os
 import pathlib
 from typing import Any
 
@@ -77,44 +76,6 @@ def l2_normalize(x: np.ndarray, eps: float = 1e-5) -> np.ndarray:
   return (x / (np.linalg.norm(x, axis=-1, keepdims=True) + eps)).astype(np.float32)
 
 
-class _H5:
-  """One h5py handle per process (grain workers fork), opened on first use."""
-
-  def __init__(self, file: pathlib.Path, what: str):
-    if not file.is_file():
-      raise FileNotFoundError(f"{what} {file} not found. {_PREPARE}")
-    self.file, self.what = file, what
-    self._h5, self._pid = None, None
-
-  def __getstate__(self):
-    return {**self.__dict__, "_h5": None, "_pid": None}
-
-  def get(self):
-    import h5py  # pylint: disable=g-import-not-at-top
-    if self._h5 is None or self._pid != os.getpid():
-      self._h5, self._pid = h5py.File(self.file, "r"), os.getpid()
-    return self._h5
-
-  def read(self, key: str, dim: int | None = None) -> np.ndarray:
-    h5 = self.get()
-    if key not in h5:
-      raise KeyError(f"{self.file}: no key {key!r} ({self.what})")
-    x = np.asarray(h5[key], np.float32)
-    if x.ndim != 2 or x.shape[0] == 0 or (dim is not None and x.shape[1] != dim):
-      raise ValueError(f"{self.file}, key {key!r}: expected float [n >= 1, "
-                       f"{dim or 'D'}] ({self.what}), got shape {list(x.shape)}")
-    return x
-
-  def missing(self, keys) -> list[str]:
-    h5 = self.get()
-    return [k for k in keys if k not in h5]
-
-  def close(self):
-    if self._h5 is not None:
-      self._h5.close()
-    self._h5 = None
-
-
 def _check_query(file, n: int, row, split: str) -> None:
   where = f"{file}, line {n}"
   if not isinstance(row, dict):
@@ -135,7 +96,7 @@ def _check_query(file, n: int, row, split: str) -> None:
     raise ValueError(f"{where}: type must be one of {QUERY_TYPES}, got {row.get('type')!r}")
 
 
-def _dim(cfg, key: str, h5: _H5, sample: str) -> int:
+def _dim(cfg, key: str, h5: tvc.H5File, sample: str) -> int:
   width = h5.read(sample).shape[1]
   if cfg.get(key) and int(cfg[key]) != width:
     raise ValueError(f"{h5.file}: features are {width}-d but config.dataset.{key}={cfg[key]}")
@@ -178,13 +139,14 @@ class TvrSource:
 
     names = cfg.get("video_features") or DEFAULT_VIDEO_FEATURES
     names = (names,) if isinstance(names, str) else tuple(names)
-    self.video_h5 = [_H5(tvc.video_features_path(self.path, n), "video features")
-                     for n in names]
+    self.video_h5 = [tvc.H5File(tvc.video_features_path(self.path, n), "video features",
+                                _PREPARE) for n in names]
     self.normalize_video = bool(cfg.get("normalize_video", len(names) > 1))
     sub = cfg.get("sub_features", DEFAULT_SUB_FEATURES)
-    self.sub_h5 = _H5(self.path / sub, "subtitle features") if sub else None
-    self.query_h5 = _H5(self.path / (cfg.get("query_features") or DEFAULT_QUERY_FEATURES),
-                        "query features")
+    self.sub_h5 = tvc.H5File(self.path / sub, "subtitle features", _PREPARE) if sub else None
+    self.query_h5 = tvc.H5File(
+        self.path / (cfg.get("query_features") or DEFAULT_QUERY_FEATURES), "query features",
+        _PREPARE)
     videos = [v for v, _ in self.corpus]
     for h5 in self.video_h5 + ([self.sub_h5] if self.sub_h5 else []):
       missing = h5.missing(videos)

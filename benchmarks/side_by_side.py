@@ -1,0 +1,56 @@
+"""Shared runner of the train-step benchmarks beside official PyTorch code.
+
+Each side runs alone in its own process (no second framework's thread pool beside it):
+`time_steps` in the child, `alternate` in the parent (official / avtext blocks until each
+side has its timed steps, so load drifts hit both), `report` for the median / IQR table.
+"""
+import json
+import subprocess
+
+import time
+from typing import Callable
+
+import numpy as np
+
+
+def time_steps(step: Callable[[], float], warmup: int, steps: int, info: dict) -> None:
+  """Child: `warmup` untimed steps (the first compiles), `steps` timed; prints RESULT JSON."""
+  losses = [step() for _ in range(warmup)]
+  times = []
+  for _ in range(steps):
+    begin = time.perf_counter()
+    losses.append(step())
+    times.append(time.perf_counter() - begin)
+  print("RESULT " + json.dumps({**info, "times": times, "losses": losses}), flush=True)
+
+
+def alternate(command: Callable[[str, int], list[str]], steps: int, block: int,
+              sides=("official", "avtext")) -> dict[str, list[dict]]:
+  """{side: [RESULT of each block]}; `command(side, n)` is the child's argv for n steps."""
+  results = {side: [] for side in sides}
+  for start in range(0, steps, block):
+    for side in sides:
+      out = subprocess.run(command(side, min(block, steps - start)), check=True,
+                           capture_output=True, text=True).stdout
+      results[side].append(json.loads(out.split("RESULT ", 1)[1]))
+      print(f"{side}: {np.round(results[side][-1]['times'], 3).tolist()}", flush=True)
+  return results
+
+
+def report(results: dict[str, list[dict]], steps: int, block: int, warmup: int) -> None:
+  """The losses of each side's first process, the step-time table and the ratio."""
+  first = {side: r[0] for side, r in results.items()}
+  print("loss on the repeated batch, step 1 -> step "
+        f"{len(first['avtext']['losses'])}: " + "; ".join(
+            f"{side} {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}" for side, r in first.items()))
+  print("\n| implementation | step median (s) | IQR (s) |\n|---|---|---|")
+  med = {}
+  for name, r in results.items():
+    q1, med[name], q3 = np.percentile(sum((x["times"] for x in r), []), [25, 50, 75])
+    print(f"| {name} | {med[name]:.3f} | {q1:.3f}-{q3:.3f} |")
+  print(f"\nspeed ratio official/avtext: {med['official'] / med['avtext']:.2f}x "
+        f"(>1: avtext faster); {steps} timed steps per side, in alternating processes of "
+        f"{block} after {warmup} untimed")
+
+
+
