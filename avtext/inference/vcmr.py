@@ -181,6 +181,14 @@ def _scan_chunk(q_norm: jax.Array, h0: jax.Array, scale: jax.Array | None) -> ja
   return (total / m).T
 
 
+@functools.partial(jax.jit, static_argnums=(4,))
+def _scan_chunk_top_k(q_norm, h0, scale, valid, k: int):
+  """The k best (s_vr, column) per query of a chunk whose first `valid` videos are real."""
+  s = _scan_chunk(q_norm, h0, scale)
+  s = jnp.where(jnp.arange(s.shape[1])[None] < valid, s, -jnp.inf)
+  return jax.lax.top_k(s, k)
+
+
 def chunk_video_scores(q_norm: np.ndarray, h0: np.ndarray,
                        scale: np.ndarray | None = None) -> np.ndarray:
   """s_vr [Q, C] of normalized queries [Q, M, D] on a stored chunk h0 [C, M, L, D] (any
@@ -219,16 +227,28 @@ def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: i
     return np.concatenate(out_s), np.concatenate(out_i)
   best_s = np.full((q_norm.shape[0], 0), -np.inf, np.float32)
   best_i = np.zeros((q_norm.shape[0], 0), np.int64)
-  for a in range(0, n, video_chunk):
-    b = min(a + video_chunk, n)
-    rows = slice(a, b) if b - a == video_chunk or n <= video_chunk else np.minimum(
-        np.arange(a, a + video_chunk), n - 1)  # the last chunk padded: one compilation
-    s = chunk_video_scores(q_norm, store.h["h0"][rows],
-                           None if store.scale is None else store.scale["h0"][rows])[:, :b - a]
-    idx = np.broadcast_to(np.arange(a, b), s.shape)
-    best_s, best_i = _merge_topk(np.concatenate([best_s, s], 1),
-                                 np.concatenate([best_i, idx], 1), k)
-  return best_s, best_i
+  q_dev = jnp.asarray(q_norm)
+  chunk = min(video_chunk, n)
+  pending = None
+  for a in range(0, n, chunk):
+    b = min(a + chunk, n)
+    rows = slice(a, b) if b - a == chunk else np.minimum(np.arange(a, a + chunk), n - 1)
+    # Dispatched before the previous chunk's result is merged: the host merge and the
+    # next chunk's copy overlap the GEMM. The last chunk is padded (one compilation).
+    result = (a, _scan_chunk_top_k(
+        q_dev, np.asarray(store.h["h0"][rows]),
+        None if store.scale is None else np.asarray(store.scale["h0"][rows]), b - a,
+        min(k, chunk)))
+    if pending is not None:
+      best_s, best_i = _merge_chunk(best_s, best_i, pending, k)
+    pending = result
+  return _merge_chunk(best_s, best_i, pending, k)
+
+
+def _merge_chunk(best_s, best_i, pending, k: int):
+  start, (s, i) = pending
+  s, i = np.asarray(s), np.asarray(i).astype(np.int64) + start
+  return _merge_topk(np.concatenate([best_s, s], 1), np.concatenate([best_i, i], 1), k)
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
