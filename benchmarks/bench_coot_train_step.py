@@ -203,14 +203,10 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--coot_repo", required=True, type=pathlib.Path,
                       help="checkout of simon-ging/coot-videotext")
-  parser.add_argument("--steps", type=int, default=10, help="timed steps per side")
-  parser.add_argument("--warmup", type=int, default=2, help="untimed steps per process")
-  parser.add_argument("--block", type=int, default=5, help="timed steps per process")
-  parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--videos", type=int, default=64)
   parser.add_argument("--steps_per_epoch", type=int, default=157,
                       help="ActivityNet: 10009 train videos / 64")
-  parser.add_argument("--side", choices=("official", "avtext"), help=argparse.SUPPRESS)
+  side_by_side.add_timing_args(parser)
   args = parser.parse_args()
   if not (args.coot_repo / "coot" / "model_retrieval.py").is_file():
     raise SystemExit(f"--coot_repo={args.coot_repo}: no coot/model_retrieval.py; pass a checkout "

@@ -167,14 +167,10 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--tvr_repo", required=True, type=pathlib.Path,
                       help="checkout of jayleicn/TVRetrieval")
-  parser.add_argument("--steps", type=int, default=10, help="timed steps per side")
-  parser.add_argument("--warmup", type=int, default=2, help="untimed steps per process")
-  parser.add_argument("--block", type=int, default=5, help="timed steps per process")
-  parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--queries", type=int, default=128)
   parser.add_argument("--steps_per_epoch", type=int, default=851,
                       help="TVR: 108,965 training queries / 128")
-  parser.add_argument("--side", choices=("official", "avtext"), help=argparse.SUPPRESS)
+  side_by_side.add_timing_args(parser)
   args = parser.parse_args()
   model_file = args.tvr_repo / "baselines/crossmodal_moment_localization/model_xml.py"
   if not model_file.is_file():

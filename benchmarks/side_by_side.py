@@ -13,6 +13,15 @@ from typing import Callable
 import numpy as np
 
 
+def add_timing_args(parser) -> None:
+  """--steps, --warmup, --block, --seed and the hidden --side of the child processes."""
+  parser.add_argument("--steps", type=int, default=10, help="timed steps per side")
+  parser.add_argument("--warmup", type=int, default=2, help="untimed steps per process")
+  parser.add_argument("--block", type=int, default=5, help="timed steps per process")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--side", choices=("official", "avtext"), help="(child processes)")
+
+
 def time_steps(step: Callable[[], float], warmup: int, steps: int, info: dict) -> None:
   """Child: `warmup` untimed steps (the first compiles), `steps` timed; prints RESULT JSON."""
   losses = [step() for _ in range(warmup)]
