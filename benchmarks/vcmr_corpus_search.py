@@ -26,6 +26,11 @@ Roofline of exhaustive search (measured in the same run): the larger of
   - the 2 Q N M L D multiply-adds of eq. 4 at the measured single-precision GEMM
     peak (a 4096^3 matmul, best of 3).
 
+`--compute_dtypes=float32,bfloat16`: also time the exhaustive path with bfloat16 GEMM
+operands on the reduced-precision stores (exact on int8 and bfloat16 values; only the
+query rounds), against the same float32 roofline; recall is against the first row of
+the same N (the float32 store at 10k).
+
 `--faiss`: the approximate path; one FAISS inner-product index per stream over every
 clip vector (IVF, 1,024 lists, 8-bit scalar quantizer, `nprobe` lists probed), the
 videos of each stream's top `--faiss_clips` clips as candidates, then the exact VR
@@ -123,7 +128,7 @@ def worker(args) -> dict:
   store = vcmr.CorpusStore(args.store)
   q = queries(args.queries, len(store), store.dim)
   fn, variables = span_fn(store.dim, store.max_len)
-  cfg = vcmr.SearchConfig()
+  cfg = vcmr.SearchConfig(compute_dtype=args.compute_dtype)
   candidates, build_s = None, 0.0
   if args.faiss:
     from avtext.inference import ann  # pylint: disable=g-import-not-at-top
@@ -131,11 +136,12 @@ def worker(args) -> dict:
     index = ann.ClipIndex.build(store, nlist=args.nlist)
     build_s = time.perf_counter() - t
   vcmr.search(store, q, fn, cfg, params=variables)  # warm-up: compile, and the store into the page cache
-  vcmr.video_retrieval(store, q, cfg.top_n_videos)
+  vcmr.video_retrieval(store, q, cfg.top_n_videos, compute_dtype=cfg.compute_dtype)
   t = time.perf_counter()
   if args.faiss:
     candidates = index.candidates(q, clips_per_stream=args.faiss_clips, nprobe=args.nprobe)
-  vr_s, vr_i = vcmr.video_retrieval(store, q, cfg.top_n_videos, candidates=candidates)
+  vr_s, vr_i = vcmr.video_retrieval(store, q, cfg.top_n_videos, candidates=candidates,
+                                    compute_dtype=cfg.compute_dtype)
   vr_time = time.perf_counter() - t
   t = time.perf_counter()
   if args.faiss:
@@ -148,10 +154,12 @@ def worker(args) -> dict:
           "vcmr": [[m[:3] for m in x[:100]] for x in out["VCMR"]]}
 
 
-def run_worker(store: pathlib.Path, args, faiss: bool = False) -> dict:
+def run_worker(store: pathlib.Path, args, faiss: bool = False,
+               compute_dtype: str = "float32") -> dict:
   cmd = [sys.executable, __file__, "--worker", "--store", str(store), "--queries",
          str(args.queries), "--nlist", str(args.nlist), "--nprobe", str(args.nprobe),
-         "--faiss_clips", str(args.faiss_clips)] + (["--faiss"] if faiss else [])
+         "--faiss_clips", str(args.faiss_clips), "--compute_dtype", compute_dtype] + (
+             ["--faiss"] if faiss else [])
   out = subprocess.run(cmd, check=True, capture_output=True, text=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -175,6 +183,11 @@ def main():
   p.add_argument("--nlist", type=int, default=1024)
   p.add_argument("--nprobe", type=int, default=16)
   p.add_argument("--faiss_clips", type=int, default=4096)
+  p.add_argument("--compute_dtypes", default="float32",
+                 help="VR GEMM operand types to time the exhaustive path with (comma list; "
+                 "bfloat16 only on reduced-precision stores, where it is exact on the "
+                 "stored values)")
+  p.add_argument("--compute_dtype", default="float32", help=argparse.SUPPRESS)
   p.add_argument("--worker", action="store_true")
   p.add_argument("--store", default=None)
   args = p.parse_args()
@@ -194,23 +207,31 @@ def main():
     ref = None
     for dtype in dtypes:
       store = build(root / f"n{n}_{dtype}", n, dtype, clips=args.clips, dim=args.dim)
-      res = run_worker(store.dir, args)
       flops = 2 * args.queries * n * len(STREAMS) * args.clips * args.dim
       roof = max(store.nbytes_h0 / (machine["read_GBps"] * 1e9),
                  flops / (machine["gemm_GFLOPs"] * 1e9))
-      row = {"n": n, "dtype": dtype, "path": "exhaustive", "seconds": res["seconds"],
-             "vr_seconds": res["vr_seconds"], "peak_rss_GB": res["peak_rss_GB"],
-             "h0_GB": store.nbytes_h0 / 1e9, "read_s": store.nbytes_h0 / (
-                 machine["read_GBps"] * 1e9), "gemm_s": flops / (machine["gemm_GFLOPs"] * 1e9),
-             "roofline_s": roof, "x_roofline": res["seconds"] / roof}
-      if ref is None:
-        ref = res
-      else:
-        row["vr_top100_recall_vs_fp32"] = recall(res["vr"], ref["vr"], 100)
-        row["vcmr_top10_in_top100_vs_fp32"] = recall(res["vcmr"], ref["vcmr"], 10)
-      rows.append(row)
-      print(json.dumps(row), flush=True)
+      computes = [c for c in args.compute_dtypes.split(",")
+                  if c == "float32" or dtype != "float32"]
+      for compute in computes:
+        res = run_worker(store.dir, args, compute_dtype=compute)
+        row = {"n": n, "dtype": dtype, "compute": compute, "path": "exhaustive",
+               "seconds": res["seconds"], "vr_seconds": res["vr_seconds"],
+               "peak_rss_GB": res["peak_rss_GB"], "h0_GB": store.nbytes_h0 / 1e9,
+               "read_s": store.nbytes_h0 / (machine["read_GBps"] * 1e9),
+               "gemm_s": flops / (machine["gemm_GFLOPs"] * 1e9), "roofline_s": roof,
+               "x_roofline": res["seconds"] / roof}
+        if ref is None:  # the first row of each N: float32 at 10k
+          ref, ref_name = res, f"{dtype} store, {compute} GEMM"
+        else:
+          row["recall_reference"] = ref_name
+          row["vr_top100_recall"] = recall(res["vr"], ref["vr"], 100)
+          row["vcmr_top10_in_top100"] = recall(res["vcmr"], ref["vcmr"], 10)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if compute == "float32":
+          exhaustive = res
       if args.faiss:
+        res = exhaustive
         fres = run_worker(store.dir, args, faiss=True)
         frow = {"n": n, "dtype": dtype, "path": f"faiss IVF{args.nlist},SQ8 nprobe "
                 f"{args.nprobe}, {args.faiss_clips} clips/stream",

@@ -226,6 +226,16 @@ def test_reduced_precision_stores_keep_the_ranking(tmp_path):
     s, i = vcmr.video_retrieval(store, q, 10)
     np.testing.assert_allclose(s, s32, atol=tol)
     assert np.mean([len(set(a[:5]) & set(b[:5])) / 5 for a, b in zip(i, i32)]) >= 0.8
+    # bfloat16 GEMM operands: the stored values are exact in bf16, only the query rounds.
+    s16, i16 = vcmr.video_retrieval(store, q, 10, compute_dtype="bfloat16")
+    np.testing.assert_allclose(s16, s, atol=1e-2)
+    assert np.mean([len(set(a[:5]) & set(b[:5])) / 5 for a, b in zip(i16, i)]) >= 0.8
+  # The blocked scan (chunks of 12 videos, 4 per GEMM, a padded tail of 4) equals one GEMM.
+  s, i = vcmr.video_retrieval(ref, q, 10, video_chunk=10, block=4)
+  np.testing.assert_allclose(s, s32, rtol=1e-5)
+  np.testing.assert_array_equal(i, i32)
+  with pytest.raises(ValueError, match="compute_dtype"):
+    vcmr.video_retrieval(ref, q, 10, compute_dtype="float16")
   cand = np.tile(np.arange(0, 40, 2), (5, 1))  # restricting to candidates: their exact order
   s, i = vcmr.video_retrieval(ref, q, 5, candidates=cand)
   full = vcmr.chunk_video_scores(vcmr.l2_normalize(q), ref.h["h0"][:])

@@ -16,7 +16,8 @@ eq. 4), and the Cross-Encoder outputs H^m_1 (for ConvSE), on a fixed grid of
 
 Queries are answered (`search`) in two stages:
   1. VR: s_vr(v | q) = mean_m max_l <q_m / |q_m|, H^m_0[l]> over every video,
-     streamed in chunks (`video_chunk`) through one GEMM per stream, keeping
+     streamed in chunks (`video_chunk`) through one GEMM per stream and block
+     of `block` videos, keeping
      the best `top_n_videos` per query. Exhaustive; `candidates` restricts
      the scan to given videos (the FAISS path, `avtext.inference.ann`).
   2. VCMR (eq. 8) on those videos: ConvSE (`span_fn`, the model's
@@ -167,47 +168,79 @@ def _merge_topk(scores: np.ndarray, index: np.ndarray, k: int) -> tuple[np.ndarr
   return np.take_along_axis(scores, order, 1), np.take_along_axis(index, order, 1)
 
 
-@jax.jit
-def _scan_chunk(q_norm: jax.Array, h0: jax.Array, scale: jax.Array | None) -> jax.Array:
-  """s_vr [Q, C]: per stream one GEMM [C*L, D] x [D, Q] in float32, max over clips."""
+def _block_scores(q_norm, h0, scale, compute_dtype):
+  """s_vr [Q, C] of a block h0 [C, M, L, D]: per stream one GEMM [C*L, D] x [D, Q] with
+  operands in `compute_dtype` and a float32 result, then the per-clip scale and the max
+  over clips."""
   c, m, l, d = h0.shape
   total = jnp.zeros((c, q_norm.shape[0]), jnp.float32)
   for s in range(m):
-    x = h0[:, s].reshape(c * l, d).astype(jnp.float32)
-    sim = (x @ q_norm[:, s].T).reshape(c, l, -1)
+    x = h0[:, s].reshape(c * l, d).astype(compute_dtype)
+    sim = jax.lax.dot_general(x, q_norm[:, s].astype(compute_dtype), (((1,), (1,)), ((), ())),
+                              preferred_element_type=jnp.float32).reshape(c, l, -1)
     if scale is not None:
       sim = sim * scale[:, s, :, None]
     total = total + sim.max(axis=1)
   return (total / m).T
 
 
-@functools.partial(jax.jit, static_argnums=(4,))
-def _scan_chunk_top_k(q_norm, h0, scale, valid, k: int):
+@functools.partial(jax.jit, static_argnames=("block", "compute_dtype"))
+def _scan_chunk(q_norm: jax.Array, h0: jax.Array, scale: jax.Array | None, *,
+                block: int = 128, compute_dtype: str = "float32") -> jax.Array:
+  """s_vr [Q, C] of a chunk of C videos, `block` videos at a time (C % block == 0 when
+  C > block): each block's converted operand and GEMM output stay in cache, where one
+  chunk-wide GEMM would stream them through memory (several times the stored bytes)."""
+  c = h0.shape[0]
+  if c <= block:
+    return _block_scores(q_norm, h0, scale, compute_dtype)
+  if c % block:
+    raise ValueError(f"_scan_chunk: {c} videos is not a multiple of block={block}")
+  blocks = (h0.reshape(c // block, block, *h0.shape[1:]),
+            None if scale is None else scale.reshape(c // block, block, *scale.shape[1:]))
+  _, out = jax.lax.scan(
+      lambda _, xs: (None, _block_scores(q_norm, *xs, compute_dtype)), None, blocks)
+  return out.transpose(1, 0, 2).reshape(q_norm.shape[0], c)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "block", "compute_dtype"))
+def _scan_chunk_top_k(q_norm, h0, scale, valid, *, k: int, block: int, compute_dtype: str):
   """The k best (s_vr, column) per query of a chunk whose first `valid` videos are real."""
-  s = _scan_chunk(q_norm, h0, scale)
+  s = _scan_chunk(q_norm, h0, scale, block=block, compute_dtype=compute_dtype)
   s = jnp.where(jnp.arange(s.shape[1])[None] < valid, s, -jnp.inf)
   return jax.lax.top_k(s, k)
 
 
-def chunk_video_scores(q_norm: np.ndarray, h0: np.ndarray,
-                       scale: np.ndarray | None = None) -> np.ndarray:
+def chunk_video_scores(q_norm: np.ndarray, h0: np.ndarray, scale: np.ndarray | None = None,
+                       *, block: int = 128, compute_dtype: str = "float32") -> np.ndarray:
   """s_vr [Q, C] of normalized queries [Q, M, D] on a stored chunk h0 [C, M, L, D] (any
   dtype; padded clips repeat clip 0, so the max over all L clips is the max over the real
   ones). Compiled once per chunk shape and dtype."""
   return np.asarray(_scan_chunk(jnp.asarray(q_norm, jnp.float32), np.asarray(h0),
-                                None if scale is None else np.asarray(scale)))
+                                None if scale is None else np.asarray(scale), block=block,
+                                compute_dtype=compute_dtype))
 
 
-def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: int = 1024,
+def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: int = 8192,
+                    block: int = 128, compute_dtype: str = "float32",
                     candidates: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
   """(s_vr [Q, k], store row [Q, k]) of the k best videos per query, eq. 4.
 
-  Exhaustive over the store in chunks of `video_chunk` videos, or, with
-  `candidates` [Q, C] store rows, over each query's candidates only.
+  Exhaustive over the store in chunks of `video_chunk` videos (one dispatch each, the
+  next chunk's dispatch overlapping this one's merge), each scanned `block` videos at a
+  time, or, with `candidates` [Q, C] store rows, over each query's candidates only.
+  `compute_dtype` is the GEMM operand type (float32 result): "float32" scores the stored
+  values exactly; "bfloat16" is exact on int8 stores (|x| <= 127 has 8 significant bits)
+  and bfloat16 stores and rounds only the query (relative 2^-9, finer than int8's step),
+  for up to 2x the GEMM rate where the CPU has bf16 instructions (AVX512-BF16, AMX) or on
+  accelerators.
   """
+  if compute_dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"video_retrieval: compute_dtype must be float32 or bfloat16, got "
+                     f"{compute_dtype!r}")
   q_norm = l2_normalize(np.asarray(q, np.float32))
   n = len(store)
   k = min(k, n)
+  scan = functools.partial(chunk_video_scores, block=block, compute_dtype=compute_dtype)
   if candidates is not None:
     out_s, out_i = [], []
     for i in range(q_norm.shape[0]):
@@ -218,8 +251,8 @@ def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: i
         continue
       width = 1 << (len(rows) - 1).bit_length()  # padded to a power of 2: few compilations
       padded = np.concatenate([rows, np.full(width - len(rows), rows[0])])
-      s = chunk_video_scores(q_norm[i:i + 1], store.h["h0"][padded],
-                             None if store.scale is None else store.scale["h0"][padded])
+      s = scan(q_norm[i:i + 1], store.h["h0"][padded],
+               None if store.scale is None else store.scale["h0"][padded])
       s, r = _merge_topk(s[:, :len(rows)], rows[None], min(k, len(rows)))
       pad = k - s.shape[1]
       out_s.append(np.pad(s, ((0, 0), (0, pad)), constant_values=-np.inf))
@@ -229,6 +262,8 @@ def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: i
   best_i = np.zeros((q_norm.shape[0], 0), np.int64)
   q_dev = jnp.asarray(q_norm)
   chunk = min(video_chunk, n)
+  if chunk > block:  # whole blocks; the padded tail repeats the last video
+    chunk = -(-chunk // block) * block
   pending = None
   for a in range(0, n, chunk):
     b = min(a + chunk, n)
@@ -238,7 +273,7 @@ def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: i
     result = (a, _scan_chunk_top_k(
         q_dev, np.asarray(store.h["h0"][rows]),
         None if store.scale is None else np.asarray(store.scale["h0"][rows]), b - a,
-        min(k, chunk)))
+        k=min(k, chunk), block=block, compute_dtype=compute_dtype))
     if pending is not None:
       best_s, best_i = _merge_chunk(best_s, best_i, pending, k)
     pending = result
@@ -264,7 +299,9 @@ class SearchConfig:
   max_len: int = 16
   max_before_nms: int = 200
   query_batch: int = 8  # queries whose candidates are scored together (memory)
-  video_chunk: int = 1024
+  video_chunk: int = 8192  # videos per dispatch of the exhaustive VR scan
+  block: int = 128  # videos per GEMM inside a chunk (operands stay in cache)
+  compute_dtype: str = "float32"  # VR GEMM operands; see `video_retrieval`
 
 
 def _probs(span_fn, params, q, h1, mask):
@@ -323,8 +360,8 @@ def search(store: CorpusStore, q: np.ndarray, span_fn: Callable, cfg: SearchConf
   """
   q = np.asarray(q, np.float32)
   num_q, n = q.shape[0], min(cfg.top_n_videos, len(store))
-  vr_s, vr_i = video_retrieval(store, q, n, video_chunk=cfg.video_chunk,
-                               candidates=candidates)
+  vr_s, vr_i = video_retrieval(store, q, n, video_chunk=cfg.video_chunk, block=cfg.block,
+                               compute_dtype=cfg.compute_dtype, candidates=candidates)
   out = {"VR": [], "VCMR": [], "SVMR": []}
   for i in range(num_q):
     keep = vr_i[i] >= 0
