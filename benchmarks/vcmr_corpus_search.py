@@ -32,7 +32,8 @@ query rounds), against the same float32 roofline; recall is against the first ro
 the same N (the float32 store at 10k).
 
 `--faiss`: the approximate path; one FAISS inner-product index per stream over every
-clip vector (IVF, 1,024 lists, 8-bit scalar quantizer, `nprobe` lists probed), the
+clip vector (IVF, 1,024 lists, 8-bit scalar quantizer, or 32-byte product quantizer
+codes where SQ8's would not fit beside the store; `nprobe` lists probed), the
 videos of each stream's top `--faiss_clips` clips as candidates, then the exact VR
 score of those candidates and eq. 8 as above. Reported: VR top-100 recall against
 exhaustive, time per 100 queries (index build reported apart).
@@ -133,7 +134,7 @@ def worker(args) -> dict:
   if args.faiss:
     from avtext.inference import ann  # pylint: disable=g-import-not-at-top
     t = time.perf_counter()
-    index = ann.ClipIndex.build(store, nlist=args.nlist)
+    index = ann.ClipIndex.build(store, nlist=args.nlist, codes=args.faiss_codes)
     build_s = time.perf_counter() - t
   vcmr.search(store, q, fn, cfg, params=variables)  # warm-up: compile, and the store into the page cache
   vcmr.video_retrieval(store, q, cfg.top_n_videos, compute_dtype=cfg.compute_dtype)
@@ -155,10 +156,11 @@ def worker(args) -> dict:
 
 
 def run_worker(store: pathlib.Path, args, faiss: bool = False,
-               compute_dtype: str = "float32") -> dict:
+               compute_dtype: str = "float32", codes: str = "SQ8") -> dict:
   cmd = [sys.executable, __file__, "--worker", "--store", str(store), "--queries",
          str(args.queries), "--nlist", str(args.nlist), "--nprobe", str(args.nprobe),
-         "--faiss_clips", str(args.faiss_clips), "--compute_dtype", compute_dtype] + (
+         "--faiss_clips", str(args.faiss_clips), "--compute_dtype", compute_dtype,
+         "--faiss_codes", codes] + (
              ["--faiss"] if faiss else [])
   out = subprocess.run(cmd, check=True, capture_output=True, text=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
@@ -183,6 +185,9 @@ def main():
   p.add_argument("--nlist", type=int, default=1024)
   p.add_argument("--nprobe", type=int, default=16)
   p.add_argument("--faiss_clips", type=int, default=4096)
+  p.add_argument("--faiss_codes", default="auto",
+                 help="FAISS clip codes; auto: SQ8 (D bytes a clip) where the codes and the "
+                 "stored h0 fit in --fp32_max_bytes, else PQ32 (32 bytes a clip)")
   p.add_argument("--compute_dtypes", default="float32",
                  help="VR GEMM operand types to time the exhaustive path with (comma list; "
                  "bfloat16 only on reduced-precision stores, where it is exact on the "
@@ -232,8 +237,12 @@ def main():
           exhaustive = res
       if args.faiss:
         res = exhaustive
-        fres = run_worker(store.dir, args, faiss=True)
-        frow = {"n": n, "dtype": dtype, "path": f"faiss IVF{args.nlist},SQ8 nprobe "
+        codes = args.faiss_codes
+        if codes == "auto":
+          sq8_bytes = n * len(STREAMS) * args.clips * args.dim
+          codes = "SQ8" if sq8_bytes + store.nbytes_h0 <= args.fp32_max_bytes else "PQ32"
+        fres = run_worker(store.dir, args, faiss=True, codes=codes)
+        frow = {"n": n, "dtype": dtype, "path": f"faiss IVF{args.nlist},{codes} nprobe "
                 f"{args.nprobe}, {args.faiss_clips} clips/stream",
                 "seconds": fres["seconds"], "vr_seconds": fres["vr_seconds"],
                 "peak_rss_GB": fres["peak_rss_GB"],

@@ -10,8 +10,9 @@ moments with eq. 8 as the exhaustive path does; the recall against
 exhaustive search is measured in benchmarks/vcmr_corpus_search.py.
 
 Index: IVF with `nlist` lists (k-means on a sample of `train_size` clips) and
-an 8-bit scalar quantizer per dimension (`faiss.IndexIVFScalarQuantizer`, inner
-product); `nprobe` lists are searched per query. Padded clips (which repeat a
+clip codes `codes` (FAISS index-factory syntax: "SQ8", an 8-bit scalar quantizer
+per dimension, or "PQ<bytes>", a product quantizer; inner product); `nprobe`
+lists are searched per query. Padded clips (which repeat a
 video's first clip in the store) are not indexed.
 """
 import numpy as np
@@ -26,8 +27,11 @@ class ClipIndex:
     self.indexes, self.owners, self.num_videos = indexes, owners, num_videos
 
   @classmethod
-  def build(cls, store: vcmr.CorpusStore, *, nlist: int = 1024, train_size: int = 200_000,
-            chunk: int = 8192, seed: int = 0) -> "ClipIndex":
+  def build(cls, store: vcmr.CorpusStore, *, nlist: int = 1024, codes: str = "SQ8",
+            train_size: int = 200_000, chunk: int = 8192, seed: int = 0) -> "ClipIndex":
+    """One index per stream; `codes` is FAISS's code of each clip ("SQ8": 8 bits per
+    dimension, D bytes a clip; "PQ32": 32 bytes a clip, for corpora whose SQ8 codes would
+    not fit in memory beside the store)."""
     import faiss  # pylint: disable=g-import-not-at-top
     n, m, l, d = store.h["h0"].shape
     mask = np.asarray(store.mask).astype(bool)
@@ -37,10 +41,8 @@ class ClipIndex:
     for s in range(m):
       sample = np.sort(rng.choice(n, size=min(n, max(1, train_size // l)), replace=False))
       x = store.read("h0", sample)[:, s][mask[sample]]
-      quantizer = faiss.IndexFlatIP(d)
-      index = faiss.IndexIVFScalarQuantizer(quantizer, d, min(nlist, len(x)),
-                                            faiss.ScalarQuantizer.QT_8bit,
-                                            faiss.METRIC_INNER_PRODUCT)
+      index = faiss.index_factory(d, f"IVF{min(nlist, len(x))},{codes}",
+                                  faiss.METRIC_INNER_PRODUCT)
       index.train(np.ascontiguousarray(x, np.float32))
       for a in range(0, n, chunk):
         b = min(a + chunk, n)

@@ -227,7 +227,8 @@ def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: i
 
   Exhaustive over the store in chunks of `video_chunk` videos (one dispatch each, the
   next chunk's dispatch overlapping this one's merge), each scanned `block` videos at a
-  time, or, with `candidates` [Q, C] store rows, over each query's candidates only.
+  time, or, with `candidates` [Q, C] store rows (-1 = none), over each query's
+  candidates only (exact float32 scores on the host; `compute_dtype` does not apply).
   `compute_dtype` is the GEMM operand type (float32 result): "float32" scores the stored
   values exactly; "bfloat16" is exact on int8 stores (|x| <= 127 has 8 significant bits)
   and bfloat16 stores and rounds only the query (relative 2^-9, finer than int8's step),
@@ -242,22 +243,7 @@ def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: i
   k = min(k, n)
   scan = functools.partial(chunk_video_scores, block=block, compute_dtype=compute_dtype)
   if candidates is not None:
-    out_s, out_i = [], []
-    for i in range(q_norm.shape[0]):
-      rows = np.unique(candidates[i][candidates[i] >= 0])
-      if not len(rows):
-        out_s.append(np.full((1, k), -np.inf, np.float32))
-        out_i.append(np.full((1, k), -1, np.int64))
-        continue
-      width = 1 << (len(rows) - 1).bit_length()  # padded to a power of 2: few compilations
-      padded = np.concatenate([rows, np.full(width - len(rows), rows[0])])
-      s = scan(q_norm[i:i + 1], store.h["h0"][padded],
-               None if store.scale is None else store.scale["h0"][padded])
-      s, r = _merge_topk(s[:, :len(rows)], rows[None], min(k, len(rows)))
-      pad = k - s.shape[1]
-      out_s.append(np.pad(s, ((0, 0), (0, pad)), constant_values=-np.inf))
-      out_i.append(np.pad(r, ((0, 0), (0, pad)), constant_values=-1))
-    return np.concatenate(out_s), np.concatenate(out_i)
+    return _candidate_retrieval(store, q_norm, np.asarray(candidates), k)
   best_s = np.full((q_norm.shape[0], 0), -np.inf, np.float32)
   best_i = np.zeros((q_norm.shape[0], 0), np.int64)
   q_dev = jnp.asarray(q_norm)
@@ -278,6 +264,40 @@ def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *, video_chunk: i
       best_s, best_i = _merge_chunk(best_s, best_i, pending, k)
     pending = result
   return _merge_chunk(best_s, best_i, pending, k)
+
+
+def _candidate_retrieval(store: CorpusStore, q_norm: np.ndarray, candidates: np.ndarray,
+                         k: int) -> tuple[np.ndarray, np.ndarray]:
+  """`video_retrieval` over each query's candidate rows (deduplicated), on the host: a
+  query's candidates are a few hundred to thousands of videos, scored by one float32
+  GEMM [C*M*L, D] x [D, M] (its stream diagonal kept) in buffers reused across queries;
+  memory-bound, where a jitted call per query pays an input copy into fresh pages."""
+  if candidates.ndim != 2 or candidates.shape[0] != q_norm.shape[0]:
+    raise ValueError(f"video_retrieval: candidates must be [Q={q_norm.shape[0]}, C] store "
+                     f"rows, got shape {candidates.shape}")
+  unique = [np.unique(c[(c >= 0) & (c < len(store))]) for c in candidates]
+  width = max(1, max(len(u) for u in unique))
+  h0 = store.h["h0"]
+  _, m, l, d = h0.shape
+  raw = np.empty((width, m, l, d), h0.dtype)
+  x = raw if h0.dtype == np.float32 else np.empty((width, m, l, d), np.float32)
+  streams = np.arange(m)
+  out_s = np.full((len(unique), k), -np.inf, np.float32)
+  out_i = np.full((len(unique), k), -1, np.int64)
+  for i, rows in enumerate(unique):
+    c = len(rows)
+    if not c:
+      continue
+    np.take(h0, rows, axis=0, out=raw[:c], mode="clip")  # rows are valid; no temporary
+    if x is not raw:
+      np.copyto(x[:c], raw[:c], casting="unsafe")
+    sim = (x[:c].reshape(c * m * l, d) @ q_norm[i].T).reshape(c, m, l, m)
+    sim = sim[:, streams, :, streams]  # [M, C, L]: stream m's clips against q_m
+    if store.scale is not None:
+      sim = sim * np.asarray(store.scale["h0"][rows]).transpose(1, 0, 2)
+    score, row = _merge_topk(sim.max(axis=-1).mean(axis=0)[None], rows[None], min(k, c))
+    out_s[i, :score.shape[1]], out_i[i, :score.shape[1]] = score[0], row[0]
+  return out_s, out_i
 
 
 def _merge_chunk(best_s, best_i, pending, k: int):
