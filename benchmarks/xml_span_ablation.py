@@ -20,7 +20,8 @@ import time
 
 import numpy as np
 
-VARIANTS = {"ConvSE": "demo", "sliding window": "demo,sliding"}
+VARIANTS = {"ConvSE": "demo", "ConvSE + span-query Linear": "demo,spanq",
+            "sliding window": "demo,sliding"}
 METRICS = ("VCMR/0.5-r1", "VCMR/0.5-r5", "VCMR/0.7-r1", "VCMR/0.7-r5", "SVMR/0.5-r1",
            "SVMR/0.7-r1")
 
@@ -47,10 +48,14 @@ def main():
   parser.add_argument("--data", default="workdirs/demo/tvr_data")
   parser.add_argument("--out", default="workdirs/xml_ablation")
   parser.add_argument("--seeds", default="0,1,2")
+  parser.add_argument("--variants", default=",".join(VARIANTS),
+                      help="comma list of " + ", ".join(VARIANTS))
   args = parser.parse_args()
   seeds = [int(s) for s in args.seeds.split(",")]
   table = {}
-  for variant in VARIANTS:
+  for variant in args.variants.split(","):
+    if variant not in VARIANTS:
+      parser.error(f"--variants: unknown {variant!r}; known: {', '.join(VARIANTS)}")
     rows = []
     for seed in seeds:
       results = json.loads((run(variant, seed, args) / "results.json").read_text())

@@ -45,12 +45,13 @@ Variants:
   video, sub   a single context stream (the paper's Table 4 ablation)
   tef      add the temporal endpoint features
   sliding  the sliding-window baseline of Fig. 6 in place of ConvSE (BENCHMARKS.md)
+  spanq    the official per-stream Linear on q_m before eq. 2 (span_query_linear)
   tiny     seconds-long smoke run (tests)
 """
 import ml_collections
 
 DEMO_DATA = "workdirs/demo/tvr_data"
-VARIANTS = {"demo", "tiny", "video", "sub", "tef", "sliding"}
+VARIANTS = {"demo", "tiny", "video", "sub", "tef", "sliding", "spanq"}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -129,6 +130,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.use_tef = True
   if "sliding" in variants:
     config.model.span_head = "sliding"
+  if "spanq" in variants:  # the official per-stream Linear on q_m before eq. 2
+    config.model.span_query_linear = True
   if "demo" in variants or "tiny" in variants:
     _synthetic(config, tiny="tiny" in variants)
   return config

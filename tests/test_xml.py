@@ -244,6 +244,34 @@ def test_reduced_precision_stores_keep_the_ranking(tmp_path):
     assert list(i[row]) == best
 
 
+def test_clip_index_candidates_are_the_owners_of_the_nearest_clips(tmp_path):
+  from avtext.inference import ann  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  store, h0, _, mask = _store(tmp_path, rng, num_videos=50, length=6, dim=16)
+  index = ann.ClipIndex.build(store, nlist=4)
+  assert [ix.ntotal for ix in index.indexes] == [mask.sum()] * 2  # padding is not indexed
+  q = rng.normal(size=(4, 2, 16)).astype(np.float32)
+  cand = index.candidates(q, clips_per_stream=10, nprobe=4)  # every list probed
+  hn = h0 / np.linalg.norm(h0, axis=-1, keepdims=True)
+  qn = q / np.linalg.norm(q, axis=-1, keepdims=True)
+  for i in range(4):
+    got = set(cand[i][cand[i] >= 0].tolist())
+    for s in range(2):
+      near = sorted(((float(hn[v, s, l] @ qn[i, s]), v) for v in range(50) for l in range(6)
+                     if mask[v, l]), reverse=True)
+      assert {v for _, v in near[:3]} <= got  # SQ8 codes: only near-ties may swap
+      assert len({v for _, v in near[:10]} & got) >= 0.8 * len({v for _, v in near[:10]})
+    assert len(got) <= 20
+  # VR restricted to the candidates: their exact eq. 4 scores, best first.
+  s, i = vcmr.video_retrieval(store, q, 5, candidates=cand)
+  full = vcmr.chunk_video_scores(qn, store.h["h0"][:])
+  for row in range(4):
+    rows = cand[row][cand[row] >= 0]
+    best = rows[np.argsort(-full[row, rows], kind="stable")][:5]
+    np.testing.assert_array_equal(i[row], best)
+    np.testing.assert_allclose(s[row], full[row, best], rtol=1e-5)
+
+
 # ---------------------------------------------------------------- data
 
 
