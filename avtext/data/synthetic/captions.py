@@ -182,6 +182,21 @@ def render_caption(rng: np.random.Generator, mention: Mapping[str, Any]
   return text[0].upper() + text[1:], template_id
 
 
+# The fixed words of `objects_phrase` and `with_article`.
+_PHRASE_WORDS = ('a single', 'one', 'only one', 'two objects', 'two shapes', 'a pair of shapes',
+                 'one of them', 'including', 'and', 'something', 'a scene', 'a', 'an')
+
+
+def caption_vocabulary() -> tuple[str, ...]:
+  """Every word a caption can contain, lower-cased and sorted (the ASR noise of the
+  spoken-caption variant substitutes among them)."""
+  texts = list(_PHRASE_WORDS) + list(GENERIC_NOUNS)
+  for table in (SHAPE_WORDS, COLOUR_WORDS, MOTION_WORDS, BACKGROUND_WORDS, SOUND_WORDS):
+    texts += [w for options in table.values() for w in options]
+  texts += [_SLOT.sub(' ', piece) for template in TEMPLATES for piece in template]
+  return tuple(sorted({w for t in texts for w in re.findall(r"[a-z']+", t.lower())}))
+
+
 def _desc_fits(desc: Mapping[str, str], obj: Mapping[str, str]) -> bool:
   return all(obj[field] == value for field, value in desc.items())
 
