@@ -1,5 +1,6 @@
 """Spoken captions and ASR noise of the synthetic S-MiT variant (avtext/data/synthetic/speech.py)."""
 import hashlib
+import json
 
 import numpy as np
 import pytest
@@ -81,3 +82,35 @@ def test_a_syllable_sounds_at_its_pattern_frequency_times_the_pitch():
   slow = speech.render_speech(word, speech.Speaker(tempo=0.5, noise=0.0))
   fast = speech.render_speech(word, speech.Speaker(tempo=1.0, noise=0.0))
   assert abs(len(slow) / len(fast) - 2.0) < 0.01
+
+
+def test_spoken_source_from_the_registry():
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from avtext.data import builders  # pylint: disable=g-import-not-at-top
+  cfg = ml_collections.ConfigDict(dict(name="synthetic_smit", num_train=1000, num_eval=2000,
+                                       asr_wer=0.2))
+  train = builders.get_source(cfg, "train")
+  test = builders.get_source(cfg, "test")
+  assert (len(train), len(test)) == (1000, 2000)
+  assert train.spec.duration_s == 3.0
+  # The clips are the clip variant's (same stream), the speech streams are its own.
+  plain = ClipCaptionSource("train", num_examples=10, spec=train.spec)
+  d = train.describe(3)
+  assert d["caption"] == plain.describe(3)["caption"]
+  assert d["transcript"] == train.describe(3)["transcript"]  # random access, deterministic
+  texts = [train.describe(i)["caption"] for i in range(1000)]
+  heard = [train.describe(i)["transcript"] for i in range(1000)]
+  assert abs(speech.word_error_rate(texts, heard) - 0.2) <= 0.02
+  speakers = {tuple(sorted(train.describe(i)["speaker"].items())) for i in range(50)}
+  assert len(speakers) == 50
+  full = train[3]
+  np.testing.assert_array_equal(full["spoken_caption"], train.render_speech(3))
+  np.testing.assert_array_equal(
+      full["spoken_caption"],
+      speech.render_speech(d["caption"], speech.Speaker(**d["speaker"])))
+  assert full["frames"].shape[0] == 75  # 3 s at 25 fps
+  # Splits do not share clips: their scenes' continuous nuisance draws never coincide.
+  def draws(src, n):
+    return {json.dumps(src.describe(i)["attributes"]["nuisance"], sort_keys=True)
+            for i in range(n)}
+  assert not draws(train, 1000) & draws(test, 2000)

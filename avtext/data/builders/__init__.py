@@ -5,6 +5,8 @@ the first time the name is looked up, so importing this package stays cheap
 and e.g. TensorFlow is imported only by a config that reads TFDS files):
 
   synthetic_clips          the procedural world (avtext.data.synthetic), no files needed
+  synthetic_smit           its spoken-caption variant (S-MiT stand-in): 3 s clips with a
+                           caption, an ASR transcript and the spoken caption's audio
   tfds:<name>[/config]     a materialized TFDS dataset in array_record format under
                            config.dataset.data_dir, read with random access; the path
                            real clip datasets take (tests exercise it with the synthetic
@@ -52,6 +54,7 @@ _SPLIT_ALIASES = {"validation": "val"}
 # name (or prefix) -> the module whose import registers it.
 _MODULES = {
     "synthetic_clips": "avtext.data.builders.synthetic",
+    "synthetic_smit": "avtext.data.builders.synthetic",
     "videocc3m": "avtext.data.builders.pending",
     "msrvtt": "avtext.data.builders.pending",
     "coot": "avtext.data.builders.coot",

@@ -1,13 +1,17 @@
-"""`synthetic_clips`: the procedural world, no files needed.
+"""`synthetic_clips` and `synthetic_smit`: the procedural world, no files needed.
 
 Config fields: dataset.world (WorldSpec fields), dataset.world_seed (default
 0), dataset.num_train (train split size) and dataset.num_eval (val/test size);
-None or absent sizes take `synthetic.DEFAULT_SPLIT_SIZES`.
+None or absent sizes take `synthetic.DEFAULT_SPLIT_SIZES` (`spoken.SPLIT_SIZES`
+for synthetic_smit: 20k / 1k / 2k). synthetic_smit (the Spoken Moments stand-in,
+`avtext.data.synthetic.spoken`) adds dataset.asr_wer (0.15) and
+dataset.asr_substitution_share (0.7), and its world defaults to 3 s clips.
 """
 import ml_collections
 
 from avtext.data import builders
 from avtext.data.synthetic import clips
+from avtext.data.synthetic import spoken
 from avtext.data.synthetic import world
 
 
@@ -21,3 +25,18 @@ def synthetic_clips(dataset: ml_collections.ConfigDict, split: str) -> Synthetic
   num = dataset.get("num_train") if split == "train" else dataset.get("num_eval")
   return SyntheticClips(split, seed=dataset.get("world_seed", 0), num_examples=num,
                         spec=world.WorldSpec(**dict(dataset.get("world", {}) or {})))
+
+
+class SyntheticSpokenClips(spoken.SpokenClipSource):
+  """`SpokenClipSource` as a registry source (kind 'clips', plus 'transcript' and
+  'spoken_caption')."""
+  kind = builders.CLIPS
+
+
+@builders.register_dataset("synthetic_smit")
+def synthetic_smit(dataset: ml_collections.ConfigDict, split: str) -> SyntheticSpokenClips:
+  num = dataset.get("num_train") if split == "train" else dataset.get("num_eval")
+  spec = {"duration_s": spoken.CLIP_SECONDS, **dict(dataset.get("world", {}) or {})}
+  return SyntheticSpokenClips(split, seed=dataset.get("world_seed", 0), num_examples=num,
+                              spec=world.WorldSpec(**spec), wer=dataset.get("asr_wer", 0.15),
+                              substitution_share=dataset.get("asr_substitution_share", 0.7))
