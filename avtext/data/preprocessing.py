@@ -579,15 +579,21 @@ class Tokenizer:
                                                    do_lower_case=self.lowercase)
     return list(self._raw(text, add_special_tokens=False)["input_ids"])
 
-  def __call__(self, texts: str | Sequence[str]) -> dict[str, np.ndarray]:
-    """{'input_ids', 'attention_mask'}: int32 [max_len] for one string, [B, max_len] for a list."""
+  def __call__(self, texts: str | Sequence[str], *, with_words: bool = False
+               ) -> dict[str, np.ndarray]:
+    """{'input_ids', 'attention_mask'}: int32 [max_len] for one string, [B, max_len] for a
+    list; `with_words` adds 'word_index', each token's word number in its text (0, 1, ...;
+    a word's WordPieces share it, punctuation is a word of its own) and -1 for [CLS],
+    [SEP] and padding."""
     single = isinstance(texts, str)
     encodings = self.backend.encode_batch([texts] if single else list(texts))
-    ids = np.array([e.ids for e in encodings], np.int32).reshape(-1, self.max_len)
-    mask = np.array([e.attention_mask for e in encodings], np.int32).reshape(-1, self.max_len)
-    if single:
-      return {"input_ids": ids[0], "attention_mask": mask[0]}
-    return {"input_ids": ids, "attention_mask": mask}
+    out = {"input_ids": np.array([e.ids for e in encodings], np.int32).reshape(-1, self.max_len),
+           "attention_mask": np.array([e.attention_mask for e in encodings],
+                                      np.int32).reshape(-1, self.max_len)}
+    if with_words:
+      out["word_index"] = np.array([[-1 if w is None else w for w in e.word_ids]
+                                    for e in encodings], np.int32).reshape(-1, self.max_len)
+    return {k: v[0] for k, v in out.items()} if single else out
 
 
 

@@ -31,3 +31,26 @@ def video_classifier_from_config(cfg) -> VideoClassifier:
     raise ValueError("config.model.num_classes must be set for the video_classifier")
   return VideoClassifier(video=registry.build_model(cfg.video, where="config.model.video"),
                          num_classes=cfg.num_classes)
+
+
+class GatedEmbedding(nn.Module):
+  """S-MiT's projection head (Monfort et al. 2021, sec. 4): "two linear layers followed
+  by gated linear units", read as the gated embedding unit of the AVLnet / Miech et
+  al. line of work S-MiT builds on:
+
+    h = W1 x + b1,    y = h * sigmoid(W2 h + b2)    (GLU of h with the gate W2 h + b2)
+
+  then, with `normalize`, y / |y| (dot products become cosines, as in AVLnet; the paper
+  only says "dot product", so this is the configurable choice). One module serves the
+  video, language-caption and spoken-caption models.
+  """
+  features: int = 4096
+  normalize: bool = True
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    h = nn.Dense(self.features, name="linear1")(x)
+    y = h * jax.nn.sigmoid(nn.Dense(self.features, name="linear2")(h))
+    if self.normalize:
+      y = y * jax.lax.rsqrt(jax.numpy.maximum(jax.numpy.sum(y * y, -1, keepdims=True), 1e-12))
+    return y

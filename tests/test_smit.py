@@ -1,0 +1,67 @@
+"""S-MiT pieces: the GLU projection head and word sampling (avtext/models/smit.py, heads.py)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from avtext.data import preprocessing
+from avtext.models import heads
+from avtext.models import smit
+
+
+def test_gated_embedding_hand_computed():
+  x = np.array([[1.0, -2.0]], np.float32)
+  w1 = np.array([[0.5, -1.0, 0.0], [0.25, 0.5, 1.0]], np.float32)
+  b1 = np.array([0.1, 0.0, -0.2], np.float32)
+  w2 = np.array([[1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 2.0]], np.float32)
+  b2 = np.array([0.0, 0.5, 0.0], np.float32)
+  params = {"linear1": {"kernel": w1, "bias": b1}, "linear2": {"kernel": w2, "bias": b2}}
+  # h = x W1 + b1 = [0.5 - 0.5 + 0.1, -1 - 1, -2 - 0.2] = [0.1, -2.0, -2.2]
+  # gate = sigmoid(h W2 + b2) = sigmoid([0.1, 2.0 + 0.5, -4.4])
+  h = np.array([0.1, -2.0, -2.2])
+  y = h / (1 + np.exp(-np.array([0.1, 2.5, -4.4])))
+  out = heads.GatedEmbedding(features=3, normalize=False).apply({"params": params}, x)
+  np.testing.assert_allclose(out[0], y, rtol=1e-6)
+  out = heads.GatedEmbedding(features=3).apply({"params": params}, x)
+  np.testing.assert_allclose(out[0], y / np.linalg.norm(y), rtol=1e-6)
+
+
+def test_word_features_average_each_words_pieces():
+  tokens = jnp.arange(10, dtype=jnp.float32).reshape(1, 5, 2)  # t_i = [2i, 2i+1]
+  words, mask = smit.word_features(tokens, jnp.array([[-1, 0, 1, 1, -1]]), num_words=3)
+  np.testing.assert_allclose(words[0, 0], [2, 3])  # token 1
+  np.testing.assert_allclose(words[0, 1], [5, 6])  # mean of tokens 2 and 3
+  np.testing.assert_allclose(words[0, 2], [0, 0])
+  np.testing.assert_array_equal(mask, [[True, True, False]])
+  # Through the tokenizer: "unbelievably" is 5 WordPieces, one word.
+  tok = preprocessing.Tokenizer(max_len=12)(["a disc unbelievably slow"], with_words=True)
+  np.testing.assert_array_equal(tok["word_index"][0, :10], [-1, 0, 1, 2, 2, 2, 2, 2, 3, -1])
+
+
+def test_pool_words_hand_computed():
+  words = jnp.array([[[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]]])
+  mask = jnp.array([[True, True, False]])
+  np.testing.assert_allclose(smit.pool_words(words, mask)[0], [0.5, 0.5])
+  # positions [0, 0, 1]: (2 w0 + w1) / 3
+  np.testing.assert_allclose(smit.pool_words(words, mask, jnp.array([[0, 0, 1]]))[0],
+                             [2 / 3, 1 / 3], rtol=1e-6)
+  np.testing.assert_allclose(smit.pool_words(words, jnp.zeros((1, 3), bool))[0], [0, 0])
+
+
+def test_sample_words_without_replacement_from_ten_words_with_it_below():
+  mask = np.zeros((4, 16), bool)
+  mask[0, :12] = True  # 12 words: 10 distinct
+  mask[1, :10] = True  # 10 words: each once
+  mask[2, :3] = True  # 3 words: with replacement
+  sample = jax.jit(smit.sample_words)
+  counts = np.zeros(3)
+  seen_first = set()
+  for i in range(300):
+    pos = np.asarray(sample(jax.random.PRNGKey(i), jnp.asarray(mask)))
+    assert pos.shape == (4, 10)
+    assert len(set(pos[0])) == 10 and pos[0].max() < 12
+    assert sorted(pos[1]) == list(range(10))
+    assert pos[2].max() < 3
+    counts += np.bincount(pos[2], minlength=3)
+    seen_first |= set(pos[0])
+  np.testing.assert_allclose(counts / counts.sum(), [1 / 3] * 3, atol=0.02)  # 3000 draws
+  assert seen_first == set(range(12))  # every word of the long caption gets drawn
