@@ -1,0 +1,107 @@
+"""ResNet (He et al. 2016) v1.5 in flax, for images and spectrograms.
+
+S-MiT (sec. 4) uses ResNet-152 as its image backbone and ResNet-34 / ResNet-50
+with a 1-channel first convolution as spoken-caption models over 40-bin log-mel
+spectrograms. `ResNet(depth, in_channels=...)` covers both; the layout is
+torchvision's (v1.5: the stride of a bottleneck block sits on its 3x3 conv):
+
+  stem: 7x7 conv stride 2 (no bias), BatchNorm, ReLU, 3x3 max-pool stride 2
+  4 stages of BasicBlock (depth 18, 34) or Bottleneck (50, 101, 152) with
+  widths width * (1, 2, 4, 8), the first block of stages 2-4 at stride 2 with a
+  1x1 projection shortcut (+ BatchNorm) wherever the shape changes
+  global average pool -> [B, C]; with `num_classes`, a linear classifier
+
+Parameter counts equal torchvision's (ResNet-50 with 1000 classes: 25,557,032;
+tests/test_resnet.py). BatchNorm statistics live in the "batch_stats"
+collection: `train=True` uses batch statistics and updates the running ones
+(apply with `mutable=["batch_stats"]`), `train=False` uses the running ones.
+BatchNorm's momentum is 0.9 (torch's 0.1) and epsilon 1e-5 (flax updates the running
+variance with the biased batch variance, torch with the unbiased one); the last BatchNorm
+of each residual branch starts at scale 0 with `zero_init_residual` (off by
+default, as torchvision's).
+
+Input: [B, H, W, C] float (images NHWC; a spectrogram [B, time, mel, 1]).
+"""
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from avtext.models import registry
+
+DEPTHS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),
+          50: ("bottleneck", (3, 4, 6, 3)), 101: ("bottleneck", (3, 4, 23, 3)),
+          152: ("bottleneck", (3, 8, 36, 3))}
+_CONV_INIT = nn.initializers.variance_scaling(2.0, "fan_out", "normal")  # kaiming, fan_out
+
+
+def _norm(train: bool, name: str, zero: bool = False) -> nn.BatchNorm:
+  return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, name=name,
+                      scale_init=nn.initializers.zeros if zero else nn.initializers.ones)
+
+
+class _Block(nn.Module):
+  kind: str  # "basic" or "bottleneck"
+  width: int
+  stride: int
+  zero_init_residual: bool = False
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+    conv = lambda f, k, s, name: nn.Conv(f, (k, k), (s, s), padding=[(k // 2, k // 2)] * 2,
+                                         use_bias=False, kernel_init=_CONV_INIT, name=name)
+    if self.kind == "basic":
+      out_ch = self.width
+      y = nn.relu(_norm(train, "bn1")(conv(self.width, 3, self.stride, "conv1")(x)))
+      y = _norm(train, "bn2", self.zero_init_residual)(conv(self.width, 3, 1, "conv2")(y))
+    else:
+      out_ch = 4 * self.width
+      y = nn.relu(_norm(train, "bn1")(conv(self.width, 1, 1, "conv1")(x)))
+      y = nn.relu(_norm(train, "bn2")(conv(self.width, 3, self.stride, "conv2")(y)))
+      y = _norm(train, "bn3", self.zero_init_residual)(conv(out_ch, 1, 1, "conv3")(y))
+    if self.stride != 1 or x.shape[-1] != out_ch:
+      x = _norm(train, "downsample_bn")(conv(out_ch, 1, self.stride, "downsample")(x))
+    return nn.relu(x + y)
+
+
+class ResNet(nn.Module):
+  """ResNet-`depth` (module docstring); returns {'embedding': [B, C], 'features': the last
+  feature map [B, h, w, C][, 'logits': [B, num_classes]]}."""
+  depth: int = 50
+  width: int = 64
+  in_channels: int = 3  # checked against the input: 1 for a spectrogram
+  num_classes: int | None = None
+  zero_init_residual: bool = False
+  stage_sizes: Sequence[int] | None = None  # overrides DEPTHS[depth] (small demo nets)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool = False) -> dict[str, jax.Array]:
+    if self.depth not in DEPTHS:
+      raise ValueError(f"ResNet: depth must be one of {sorted(DEPTHS)}, got {self.depth}")
+    if x.ndim != 4 or x.shape[-1] != self.in_channels:
+      raise ValueError(f"ResNet: expected input [B, H, W, {self.in_channels}], got {x.shape}")
+    kind, sizes = DEPTHS[self.depth]
+    sizes = tuple(self.stage_sizes or sizes)
+    x = nn.Conv(self.width, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], use_bias=False,
+                kernel_init=_CONV_INIT, name="conv1")(x)
+    x = nn.relu(_norm(train, "bn1")(x))
+    x = nn.max_pool(x, (3, 3), (2, 2), padding=[(1, 1), (1, 1)])
+    for stage, blocks in enumerate(sizes):
+      for b in range(blocks):
+        x = _Block(kind, self.width * 2**stage, 2 if stage > 0 and b == 0 else 1,
+                   self.zero_init_residual, name=f"layer{stage + 1}_{b}")(x, train)
+    out = {"features": x, "embedding": jnp.mean(x, axis=(1, 2))}
+    if self.num_classes:
+      out["logits"] = nn.Dense(self.num_classes, name="fc")(out["embedding"])
+    return out
+
+
+@registry.register_model("resnet")
+def resnet_from_config(cfg) -> ResNet:
+  """config.model: depth (50), width (64), in_channels (3), num_classes (None),
+  zero_init_residual (False), stage_sizes (None: the depth's)."""
+  return ResNet(depth=cfg.get("depth", 50), width=cfg.get("width", 64),
+                in_channels=cfg.get("in_channels", 3), num_classes=cfg.get("num_classes"),
+                zero_init_residual=cfg.get("zero_init_residual", False),
+                stage_sizes=tuple(cfg.stage_sizes) if cfg.get("stage_sizes") else None)
