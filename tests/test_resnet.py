@@ -46,3 +46,25 @@ def test_batchnorm_running_stats_and_eval_mode():
   np.testing.assert_allclose(model.apply(new, x)["embedding"][:1], one, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match=r"expected input \[B, H, W, 1\]"):
     model.apply(new, jnp.zeros((1, 8, 8, 3)))
+
+
+def test_resdavenet_size_and_masked_pooling():
+  model = resnet.ResDAVEnet()
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 1024, 40)))
+  # Hand count: input BN (2) + conv1 40x128 + BN (256); per stage c_in -> c: block 1
+  # 9 c_in c + 9 c c + two BNs (4c) + projection c_in c + BN (2c) if c_in != c or
+  # stride 2 (always: each stage's first block has stride 2); block 2: 18 c^2 + 4c.
+  expected = 2 + 40 * 128 + 256
+  for c_in, c in ((128, 128), (128, 256), (256, 512), (512, 1024)):
+    expected += 9 * c_in * c + 9 * c * c + 4 * c + c_in * c + 2 * c + 18 * c * c + 4 * c
+  assert _count(shapes["params"]) == expected
+  out = jax.eval_shape(model.apply, shapes, jnp.zeros((2, 1024, 40)))
+  assert out["features"].shape == (2, 64, 1024) and out["embedding"].shape == (2, 1024)
+  # Masked mean: over the output frames whose first input frame is real (32 of 64
+  # input frames -> 2 of 4 output frames).
+  small = resnet.ResDAVEnet(widths=(8, 8, 8, 8, 8))
+  x = jax.random.normal(jax.random.PRNGKey(2), (1, 64, 40))
+  v = small.init(jax.random.PRNGKey(0), x)
+  mask = jnp.arange(64)[None] < 32
+  full = small.apply(v, x, mask)
+  np.testing.assert_allclose(full["embedding"][0], full["features"][0, :2].mean(0), rtol=1e-5)

@@ -105,3 +105,70 @@ def resnet_from_config(cfg) -> ResNet:
                 in_channels=cfg.get("in_channels", 3), num_classes=cfg.get("num_classes"),
                 zero_init_residual=cfg.get("zero_init_residual", False),
                 stage_sizes=tuple(cfg.stage_sizes) if cfg.get("stage_sizes") else None)
+
+
+class _SpeechBlock(nn.Module):
+  """ResDAVEnet's residual block: two width-`kernel` convolutions along time."""
+  features: int
+  stride: int
+  kernel: int = 9
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+    pad = [(self.kernel // 2, self.kernel // 2)]
+    conv = lambda s, name: nn.Conv(self.features, (self.kernel,), (s,), padding=pad,
+                                   use_bias=False, kernel_init=_CONV_INIT, name=name)
+    y = nn.relu(_norm(train, "bn1")(conv(self.stride, "conv1")(x)))
+    y = _norm(train, "bn2")(conv(1, "conv2")(y))
+    if self.stride != 1 or x.shape[-1] != self.features:
+      x = _norm(train, "downsample_bn")(
+          nn.Conv(self.features, (1,), (self.stride,), use_bias=False, kernel_init=_CONV_INIT,
+                  name="downsample")(x))
+    return nn.relu(x + y)
+
+
+class ResDAVEnet(nn.Module):
+  """ResDAVEnet (Harwath et al. 2020), the speech encoder S-MiT compares (sec. 4.2.2).
+
+  Input [B, T, F] log-mel frames (F = 40): a BatchNorm over the raw input (one
+  channel), a convolution spanning all F bins (F x 1, i.e. a linear map of each
+  frame) to widths[0] channels + BatchNorm + ReLU, then 4 stages of `blocks` residual
+  blocks of 1-D convolutions (kernel 9) along time, widths[1:] channels, stride 2 at
+  each stage's first block (1x1 projection shortcut), as in the published model
+  (widths 128, 128, 256, 512, 1024; 2 blocks a stage). Returns {'features': [B, T/16,
+  C], 'embedding': the mean over the real frames, [B, C]}; `mask` [B, T] marks real
+  frames (padding of a whole test caption).
+  """
+  widths: Sequence[int] = (128, 128, 256, 512, 1024)
+  blocks: Sequence[int] = (2, 2, 2, 2)
+  kernel: int = 9
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array | None = None, *, train: bool = False
+               ) -> dict[str, jax.Array]:
+    if x.ndim != 3:
+      raise ValueError(f"ResDAVEnet: expected log-mel input [B, T, F], got {x.shape}")
+    if len(self.widths) != len(self.blocks) + 1:
+      raise ValueError(f"ResDAVEnet: widths needs one entry more than blocks, got "
+                       f"{self.widths} and {self.blocks}")
+    x = _norm(train, "input_bn")(x[..., None])[..., 0]
+    x = nn.relu(_norm(train, "bn1")(nn.Dense(self.widths[0], use_bias=False,
+                                             kernel_init=_CONV_INIT, name="conv1")(x)))
+    for stage, (width, n) in enumerate(zip(self.widths[1:], self.blocks)):
+      for b in range(n):
+        x = _SpeechBlock(width, 2 if b == 0 else 1, self.kernel,
+                         name=f"layer{stage + 1}_{b}")(x, train)
+    if mask is None:
+      pooled = x.mean(axis=1)
+    else:  # a frame of the output covers 2^stages input frames; real if its first is
+      step = 2 ** len(self.blocks)
+      m = mask[:, ::step][:, :x.shape[1]].astype(x.dtype)
+      pooled = jnp.einsum("bt,btc->bc", m, x) / jnp.maximum(m.sum(-1, keepdims=True), 1.0)
+    return {"features": x, "embedding": pooled}
+
+
+@registry.register_model("resdavenet")
+def resdavenet_from_config(cfg) -> ResDAVEnet:
+  """config.model: widths ((128, 128, 256, 512, 1024)), blocks ((2, 2, 2, 2)), kernel (9)."""
+  return ResDAVEnet(widths=tuple(cfg.get("widths", (128, 128, 256, 512, 1024))),
+                    blocks=tuple(cfg.get("blocks", (2, 2, 2, 2))), kernel=cfg.get("kernel", 9))
