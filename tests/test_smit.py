@@ -65,3 +65,65 @@ def test_sample_words_without_replacement_from_ten_words_with_it_below():
     seen_first |= set(pos[0])
   np.testing.assert_allclose(counts / counts.sum(), [1 / 3] * 3, atol=0.02)  # 3000 draws
   assert seen_first == set(range(12))  # every word of the long caption gets drawn
+
+
+def _tiny_resnet():
+  from avtext.models import resnet  # pylint: disable=g-import-not-at-top
+  return resnet.ResNet(depth=18, width=4, stage_sizes=(1, 1, 1, 1))
+
+
+def test_video_model_frozen_backbone_keeps_batch_stats_and_gets_no_gradient():
+  frames = jax.random.uniform(jax.random.PRNGKey(0), (2, 3, 32, 32, 3))
+  for train_backbones in (False, True):
+    model = smit.VideoModel(image=_tiny_resnet(), temporal=None,
+                            head=heads.GatedEmbedding(features=8),
+                            train_backbones=train_backbones)
+    variables = model.init(jax.random.PRNGKey(1), {"image_frames": frames})
+
+    def loss(params):
+      out, state = model.apply({"params": params, "batch_stats": variables["batch_stats"]},
+                               {"image_frames": frames}, train=True, mutable=["batch_stats"])
+      return jnp.sum(out[0] * out[1]), state
+
+    grads, state = jax.grad(loss, has_aux=True)(variables["params"])
+    same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), state["batch_stats"],
+                        variables["batch_stats"])
+    image_grad = sum(float(jnp.abs(g).sum()) for g in jax.tree.leaves(grads["image"]))
+    head_grad = sum(float(jnp.abs(g).sum()) for g in jax.tree.leaves(grads["head"]))
+    assert head_grad > 0
+    if train_backbones:
+      assert not all(jax.tree.leaves(same)) and image_grad > 0
+    else:
+      assert all(jax.tree.leaves(same)) and image_grad == 0.0
+  # Frames mode max-pools the per-frame embeddings: equal frames give one frame's answer.
+  model = smit.VideoModel(image=_tiny_resnet(), temporal=None,
+                          head=heads.GatedEmbedding(features=8))
+  v = model.init(jax.random.PRNGKey(1), {"image_frames": frames})
+  one = jnp.repeat(frames[:, :1], 3, axis=1)
+  np.testing.assert_allclose(model.apply(v, {"image_frames": one}),
+                             model.apply(v, {"image_frames": frames[:, :1]}), rtol=1e-6)
+
+
+def test_language_caption_model_pools_words_of_the_frozen_encoder():
+  from avtext.models import bert  # pylint: disable=g-import-not-at-top
+  text = bert.Bert(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+                   max_position_embeddings=16)
+  model = smit.LanguageCaptionModel(text=text, head=heads.GatedEmbedding(features=8),
+                                    max_words=6)
+  ids = jnp.array([[1, 5, 6, 7, 8, 2, 0, 0], [1, 9, 10, 2, 0, 0, 0, 0]])
+  mask = (ids > 0).astype(jnp.int32)
+  words = jnp.array([[-1, 0, 1, 1, 2, -1, -1, -1], [-1, 0, 1, -1, -1, -1, -1, -1]])
+  v = model.init(jax.random.PRNGKey(0), ids, mask, words)
+  seq = text.apply({"params": v["params"]["text"]}, ids, mask)["sequence"]
+  head = lambda x: heads.GatedEmbedding(features=8).apply({"params": v["params"]["head"]}, x)
+  # Test: every word; word 1 of caption 0 is the mean of its two pieces.
+  w0 = jnp.stack([seq[0, 1], (seq[0, 2] + seq[0, 3]) / 2, seq[0, 4]]).mean(0)
+  w1 = jnp.stack([seq[1, 1], seq[1, 2]]).mean(0)
+  np.testing.assert_allclose(model.apply(v, ids, mask, words), head(jnp.stack([w0, w1])),
+                             rtol=1e-5, atol=1e-6)
+  # Training: the 10 sampled words (with replacement here: 3 and 2 words).
+  key = jax.random.PRNGKey(3)
+  wf, wm = smit.word_features(seq, words, 6)
+  expected = head(smit.pool_words(wf, wm, smit.sample_words(key, wm)))
+  np.testing.assert_allclose(model.apply(v, ids, mask, words, train=True, sample_rng=key),
+                             expected, rtol=1e-5, atol=1e-6)

@@ -59,12 +59,14 @@ def sample_words(rng: jax.Array, word_mask: jax.Array, num: int = NUM_SAMPLED_WO
   caption without words gets position 0 (masked by `pool_words`)."""
   n = word_mask.sum(axis=-1, keepdims=True)
   k_perm, k_draw = jax.random.split(rng)
-  keys = jnp.where(word_mask, jax.random.uniform(k_perm, word_mask.shape), -1.0)
-  without = jax.lax.top_k(keys, num)[1]  # a uniform random subset, in random order
   logits = jnp.where(word_mask, 0.0, -jnp.inf)
   logits = jnp.where(n > 0, logits, 0.0)  # no words: any position, masked later
   with_replacement = jax.random.categorical(k_draw, logits[:, None, :],
                                             shape=(word_mask.shape[0], num))
+  if word_mask.shape[-1] < num:  # no caption can have `num` words
+    return with_replacement
+  keys = jnp.where(word_mask, jax.random.uniform(k_perm, word_mask.shape), -1.0)
+  without = jax.lax.top_k(keys, num)[1]  # a uniform random subset, in random order
   return jnp.where(n >= num, without, with_replacement)
 
 
