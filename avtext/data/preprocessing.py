@@ -927,3 +927,35 @@ def expand_segment(num_frames_video: int, min_frames: int, start: int, stop: int
     if stop < num_frames_video:
       stop, length, changed = stop + 1, length + 1, True
   return start, stop, changed
+
+
+def speech_features(waveform: np.ndarray, *, num_frames: int, crop_s: float | None = None,
+                    rng: np.random.Generator | None = None, sample_rate: int = SAMPLE_RATE,
+                    num_mel_bins: int = 40, **log_mel_kwargs) -> tuple[np.ndarray, np.ndarray]:
+  """(log-mel [num_frames, num_mel_bins], mask [num_frames]) of a spoken caption (S-MiT
+  sec. 4.2.2: "we randomly sample 10 seconds of speech for training and compute the
+  40-dimensional log Mel spectrogram").
+
+  With `crop_s` (training), a random window of crop_s seconds (`rng`; the whole
+  caption when it is shorter); without (test), the whole caption. The spectrogram
+  is cut to `num_frames` (100 a second at the default 10 ms hop) and padded with the
+  silence floor log(log_offset); mask is 1 on real frames.
+  """
+  wave = to_mono(waveform)
+  if not len(wave):
+    raise ValueError("speech_features: empty waveform")
+  if crop_s is not None:
+    if rng is None:
+      raise ValueError("speech_features: a training crop (crop_s) needs an rng")
+    crop = int(round(crop_s * sample_rate))
+    if len(wave) > crop:
+      start = int(rng.integers(0, len(wave) - crop + 1))
+      wave = wave[start:start + crop]
+  spec = log_mel_spectrogram(wave, sample_rate=sample_rate, num_mel_bins=num_mel_bins,
+                             **log_mel_kwargs)[:num_frames]
+  out = np.full((num_frames, num_mel_bins),
+                np.log(np.float32(log_mel_kwargs.get("log_offset", LOG_OFFSET))), np.float32)
+  out[:len(spec)] = spec
+  mask = np.zeros(num_frames, np.int32)
+  mask[:len(spec)] = 1
+  return out, mask
