@@ -100,6 +100,23 @@ def test_span_logits_are_convse_of_the_mean_stream_similarity():
       want = np.asarray([padded[l:l + 5] @ ks[name] for l in range(6)])
       np.testing.assert_allclose(got[b, :n], want[:n], rtol=1e-5, atol=1e-5)
       assert np.all(np.asarray(got[b, n:]) == xml.NEG_INF)
+  # The official per-stream Linear (configs/xml_tvr.py's default) maps q_m first.
+  lin = _tiny_xml(span_query_linear=True)
+  vl = lin.init(jax.random.PRNGKey(0), q, qm, ctx, cm)
+  qv_l = lin.apply(vl, q, qm, method=lin.encode_query)
+  _, h1_l = lin.apply(vl, ctx, cm, method=lin.encode_context)
+  start_l = lin.apply(vl, qv_l, h1_l, cm, method=lin.span_logits)["start"]
+  k_l = np.asarray(vl["params"]["convse"]["start"]["kernel"])[:, 0, 0]
+  for b in range(2):
+    n = int(cm[b].sum())
+    proj = [np.asarray(qv_l[b, m]) @ np.asarray(vl["params"][f"{s}_span_query"]["kernel"])
+            + np.asarray(vl["params"][f"{s}_span_query"]["bias"])
+            for m, s in enumerate(("video", "sub"))]
+    sim = 0.5 * (np.asarray(h1_l[b, 0]) @ proj[0] + np.asarray(h1_l[b, 1]) @ proj[1])
+    sim[n:] = 0.0
+    padded = np.pad(sim, 2)
+    want = np.asarray([padded[l:l + 5] @ k_l for l in range(6)])
+    np.testing.assert_allclose(start_l[b, :n], want[:n], rtol=1e-5, atol=1e-5)
   out = model.apply(v, q, qm, ctx, cm)
   # eq. 4 on H_0: mean over streams of the best cosine over real clips.
   for i, j in itertools.product(range(2), range(2)):

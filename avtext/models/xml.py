@@ -31,8 +31,10 @@ Backbone (sec. 4.1; names of the official code, jayleicn/TVRetrieval
                     video and subtitle features, as the official option.
 
 Choices where the paper and the official code differ (paper followed unless said):
-- Eq. 2 uses q_m itself; the official code first maps q_m through a Linear
-  per stream (video_query_linear / sub_query_linear): `span_query_linear=True`.
+- Eq. 2 uses q_m itself (the module's default); the official code first maps q_m
+  through a Linear per stream (video_query_linear / sub_query_linear):
+  `span_query_linear=True`, which configs/xml_tvr.py turns on: without it one of three
+  demo seeds collapsed (BENCHMARKS.md, ConvSE vs the sliding window).
 - The paper's Cross-Encoder has "a linear layer" after cross-attention; the
   official one has none. We keep the linear (the shared attention block's
   output projection).
