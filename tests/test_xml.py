@@ -247,7 +247,11 @@ def test_reduced_precision_stores_keep_the_ranking(tmp_path):
     s16, i16 = vcmr.video_retrieval(store, q, 10, compute_dtype="bfloat16")
     np.testing.assert_allclose(s16, s, atol=1e-2)
     assert np.mean([len(set(a[:5]) & set(b[:5])) / 5 for a, b in zip(i16, i)]) >= 0.8
-  # The blocked scan (chunks of 12 videos, 4 per GEMM, a padded tail of 4) equals one GEMM.
+  # The blocked scan equals one GEMM: chunks of 12 videos, 3 per GEMM, a tail of 4
+  # padded to 6; then the default chunking.
+  s, i = vcmr.video_retrieval(ref, q, 10, video_chunk=14, block=3)
+  np.testing.assert_allclose(s, s32, rtol=1e-5)
+  np.testing.assert_array_equal(i, i32)
   s, i = vcmr.video_retrieval(ref, q, 10, video_chunk=10, block=4)
   np.testing.assert_allclose(s, s32, rtol=1e-5)
   np.testing.assert_array_equal(i, i32)
