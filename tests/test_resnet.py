@@ -31,9 +31,10 @@ def test_parameter_counts_equal_torchvision(depth, channels, classes, expected):
 def test_batchnorm_running_stats_and_eval_mode():
   model = resnet.ResNet(depth=18, width=8, in_channels=1, stage_sizes=(1, 1, 1, 1))
   x = jax.random.normal(jax.random.PRNGKey(1), (4, 40, 32, 1)) * 3 + 1
-  variables = model.init(jax.random.PRNGKey(0), x)
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), x)
   assert set(variables) == {"params", "batch_stats"}
-  out, state = model.apply(variables, x, train=True, mutable=["batch_stats"])
+  out, state = jax.jit(lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]))(
+      variables, x)
   # The stem BatchNorm's running mean moves 10 % of the way to the batch mean of conv1.
   conv1 = jax.lax.conv_general_dilated(
       x, variables["params"]["conv1"]["kernel"], (2, 2), [(3, 3), (3, 3)],
@@ -42,8 +43,9 @@ def test_batchnorm_running_stats_and_eval_mode():
                              0.1 * conv1.mean(axis=(0, 1, 2)), rtol=1e-4, atol=1e-6)
   # Eval mode uses the running statistics: the output does not depend on the batch.
   new = {"params": variables["params"], **state}
-  one = model.apply(new, x[:1])["embedding"]
-  np.testing.assert_allclose(model.apply(new, x)["embedding"][:1], one, rtol=1e-5, atol=1e-6)
+  apply = jax.jit(model.apply)
+  one = apply(new, x[:1])["embedding"]
+  np.testing.assert_allclose(apply(new, x)["embedding"][:1], one, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match=r"expected input \[B, H, W, 1\]"):
     model.apply(new, jnp.zeros((1, 8, 8, 3)))
 
