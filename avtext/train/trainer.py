@@ -280,6 +280,11 @@ class Trainer:
         stopped = bool(state.control.stopped) if due else False
         if step % ckpt_every == 0 or step == self.total_steps or stopped:
           _check_finite(pending, last_saved)
+          if due and self.best_checkpointer is not None:
+            # The step's best checkpoint must be durable before its regular one: a run
+            # killed in between resumes from this step with control saying it was the
+            # best, and would not evaluate it again (both saves are asynchronous).
+            self.best_checkpointer.wait()
           self.checkpointer.save(step, state, data_iter.get_state())
           last_saved = step
         if stopped:
