@@ -234,7 +234,8 @@ def video_retrieval(store: CorpusStore, q: np.ndarray, k: int, *,
   Exhaustive over the store in chunks of `video_chunk` videos (default: CHUNK_BYTES of
   stored h0; one dispatch each, the next chunk's dispatch overlapping this one's
   merge), each scanned `block` videos at a time, or, with `candidates` [Q, C] store
-  rows (-1 = none), over each query's candidates only (exact float32 scores on the host; `compute_dtype` does not apply).
+  rows (-1 = none), over each query's candidates only (exact float32 scores on the
+  host; `compute_dtype` does not apply).
   `compute_dtype` is the GEMM operand type (float32 result): "float32" scores the stored
   values exactly; "bfloat16" is exact on int8 stores (|x| <= 127 has 8 significant bits)
   and bfloat16 stores and rounds only the query (relative 2^-9, finer than int8's step),
