@@ -42,12 +42,28 @@ def selected_run(tmp_path_factory):
   config = tiny_config(**{"train.num_steps": 6, "train.checkpoint_every_steps": 2,
                           "train.keep_checkpoints": 5, "evals.test.every_steps": 2,
                           "eval.select": ("test/v2t_mAP", "max")})
-  make_trainer(config, workdir).train()
-  return config, workdir
+  # Records, at every regular save, whether a best checkpoint was still being written:
+  # a SIGKILL between the two would resume with control saying "best" and no best file.
+  pending_best_at_save = []
+  real_save = checkpointing.Checkpointer.save
+
+  best = []
+
+  def save(self, step, *args, **kwargs):
+    if self.directory.name == checkpointing.BEST_DIR:
+      best.append(self)
+    else:
+      pending_best_at_save.append(any(c._manager.is_saving_in_progress() for c in best))
+    return real_save(self, step, *args, **kwargs)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(checkpointing.Checkpointer, "save", save)
+    make_trainer(config, workdir).train()
+  return config, workdir, pending_best_at_save
 
 
 def test_best_checkpoint_is_the_selected_metrics_best(selected_run):
-  _, workdir = selected_run
+  _, workdir, _ = selected_run
   results = json.loads((workdir / "results.json").read_text())
   m = {step: results[str(step)]["test/v2t_mAP"] for step in (2, 4, 6)}
   best_step = max(m, key=lambda s: (m[s], -s))  # strict improvement keeps the first
@@ -68,7 +84,7 @@ def test_best_checkpoint_is_the_selected_metrics_best(selected_run):
 
 
 def test_eval_and_inspect_never_open_the_train_split(selected_run, monkeypatch):
-  config, workdir = selected_run
+  config, workdir, _ = selected_run
   real = builders.get_source
 
   def no_train(dataset_config, split, **kwargs):
@@ -192,3 +208,11 @@ def test_batch_stats_are_updated_checkpointed_and_restored(tmp_path):
                              0.9 * mean + 0.1 * x.mean(axis=0), rtol=1e-5)
   assert isinstance(checkpointing.restore_raw(tmp_path)[0]["model_state"], dict)
   assert trainer_lib.TrainState.__dataclass_fields__.keys() >= {"model_state", "control"}
+
+
+def test_a_steps_best_checkpoint_is_durable_before_its_regular_one(selected_run):
+  """Regression: a SIGKILL between the two asynchronous saves resumed with a best
+  record that had no checkpoint behind it (test_trainer's SIGKILL test, 4 vs 2)."""
+  _, _, pending_best_at_save = selected_run
+  assert len(pending_best_at_save) == 3  # steps 2, 4, 6
+  assert not any(pending_best_at_save)
