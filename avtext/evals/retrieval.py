@@ -14,7 +14,8 @@ Config fields (besides `base.Evaluator`'s):
 
 Similarity (VideoCC §4.1): each caption is compared with each of a video's K
 clips and the K scores are averaged. Metrics, both directions (`t2v_`, `v2t_`):
-R@K, MdR, MnR and mAP; with one-to-many ground truth a caption's correct item
+R@K, MdR, MnR and mAP, and `mean_R@K` / `mean_mAP`, the two directions' mean (S-MiT
+table 2); with one-to-many ground truth a caption's correct item
 is its video and a video's correct items are all its captions. Chance R@1 is
 100 / #videos; a source that knows the best reachable R@1 (the synthetic
 world's `oracle_recall_at_1`) adds it.
@@ -103,6 +104,8 @@ def retrieval_results(sim: np.ndarray, t2v_gt, v2t_gt, cfg, source=None) -> dict
     m = metrics.retrieval_metrics(matrix, gt=gt, ks=ks, median_convention=convention)
     results.update({f"{name}_{k}": float(v) for k, v in m.items()})
     results[f"{name}_mAP"] = metrics.mean_average_precision(matrix, _relevance(gt, matrix.shape))
+  for key in [f"R@{k}" for k in ks] + ["mAP"]:  # S-MiT's "Mean" columns (table 2)
+    results[f"mean_{key}"] = (results[f"t2v_{key}"] + results[f"v2t_{key}"]) / 2
   results["num_captions"], results["num_videos"] = sim.shape
   results["chance_r1"] = 100.0 / sim.shape[1]
   subset = cfg.get("subset_protocol")

@@ -4,11 +4,20 @@ models, each ending in the shared projection head (`heads.GatedEmbedding`).
 Video model (sec. 4.1): an image backbone over a few frames (paper: ResNet-152 on 3
 frames at 1 fps) and a temporal backbone (paper: TSM-R50 on 8 frames, ~3 fps), each
 max-pooled over time to a vector, concatenated, then the head. A backbone is any
-avtext vision model named in config that returns {'embedding'}: "frames" mode runs
-it on each frame ([B*T, H, W, 3], e.g. `resnet`) and max-pools; "clip" mode runs it
-on the whole clip ({'rgb': [B, T, H, W, 3]}, e.g. the `mbt` RGB tower), whose
-embedding already pools time. `train_backbones=False` (phase 1) runs them in eval
-mode under stop_gradient, so BatchNorm statistics stay as loaded.
+avtext vision model named in config that returns {'embedding'}:
+
+  "frames"  an image model on each frame ([B*T, H, W, 3], e.g. `resnet`), max-pooled;
+  "still"   a video model (e.g. the `mbt` RGB tower) on each frame repeated into a
+            still clip of `still_frames` frames (as an inflated 3D net sees an
+            image), max-pooled;
+  "clip"    a video model on windows of `window` consecutive frames ({'rgb':
+            [B*T/window, window, H, W, 3]}; None = the whole clip), max-pooled over
+            the windows (each window's embedding already pools its frames).
+
+`train_backbones=False` (phase 1) runs them in eval mode under stop_gradient, so
+BatchNorm statistics stay as loaded; their outputs can then be precomputed once
+(`avtext.tools.smit_features`) and fed as 'image_embedding' / 'temporal_embedding',
+which skips the backbone and gives the same vector.
 
 Spoken caption model (sec. 4.2.2): a speech encoder (`resnet` with in_channels=1 over
 [B, T, 40, 1], or `resdavenet` over [B, T, 40]) on the log-mel spectrogram, then the
@@ -84,36 +93,67 @@ def pool_words(words: jax.Array, word_mask: jax.Array, positions: jax.Array | No
 
 
 class VideoModel(nn.Module):
-  """S-MiT's video model (module docstring); `__call__(inputs)` -> [B, features]."""
+  """S-MiT's video model (module docstring); `__call__(inputs)` -> [B, features].
+
+  inputs: 'image_frames' [B, 3, H, W, 3] / 'temporal_frames' [B, 8, H, W, 3] (float,
+  normalized), or the backbones' precomputed outputs 'image_embedding' [B, D_i] /
+  'temporal_embedding' [B, D_t] (what `backbone_embeddings` returns).
+  """
   image: nn.Module | None
   temporal: nn.Module | None
   head: nn.Module
   image_mode: str = "frames"
   temporal_mode: str = "clip"
   train_backbones: bool = True
+  still_frames: int = 2  # "still" mode: frames per still clip (MBT's tubelet length)
+  window: int | None = None  # "clip" mode: frames per window (None: the whole clip)
 
   def _backbone(self, module, mode, frames, train):
     train = train and self.train_backbones
+    b, t = frames.shape[:2]
     if mode == "frames":
-      b, t = frames.shape[:2]
       emb = module(frames.reshape((b * t,) + frames.shape[2:]), train=train)["embedding"]
       emb = emb.reshape(b, t, -1).max(axis=1)
+    elif mode == "still":
+      flat = frames.reshape((b * t, 1) + frames.shape[2:])
+      still = jnp.broadcast_to(flat, (b * t, self.still_frames) + frames.shape[2:])
+      emb = module({"rgb": still}, train=train)["embedding"].reshape(b, t, -1).max(axis=1)
     elif mode == "clip":
-      emb = module({"rgb": frames}, train=train)["embedding"]
+      w = self.window or t
+      if t % w:
+        raise ValueError(f"VideoModel: {t} temporal frames do not split into windows of {w}")
+      windows = frames.reshape((b * (t // w), w) + frames.shape[2:])
+      emb = module({"rgb": windows}, train=train)["embedding"]
+      emb = emb.reshape(b, t // w, -1).max(axis=1)
     else:
-      raise ValueError(f"VideoModel: backbone mode must be 'frames' or 'clip', got {mode!r}")
+      raise ValueError(f"VideoModel: backbone mode must be 'frames', 'still' or 'clip', "
+                       f"got {mode!r}")
     return emb if self.train_backbones else jax.lax.stop_gradient(emb)
 
-  def __call__(self, inputs: dict[str, jax.Array], *, train: bool = False) -> jax.Array:
-    parts = []
-    if self.image is not None:
-      parts.append(self._backbone(self.image, self.image_mode, inputs["image_frames"], train))
-    if self.temporal is not None:
-      parts.append(self._backbone(self.temporal, self.temporal_mode,
-                                  inputs["temporal_frames"], train))
-    if not parts:
+  def backbone_embeddings(self, inputs: dict[str, jax.Array], *, train: bool = False
+                          ) -> dict[str, jax.Array]:
+    """{'image_embedding', 'temporal_embedding'}: the pooled backbone outputs (those the
+    model has), taken from `inputs` when precomputed there."""
+    out = {}
+    for name, module, mode in (("image", self.image, self.image_mode),
+                               ("temporal", self.temporal, self.temporal_mode)):
+      if module is None:
+        continue
+      key = f"{name}_embedding"
+      if key in inputs:
+        out[key] = inputs[key]
+      elif f"{name}_frames" in inputs:
+        out[key] = self._backbone(module, mode, inputs[f"{name}_frames"], train)
+      else:
+        raise KeyError(f"VideoModel: needs '{name}_frames' or '{key}' in the batch; got "
+                       f"{sorted(inputs)}")
+    if not out:
       raise ValueError("VideoModel: needs an image or a temporal backbone")
-    return self.head(jnp.concatenate(parts, axis=-1))
+    return out
+
+  def __call__(self, inputs: dict[str, jax.Array], *, train: bool = False) -> jax.Array:
+    parts = self.backbone_embeddings(inputs, train=train)
+    return self.head(jnp.concatenate([parts[k] for k in sorted(parts)], axis=-1))
 
 
 class LanguageCaptionModel(nn.Module):
@@ -123,16 +163,23 @@ class LanguageCaptionModel(nn.Module):
   max_words: int = 32
   num_sampled: int = NUM_SAMPLED_WORDS
 
-  def __call__(self, input_ids, attention_mask, word_index, *, train: bool = False,
-               sample_rng: jax.Array | None = None) -> jax.Array:
+  def words(self, input_ids, attention_mask, word_index) -> tuple[jax.Array, jax.Array]:
+    """(words [B, W, D], mask [B, W]) of the frozen encoder: what phase 1 may precompute."""
     tokens = jax.lax.stop_gradient(self.text(input_ids, attention_mask, train=False)["sequence"])
-    words, mask = word_features(tokens, word_index, self.max_words)
+    return word_features(tokens, word_index, self.max_words)
+
+  def __call__(self, input_ids=None, attention_mask=None, word_index=None, *,
+               words=None, word_mask=None, train: bool = False,
+               sample_rng: jax.Array | None = None) -> jax.Array:
+    """From tokens, or from precomputed `words` [B, W, D] + `word_mask` [B, W]."""
+    if words is None:
+      words, word_mask = self.words(input_ids, attention_mask, word_index)
     positions = None
     if train:
       if sample_rng is None:
         sample_rng = self.make_rng("sample")
-      positions = sample_words(sample_rng, mask, self.num_sampled)
-    return self.head(pool_words(words, mask, positions))
+      positions = sample_words(sample_rng, word_mask, self.num_sampled)
+    return self.head(pool_words(words, word_mask, positions))
 
 
 class SpokenCaptionModel(nn.Module):
@@ -147,3 +194,73 @@ class SpokenCaptionModel(nn.Module):
     else:
       emb = self.encoder(spectrogram, mask, train=train)["embedding"]
     return self.head(emb)
+
+
+class SMiTModel(nn.Module):
+  """Video model + caption model ('language' or 'spoken'), one batch dict in.
+
+  `__call__(batch)` -> (video [B, D], caption [B, D]); similarity = caption @ video.T.
+  Batch keys: the video model's (`VideoModel`), and for the caption
+  'input_ids' / 'attention_mask' / 'word_index' or precomputed 'words' / 'word_mask'
+  (language), 'log_mel' [B, T, 40] / 'log_mel_mask' [B, T] (spoken).
+  """
+  video: VideoModel
+  caption: nn.Module
+  caption_kind: str = "language"
+
+  def encode_video(self, batch: dict, *, train: bool = False) -> jax.Array:
+    return self.video(batch, train=train)
+
+  def encode_caption(self, batch: dict, *, train: bool = False) -> jax.Array:
+    if self.caption_kind == "language":
+      if "words" in batch:
+        return self.caption(words=batch["words"], word_mask=batch["word_mask"], train=train)
+      return self.caption(batch["input_ids"], batch["attention_mask"], batch["word_index"],
+                          train=train)
+    return self.caption(batch["log_mel"], batch.get("log_mel_mask"), train=train)
+
+  def backbone_embeddings(self, batch: dict) -> dict:
+    return self.video.backbone_embeddings(batch, train=False)
+
+  def caption_words(self, batch: dict) -> tuple[jax.Array, jax.Array]:
+    return self.caption.words(batch["input_ids"], batch["attention_mask"], batch["word_index"])
+
+  def __call__(self, batch: dict, *, train: bool = False) -> tuple[jax.Array, jax.Array]:
+    return self.encode_video(batch, train=train), self.encode_caption(batch, train=train)
+
+
+@registry.register_model("smit")
+def smit_from_config(cfg) -> SMiTModel:
+  """`config.model` (name="smit"), see configs/smit_language_amm.py:
+
+    embed_dim, normalize      the projection head (`heads.GatedEmbedding`), shared design
+    video.image / .temporal   backbone model nodes (any registered vision model) or None
+    video.image_mode / .temporal_mode / .still_frames / .window / .train_backbones
+    caption                   'language' (text: a `bert` node, max_words) or 'spoken'
+                              (speech: a `resnet` node with in_channels=1, or `resdavenet`)
+  """
+  def head():
+    return heads.GatedEmbedding(features=cfg.embed_dim, normalize=cfg.get("normalize", True))
+
+  v = cfg.video
+  backbones = {k: registry.build_model(v[k], where=f"config.model.video.{k}")
+               if v.get(k) else None for k in ("image", "temporal")}
+  video = VideoModel(image=backbones["image"], temporal=backbones["temporal"], head=head(),
+                     image_mode=v.get("image_mode", "frames"),
+                     temporal_mode=v.get("temporal_mode", "clip"),
+                     train_backbones=v.get("train_backbones", True),
+                     still_frames=v.get("still_frames", 2), window=v.get("window"))
+  kind = cfg.get("caption", "language")
+  if kind == "language":
+    caption = LanguageCaptionModel(
+        text=registry.build_model(cfg.text, where="config.model.text"), head=head(),
+        max_words=cfg.get("max_words", 32), num_sampled=cfg.get("num_sampled_words",
+                                                                NUM_SAMPLED_WORDS))
+  elif kind == "spoken":
+    name = cfg.speech.get("name")
+    caption = SpokenCaptionModel(
+        encoder=registry.build_model(cfg.speech, where="config.model.speech"), head=head(),
+        image_like=name != "resdavenet")
+  else:
+    raise ValueError(f"config.model.caption={kind!r}; expected 'language' or 'spoken'")
+  return SMiTModel(video=video, caption=caption, caption_kind=kind)

@@ -18,7 +18,7 @@ from avtext.models import registry as models_registry
 # Modules imported on first lookup so `config.task` alone selects a task.
 _TASKS = registry_lib.Registry(
     "task", ("avtext.tasks.retrieval", "avtext.tasks.classification", "avtext.tasks.coot",
-             "avtext.tasks.captioning", "avtext.tasks.moments"))
+             "avtext.tasks.captioning", "avtext.tasks.moments", "avtext.tasks.smit"))
 register = _TASKS.register
 
 
@@ -72,6 +72,9 @@ class Task:
   def load_pretrained(self, params) -> Any:
     """Replaces parts of freshly initialized params with pretrained weights."""
     return params
+
+  # True: the trainer calls loss_fn(..., step=<traced int32 step>) (a loss schedule).
+  loss_needs_step = False
 
   def loss_fn(self, variables, batch, rng) -> tuple[Any, dict, dict]:
     """(scalar loss, dict of scalar metrics, updated non-param collections).

@@ -159,16 +159,18 @@ class Trainer:
     task, frozen_mask = self.task, self.frozen
     plateau = control_lib.plateau_enabled(self.config)
 
-    def loss_of_trainable(trainable, frozen, model_state, batch, rng):
+    def loss_of_trainable(trainable, frozen, model_state, batch, rng, step):
       variables = _variables(optimizers.merge_frozen(trainable, frozen), model_state)
-      loss, metrics, new_model_state = task.loss_fn(variables, batch, rng)
+      extra = {"step": step} if getattr(task, "loss_needs_step", False) else {}
+      loss, metrics, new_model_state = task.loss_fn(variables, batch, rng, **extra)
       return loss, (metrics, new_model_state)
 
     def train_step(state: TrainState, batch):
       rng = jax.random.fold_in(state.rng, state.step)
       trainable, frozen = optimizers.split_frozen(state.params, frozen_mask)
       (loss, (aux, new_model_state)), grads = jax.value_and_grad(
-          loss_of_trainable, has_aux=True)(trainable, frozen, state.model_state, batch, rng)
+          loss_of_trainable, has_aux=True)(trainable, frozen, state.model_state, batch, rng,
+                                           state.step)
       updates, opt_state = tx.update(grads, state.opt_state, trainable)
       lr = schedule(state.step)
       if plateau:  # reduce-on-plateau scales every update (control.py)

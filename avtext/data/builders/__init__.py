@@ -7,6 +7,9 @@ and e.g. TensorFlow is imported only by a config that reads TFDS files):
   synthetic_clips          the procedural world (avtext.data.synthetic), no files needed
   synthetic_smit           its spoken-caption variant (S-MiT stand-in): 3 s clips with a
                            caption, an ASR transcript and the spoken caption's audio
+  smit_features            S-MiT phase-1 features (frozen backbones' embeddings, word
+                           features, log-mels) in `builders.smit`'s layout
+  smit                     the real S-MiT clips (needs video decoding: says what to prepare)
   tfds:<name>[/config]     a materialized TFDS dataset in array_record format under
                            config.dataset.data_dir, read with random access; the path
                            real clip datasets take (tests exercise it with the synthetic
@@ -60,6 +63,8 @@ _MODULES = {
     "coot": "avtext.data.builders.coot",
     "tvc": "avtext.data.builders.tvc",
     "tvr": "avtext.data.builders.tvr",
+    "smit_features": "avtext.data.builders.smit",
+    "smit": "avtext.data.builders.smit",
     "features:hdf5": "avtext.data.builders.precomputed",
     "features:npz": "avtext.data.builders.precomputed",
     "features:array_record": "avtext.data.builders.precomputed",

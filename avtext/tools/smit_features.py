@@ -1,0 +1,145 @@
+r"""Precomputes what S-MiT's phase 1 keeps frozen, in the `smit_features` layout.
+
+    python -m avtext.tools.smit_features --config=configs/smit_language_amm.py:demo \
+        --config.init_from.workdir=workdirs/demo/video_pretrain \
+        --out=workdirs/demo/smit_features [--splits=train,val,test] [--batch_size=64]
+
+Builds the config's model exactly as phase 1 starts it (random init, the text
+encoder's pretrained weights, `config.init_from` for the visual backbones), then runs
+over each split of `config.features_source` (a clips dataset):
+
+  image_embedding / temporal_embedding   the frozen backbones' pooled outputs
+                                         (`VideoModel.backbone_embeddings`, eval mode)
+  words                                  the frozen text encoder's per-word features of
+                                         the ASR transcript (language models; float16)
+  log_mel                                the whole spoken caption's 40-bin log-mel
+                                         (float16, as `preprocessing.speech_features`)
+  transcript, caption, ids
+
+and writes <out>/<split>.h5 + <out>/meta.json (layout: avtext/data/builders/smit.py).
+A phase-1 run on these features is the phase-1 model on the clips (tested). A finished
+directory is reused when the command is the same (--force rebuilds).
+"""
+import json
+import pathlib
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import ml_collections
+from ml_collections import config_flags
+import numpy as np
+from tqdm import tqdm
+
+from avtext.data import builders
+from avtext.data import preprocessing
+from avtext.data.builders import smit as smit_builder
+from avtext.tasks import registry
+from avtext.tools import tower_features
+from avtext.train import warm_start
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "an S-MiT config", lock_config=False)
+_OUT = flags.DEFINE_string("out", None, "output directory")
+_SPLITS = flags.DEFINE_list("splits", ["train", "val", "test"], "splits to write")
+_BATCH = flags.DEFINE_integer("batch_size", 64, "clips per forward pass")
+_FORCE = flags.DEFINE_bool("force", False, "rebuild even when finished")
+
+
+def phase1_variables(config: ml_collections.ConfigDict, task) -> dict:
+  """The variables a phase-1 run of `config` starts from (the trainer's init path)."""
+  variables = dict(jax.jit(task.init_variables)(jax.random.PRNGKey(config.seed), None))
+  params = task.load_pretrained(variables.pop("params"))
+  params = warm_start.apply(params, config)
+  return {"params": params, **variables}
+
+
+def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
+            splits=("train", "val", "test"), batch_size: int = 64, force: bool = False
+            ) -> pathlib.Path:
+  """Writes the smit_features directory `out` (module docstring); returns it."""
+  import h5py  # pylint: disable=g-import-not-at-top
+  out = pathlib.Path(out)
+  origin = config.get("features_source")
+  if not origin:
+    raise ValueError("config.features_source: the clips dataset to compute features from "
+                     "is unset (see configs/smit_language_amm.py)")
+  args = {"origin": origin.to_dict(), "model": config.model.to_dict(),
+          "init_from": config.init_from.to_dict(), "data": config.data.to_dict(),
+          "splits": list(splits)}
+  out.mkdir(parents=True, exist_ok=True)
+  if tower_features.reuse_finished(out, json.loads(json.dumps(args, default=list)), force):
+    return out
+  if config.model.video.get("train_backbones"):
+    raise ValueError("smit_features: config.model.video.train_backbones is True (phase 2); "
+                     "features are for phase 1, whose backbones are frozen")
+  if not warm_start.configured(config):
+    logging.warning("config.init_from.workdir is unset: the backbones are random")
+  task = registry.build_task(config)
+  variables = phase1_variables(config, task)
+  fns = task.predict_fns()
+  language = config.model.caption == "language"
+  embed = jax.jit(fns["backbone_embeddings"])
+  words_fn = jax.jit(fns["caption_words"]) if language else None
+  counts = {}
+  for split in splits:
+    source = task.check_source(builders.get_source(origin, split))
+    examples = task.examples(source, train=False)
+    n = len(source)
+    cols: dict[str, list] = {"ids": [], "transcript": [], "caption": [], "words": [],
+                             "log_mel": []}
+    emb: dict[str, list] = {}
+    for start in tqdm(range(0, n, batch_size), desc=f"smit_features {split}", unit="batch"):
+      idx = list(range(start, min(start + batch_size, n)))
+      exs = [examples(i) for i in idx]
+      batch = {k: np.stack([e[k] for e in exs]) for k in exs[0]
+               if isinstance(exs[0][k], np.ndarray)}
+      for key, value in jax.device_get(embed(variables, batch)).items():
+        emb.setdefault(key, []).append(np.asarray(value, np.float32))
+      if language:
+        words, mask = jax.device_get(words_fn(variables, batch))
+        cols["words"].extend(w[m].astype(np.float16) for w, m in zip(words, mask))
+      for i, ex in zip(idx, exs):
+        desc = source.describe(i) if hasattr(source, "describe") else source[i]
+        cols["ids"].append(ex["clip_id"])
+        cols["transcript"].append(str(desc.get("transcript", "")))
+        cols["caption"].append(str(desc.get("caption", "")))
+        wave = (source.render_speech(i) if hasattr(source, "render_speech")
+                else np.asarray(source[i]["spoken_caption"], np.float32))
+        mel = preprocessing.log_mel_spectrogram(
+            preprocessing.to_mono(wave), num_mel_bins=config.data.num_mel_bins)
+        cols["log_mel"].append(mel.astype(np.float16))
+    tmp = out / f"{split}.h5.tmp"
+    with h5py.File(tmp, "w") as f:
+      string = h5py.string_dtype()
+      for key in ("ids", "transcript", "caption"):
+        f.create_dataset(key, data=np.array(cols[key], dtype=object), dtype=string)
+      for key, parts in emb.items():
+        f.create_dataset(key, data=np.concatenate(parts))
+      for key in ("words", "log_mel"):
+        if cols[key]:
+          f.create_dataset(key, data=np.concatenate(cols[key]))
+          f.create_dataset(f"{key}_offsets", data=np.concatenate(
+              [[0], np.cumsum([len(x) for x in cols[key]])]).astype(np.int64))
+    tmp.rename(out / f"{split}.h5")
+    counts[split] = n
+    logging.info("smit_features: %s: %d clips -> %s", split, n, out / f"{split}.h5")
+  (out / "meta.json").write_text(json.dumps(
+      {"format": smit_builder.FORMAT, "splits": counts, "origin": origin.to_dict(),
+       "model": config.model.to_dict(), "init_from": config.init_from.to_dict()},
+      indent=1, default=list))
+  tower_features.mark_finished(out, json.loads(json.dumps(args, default=list)))
+  return out
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.INFO)
+  extract(_CONFIG.value, _OUT.value, splits=tuple(_SPLITS.value), batch_size=_BATCH.value,
+          force=_FORCE.value)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "out"])
+  app.run(main)

@@ -1,0 +1,41 @@
+r"""S-MiT spoken-caption model (Monfort et al. 2021, sec. 4.2.2 and app. B), AMM loss.
+
+The language config's video model, data, phases, optimisation and evaluation
+(configs/smit_language_amm.py), with the caption side replaced: the 40-bin log-mel of
+the spoken caption (a random 10 s crop in training, the whole caption at test) through
+a speech encoder trained from scratch in both phases, then the projection head.
+
+    python -m avtext.main --config=configs/smit_spoken_amm.py:demo \
+        --workdir=workdirs/demo/smit_spoken_p1
+    python -m avtext.main --config=configs/smit_spoken_amm.py:demo,phase2 \
+        --workdir=workdirs/demo/smit_spoken_p2 \
+        --config.init_from.workdir=workdirs/demo/smit_spoken_p1
+
+Speech encoder (config.model.speech, table 3): ResNet-50 (the paper's best) with a
+1-channel first convolution, BatchNorm statistics carried as `batch_stats`;
+--config.model.speech.depth=34 for ResNet-34, or
+--config.model.speech=... name=resdavenet for ResDAVEnet. demo: a ResNet-34 of base
+width 16 (1/16 of the FLOPs of width 64), sized for a 2-core CPU.
+
+Variants: as configs/smit_language_amm.py (demo, phase2, tiny).
+"""
+import pathlib
+import sys
+
+import ml_collections
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import smit_language_amm  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  variants = set(filter(None, (arg or "").split(",")))
+  config = smit_language_amm.get_config(arg, caption="spoken")
+  config.model.speech = ml_collections.ConfigDict(dict(
+      name="resnet", depth=50, width=64, in_channels=1))
+  if "demo" in variants:
+    config.model.speech.depth, config.model.speech.width = 34, 16
+  if "tiny" in variants:
+    config.model.speech = ml_collections.ConfigDict(dict(
+        name="resnet", depth=18, width=4, in_channels=1, stage_sizes=(1, 1)))
+  return config
