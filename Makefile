@@ -12,7 +12,7 @@ WORKDIR ?= workdirs/demo
 # pip's log goes to a file and is shown (minus local-index noise) only on failure.
 pip = $(PY) -m pip install $(PIP_FLAGS) $(1) > $(VENV)/pip.log 2>&1 || { grep -v "is ignored: it is neither" $(VENV)/pip.log; exit 1; }
 
-.PHONY: venv bench-venv demo demo-coot demo-caption demo-tvc demo-xml test test-slow clean
+.PHONY: venv bench-venv demo demo-coot demo-caption demo-tvc demo-xml demo-smit test test-slow clean
 
 venv: $(STAMP)
 
@@ -91,6 +91,19 @@ demo-xml: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 	  --config.dataset.path=$(WORKDIR)/tvr_data --mode=eval --step=best
 	$(PY) -m avtext.tools.tvr_eval --submission=$$(ls -t $(WORKDIR)/xml/moments/test_step*[0-9].json | head -1) \
 	  --ground_truth=$(WORKDIR)/tvr_data/tvr_test_public_release.jsonl
+
+# S-MiT language-caption model on the synthetic S-MiT (configs/smit_language_amm.py):
+# the demo's RGB tower as both frozen visual backbones, their outputs and MiniLM's word
+# features precomputed once, phase 1 (heads, 100 epochs of 4k clips, best on val), then
+# phase 2 from phase 1's best (backbones train, from frames); 5 x 1k test subsets.
+demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
+	$(PY) -m avtext.tools.smit_features --config=configs/smit_language_amm.py:demo \
+	  --config.init_from.workdir=$(WORKDIR)/video_pretrain --out=$(WORKDIR)/smit_features
+	$(PY) -m avtext.main --config=configs/smit_language_amm.py:demo --workdir=$(WORKDIR)/smit_p1 \
+	  --config.dataset.path=$(WORKDIR)/smit_features \
+	  --config.init_from.workdir=$(WORKDIR)/video_pretrain
+	$(PY) -m avtext.main --config=configs/smit_language_amm.py:demo,phase2 \
+	  --workdir=$(WORKDIR)/smit_p2 --config.init_from.workdir=$(WORKDIR)/smit_p1
 
 # Side-by-side benchmarks with official PyTorch code (benchmarks/bench_coot_train_step.py):
 # a separate venv, so torch never enters the default install.

@@ -68,8 +68,18 @@ class RetrievalEvaluator(base.Evaluator):
     if "sound_t2v_r1" in results:
       lines.append(f"sound-mentioning captions ({results['sound_num_captions']}): t2v R@1 "
                    f"{results['sound_t2v_r1']:.2f}  oracle {results['sound_oracle_t2v_r1']:.2f}")
-    for key in sorted(k for k in results if k.startswith("subset/mean/") and "_std" not in k):
-      lines.append(f"{key}: {results[key]:.2f} ± {results[key + '_std']:.2f}")
+    if "subset/mean/R@1" in results:  # S-MiT table 2 layout
+      ks = [k.split("/")[-1] for k in sorted(results) if k.startswith("subset/mean/R@")
+            and not k.endswith("_std")]
+      cols = sorted(ks, key=lambda k: int(k[2:])) + ["mAP"]
+      cfg = self.cfg.get("subset_protocol")
+      lines.append(f"S-MiT protocol, {cfg['n_subsets']} random subsets of {cfg['subset_size']}"
+                   f" pairs (chance R@1 {100 / cfg['subset_size']:.2f}), mean ± std:")
+      lines.append(" " * 18 + "".join(f"{c:>13}" for c in cols))
+      for d in ("caption_to_video", "video_to_caption", "mean"):
+        lines.append(f"{d:<18}" + "".join(
+            f"{results[f'subset/{d}/{c}']:7.1f}±{results[f'subset/{d}/{c}_std']:<4.1f} "
+            for c in cols))
     print("\n".join(lines), flush=True)
 
 

@@ -5,7 +5,8 @@ Config fields: dataset.world (WorldSpec fields), dataset.world_seed (default
 None or absent sizes take `synthetic.DEFAULT_SPLIT_SIZES` (`spoken.SPLIT_SIZES`
 for synthetic_smit: 20k / 1k / 2k). synthetic_smit (the Spoken Moments stand-in,
 `avtext.data.synthetic.spoken`) adds dataset.asr_wer (0.15) and
-dataset.asr_substitution_share (0.7), and its world defaults to 3 s clips.
+dataset.asr_substitution_share (0.7) and dataset.num_val (the val size, default
+num_eval), and its world defaults to 3 s clips.
 """
 import ml_collections
 
@@ -36,6 +37,8 @@ class SyntheticSpokenClips(spoken.SpokenClipSource):
 @builders.register_dataset("synthetic_smit")
 def synthetic_smit(dataset: ml_collections.ConfigDict, split: str) -> SyntheticSpokenClips:
   num = dataset.get("num_train") if split == "train" else dataset.get("num_eval")
+  if split == "val" and dataset.get("num_val"):
+    num = dataset.num_val
   spec = {"duration_s": spoken.CLIP_SECONDS, **dict(dataset.get("world", {}) or {})}
   return SyntheticSpokenClips(split, seed=dataset.get("world_seed", 0), num_examples=num,
                               spec=world.WorldSpec(**spec), wer=dataset.get("asr_wer", 0.15),

@@ -1,0 +1,136 @@
+r"""S-MiT tables 2, 3 and 7 at demo scale on the synthetic S-MiT (phase 1: frozen visual
+backbones, heads trained, as the paper's own ablations, app. C).
+
+    python benchmarks/smit_tables.py --table=2 --seeds=0,1,2     # losses, language model
+    python benchmarks/smit_tables.py --table=3                   # speech encoders x losses
+    python benchmarks/smit_tables.py --table=7                   # batch sizes
+    python benchmarks/smit_tables.py --table=speed               # train examples/s, batch 2048
+
+Every run is `python -m avtext.main --config=configs/smit_{language,spoken}_amm.py:demo`
+with overrides, on the features `make demo-smit` writes (--features); a finished run
+(results.json with the test split) is reused. Prints markdown rows of the 5 x 1k test
+protocol (mean ± std over subsets; with several seeds, the mean over seeds of each
+seed's subset mean, ± the std over seeds).
+"""
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+COLS = ("R@1", "R@5", "R@10", "mAP")
+LOSS_NAMES = {"nce": "NCE", "semi_hard_triplet": "SHN", "mms": "MMS", "amm": "AMM"}
+
+
+def run(workdir: pathlib.Path, config: str, overrides: list[str], features: str) -> dict:
+  results = workdir / "results.json"
+  if results.exists():
+    r = json.loads(results.read_text())
+    if any("test/subset/mean/R@1" in v for v in r.values() if isinstance(v, dict)):
+      return r
+  cmd = [sys.executable, "-m", "avtext.main", f"--config={config}", f"--workdir={workdir}",
+         f"--config.dataset.path={features}"] + overrides
+  print("$", " ".join(cmd), flush=True)
+  t = time.time()
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+  if proc.returncode:
+    raise RuntimeError(f"{workdir}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+  print(f"  {time.time() - t:.0f} s", flush=True)
+  return json.loads(results.read_text())
+
+
+def test_row(results: dict) -> dict:
+  final = [v for k, v in results.items() if k.isdigit() and "test/subset/mean/R@1" in v]
+  return final[-1]
+
+
+def speed(results_dir: pathlib.Path) -> float:
+  """Median examples/s of the logged windows (TensorBoard scalars via the events)."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  acc = event_accumulator.EventAccumulator(str(results_dir))
+  acc.Reload()
+  tags = acc.Tags().get("tensors", []) + acc.Tags().get("scalars", [])
+  if "examples_per_sec" not in tags:
+    return float("nan")
+  try:
+    values = [float(np.asarray(tf_value.tensor_proto.float_val or [0])[0])
+              for tf_value in acc.Tensors("examples_per_sec")]
+  except KeyError:
+    values = [s.value for s in acc.Scalars("examples_per_sec")]
+  return float(np.median(values[1:] or values))
+
+
+def fmt(rows: list[dict]) -> str:
+  """'mean±std' per column and direction over seeds (one seed: the subset std)."""
+  out = []
+  for d in ("caption_to_video", "video_to_caption", "mean"):
+    for c in COLS:
+      key = f"test/subset/{d}/{c}"
+      vals = np.array([r[key] for r in rows])
+      std = vals.std() if len(rows) > 1 else rows[0][key + "_std"]
+      out.append(f"{vals.mean():.1f}±{std:.1f}")
+  return " | ".join(out)
+
+
+HEADER = ("| c2v R@1 | R@5 | R@10 | mAP | v2c R@1 | R@5 | R@10 | mAP | mean R@1 | R@5 | R@10 "
+          "| mAP |")
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--table", required=True, choices=["2", "3", "7", "speed"])
+  p.add_argument("--seeds", default="0")
+  p.add_argument("--features", default="workdirs/demo/smit_features")
+  p.add_argument("--workdirs", default="workdirs/bench/smit")
+  p.add_argument("--steps", type=int, default=None, help="override train.num_steps")
+  a = p.parse_args()
+  seeds = [int(s) for s in a.seeds.split(",")]
+  root = pathlib.Path(a.workdirs)
+  steps = [f"--config.train.num_steps={a.steps}"] if a.steps else []
+  lang = "configs/smit_language_amm.py:demo"
+  spoken = "configs/smit_spoken_amm.py:demo"
+  if a.table == "2":
+    print("| loss " + HEADER)
+    for loss in ("nce", "semi_hard_triplet", "mms", "amm"):
+      rows = [test_row(run(root / f"t2_{loss}_s{s}", lang,
+                           [f"--config.loss.name={loss}", f"--config.seed={s}"] + steps,
+                           a.features)) for s in seeds]
+      print(f"| {LOSS_NAMES[loss]} | {fmt(rows)} |", flush=True)
+  elif a.table == "3":
+    encoders = {
+        "ResDAVEnet (widths /4)": ["--config.model.speech.name=resdavenet",
+                                   "--config.model.speech.widths=(32,32,64,128,256)"],
+        "ResNet-34 (width 16)": ["--config.model.speech.depth=34"],
+        "ResNet-50 (width 16)": ["--config.model.speech.depth=50"]}
+    print("| encoder | loss " + HEADER)
+    for name, over in encoders.items():
+      for loss in ("nce", "amm"):
+        tag = name.split()[0].lower().replace("-", "")
+        rows = [test_row(run(root / f"t3_{tag}_{loss}_s{s}", spoken,
+                             over + [f"--config.loss.name={loss}", f"--config.seed={s}",
+                                     "--config.train.batch_size=256"] + steps,
+                             a.features)) for s in seeds]
+        print(f"| {name} | {LOSS_NAMES[loss]} | {fmt(rows)} |", flush=True)
+  elif a.table == "7":
+    print("| batch | steps " + HEADER)
+    for batch in (256, 512, 1024, 2048):
+      n = 100 * 4000 // batch  # 100 epochs of the 4000 training clips, as app. B
+      rows = [test_row(run(root / f"t7_b{batch}_s{s}", lang,
+                           [f"--config.train.batch_size={batch}", f"--config.seed={s}",
+                            f"--config.train.num_steps={n}"], a.features)) for s in seeds]
+      print(f"| {batch} | {n} | {fmt(rows)} |", flush=True)
+  else:
+    for name, config in (("language", lang), ("spoken ResNet-50 w16", spoken)):
+      wd = root / f"speed_{name.split()[0]}"
+      run(wd, config, ["--config.train.batch_size=2048", "--config.train.num_steps=12",
+                       "--config.train.log_every_steps=3", "--config.evals.val.every_epochs=1000",
+                       "--config.evals.test.subset_protocol.n_subsets=1"], a.features)
+      print(f"{name}: {speed(wd):.0f} train examples/s at batch 2048 (phase 1)")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,176 @@
+"""The S-MiT task end to end: phase 1 through the trainer freezes what the paper freezes
+(params and BatchNorm statistics), features equal the model on clips, losses by config,
+the feature layout's errors, and the two configs chained phase 1 -> phase 2."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import h5py
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from avtext.data import builders
+from avtext.losses import contrastive
+from avtext.tasks import registry
+from avtext.tasks import smit as smit_task
+from avtext.tools import smit_features
+from avtext.train import optimizers
+from tests.test_trainer import REPO
+from tests.test_trainer import make_trainer
+
+sys.path.insert(0, str(REPO / "configs"))
+import smit_language_amm  # pylint: disable=g-import-not-at-top,wrong-import-position
+import smit_spoken_amm  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+TINY_RESNET = dict(name="resnet", depth=18, width=4, stage_sizes=(1, 1))
+
+
+def _flat(tree):
+  return {optimizers.path_name(p): np.asarray(v)
+          for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _clips_config(module, **extra):
+  """Tiny phase 1 reading the clips directly, with a BatchNorm image backbone."""
+  config = module.get_config("tiny")
+  config.dataset = config.features_source
+  config.model.video.image = ml_collections.ConfigDict(TINY_RESNET)
+  config.model.video.image_mode = "frames"
+  config.train.num_steps = 2
+  config.evals = ml_collections.ConfigDict()
+  config.eval.select = None
+  for k, v in extra.items():
+    config[k] = v
+  return config
+
+
+@pytest.mark.parametrize("module", [smit_language_amm, smit_spoken_amm], ids=["language", "spoken"])
+def test_phase1_keeps_frozen_params_and_batch_stats_bit_identical(tmp_path, module):
+  config = _clips_config(module)
+  trainer = make_trainer(config, tmp_path)
+  state, _, _ = trainer.restore_or_init()
+  before = _flat(jax.device_get({"params": state.params, **state.model_state}))
+  trained = trainer.train()
+  after = _flat(jax.device_get({"params": trained.params, **trained.model_state}))
+  assert before.keys() == after.keys()
+  frozen = [k for k in before if k.split("/", 1)[1].startswith(("video/image/", "video/temporal/",
+                                                                "caption/text/"))]
+  assert any(k.startswith("batch_stats/video/image/") for k in frozen)  # BatchNorm backbone
+  for k in frozen:
+    np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+  changed = [k for k in before if not np.array_equal(after[k], before[k])]
+  assert any(k.startswith("params/video/head/") for k in changed)
+  assert any(k.startswith("params/caption/head/") for k in changed)
+  if module is smit_spoken_amm:  # the speech encoder trains from scratch, BatchNorm too
+    assert any(k.startswith("batch_stats/caption/encoder/") for k in changed)
+    assert any(k.startswith("params/caption/encoder/") for k in changed)
+
+
+@pytest.fixture(scope="module")
+def tiny_features(tmp_path_factory):
+  config = smit_language_amm.get_config("tiny")
+  out = tmp_path_factory.mktemp("smit_features")
+  smit_features.extract(config, out, splits=("val",), batch_size=8)
+  config.dataset.path = str(out)
+  return config
+
+
+def test_features_give_the_phase1_model_on_clips(tiny_features):
+  config = tiny_features
+  task = registry.build_task(config)
+  variables = smit_features.phase1_variables(config, task)
+  fns = task.predict_fns()
+  feats = builders.get_source(config.dataset, "val")
+  clips = builders.get_source(config.features_source, "val")
+  assert len(feats) == len(clips) == 20
+  idx = [0, 3, 7]
+
+  def batch(source):
+    ex = task.examples(source, train=False)
+    rows = [ex(i) for i in idx]
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0] if k != "clip_id"}
+
+  fb, cb = batch(feats), batch(clips)
+  assert "image_frames" in cb and "image_embedding" in fb and "words" in fb
+  np.testing.assert_allclose(fns["embed_video"](variables, fb), fns["embed_video"](variables, cb),
+                             rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(fns["embed_text"](variables, fb), fns["embed_text"](variables, cb),
+                             rtol=2e-3, atol=2e-3)  # words stored as float16
+  # Ragged storage: item i's words are exactly its transcript's words (capped at max_words).
+  item = feats[3]
+  n_words = min(len(clips.describe(3)["transcript"].split()), config.model.max_words)
+  assert item["words"].shape == (n_words, config.model.text.hidden_size)
+  assert item["transcript"] == clips.describe(3)["transcript"]
+
+
+def test_features_layout_errors_name_the_file_and_key(tmp_path, tiny_features):
+  cfg = ml_collections.ConfigDict(dict(name="smit_features", path=None))
+  with pytest.raises(ValueError, match="config.dataset.path is unset"):
+    builders.get_source(cfg, "val")
+  cfg.path = str(tmp_path)
+  with pytest.raises(FileNotFoundError, match="meta.json: no such file"):
+    builders.get_source(cfg, "val")
+  src = pathlib.Path(tiny_features.dataset.path)
+  (tmp_path / "meta.json").write_text((src / "meta.json").read_text())
+  with h5py.File(src / "val.h5") as f, h5py.File(tmp_path / "val.h5", "w") as g:
+    for key in f:
+      if key != "words_offsets":
+        f.copy(key, g)
+  with pytest.raises(ValueError, match="val.h5: 'words' without 'words_offsets'"):
+    builders.get_source(cfg, "val")
+  with pytest.raises(FileNotFoundError, match="needs video decoding"):
+    builders.get_source(ml_collections.ConfigDict(dict(name="smit")), "train")
+
+
+def test_loss_by_config_matches_the_library():
+  sim = jax.random.normal(jax.random.PRNGKey(0), (6, 6))
+  cfg = smit_language_amm.get_config("tiny").loss
+  cfg.name = "amm"
+  np.testing.assert_allclose(smit_task.smit_loss(sim, cfg, 0), contrastive.amm(sim, alpha=0.5))
+  cfg.name = "mms"  # M = 0.001 * 1.002 ** floor(step / 1000)
+  np.testing.assert_allclose(smit_task.smit_loss(sim, cfg, 2500),
+                             contrastive.mms(sim, margin=0.001 * 1.002 ** 2), rtol=1e-6)
+  cfg.name = "nce"  # S-MiT eq. 1: the positive is not in the denominator
+  logits = np.asarray(sim, np.float64)
+  off = ~np.eye(6, dtype=bool)
+  lxy = -np.mean(np.diag(logits) - np.log(np.where(off, np.exp(logits), 0).sum(1)))
+  lyx = -np.mean(np.diag(logits) - np.log(np.where(off, np.exp(logits), 0).sum(0)))
+  np.testing.assert_allclose(smit_task.smit_loss(sim, cfg, 0), lxy + lyx, rtol=1e-5)
+  cfg.name = "semi_hard_triplet"
+  np.testing.assert_allclose(smit_task.smit_loss(sim, cfg, 0),
+                             contrastive.semi_hard_triplet(sim, margin=1.0))
+  cfg.name = "triplet"
+  with pytest.raises(ValueError, match="config.loss.name='triplet'"):
+    smit_task.smit_loss(sim, cfg, 0)
+
+
+def test_paper_config_says_what_to_prepare(tmp_path):
+  config = smit_language_amm.get_config()
+  assert (config.train.batch_size, config.model.embed_dim, config.loss.name,
+          config.optimizer.learning_rate) == (2048, 4096, "amm", 1e-3)
+  assert smit_language_amm.get_config("phase2").optimizer.learning_rate == 1e-5
+  with pytest.raises(ValueError, match="config.dataset.path is unset.*smit_features"):
+    make_trainer(config, tmp_path).train()
+
+
+@pytest.mark.slow
+def test_configs_chain_phase1_then_phase2(tmp_path):
+  """`make demo-smit`'s three commands on the tiny variant."""
+  py = [sys.executable, "-m"]
+  feats, p1, p2 = tmp_path / "f", tmp_path / "p1", tmp_path / "p2"
+  for cmd in (["avtext.tools.smit_features", "--config=configs/smit_language_amm.py:tiny",
+               f"--out={feats}"],
+              ["avtext.main", "--config=configs/smit_language_amm.py:tiny", f"--workdir={p1}",
+               f"--config.dataset.path={feats}"],
+              ["avtext.main", "--config=configs/smit_language_amm.py:tiny,phase2",
+               f"--workdir={p2}", f"--config.init_from.workdir={p1}"]):
+    proc = subprocess.run(py + cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "caption_to_video" in proc.stdout and "S-MiT protocol" in proc.stdout
+  r1, r2 = (json.loads((p / "results.json").read_text()) for p in (p1, p2))
+  best = r1["best"]["step"]
+  assert "test/subset/mean/R@1" in r2[str(max(int(k) for k in r2 if k.isdigit()))]
+  assert f"warm start from {p1} step {best}: <all> -> <all>" in proc.stderr  # phase 1's best
