@@ -121,7 +121,7 @@ def main():
       n = 100 * 4000 // batch  # 100 epochs of the 4000 training clips, as app. B
       rows = [test_row(run(root / f"t7_b{batch}_s{s}", lang,
                            [f"--config.train.batch_size={batch}", f"--config.seed={s}",
-                            f"--config.train.num_steps={n}"], a.features)) for s in seeds]
+                            f"--config.train.num_steps={n}"], a.features))  # noqa for s in seeds]
       print(f"| {batch} | {n} | {fmt(rows)} |", flush=True)
   else:
     for name, config in (("language", lang), ("spoken ResNet-50 w16", spoken)):

@@ -199,8 +199,8 @@ def _synthetic(config, *, tiny: bool, phase2: bool) -> None:
     t.dropout_rate = 0.0
 
   config.train.batch_size = 128 if phase2 else 1024
-  config.train.num_epochs = None
-  config.train.num_steps = 30 if phase2 else 400
+  config.train.num_epochs = None if phase2 else 100  # 100 epochs of 4000 clips: 300 steps
+  config.train.num_steps = 30 if phase2 else None
   config.train.log_every_steps = 20
   config.train.checkpoint_every_steps = 100
   if phase2:  # from frames: only at the end
@@ -219,7 +219,7 @@ def _synthetic(config, *, tiny: bool, phase2: bool) -> None:
     d.max_text_len, d.speech_frames = 24, 300
     m.embed_dim, m.max_words = 16, 16
     config.train.batch_size = 8
-    config.train.num_steps = 4
+    config.train.num_epochs, config.train.num_steps = None, 4
     config.train.log_every_steps = 2
     config.train.checkpoint_every_steps = 2
     config.evals.val.every_epochs = None

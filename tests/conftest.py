@@ -18,7 +18,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # files in collection order; starting these first keeps one worker from running
 # test_trainer.py (~4 min, last alphabetically) alone at the end: 12 min 19 s before.
 _LONG_FILES = ("test_trainer.py", "test_mmt.py", "test_coot_task.py", "test_core.py",
-               "test_xml.py", "test_models_coot.py", "test_generate.py", "test_models_gpt2.py")
+               "test_xml.py", "test_smit_task.py", "test_models_coot.py", "test_generate.py",
+               "test_models_gpt2.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
