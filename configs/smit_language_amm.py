@@ -137,7 +137,7 @@ def get_config(arg: str | None = None, caption: str = "language") -> ml_collecti
   config.train = ml_collections.ConfigDict()
   config.train.batch_size = 2048  # app. B; negatives = the global batch
   config.train.num_epochs = 100  # app. B
-  config.train.num_steps = None
+  config.train.num_steps = ml_collections.config_dict.placeholder(int)
   config.train.log_every_steps = 50
   config.train.checkpoint_every_steps = 1000
   config.train.keep_checkpoints = 2
@@ -199,8 +199,9 @@ def _synthetic(config, *, tiny: bool, phase2: bool) -> None:
     t.dropout_rate = 0.0
 
   config.train.batch_size = 128 if phase2 else 1024
-  config.train.num_epochs = None if phase2 else 100  # 100 epochs of 4000 clips: 300 steps
-  config.train.num_steps = 30 if phase2 else None
+  none = ml_collections.config_dict.placeholder(int)  # None, overridable from the flags
+  config.train.num_epochs = none if phase2 else 100  # 100 epochs of 4000 clips: 300 steps
+  config.train.num_steps = 30 if phase2 else none
   config.train.log_every_steps = 20
   config.train.checkpoint_every_steps = 100
   if phase2:  # from frames: only at the end
