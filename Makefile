@@ -94,7 +94,7 @@ demo-xml: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 
 # S-MiT language-caption model on the synthetic S-MiT (configs/smit_language_amm.py):
 # the demo's RGB tower as both frozen visual backbones, their outputs and MiniLM's word
-# features precomputed once, phase 1 (heads, 100 epochs of 4k clips, best on val), then
+# features precomputed once, phase 1 (heads, 100 epochs of 3k clips, best on val), then
 # phase 2 from phase 1's best (backbones train, from frames); 5 x 1k test subsets.
 demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 	$(PY) -m avtext.tools.smit_features --config=configs/smit_language_amm.py:demo \

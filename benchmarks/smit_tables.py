@@ -117,11 +117,12 @@ def main():
         print(f"| {name} | {LOSS_NAMES[loss]} | {fmt(rows)} |", flush=True)
   elif a.table == "7":
     print("| batch | steps " + HEADER)
+    num_train = json.loads((pathlib.Path(a.features) / "meta.json").read_text())["splits"]["train"]
     for batch in (256, 512, 1024, 2048):
-      n = 100 * 4000 // batch  # 100 epochs of the 4000 training clips, as app. B
+      n = 100 * num_train // batch  # 100 epochs, as app. B
       rows = [test_row(run(root / f"t7_b{batch}_s{s}", lang,
                            [f"--config.train.batch_size={batch}", f"--config.seed={s}",
-                            f"--config.train.num_steps={n}"], a.features))  # noqa for s in seeds]
+                            f"--config.train.num_steps={n}"], a.features)) for s in seeds]
       print(f"| {batch} | {n} | {fmt(rows)} |", flush=True)
   else:
     for name, config in (("language", lang), ("spoken ResNet-50 w16", spoken)):
