@@ -30,7 +30,7 @@ Variants (after the colon, comma-separated):
            frames at 1 fps as a still 4-frame clip (as an inflated 3D net sees an image);
            the temporal one sees 8 frames every 8 (3.1 fps) as two 4-frame windows (the
            tower's length), max-pooled. MiniLM-L6 over the transcript, 1024-d heads.
-  phase2   phase 2 (see above); with demo: 128-clip batches from frames, 10 steps and
+  phase2   phase 2 (see above); with demo: 64-clip batches from frames, 10 steps and
            the test split only (a CPU cannot do more within the demo's 15 minutes: the
            run shows the chain, it is not a converged phase 2).
   tiny     seconds-long smoke run (tests).
@@ -199,7 +199,7 @@ def _synthetic(config, *, tiny: bool, phase2: bool) -> None:
       t[key] = tower.model.text[key]
     t.dropout_rate = 0.0
 
-  config.train.batch_size = 128 if phase2 else 1024
+  config.train.batch_size = 64 if phase2 else 1024
   none = ml_collections.config_dict.placeholder(int)  # None, overridable from the flags
   config.train.num_epochs = none if phase2 else 100  # 100 epochs of 3000 clips: 200 steps
   config.train.num_steps = 10 if phase2 else none
