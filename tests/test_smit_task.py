@@ -178,3 +178,18 @@ def test_configs_chain_phase1_then_phase2(tmp_path):
   best = r1["best"]["step"]
   assert "test/subset/mean/R@1" in r2[str(max(int(k) for k in r2 if k.isdigit()))]
   assert f"warm start from {p1} step {best}: <all> -> <all>" in proc.stderr  # phase 1's best
+
+
+def test_oracle_on_a_subset_gallery_counts_fitting_clips_by_brute_force():
+  from avtext.data.synthetic import captions  # pylint: disable=g-import-not-at-top
+  from avtext.data.synthetic import spoken  # pylint: disable=g-import-not-at-top
+  from avtext.metrics import retrieval  # pylint: disable=g-import-not-at-top
+  source = spoken.SpokenClipSource("test", num_examples=80)
+  idx = retrieval.subset_indices(80, n_subsets=1, subset_size=30, seed=3)[0]
+  attrs = [source.describe(int(i))["attributes"] for i in idx]
+  counts = [sum(captions.caption_fits(a["mentioned"], b) for b in attrs) for a in attrs]
+  assert min(counts) >= 1
+  np.testing.assert_allclose(source.oracle_recall_at_1(idx, gallery_is_subset=True),
+                             100 * np.mean(1 / np.array(counts)))
+  # The whole-split gallery has at least as many fitting clips, so a lower oracle.
+  assert source.oracle_recall_at_1(idx) <= source.oracle_recall_at_1(idx, gallery_is_subset=True)

@@ -80,6 +80,9 @@ class RetrievalEvaluator(base.Evaluator):
         lines.append(f"{d:<18}" + "".join(
             f"{results[f'subset/{d}/{c}']:7.1f}±{results[f'subset/{d}/{c}_std']:<4.1f} "
             for c in cols))
+      if "subset/oracle_t2v_R@1" in results:
+        lines.append(f"synthetic oracle caption_to_video R@1 on the same subsets: "
+                     f"{results['subset/oracle_t2v_R@1']:.1f}")
     print("\n".join(lines), flush=True)
 
 
@@ -127,6 +130,11 @@ def retrieval_results(sim: np.ndarray, t2v_gt, v2t_gt, cfg, source=None) -> dict
     ).items()})
   if t2v_gt is None and source is not None:
     results.update(_synthetic_references(source, sim))
+    if subset and "oracle_t2v_r1" in results:  # the oracle on the protocol's own subsets
+      subset = subset.to_dict() if hasattr(subset, "to_dict") else dict(subset)
+      results["subset/oracle_t2v_R@1"] = float(np.mean([
+          source.oracle_recall_at_1(idx, gallery_is_subset=True)
+          for idx in metrics.subset_indices(sim.shape[0], **subset)]))
   return results
 
 

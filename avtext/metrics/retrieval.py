@@ -242,6 +242,13 @@ def mean_average_precision(sim, relevance: Optional[np.ndarray] = None) -> float
   return 100.0 * float(np.mean(average_precision))
 
 
+def subset_indices(n: int, *, n_subsets: int = 5, subset_size: int = 1000, seed: int = 0
+                   ) -> list[np.ndarray]:
+  """The pair indices of `subset_protocol`'s subsets (same draw for the same arguments)."""
+  rng = np.random.default_rng(seed)
+  return [rng.choice(n, size=subset_size, replace=False) for _ in range(n_subsets)]
+
+
 def subset_protocol(sim, *, n_subsets: int = 5, subset_size: int = 1000,
                     seed: int = 0,
                     ks: Sequence[int] = (1, 5, 10)) -> Dict[str, float]:
@@ -275,10 +282,9 @@ def subset_protocol(sim, *, n_subsets: int = 5, subset_size: int = 1000,
     raise ValueError(f"subset_size must be in [1, {sim.shape[0]}], got {subset_size}")
   if n_subsets < 1:
     raise ValueError(f"n_subsets must be >= 1, got {n_subsets}")
-  rng = np.random.default_rng(seed)
   per_subset = {"caption_to_video": [], "video_to_caption": [], "mean": []}
-  for _ in range(n_subsets):
-    idx = rng.choice(sim.shape[0], size=subset_size, replace=False)
+  for idx in subset_indices(sim.shape[0], n_subsets=n_subsets, subset_size=subset_size,
+                            seed=seed):
     sub = sim[np.ix_(idx, idx)]
     scores = {}
     for direction, matrix in (("caption_to_video", sub),

@@ -145,13 +145,18 @@ class ClipCaptionSource:
           [a['mentioned'] for a in described], described)
     return self._num_fitting
 
-  def oracle_recall_at_1(self, subset: Sequence[int] | np.ndarray | None = None
-                         ) -> float:
+  def oracle_recall_at_1(self, subset: Sequence[int] | np.ndarray | None = None, *,
+                         gallery_is_subset: bool = False) -> float:
     """Best text-to-video R@1 (%) on this split (gallery = the whole split).
 
     `subset` restricts the captions averaged over (e.g. those mentioning the
-    sound) while the gallery stays the whole split.
+    sound) while the gallery stays the whole split; with `gallery_is_subset`
+    the gallery is the subset too (S-MiT's 1k-pair subsets).
     """
+    if gallery_is_subset and subset is not None:
+      described = [self.describe(int(i))['attributes'] for i in subset]
+      return captions.oracle_recall_at_1(captions.num_fitting_clips(
+          [a['mentioned'] for a in described], described))
     n = self.num_fitting_clips()
     return captions.oracle_recall_at_1(n if subset is None else n[
         np.asarray(subset, dtype=np.int64)])
