@@ -224,7 +224,8 @@ def _synthetic(config, *, tiny: bool, phase2: bool) -> None:
     config.train.num_epochs, config.train.num_steps = None, 4
     config.train.log_every_steps = 2
     config.train.checkpoint_every_steps = 2
-    config.evals.val.every_epochs = None
-    config.evals.val.every_steps = 2
+    if "val" in config.evals:
+      config.evals.val.every_epochs = None
+      config.evals.val.every_steps = 2
     config.evals.test.subset_protocol = dict(n_subsets=2, subset_size=10, seed=0)
-    config.eval.batch_size = 10
+    config.eval.batch_size = 8  # divisible by the tests' 8 fake devices
