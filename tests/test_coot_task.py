@@ -116,8 +116,8 @@ def test_collate_packs_clips_into_slots(tmp_path):
   np.testing.assert_array_equal(batch["clips"][1, :4], np.arange(4.0, 12.0).reshape(4, 2))
 
 
-@pytest.mark.parametrize("config_file", [
-    "configs/coot_activitynet.py",
+@pytest.mark.parametrize("config_file", [  # both behind -m slow: default-run budget (session 11)
+    pytest.param("configs/coot_activitynet.py", marks=pytest.mark.slow),
     pytest.param("configs/coot_youcook2.py", marks=pytest.mark.slow)])
 def test_tiny_run_trains_evaluates_and_exports(tmp_path, config_file):
   import h5py

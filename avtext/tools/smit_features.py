@@ -39,11 +39,17 @@ from avtext.tasks import registry
 from avtext.tools import tower_features
 from avtext.train import warm_start
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "an S-MiT config", lock_config=False)
-_OUT = flags.DEFINE_string("out", None, "output directory")
-_SPLITS = flags.DEFINE_list("splits", ["train", "val", "test"], "splits to write")
-_BATCH = flags.DEFINE_integer("batch_size", 64, "clips per forward pass")
-_FORCE = flags.DEFINE_bool("force", False, "rebuild even when finished")
+
+
+def _define_flags() -> None:
+  """Command-line flags, defined only when run as a program (other tools that tests
+  import in the same process define their own --out)."""
+  config_flags.DEFINE_config_file("config", None, "an S-MiT config", lock_config=False)
+  flags.DEFINE_string("out", None, "output directory")
+  flags.DEFINE_list("splits", ["train", "val", "test"], "splits to write")
+  flags.DEFINE_integer("batch_size", 64, "clips per forward pass")
+  flags.DEFINE_bool("force", False, "rebuild even when finished")
+  flags.mark_flags_as_required(["config", "out"])
 
 
 def phase1_variables(config: ml_collections.ConfigDict, task) -> dict:
@@ -136,10 +142,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
-  extract(_CONFIG.value, _OUT.value, splits=tuple(_SPLITS.value), batch_size=_BATCH.value,
-          force=_FORCE.value)
+  f = flags.FLAGS
+  extract(f.config, f.out, splits=tuple(f.splits), batch_size=f.batch_size, force=f.force)
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config", "out"])
+  _define_flags()
   app.run(main)
