@@ -106,10 +106,9 @@ def main():
       print(f"| {LOSS_NAMES[loss]} | {fmt(rows)} |", flush=True)
   elif a.table == "3":
     encoders = {
-        "ResDAVEnet (widths /4)": ["--config.model.speech.name=resdavenet",
-                                   "--config.model.speech.widths=(32,32,64,128,256)"],
         "ResNet-34 (width 16)": ["--config.model.speech.depth=34"],
-        "ResNet-50 (width 16)": ["--config.model.speech.depth=50"]}
+        "ResNet-50 (width 16)": ["--config.model.speech.depth=50"],
+        "ResDAVEnet (widths /4)": ["--config.model.speech.name=resdavenet"]}
     print("| encoder | loss " + HEADER)
     for name, over in encoders.items():
       for loss in ("nce", "amm"):

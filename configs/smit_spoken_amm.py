@@ -14,8 +14,8 @@ a speech encoder trained from scratch in both phases, then the projection head.
 Speech encoder (config.model.speech, table 3): ResNet-50 (the paper's best) with a
 1-channel first convolution, BatchNorm statistics carried as `batch_stats`;
 --config.model.speech.depth=34 for ResNet-34, or
---config.model.speech=... name=resdavenet for ResDAVEnet. demo: a ResNet-34 of base
-width 16 (1/16 of the FLOPs of width 64), sized for a 2-core CPU.
+--config.model.speech.name=resdavenet for ResDAVEnet. demo: a ResNet-34 of base width
+16 (1/16 of the FLOPs of width 64) or ResDAVEnet at 1/4 width, sized for a 2-core CPU.
 
 Variants: as configs/smit_language_amm.py (demo, phase2, tiny).
 """
@@ -32,9 +32,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = set(filter(None, (arg or "").split(",")))
   config = smit_language_amm.get_config(arg, caption="spoken")
   config.model.speech = ml_collections.ConfigDict(dict(
-      name="resnet", depth=50, width=64, in_channels=1))
+      name="resnet", depth=50, width=64, in_channels=1,
+      # name="resdavenet" reads these instead (the published ResDAVEnet's sizes):
+      widths=(128, 128, 256, 512, 1024), blocks=(2, 2, 2, 2), kernel=9))
   if "demo" in variants:
     config.model.speech.depth, config.model.speech.width = 34, 16
+    config.model.speech.widths = (32, 32, 64, 128, 256)  # ResDAVEnet at 1/4 width
   if "tiny" in variants:
     config.model.speech = ml_collections.ConfigDict(dict(
         name="resnet", depth=18, width=4, in_channels=1, stage_sizes=(1, 1)))
