@@ -203,7 +203,7 @@ class SMiTTask(registry.ClipTask):
     """One example of every input the model has, for `init_variables` (whatever the
     source kind: a phase-1 run on features still creates the backbones' and the text
     encoder's parameters, which phase 2 and `init_from` need)."""
-    d, m = self.config.data, self.config.model
+    d = self.config.data
     s = d.image_size
     batch = {"image_frames": jnp.zeros((1, d.num_image_frames, s, s, 3)),
              "temporal_frames": jnp.zeros((1, d.num_temporal_frames, s, s, 3))}
@@ -215,7 +215,6 @@ class SMiTTask(registry.ClipTask):
     else:
       batch.update(log_mel=jnp.zeros((1, d.speech_frames, d.num_mel_bins)),
                    log_mel_mask=jnp.ones((1, d.speech_frames), jnp.int32))
-    del m
     return batch
 
   def init_variables(self, rng, batch):
@@ -230,7 +229,6 @@ class SMiTTask(registry.ClipTask):
     if weights is None:
       return params
     _, text_params = bert_weights.load_hf_bert(weights)
-    params = jax.tree.map(lambda x: x, params)  # a mutable copy of the nesting
     params = dict(params)
     caption = dict(params["caption"])
     expected = jax.tree.map(lambda x: (x.shape, x.dtype), caption["text"])
