@@ -952,9 +952,16 @@ def speech_features(waveform: np.ndarray, *, num_frames: int, crop_s: float | No
       start = int(rng.integers(0, len(wave) - crop + 1))
       wave = wave[start:start + crop]
   spec = log_mel_spectrogram(wave, sample_rate=sample_rate, num_mel_bins=num_mel_bins,
-                             **log_mel_kwargs)[:num_frames]
-  out = np.full((num_frames, num_mel_bins),
-                np.log(np.float32(log_mel_kwargs.get("log_offset", LOG_OFFSET))), np.float32)
+                             **log_mel_kwargs)
+  return pad_log_mel(spec, num_frames, log_offset=log_mel_kwargs.get("log_offset", LOG_OFFSET))
+
+
+def pad_log_mel(spec: np.ndarray, num_frames: int, *, log_offset: float = LOG_OFFSET
+                ) -> tuple[np.ndarray, np.ndarray]:
+  """(spec cut or padded to [num_frames, mel] with the silence floor log(log_offset),
+  int32 mask [num_frames], 1 on real frames)."""
+  spec = np.asarray(spec, np.float32)[:num_frames]
+  out = np.full((num_frames, spec.shape[1]), np.log(np.float32(log_offset)), np.float32)
   out[:len(spec)] = spec
   mask = np.zeros(num_frames, np.int32)
   mask[:len(spec)] = 1

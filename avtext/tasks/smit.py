@@ -125,12 +125,7 @@ class SMiTExamples:
     if self.train and len(mel) > crop:
       start = int(rng.integers(0, len(mel) - crop + 1))
       mel = mel[start:start + crop]
-    mel = mel[:d.speech_frames]
-    out = np.full((d.speech_frames, mel.shape[1]), np.log(np.float32(preprocessing.LOG_OFFSET)),
-                  np.float32)
-    out[:len(mel)] = mel
-    mask = np.zeros(d.speech_frames, np.int32)
-    mask[:len(mel)] = 1
+    out, mask = preprocessing.pad_log_mel(mel, d.speech_frames)
     return {"log_mel": out, "log_mel_mask": mask}
 
   def __call__(self, index: int, rng: np.random.Generator | None = None) -> dict:
