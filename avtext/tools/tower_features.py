@@ -19,9 +19,10 @@ from avtext.data import preprocessing
 from avtext.data.synthetic import world
 
 
-def tower_from_run(workdir):
-  """(apply_fn uint8 [B, F, H, W, 3] -> [B, D], frames per window, stride, image size, spec)."""
-  run = inspect_lib.load_run(workdir)
+def tower_from_run(workdir, step=None):
+  """(apply_fn uint8 [B, F, H, W, 3] -> [B, D], frames per window, stride, world spec) of
+  the run's checkpoint `step` (None: the latest; N; "best")."""
+  run = inspect_lib.load_run(workdir, step)
   data = run.config.data
   video = run.model.video
   params = run.params["video"]

@@ -98,15 +98,16 @@ def num_statements(mention: Mapping[str, Any]) -> int:
   return scene_level + sum(len(d) for d in mention.get('objects', ()))
 
 
-def sample_mention(rng: np.random.Generator, attributes: Mapping[str, Any]
-                   ) -> dict[str, Any]:
+def sample_mention(rng: np.random.Generator, attributes: Mapping[str, Any], *,
+                   sound_rate: float = SOUND_MENTION_RATE) -> dict[str, Any]:
   """A random subset (>= 2 statements) of the scene's attributes.
 
-  The sound is mentioned with probability SOUND_MENTION_RATE, independently of
+  The sound is mentioned with probability `sound_rate` (SOUND_MENTION_RATE; 0 for
+  an image's caption, which cannot say what is heard), independently of
   everything else; the visual statements are a uniform random subset of the
   count, the background and the objects' fields.
   """
-  mention_sound = bool(rng.random() < SOUND_MENTION_RATE)
+  mention_sound = bool(rng.random() < sound_rate)
   atoms = [('num_objects',), ('background',)] + [
       ('object', j, field) for j in range(attributes['num_objects'])
       for field in world.OBJECT_FIELDS]

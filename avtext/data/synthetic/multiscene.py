@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -51,9 +51,16 @@ class MultiSceneVideo:
 
 def sample_multiscene_video(rng: world.ExampleRng, spec: world.WorldSpec, *,
                             num_scenes: tuple[int, int] = (3, 8),
-                            scene_duration_s: tuple[float, float] = (2.0, 4.0)
+                            scene_duration_s: tuple[float, float] = (2.0, 4.0),
+                            scene_fn: Callable[[world.ExampleRng, world.WorldSpec],
+                                               world.Scene] | None = None
                             ) -> MultiSceneVideo:
-  """Scene count in [lo, hi], durations uniform in the range (whole frames)."""
+  """Scene count in [lo, hi], durations uniform in the range (whole frames).
+
+  `scene_fn(rng, spec)` draws each scene (default `world.sample_scene` on
+  rng.visual / rng.audio); the mining corpus (`synthetic.mining`) passes one that
+  sometimes shows a seed image's content.
+  """
   lo, hi = num_scenes
   if not 1 <= lo <= hi:
     raise ValueError(f'num_scenes must be 1 <= lo <= hi, got {num_scenes}')
@@ -63,7 +70,8 @@ def sample_multiscene_video(rng: world.ExampleRng, spec: world.WorldSpec, *,
   scenes: list[world.Scene] = []
   for _ in range(n):
     for _ in range(32):
-      scene = world.sample_scene(rng.visual, rng.audio, spec)
+      scene = (scene_fn(rng, spec) if scene_fn is not None
+               else world.sample_scene(rng.visual, rng.audio, spec))
       if not scenes or scene.attributes() != scenes[-1].attributes():
         break
     scenes.append(scene)

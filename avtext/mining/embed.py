@@ -1,0 +1,85 @@
+"""Image embedders for mining: f(x) of VideoCC §3.1, uint8 frames [N, H, W, 3] -> float32
+[N, D], rows L2-normalized so that the dot product is a cosine and τ is on its scale.
+
+Named by a string, so a Beam worker can build its own copy (`resolve`):
+
+  run:DIR[@STEP]        the vision tower of an avtext run directory (its config's
+                        model.video, e.g. configs/synthetic_video_pretrain.py) on single
+                        frames: each frame is repeated into a still clip of the tower's
+                        `data.num_frames` frames, resized and normalized as in training,
+                        and the [CLS] embedding is taken. The synthetic default: the RGB
+                        tower `make demo` pretrains to recognize the world's shapes,
+                        colours, motions and backgrounds, which is what a caption says,
+                        as Graph-RISE (the paper's f) is trained for semantic image
+                        similarity rather than pixel similarity.
+  callable:MODULE:NAME  any Python callable `frames -> [N, D]` (for a real corpus: a
+                        CLIP / SigLIP / Graph-RISE-like model); its output is normalized
+                        here unless it is already.
+
+Never imports avtext.train's trainer or avtext.tasks: a run's tower is loaded through
+`avtext.inspect` (config + model registry + checkpoint).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import numpy as np
+
+Embedder = Callable[[np.ndarray], np.ndarray]
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+  x = np.asarray(x, np.float32)
+  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def tower(workdir: str, step: int | str | None = None, *, batch_size: int = 128) -> Embedder:
+  """A run's RGB tower on single frames (module docstring)."""
+  from avtext.tools import tower_features  # pylint: disable=g-import-not-at-top
+  apply_fn, frames_per_window, _, _ = tower_features.tower_from_run(workdir, step=step)
+
+  def embed(frames: np.ndarray) -> np.ndarray:
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+      raise ValueError(f'embedder run:{workdir}: frames must be [N, H, W, 3], got '
+                       f'{frames.shape}')
+    out = []
+    for a in range(0, len(frames), batch_size):
+      x = frames[a:a + batch_size]
+      # Pad the last batch to the batch size, so the tower compiles once.
+      pad = batch_size - len(x)
+      x = np.concatenate([x, np.repeat(x[:1], pad, 0)]) if pad else x
+      clip = np.repeat(x[:, None], frames_per_window, axis=1)
+      out.append(apply_fn(clip)[:batch_size - pad])
+    d = out[0].shape[-1] if out else 0
+    return l2_normalize(np.concatenate(out) if out else np.zeros((0, d), np.float32))
+
+  return embed
+
+
+def resolve(name: str) -> Embedder:
+  """'run:DIR[@STEP]' or 'callable:MODULE:NAME' -> an embedder (module docstring)."""
+  kind, _, rest = name.partition(':')
+  if kind == 'run' and rest:
+    workdir, _, step = rest.partition('@')
+    return tower(workdir, step=(int(step) if step.isdigit() else step) or None)
+  if kind == 'callable' and ':' in rest:
+    module, _, attr = rest.partition(':')
+    fn = getattr(importlib.import_module(module), attr)
+    return lambda frames: l2_normalize(fn(np.asarray(frames)))
+  raise ValueError(f'embedder {name!r}: expected "run:DIR[@STEP]" or '
+                   '"callable:MODULE:NAME"')
+
+
+def colour_histogram(frames: np.ndarray, bins: int = 4) -> np.ndarray:
+  """A training-free baseline f: the joint RGB histogram (bins^3), square-rooted (its dot
+  product is the Bhattacharyya coefficient) and L2-normalized. Pixel statistics, not
+  semantics: `callable:avtext.mining.embed:colour_histogram`."""
+  x = np.asarray(frames, np.uint8)
+  q = (x.astype(np.int64) * bins) // 256
+  code = (q[..., 0] * bins + q[..., 1]) * bins + q[..., 2]
+  flat = code.reshape(len(x), -1)
+  hist = np.zeros((len(x), bins ** 3), np.float32)
+  np.add.at(hist, (np.repeat(np.arange(len(x)), flat.shape[1]), flat.reshape(-1)), 1.0)
+  return l2_normalize(np.sqrt(hist))

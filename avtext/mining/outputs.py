@@ -1,0 +1,178 @@
+"""The mining pipeline's output files, statistics (Fig. 5, Fig. 8) and plots.
+
+out/
+  videocc.csv      the clips at τ in VideoCC's public layout, no header, one per line:
+                   video id, start µs, end µs, caption (csv quoting); sorted by seed id
+                   then rank
+  matches.jsonl    every match at the lowest threshold searched (min of τ and the τ grid):
+                   seed_id, caption, video_id, path, sim, frame_s, start_us, end_us,
+                   has_audio, rank
+  skipped.jsonl    video_id, path, reason (video_io.REASONS or 'short'), detail
+  dataset.json     what the `videocc_mined` dataset reads: the CSV, the video id -> path
+                   map, τ, and the corpus' synthetic origin when it has one
+  stats.json       per τ of the grid: matches, clips, videos, captions, seeds matched,
+                   clips per caption (Fig. 8 histogram), and precision when the corpus
+                   knows its truth (a synthetic corpus: `world.json` beside its videos);
+                   skip counts by reason; the same for two runs of the same command
+  run.json         wall time, shards (index kind, frames, search seconds, recall of the
+                   approximate index vs exact) - the only file that varies between runs
+  plots/matches_vs_tau.png, plots/clips_per_caption.png
+"""
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import io
+import json
+import pathlib
+from typing import Any, Sequence
+
+import numpy as np
+
+CSV_NAME = 'videocc.csv'
+DATASET_FORMAT = 'avtext.videocc_mined/1'
+
+
+def _clip_rows(matches: Sequence, captions: dict, cfg) -> list[dict]:
+  from avtext.mining import pipeline  # pylint: disable=g-import-not-at-top
+  rows = []
+  ranks: dict[str, int] = collections.Counter()
+  for sid, (sim, vid, frame_s, duration, has_audio, path) in sorted(
+      matches, key=lambda m: (m[0], -m[1][0], m[1][1], m[1][2])):
+    start, end = pipeline.clip_bounds(frame_s, duration, cfg.clip_seconds)
+    rows.append({'seed_id': sid, 'caption': captions[sid], 'video_id': vid, 'path': path,
+                 'sim': round(float(sim), 6), 'frame_s': round(float(frame_s), 6),
+                 'start_us': int(round(start * 1e6)), 'end_us': int(round(end * 1e6)),
+                 'has_audio': bool(has_audio), 'rank': ranks[sid]})
+    ranks[sid] += 1
+  return rows
+
+
+def stats_at(rows: Sequence[dict], tau: float, top_k: int, truth=None) -> dict:
+  """Fig. 5 / Fig. 8 numbers of the matches >= tau (rows from the lowest threshold)."""
+  kept = [r for r in rows if r['sim'] >= tau and r['rank'] < top_k]
+  clips = {(r['video_id'], r['start_us'], r['end_us']) for r in kept}
+  per_caption = collections.Counter(r['caption'] for r in kept)
+  out = {'tau': tau, 'matches': len(kept), 'clips': len(clips),
+         'videos': len({r['video_id'] for r in kept}),
+         'captions': len(per_caption), 'seeds': len({r['seed_id'] for r in kept}),
+         'clips_per_caption_mean': (float(np.mean(list(per_caption.values())))
+                                    if per_caption else 0.0),
+         'clips_per_caption_hist': {str(k): v for k, v in sorted(
+             collections.Counter(per_caption.values()).items())}}
+  if truth is not None:
+    fits = [truth(r) for r in kept]
+    out['precision'] = float(np.mean(fits)) if fits else None
+    out['precision_matched_frame'] = (float(np.mean([truth(r, frame_only=True) for r in kept]))
+                                      if kept else None)
+  return out
+
+
+def synthetic_truth(videos_dir: str | pathlib.Path):
+  """truth(row, frame_only=False) for a corpus written by `avtext.mining.synthetic`, or
+  None for a corpus without a world.json."""
+  meta_path = pathlib.Path(videos_dir) / 'world.json'
+  if not meta_path.exists():
+    return None
+  from avtext.mining import synthetic  # pylint: disable=g-import-not-at-top
+  meta = json.loads(meta_path.read_text())
+  w = synthetic.world_from_meta(meta)
+  video_index = {v: i for v, i in meta['videos'].items()}
+  seed_index = {s: i for s, i in meta['seeds'].items()}
+
+  def truth(row: dict, frame_only: bool = False) -> bool:
+    v, s = video_index[row['video_id']], seed_index[row['seed_id']]
+    if frame_only:
+      return bool(w.frame_fits(v, [row['frame_s']], s)[0])
+    return w.clip_fits(v, row['start_us'] / 1e6, row['end_us'] / 1e6, s)
+
+  return truth, meta
+
+
+def write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skipped, shards,
+          seconds: float, videos_dir: str, embedder: str) -> dict:
+  """Write every output file (module docstring); return run info (run.json)."""
+  out_dir.mkdir(parents=True, exist_ok=True)
+  rows = _clip_rows(matches, captions, cfg)
+  at_tau = [r for r in rows if r['sim'] >= cfg.tau]
+  buf = io.StringIO()
+  writer = csv.writer(buf, lineterminator='\n')
+  for r in at_tau:
+    writer.writerow([r['video_id'], r['start_us'], r['end_us'], r['caption']])
+  (out_dir / CSV_NAME).write_text(buf.getvalue())
+  (out_dir / 'matches.jsonl').write_text(''.join(json.dumps(r, sort_keys=True) + '\n'
+                                                 for r in rows))
+  skipped = sorted(skipped, key=lambda s: s['video_id'])
+  (out_dir / 'skipped.jsonl').write_text(''.join(json.dumps(s, sort_keys=True) + '\n'
+                                                 for s in skipped))
+  found = synthetic_truth(videos_dir)
+  truth, origin = (found if found is not None else (None, None))
+  taus = sorted(set(cfg.tau_grid) | {cfg.tau})
+  no_audio = sorted({r['video_id'] for r in rows if not r['has_audio']})
+  stats = {
+      'config': json.loads(json.dumps(dataclasses.asdict(cfg))),
+      'embedder': embedder,
+      'seeds': len(seeds), 'videos_listed': len(videos),
+      'videos_searched': len(videos) - len(skipped),
+      'skipped': dict(sorted(collections.Counter(s['reason'] for s in skipped).items())),
+      'matched_videos_without_audio': len(no_audio),
+      'per_tau': [stats_at(rows, t, cfg.top_k, truth) for t in taus],
+  }
+  (out_dir / 'stats.json').write_text(json.dumps(stats, indent=1, sort_keys=True) + '\n')
+  used = {r['video_id'] for r in at_tau}
+  dataset = {'format': DATASET_FORMAT, 'csv': CSV_NAME, 'tau': cfg.tau,
+             'clip_seconds': cfg.clip_seconds,
+             'videos': {vid: str(pathlib.Path(path).resolve()) for vid, path in videos
+                        if vid in used},
+             'no_audio': [v for v in no_audio if v in used],
+             'origin': origin}
+  (out_dir / 'dataset.json').write_text(json.dumps(dataset, indent=1, sort_keys=True) + '\n')
+  _plots(out_dir / 'plots', stats)
+  recall_hits = sum(s.get('recall_hits', 0) for s in shards)
+  recall_total = sum(s.get('recall_total', 0) for s in shards)
+  run = {'seconds': seconds, 'shards': sorted(shards, key=lambda s: -s['frames']),
+         'frames': sum(s['frames'] for s in shards),
+         'search_seconds': sum(s['seconds'] for s in shards),
+         'approx_recall': (recall_hits / recall_total) if recall_total else None}
+  (out_dir / 'run.json').write_text(json.dumps(run, indent=1, sort_keys=True) + '\n')
+  return {**run, 'stats': stats}
+
+
+def _plots(plot_dir: pathlib.Path, stats: dict) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plot_dir.mkdir(parents=True, exist_ok=True)
+  per = stats['per_tau']
+  taus = [p['tau'] for p in per]
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  for key in ('matches', 'clips', 'videos', 'captions'):
+    ax.plot(taus, [p[key] for p in per], marker='o', label=key)
+  ax.set_xlabel('match threshold τ')
+  ax.set_ylabel('count')
+  ax.set_title('Mining statistics vs τ (VideoCC Fig. 5)')
+  if any(p.get('precision') is not None for p in per):
+    ax2 = ax.twinx()
+    ax2.plot(taus, [100 * (p.get('precision') or 0) for p in per], 'k--', marker='s',
+             label='precision %')
+    ax2.set_ylabel('precision of clips (%)')
+    ax2.set_ylim(0, 100)
+    ax2.legend(loc='lower left', fontsize=8)
+  ax.legend(loc='upper right', fontsize=8)
+  fig.tight_layout()
+  fig.savefig(plot_dir / 'matches_vs_tau.png', dpi=100, metadata={'Software': None})
+  plt.close(fig)
+  tau = stats['config']['tau']
+  at = next(p for p in per if p['tau'] == tau)
+  hist = {int(k): v for k, v in at['clips_per_caption_hist'].items()}
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  if hist:
+    ax.bar(list(hist), list(hist.values()))
+    ax.set_yscale('log')
+  ax.set_xlabel('clips per caption')
+  ax.set_ylabel('captions (log)')
+  ax.set_title(f'Clips per caption at τ = {tau} (VideoCC Fig. 8)')
+  fig.tight_layout()
+  fig.savefig(plot_dir / 'clips_per_caption.png', dpi=100, metadata={'Software': None})
+  plt.close(fig)

@@ -1,0 +1,149 @@
+"""Nearest frames of seed images within one shard of the corpus (FAISS), VideoCC §3.1 step 3.
+
+`search_shard` takes the seeds' and one shard's frames' unit vectors and returns, for
+every seed, its best matches in the shard: frames with similarity >= `tau`, ranked by
+similarity, at most one per video by default (the best frame of each video; the
+paper keeps "the top 10 matches" per seed and leaves open whether two may come from
+one video; without this rule the top 10 of a seed are mostly neighbouring frames of
+one scene, i.e. overlapping clips), `top_k` of them.
+
+Index per shard: exact inner product (`IndexFlatIP`) while the shard has at most
+`exact_max_frames` frames, else approximate: HNSW (`IndexHNSWFlat`, M=`hnsw_m`,
+efSearch=`hnsw_ef_search`) or IVF (`IndexIVFFlat`, `ivf_nlist` lists, default
+4 sqrt(N), `ivf_nprobe` probed). The index returns frame candidates; a seed's search
+widens (k x 4) until it has `top_k` distinct videos at >= tau or has run below tau;
+the kept videos' best frames and similarities are then recomputed exactly in numpy
+(float32 dot products, earliest frame on ties), so an exact index gives exactly the
+brute-force answer and an approximate one differs only in which videos it finds.
+Shards hold whole videos, so merging shards' top-k lists (`merge_top`) is exact.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexConfig:
+  exact_max_frames: int = 200_000
+  approx: str = 'hnsw'  # 'hnsw' | 'ivf'
+  hnsw_m: int = 32
+  hnsw_ef_search: int = 128
+  ivf_nlist: int | None = None  # None: 4 sqrt(N)
+  ivf_nprobe: int = 16
+
+  def __post_init__(self):
+    if self.approx not in ('hnsw', 'ivf'):
+      raise ValueError(f"IndexConfig.approx must be 'hnsw' or 'ivf', got {self.approx!r}")
+
+
+def build_index(x: np.ndarray, cfg: IndexConfig, *, force_exact: bool = False):
+  """(faiss index over the rows of x, its description)."""
+  import faiss  # pylint: disable=g-import-not-at-top
+  x = np.ascontiguousarray(x, np.float32)
+  n, d = x.shape
+  if force_exact or n <= cfg.exact_max_frames:
+    index, desc = faiss.IndexFlatIP(d), 'flat'
+  elif cfg.approx == 'hnsw':
+    index = faiss.IndexHNSWFlat(d, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efSearch = cfg.hnsw_ef_search
+    desc = f'hnsw{cfg.hnsw_m},ef{cfg.hnsw_ef_search}'
+  else:
+    nlist = cfg.ivf_nlist or max(1, int(4 * np.sqrt(n)))
+    quantizer = faiss.IndexFlatIP(d)
+    index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+    index.train(x)
+    index.nprobe = cfg.ivf_nprobe
+    index._avtext_quantizer = quantizer  # pylint: disable=protected-access  (keep alive)
+    desc = f'ivf{nlist},nprobe{cfg.ivf_nprobe}'
+  index.add(x)
+  return index, desc
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+  seed: int  # row of the seed matrix
+  video: int  # video index within the shard
+  frame: int  # frame row within the shard
+  sim: float
+
+
+def _best_frames(q: np.ndarray, frames: np.ndarray, video_start: np.ndarray,
+                 video_stop: np.ndarray, videos: Sequence[int]) -> list[tuple[float, int, int]]:
+  out = []
+  for v in videos:
+    a, b = int(video_start[v]), int(video_stop[v])
+    s = frames[a:b] @ q
+    j = int(np.argmax(s))  # first maximum: the earliest frame on ties
+    out.append((float(s[j]), int(v), a + j))
+  return out
+
+
+def search_shard(seeds: np.ndarray, frames: np.ndarray, frame_video: np.ndarray, *,
+                 tau: float, top_k: int, one_per_video: bool = True,
+                 index_cfg: IndexConfig = IndexConfig(), force_exact: bool = False,
+                 index=None) -> tuple[list[list[Match]], dict]:
+  """Per seed, its top_k matches in the shard (module docstring), and search info.
+
+  frames: [N, D] unit vectors, grouped by video in time order; frame_video: int [N]
+  the shard-local video of each frame (non-decreasing). Returns (matches per seed,
+  {'index': desc, 'frames': N, 'seconds': search time}).
+  """
+  seeds = np.ascontiguousarray(seeds, np.float32)
+  frames = np.ascontiguousarray(frames, np.float32)
+  frame_video = np.asarray(frame_video, np.int64)
+  n = len(frames)
+  results: list[list[Match]] = [[] for _ in range(len(seeds))]
+  if n == 0 or len(seeds) == 0 or top_k <= 0:
+    return results, {'index': 'none', 'frames': n, 'seconds': 0.0}
+  if np.any(np.diff(frame_video) < 0):
+    raise ValueError('search_shard: frames must be grouped by video (frame_video sorted)')
+  num_videos = int(frame_video.max()) + 1
+  video_start = np.searchsorted(frame_video, np.arange(num_videos), side='left')
+  video_stop = np.searchsorted(frame_video, np.arange(num_videos), side='right')
+  t0 = time.perf_counter()
+  if index is None:
+    index, desc = build_index(frames, index_cfg, force_exact=force_exact)
+  else:
+    desc = 'given'
+  k = min(n, top_k * 8 if one_per_video else top_k)
+  pending = np.arange(len(seeds))
+  candidates: dict[int, list[int]] = {}
+  while len(pending):
+    sims, ids = index.search(seeds[pending], k)
+    again = []
+    for row, s, i in zip(pending, sims, ids):
+      ok = (i >= 0) & (s >= tau)
+      hit = i[ok]
+      if one_per_video:
+        vids = list(dict.fromkeys(frame_video[hit].tolist()))  # first-seen order
+        done = len(vids) >= top_k or not ok.all() or k >= n
+        candidates[int(row)] = vids
+      else:
+        done = True
+        candidates[int(row)] = hit.tolist()
+      if not done:
+        again.append(row)
+    pending = np.asarray(again, np.int64)
+    k = min(n, k * 4)
+  for row, cand in candidates.items():
+    q = seeds[row]
+    if one_per_video:
+      scored = _best_frames(q, frames, video_start, video_stop, cand)
+    else:
+      scored = [(float(frames[f] @ q), int(frame_video[f]), int(f)) for f in cand]
+    scored = [t for t in scored if t[0] >= tau]
+    scored.sort(key=lambda t: (-t[0], t[1], t[2]))
+    results[row] = [Match(row, v, f, s) for s, v, f in scored[:top_k]]
+  return results, {'index': desc, 'frames': n, 'seconds': time.perf_counter() - t0}
+
+
+def merge_top(lists: Sequence[Sequence[tuple]], top_k: int) -> list[tuple]:
+  """Merge per-shard match lists of (sim, video_id, time, ...) for one seed: the
+  global top_k by similarity, ties by video id then time (deterministic)."""
+  merged = [m for lst in lists for m in lst]
+  merged.sort(key=lambda m: (-m[0], m[1], m[2]))
+  return merged[:top_k]

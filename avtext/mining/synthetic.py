@@ -1,0 +1,147 @@
+r"""Write the synthetic mining world (`avtext.data.synthetic.mining`) as files to mine.
+
+    python -m avtext.mining.synthetic --out=DIR --num_seeds=2000 --num_videos=200 \
+        [--faults=truncated,empty,not_video,audio_only,no_audio,short]
+
+DIR/seeds/seeds.tsv + DIR/seeds/<seed id>.png   the seed images and captions
+DIR/videos/<video id>.mp4                        the corpus (H.264 + AAC, 25 fps, 16 kHz)
+DIR/videos/world.json                            the world's parameters and the id ->
+                                                 index maps: the ground truth the
+                                                 pipeline's precision is measured with
+
+`faults` replaces the last videos of the corpus, one per fault, with bad files the
+pipeline must count rather than crash on (the first five are skipped, the last kept):
+  truncated   the video's file cut to 60 % of its bytes, written with its index first
+              (faststart), so it opens and its frames stop early
+  empty       zero bytes
+  not_video   a text file named .mp4
+  audio_only  an .mp4 with an AAC stream and no video stream
+  short       the first 6 s of the video (< the 10 s clip length)
+  no_audio    the video without its audio stream (kept and flagged)
+Writing is deterministic and skips files that already exist with the same world.json.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+
+import numpy as np
+from tqdm import tqdm
+
+from avtext.data.synthetic import mining
+from avtext.data.synthetic import world
+
+FAULTS = ('truncated', 'empty', 'not_video', 'audio_only', 'short', 'no_audio')
+
+
+def world_meta(w: mining.MiningWorld, faults: tuple[str, ...]) -> dict:
+  params = dataclasses.asdict(w)
+  params['spec'] = dataclasses.asdict(w.spec)
+  return {'format': 'avtext.mining_world/1', 'world': params, 'faults': list(faults),
+          'seeds': {w.seed_id(i): i for i in range(w.num_seeds)},
+          'videos': {w.video_id(i): i for i in range(w.num_videos)}}
+
+
+def world_from_meta(meta: dict) -> mining.MiningWorld:
+  params = dict(meta['world'])
+  spec = world.WorldSpec(**{k: tuple(v) if isinstance(v, list) else v
+                            for k, v in params.pop('spec').items()})
+  return mining.MiningWorld(spec=spec, **{k: tuple(v) if isinstance(v, list) else v
+                                          for k, v in params.items()})
+
+
+def _write_fault(path: pathlib.Path, kind: str, w: mining.MiningWorld, index: int) -> None:
+  from avtext.data import video_io  # pylint: disable=g-import-not-at-top
+  spec = w.spec
+  if kind == 'empty':
+    path.write_bytes(b'')
+  elif kind == 'not_video':
+    path.write_text('this is not a video\n' * 20)
+  elif kind == 'audio_only':
+    import av  # pylint: disable=g-import-not-at-top
+    wave = w.render_audio(index, 0, 5 * spec.sample_rate).reshape(1, -1)
+    with av.open(str(path), 'w') as c:
+      s = c.add_stream('aac', rate=spec.sample_rate, layout='mono')
+      for a in range(0, wave.shape[1], 1024):
+        f = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave[:, a:a + 1024]),
+                                       format='flt', layout='mono')
+        f.sample_rate, f.pts = spec.sample_rate, a
+        c.mux(s.encode(f))
+      c.mux(s.encode(None))
+  else:
+    seconds = 6.0 if kind == 'short' else w.video(index).duration_s
+    n = int(round(seconds * spec.fps))
+    frames = w.render_frames(index, np.arange(n) / spec.fps)
+    audio = None if kind == 'no_audio' else w.render_audio(
+        index, 0, int(round(seconds * spec.sample_rate)))
+    video_io.write_video(path, frames, spec.fps, audio=audio, sample_rate=spec.sample_rate,
+                         faststart=(kind == 'truncated'))
+    if kind == 'truncated':
+      data = path.read_bytes()
+      path.write_bytes(data[:int(len(data) * 0.6)])
+
+
+def write(out: str | pathlib.Path, w: mining.MiningWorld, faults: tuple[str, ...] = ()
+          ) -> dict:
+  """Write seeds, videos and world.json under out (module docstring); return the meta."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from avtext.data import video_io  # pylint: disable=g-import-not-at-top
+  unknown = set(faults) - set(FAULTS)
+  if unknown:
+    raise ValueError(f'faults: unknown {sorted(unknown)}; expected some of {FAULTS}')
+  if len(faults) > w.num_videos:
+    raise ValueError(f'{len(faults)} faults need at least as many videos, got {w.num_videos}')
+  out = pathlib.Path(out)
+  seeds_dir, videos_dir = out / 'seeds', out / 'videos'
+  meta = world_meta(w, tuple(faults))
+  meta_path = videos_dir / 'world.json'
+  same = meta_path.exists() and json.loads(meta_path.read_text()) == meta
+  if not same and meta_path.exists():
+    raise FileExistsError(f'{out}: holds a different mining world; choose another --out or '
+                          'delete it')
+  seeds_dir.mkdir(parents=True, exist_ok=True)
+  videos_dir.mkdir(parents=True, exist_ok=True)
+  lines = []
+  for i in tqdm(range(w.num_seeds), desc='seed images', unit='image'):
+    sid = w.seed_id(i)
+    png = seeds_dir / f'{sid}.png'
+    if not png.exists():
+      Image.fromarray(w.seed_image(i)).save(png)
+    lines.append(f'{sid}\t{png.name}\t{w.seed_caption(i)}\n')
+  (seeds_dir / 'seeds.tsv').write_text(''.join(lines))
+  fault_of = {w.num_videos - len(faults) + k: f for k, f in enumerate(faults)}
+  for i in tqdm(range(w.num_videos), desc='corpus videos', unit='video'):
+    path = videos_dir / f'{w.video_id(i)}.mp4'
+    if same and path.exists():
+      continue
+    tmp = path.with_suffix('.tmp.mp4')
+    if i in fault_of:
+      _write_fault(tmp, fault_of[i], w, i)
+    else:
+      n = int(round(w.video(i).duration_s * w.spec.fps))
+      video_io.write_video(tmp, w.render_frames(i, np.arange(n) / w.spec.fps), w.spec.fps,
+                           audio=w.render_audio(i), sample_rate=w.spec.sample_rate)
+    tmp.rename(path)
+  meta_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + '\n')
+  return meta
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--out', required=True)
+  p.add_argument('--num_seeds', type=int, default=2000)
+  p.add_argument('--num_videos', type=int, default=200)
+  p.add_argument('--seed_scene_rate', type=float, default=0.3)
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--faults', default='', help=f'comma-separated, from {FAULTS}')
+  a = p.parse_args(argv)
+  w = mining.MiningWorld(num_seeds=a.num_seeds, num_videos=a.num_videos,
+                         seed_scene_rate=a.seed_scene_rate, seed=a.seed,
+                         spec=world.WorldSpec(height=64, width=64, fps=25, duration_s=10.0))
+  write(a.out, w, tuple(filter(None, a.faults.split(','))))
+
+
+if __name__ == '__main__':
+  main()

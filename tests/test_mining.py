@@ -1,0 +1,252 @@
+"""VideoCC mining (issue 12): the synthetic mining world, video_io, the FAISS shard search,
+and the Beam pipeline on DirectRunner against a brute-force loop."""
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from avtext.data import video_io
+from avtext.data.synthetic import captions
+from avtext.data.synthetic import mining
+from avtext.data.synthetic import world
+from avtext.mining import embed
+from avtext.mining import pipeline
+from avtext.mining import search
+from avtext.mining import synthetic
+
+SPEC = world.WorldSpec(height=32, width=32, fps=25, duration_s=10.0)
+TINY = mining.MiningWorld(num_seeds=24, num_videos=9, seed_scene_rate=0.5,
+                          num_scenes=(3, 4), scene_seconds=(4.0, 6.0), spec=SPEC)
+FAULTS = ('truncated', 'empty', 'not_video', 'audio_only', 'short', 'no_audio')
+HIST = 'callable:avtext.mining.embed:colour_histogram'
+
+
+# ------------------------------------------------------------------ the world
+def test_default_corpus_videos_are_at_least_a_minute_and_plant_seed_content():
+  w = mining.MiningWorld(num_seeds=50, num_videos=20)
+  planted = 0
+  for i in range(w.num_videos):
+    d = w.describe_video(i)
+    assert d['duration_s'] >= 60.0
+    for s in d['scenes']:
+      if s['seed'] >= 0:
+        planted += 1
+        seed_attrs = w._seed(s['seed'])[0].attributes()  # pylint: disable=protected-access
+        # A planted scene shows the seed's objects and background, so its caption fits.
+        assert s['attributes']['objects'] == seed_attrs['objects']
+        assert s['attributes']['background'] == seed_attrs['background']
+        assert captions.caption_fits(w.seed_mention(s['seed']), s['attributes'])
+  assert planted > 0
+  # Seed captions never state the sound; seeds and videos are reproducible.
+  assert all('sound' not in w.seed_mention(i) for i in range(w.num_seeds))
+  w2 = mining.MiningWorld(num_seeds=50, num_videos=20)
+  assert w2.describe_video(7) == w.describe_video(7)
+  np.testing.assert_array_equal(w2.seed_image(3), w.seed_image(3))
+
+
+def test_clip_fits_is_some_overlapping_scene_fitting():
+  w = TINY
+  for v in range(3):
+    d = w.describe_video(v)
+    for s in range(w.num_seeds):
+      for k, sc in enumerate(d['scenes']):
+        mid = (sc['start_s'] + sc['stop_s']) / 2
+        fits = captions.caption_fits(w.seed_mention(s), sc['attributes'])
+        assert w.frame_fits(v, [mid], s)[0] == fits
+        assert w.clip_fits(v, mid - 0.01, mid + 0.01, s) == fits
+
+
+# ------------------------------------------------------------------ video_io
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory):
+  root = tmp_path_factory.mktemp('mining')
+  synthetic.write(root, TINY, FAULTS)
+  return root
+
+
+def test_decoded_frames_and_audio_match_the_world(corpus):
+  path = corpus / 'videos' / f'{TINY.video_id(0)}.mp4'
+  info = video_io.probe(path)
+  assert info.has_audio and info.fps == 25 and (info.height, info.width) == (32, 32)
+  assert abs(info.duration_s - TINY.video(0).duration_s) < 0.05
+  times = video_io.sample_times(info.duration_s, 1.0)
+  np.testing.assert_allclose(times[:3], [0.5, 1.5, 2.5])
+  got = video_io.read_frames(path, times[::-1]).astype(np.int64)[::-1]
+  shown = np.floor(times * 25 + 1e-6) / 25  # the frame on screen at each time
+  ref = TINY.render_frames(0, shown).astype(np.int64)
+  assert np.abs(got - ref).mean() < 4.0  # H.264 at crf 18, 4:2:0 chroma
+  # The decoded frame is the one on screen, not a neighbour a few frames away.
+  for j in range(0, len(times), 3):
+    errs = [np.abs(got[j] - TINY.render_frames(0, [shown[j] + dt])[0]).mean()
+            for dt in (-0.2, 0.0, 0.2)]
+    assert errs[1] <= min(errs) + 1e-9
+  wave = video_io.read_audio(path, 2.0, 1.5)
+  ref = TINY.render_audio(0, 32000, 24000)
+  assert len(wave) == 24000 and np.corrcoef(wave, ref)[0, 1] > 0.95
+
+
+@pytest.mark.parametrize('fault,reason', [('truncated', 'truncated'), ('empty', 'empty'),
+                                          ('not_video', 'unreadable'),
+                                          ('audio_only', 'no_video')])
+def test_bad_files_raise_naming_file_and_reason(corpus, fault, reason):
+  index = TINY.num_videos - len(FAULTS) + FAULTS.index(fault)
+  path = corpus / 'videos' / f'{TINY.video_id(index)}.mp4'
+  with pytest.raises(video_io.VideoReadError) as e:
+    info = video_io.probe(path)
+    video_io.read_frames(path, video_io.sample_times(info.duration_s))
+  assert e.value.reason == reason and str(path) in str(e.value)
+  with pytest.raises(video_io.VideoReadError, match='missing'):
+    video_io.probe(corpus / 'nope.mp4')
+
+
+def test_no_audio_and_short_files_read(corpus):
+  base = TINY.num_videos - len(FAULTS)
+  no_audio = corpus / 'videos' / f'{TINY.video_id(base + FAULTS.index("no_audio"))}.mp4'
+  assert not video_io.probe(no_audio).has_audio and video_io.read_audio(no_audio) is None
+  short = corpus / 'videos' / f'{TINY.video_id(base + FAULTS.index("short"))}.mp4'
+  assert abs(video_io.probe(short).duration_s - 6.0) < 0.05
+
+
+# ------------------------------------------------------------------ clips and search
+def test_clip_bounds_clamp_at_video_ends():
+  assert pipeline.clip_bounds(30.0, 60.0, 10.0) == (25.0, 35.0)
+  assert pipeline.clip_bounds(2.0, 60.0, 10.0) == (0.0, 10.0)  # shifted right
+  assert pipeline.clip_bounds(58.5, 60.0, 10.0) == (50.0, 60.0)  # shifted left
+  assert pipeline.clip_bounds(5.0, 10.0, 10.0) == (0.0, 10.0)  # exactly t long
+  with pytest.raises(ValueError, match='shorter than the clip'):
+    pipeline.clip_bounds(3.0, 8.0, 10.0)
+
+
+def _brute(seeds, frames, frame_video, tau, top_k):
+  """The literal loop: every (seed, video) pair's best frame, kept if >= tau."""
+  out = []
+  for q in seeds:
+    best = []
+    for v in np.unique(frame_video):
+      rows = np.flatnonzero(frame_video == v)
+      s = frames[rows] @ q
+      j = int(np.argmax(s))
+      if s[j] >= tau:
+        best.append((float(s[j]), int(v), int(rows[j])))
+    best.sort(key=lambda t: (-t[0], t[1], t[2]))
+    out.append(best[:top_k])
+  return out
+
+
+def test_shard_search_exact_equals_brute_force_and_widens():
+  rng = np.random.default_rng(0)
+  # 40 videos of 30-80 near-duplicate frames: the first k frames found are mostly
+  # one video, so the search must widen to find 10 distinct videos.
+  centres = embed.l2_normalize(rng.normal(size=(40, 16)))
+  counts = rng.integers(30, 80, size=40)
+  frame_video = np.repeat(np.arange(40), counts)
+  frames = embed.l2_normalize(centres[frame_video] + 0.05 * rng.normal(size=(len(frame_video), 16)))
+  seeds = embed.l2_normalize(centres[:12] + 0.3 * rng.normal(size=(12, 16)))
+  got, info = search.search_shard(seeds, frames, frame_video, tau=-1.0, top_k=10)
+  assert info['index'] == 'flat'
+  want = _brute(seeds, frames, frame_video, -1.0, 10)
+  for g, w in zip(got, want):
+    assert [(m.video, m.frame) for m in g] == [(v, f) for _, v, f in w]
+    np.testing.assert_allclose([m.sim for m in g], [s for s, _, _ in w], rtol=0, atol=1e-6)
+  got, _ = search.search_shard(seeds, frames, frame_video, tau=0.5, top_k=10)
+  want = _brute(seeds, frames, frame_video, 0.5, 10)
+  assert [[(m.video, m.frame) for m in g] for g in got] == \
+      [[(v, f) for _, v, f in w] for w in want]
+  # HNSW past exact_max_frames: same kind of answer, most of it found.
+  cfg = search.IndexConfig(exact_max_frames=100, approx='hnsw')
+  approx, info = search.search_shard(seeds, frames, frame_video, tau=-1.0, top_k=10,
+                                     index_cfg=cfg)
+  assert info['index'].startswith('hnsw')
+  want = _brute(seeds, frames, frame_video, -1.0, 10)
+  hits = sum(len({(m.video, m.frame) for m in a} & {(v, f) for _, v, f in w})
+             for a, w in zip(approx, want))
+  assert hits / sum(len(w) for w in want) > 0.8
+
+
+# ------------------------------------------------------------------ the pipeline
+@pytest.fixture(scope='module')
+def mined(corpus, tmp_path_factory):
+  out = tmp_path_factory.mktemp('mined')
+  cfg = pipeline.MiningConfig(tau=0.7, tau_grid=(0.6, 0.7, 0.8), shard_videos=2)
+  info = pipeline.build_and_run(
+      str(corpus / 'seeds' / 'seeds.tsv'), str(corpus / 'videos'), HIST, str(out), cfg,
+      ['--runner=DirectRunner', '--direct_num_workers=2',
+       '--direct_running_mode=multi_processing'])
+  return out, cfg, info
+
+
+def test_directrunner_gives_the_brute_force_clips(corpus, mined):
+  out, cfg, _ = mined
+  seeds = pipeline.read_seeds(corpus / 'seeds' / 'seeds.tsv')
+  f = embed.colour_histogram
+  seed_vecs = f(np.stack([pipeline.load_image(p, None) for _, p, _ in seeds]))
+  vecs, owner, times, videos = [], [], [], []
+  for vid, path in pipeline.list_videos(corpus / 'videos'):
+    try:
+      info = video_io.probe(path)
+      if info.duration_s < cfg.clip_seconds:
+        continue
+      t = video_io.sample_times(info.duration_s, 1.0)
+      x = f(video_io.read_frames(path, t))
+    except video_io.VideoReadError:
+      continue
+    vecs.append(x), owner.append(np.full(len(t), len(videos))), times.append(t)
+    videos.append((vid, info.duration_s))
+  vecs, owner, times = np.concatenate(vecs), np.concatenate(owner), np.concatenate(times)
+  want = []
+  for (sid, _, caption), best in zip(seeds, _brute(seed_vecs, vecs, owner, cfg.tau, 10)):
+    for _, v, frame in best:
+      vid, duration = videos[v]
+      start = min(max(times[frame] - 5.0, 0.0), duration - 10.0)
+      want.append([vid, str(int(round(start * 1e6))), str(int(round((start + 10) * 1e6))),
+                   caption])
+  import csv  # pylint: disable=g-import-not-at-top
+  got = list(csv.reader((out / 'videocc.csv').read_text().splitlines()))
+  assert len(want) > 20
+  assert sorted(got) == sorted(want)
+
+
+def test_bad_videos_are_counted_not_fatal(mined):
+  out, _, _ = mined
+  stats = json.loads((out / 'stats.json').read_text())
+  assert stats['skipped'] == {'empty': 1, 'no_video': 1, 'short': 1, 'truncated': 1,
+                              'unreadable': 1}
+  assert stats['videos_searched'] == TINY.num_videos - 5
+  skipped = [json.loads(l) for l in (out / 'skipped.jsonl').read_text().splitlines()]
+  assert {s['video_id'] for s in skipped} == {
+      TINY.video_id(TINY.num_videos - len(FAULTS) + k) for k in range(5)}
+  # The video without audio is searched and its clips flagged.
+  rows = [json.loads(l) for l in (out / 'matches.jsonl').read_text().splitlines()]
+  no_audio = TINY.video_id(TINY.num_videos - 1)
+  assert all(r['has_audio'] == (r['video_id'] != no_audio) for r in rows)
+
+
+def test_stats_precision_and_rerun_gives_the_same_files(corpus, mined, tmp_path):
+  out, cfg, _ = mined
+  stats = json.loads((out / 'stats.json').read_text())
+  per = {p['tau']: p for p in stats['per_tau']}
+  assert per[0.6]['matches'] >= per[0.7]['matches'] >= per[0.8]['matches']
+  rows = [json.loads(l) for l in (out / 'matches.jsonl').read_text().splitlines()]
+  truth, _ = __import__('avtext.mining.outputs', fromlist=['x']).synthetic_truth(
+      corpus / 'videos')
+  kept = [r for r in rows if r['sim'] >= 0.7]
+  assert per[0.7]['precision'] == pytest.approx(np.mean([truth(r) for r in kept]))
+  for name in ('matches_vs_tau.png', 'clips_per_caption.png'):
+    assert (out / 'plots' / name).stat().st_size > 1000
+  # A second run, in one process this time: the same files, byte for byte.
+  pipeline.build_and_run(str(corpus / 'seeds' / 'seeds.tsv'), str(corpus / 'videos'), HIST,
+                         str(tmp_path), cfg, ['--runner=DirectRunner'])
+  for name in ('videocc.csv', 'matches.jsonl', 'skipped.jsonl', 'stats.json', 'dataset.json',
+               'plots/matches_vs_tau.png', 'plots/clips_per_caption.png'):
+    assert (tmp_path / name).read_bytes() == (out / name).read_bytes(), name
+
+
+def test_mining_does_not_import_the_trainer_or_tasks():
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ('import sys, avtext.mining.pipeline, avtext.mining.embed, avtext.mining.outputs, '
+          'avtext.mining.synthetic, avtext.mining.search; '
+          'print(sorted(m for m in sys.modules if m.startswith(("avtext.train", "avtext.tasks"))))')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == '[]'
