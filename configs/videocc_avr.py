@@ -9,6 +9,11 @@ Variants (after the colon, comma-separated):
   demo    small MBT + MiniLM-L6 text tower on the synthetic world; `make demo`
           runs it after configs/synthetic_video_pretrain.py, whose RGB tower it
           starts from (without init_from.workdir the MBT starts from scratch).
+  mined   (with demo) train on the clips `python -m avtext.mining` found in the synthetic
+          mining corpus (dataset `videocc_mined` at --config.dataset.path, VideoCC §3)
+          instead of the world's own captioned clips; evaluated zero-shot on the same
+          held-out synthetic test split. `make demo-mining` runs it beside `make demo`'s
+          run on ground-truth captions.
   rgb / audio   V-only or A-only video encoder (default rgb+audio).
   tiny    seconds-long smoke run (tests).
 
@@ -23,10 +28,14 @@ import ml_collections
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = set(filter(None, (arg or "").split(",")))
-  unknown = variants - {"demo", "tiny", "rgb", "audio"}
+  unknown = variants - {"demo", "tiny", "rgb", "audio", "mined"}
   if unknown:
     raise ValueError(f"configs/videocc_avr.py: unknown variant(s) {sorted(unknown)}; "
-                     "expected demo, tiny, rgb, audio")
+                     "expected demo, tiny, rgb, audio, mined")
+  if "mined" in variants and not variants & {"demo", "tiny"}:
+    raise ValueError("configs/videocc_avr.py: 'mined' goes with 'demo' or 'tiny' (the "
+                     "synthetic mining corpus); for a real mining output set "
+                     "--config.dataset.name=videocc_mined --config.dataset.path=DIR")
 
   config = ml_collections.ConfigDict()
   config.task = "avr"
@@ -130,6 +139,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   if "demo" in variants or "tiny" in variants:
     _synthetic(config, tiny="tiny" in variants)
+  if "mined" in variants:
+    # Train on the mined pairs; every evaluator keeps the world's held-out test split.
+    config.dataset.name = "videocc_mined"
+    config.dataset.path = ml_collections.config_dict.placeholder(str)
+    config.dataset.decode = "auto"  # render the synthetic corpus; "files": decode the mp4s
+    for name in config.evals:
+      config.evals[name].dataset = ml_collections.ConfigDict(dict(name="synthetic_clips"))
   if "rgb" in variants:
     config.model.video.modalities = "rgb"
   if "audio" in variants:

@@ -250,3 +250,30 @@ def test_mining_does_not_import_the_trainer_or_tasks():
           'print(sorted(m for m in sys.modules if m.startswith(("avtext.train", "avtext.tasks"))))')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == '[]'
+
+
+def test_mined_dataset_reads_the_clips_by_decoding_or_rendering(mined):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  out, cfg, _ = mined
+  lines = (out / 'videocc.csv').read_text().splitlines()
+  ds = ml_collections.ConfigDict(dict(name='videocc_mined', path=str(out), decode='files'))
+  from avtext.data.builders import mined as mined_lib  # pylint: disable=g-import-not-at-top
+  files = mined_lib.MinedClips(out, decode='files')
+  render = mined_lib.MinedClips(out, decode='auto')
+  assert render.render and not files.render and len(files) == len(lines) == len(render)
+  no_audio = TINY.video_id(TINY.num_videos - 1)
+  for i in range(0, len(files), max(1, len(files) // 6)):
+    d = files.describe(i)
+    vid, start_us, end_us, caption = next(__import__('csv').reader([lines[i]]))
+    assert (d['video_id'], d['caption']) == (vid, caption)
+    assert d['has_audio'] == (vid != no_audio) and d['num_frames'] == 250
+    idx = np.array([0, 7, 100, 249])
+    a, b = files.render_frames(i, idx).astype(int), render.render_frames(i, idx).astype(int)
+    assert np.abs(a - b).mean() < 4.0
+    if d['has_audio']:
+      wa, wb = files.render_audio(i, 8000, 16000), render.render_audio(i, 8000, 16000)
+      assert len(wa) == len(wb) == 16000 and np.corrcoef(wa, wb)[0, 1] > 0.95
+  with pytest.raises(ValueError, match='only a train split'):
+    mined_lib.videocc_mined(ds, 'test')
+  with pytest.raises(FileNotFoundError, match='dataset.json'):
+    mined_lib.MinedClips(out / 'plots')

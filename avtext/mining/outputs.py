@@ -75,17 +75,31 @@ def synthetic_truth(videos_dir: str | pathlib.Path):
   meta_path = pathlib.Path(videos_dir) / 'world.json'
   if not meta_path.exists():
     return None
+  from avtext.data.synthetic import mining as mining_world  # pylint: disable=g-import-not-at-top
   from avtext.mining import synthetic  # pylint: disable=g-import-not-at-top
   meta = json.loads(meta_path.read_text())
   w = synthetic.world_from_meta(meta)
   video_index = {v: i for v, i in meta['videos'].items()}
   seed_index = {s: i for s, i in meta['seeds'].items()}
 
+  videos: dict[int, Any] = {}
+  mentions: dict[int, dict] = {}
+  memo: dict[tuple, bool] = {}
+
   def truth(row: dict, frame_only: bool = False) -> bool:
-    v, s = video_index[row['video_id']], seed_index[row['seed_id']]
-    if frame_only:
-      return bool(w.frame_fits(v, [row['frame_s']], s)[0])
-    return w.clip_fits(v, row['start_us'] / 1e6, row['end_us'] / 1e6, s)
+    key = (row['video_id'], row['seed_id'], row['start_us'], row['end_us'], row['frame_s'],
+           frame_only)
+    if key not in memo:
+      v, s = video_index[row['video_id']], seed_index[row['seed_id']]
+      if v not in videos:
+        videos[v] = w.video(v)
+      if s not in mentions:
+        mentions[s] = w.seed_mention(s)
+      memo[key] = mining_world.scenes_fit(
+          videos[v], mentions[s], row['frame_s'], row['frame_s'] + 1e-9) if frame_only \
+          else mining_world.scenes_fit(videos[v], mentions[s], row['start_us'] / 1e6,
+                                       row['end_us'] / 1e6)
+    return memo[key]
 
   return truth, meta
 

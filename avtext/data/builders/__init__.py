@@ -26,6 +26,8 @@ and e.g. TensorFlow is imported only by a config that reads TFDS files):
   tvr                      TV show Retrieval queries and their split's video corpus in the
                            official TVRetrieval layout (annotation jsonl, video / subtitle /
                            query feature h5) under config.dataset.path, see `builders.tvr`
+  videocc_mined            the clips `python -m avtext.mining` found (its CSV + the corpus
+                           videos) under config.dataset.path, see `builders.mined`
   videocc3m, msrvtt        real datasets whose builders are not written yet: they
                            fail with what to prepare
 
@@ -65,6 +67,7 @@ _MODULES = {
     "tvr": "avtext.data.builders.tvr",
     "smit_features": "avtext.data.builders.smit",
     "smit": "avtext.data.builders.smit",
+    "videocc_mined": "avtext.data.builders.mined",
     "features:hdf5": "avtext.data.builders.precomputed",
     "features:npz": "avtext.data.builders.precomputed",
     "features:array_record": "avtext.data.builders.precomputed",

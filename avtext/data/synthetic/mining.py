@@ -169,13 +169,17 @@ class MiningWorld:
 
   def clip_fits(self, index: int, start_s: float, end_s: float, seed_index: int) -> bool:
     """Does some frame of [start_s, end_s) fit the seed's caption (app. A.3)?"""
-    video = self.video(index)
-    mention = self.seed_mention(seed_index)
-    for k, scene in enumerate(video.scenes):
-      if video.boundaries[k] < end_s and video.boundaries[k + 1] > start_s and \
-          captions.caption_fits(mention, scene.attributes()):
-        return True
-    return False
+    return scenes_fit(self.video(index), self.seed_mention(seed_index), start_s, end_s)
+
+
+def scenes_fit(video: multiscene.MultiSceneVideo, mention: dict[str, Any], start_s: float,
+               end_s: float) -> bool:
+  """Does a scene overlapping [start_s, end_s) fit the caption's mention?"""
+  for k, scene in enumerate(video.scenes):
+    if video.boundaries[k] < end_s and video.boundaries[k + 1] > start_s and \
+        captions.caption_fits(mention, scene.attributes()):
+      return True
+  return False
 
 
 @functools.lru_cache(maxsize=16)
