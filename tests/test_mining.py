@@ -171,12 +171,12 @@ def mined(corpus, tmp_path_factory):
   cfg = pipeline.MiningConfig(tau=0.7, tau_grid=(0.6, 0.7, 0.8), shard_videos=2)
   info = pipeline.build_and_run(
       str(corpus / 'seeds' / 'seeds.tsv'), str(corpus / 'videos'), HIST, str(out), cfg,
-      ['--runner=DirectRunner', '--direct_num_workers=2',
+      ['--runner=FnApiRunner', '--direct_num_workers=2',
        '--direct_running_mode=multi_processing'])
   return out, cfg, info
 
 
-def test_directrunner_gives_the_brute_force_clips(corpus, mined):
+def test_direct_runner_2_workers_gives_the_brute_force_clips(corpus, mined):
   out, cfg, _ = mined
   seeds = pipeline.read_seeds(corpus / 'seeds' / 'seeds.tsv')
   f = embed.colour_histogram
@@ -236,7 +236,7 @@ def test_stats_precision_and_rerun_gives_the_same_files(corpus, mined, tmp_path)
     assert (out / 'plots' / name).stat().st_size > 1000
   # A second run, in one process this time: the same files, byte for byte.
   pipeline.build_and_run(str(corpus / 'seeds' / 'seeds.tsv'), str(corpus / 'videos'), HIST,
-                         str(tmp_path), cfg, ['--runner=DirectRunner'])
+                         str(tmp_path), cfg, ['--runner=FnApiRunner'])
   for name in ('videocc.csv', 'matches.jsonl', 'skipped.jsonl', 'stats.json', 'dataset.json',
                'plots/matches_vs_tau.png', 'plots/clips_per_caption.png'):
     assert (tmp_path / name).read_bytes() == (out / name).read_bytes(), name

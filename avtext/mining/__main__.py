@@ -33,7 +33,9 @@ def main(argv=None):
   p.add_argument('--image_size', default=None, help='H,W to resize frames and seed images to')
   a, beam_args = p.parse_known_args(argv)
   if not any(x.startswith('--runner') for x in beam_args):
-    beam_args = ['--runner=DirectRunner'] + beam_args
+    # The direct runner's engine itself: Beam's DirectRunner first tries Prism, a binary
+    # it downloads from GitHub at run time, and falls back to this one.
+    beam_args = ['--runner=FnApiRunner'] + beam_args
     if not any(x.startswith('--direct_num_workers') for x in beam_args):
       beam_args += ['--direct_num_workers=2']
     if not any(x.startswith('--direct_running_mode') for x in beam_args):
@@ -48,6 +50,9 @@ def main(argv=None):
       recall_sample=a.recall_sample, embed_batch=a.embed_batch,
       image_size=tuple(int(x) for x in a.image_size.split(',')) if a.image_size else None)
   logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s')
+  # Beam's own INFO lines (and its relay of each worker's log, which the workers also
+  # print themselves) would bury the pipeline's progress and skip messages.
+  logging.getLogger('apache_beam').setLevel(logging.WARNING)
   info = pipeline.build_and_run(a.seeds, a.videos, a.embedder, a.out, cfg, beam_args)
   stats = info['stats']
   print(f"mined {a.out}: {stats['videos_searched']}/{stats['videos_listed']} videos searched, "

@@ -36,8 +36,11 @@ dataset.json (what `dataset.name="videocc_mined"` reads), stats.json (+ Fig. 5 /
 plots as PNG under plots/) and run.json (timings, index kinds, recall; the only file
 that differs between two runs of the same command).
 
-Runners: the default is DirectRunner with `--direct_num_workers=2
---direct_running_mode=multi_processing`; any Beam runner takes the standard options,
+Runners: the default is Beam's direct runner with `--direct_num_workers=2
+--direct_running_mode=multi_processing`, named `--runner=FnApiRunner`: that is the engine
+`--runner=DirectRunner` runs, after first trying Prism, a binary it would download from
+GitHub at run time (nothing is fetched here; DirectRunner still works, logging the failed
+download). Any Beam runner takes the standard options,
 e.g. Dataflow (the embedder's run directory and the inputs must then be on GCS and
 avtext installed on the workers, e.g. --setup_file=./setup.py):
 

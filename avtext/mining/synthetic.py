@@ -83,11 +83,24 @@ def _write_fault(path: pathlib.Path, kind: str, w: mining.MiningWorld, index: in
       path.write_bytes(data[:int(len(data) * 0.6)])
 
 
-def write(out: str | pathlib.Path, w: mining.MiningWorld, faults: tuple[str, ...] = ()
-          ) -> dict:
+def _write_video(job) -> None:
+  from avtext.data import video_io  # pylint: disable=g-import-not-at-top
+  w, i, fault, videos_dir = job
+  path = pathlib.Path(videos_dir) / f'{w.video_id(i)}.mp4'
+  tmp = path.with_suffix('.tmp.mp4')
+  if fault is not None:
+    _write_fault(tmp, fault, w, i)
+  else:
+    n = int(round(w.video(i).duration_s * w.spec.fps))
+    video_io.write_video(tmp, w.render_frames(i, np.arange(n) / w.spec.fps), w.spec.fps,
+                         audio=w.render_audio(i), sample_rate=w.spec.sample_rate)
+  tmp.rename(path)
+
+
+def write(out: str | pathlib.Path, w: mining.MiningWorld, faults: tuple[str, ...] = (),
+          workers: int = 1) -> dict:
   """Write seeds, videos and world.json under out (module docstring); return the meta."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  from avtext.data import video_io  # pylint: disable=g-import-not-at-top
   unknown = set(faults) - set(FAULTS)
   if unknown:
     raise ValueError(f'faults: unknown {sorted(unknown)}; expected some of {FAULTS}')
@@ -112,18 +125,20 @@ def write(out: str | pathlib.Path, w: mining.MiningWorld, faults: tuple[str, ...
     lines.append(f'{sid}\t{png.name}\t{w.seed_caption(i)}\n')
   (seeds_dir / 'seeds.tsv').write_text(''.join(lines))
   fault_of = {w.num_videos - len(faults) + k: f for k, f in enumerate(faults)}
-  for i in tqdm(range(w.num_videos), desc='corpus videos', unit='video'):
-    path = videos_dir / f'{w.video_id(i)}.mp4'
-    if same and path.exists():
-      continue
-    tmp = path.with_suffix('.tmp.mp4')
-    if i in fault_of:
-      _write_fault(tmp, fault_of[i], w, i)
-    else:
-      n = int(round(w.video(i).duration_s * w.spec.fps))
-      video_io.write_video(tmp, w.render_frames(i, np.arange(n) / w.spec.fps), w.spec.fps,
-                           audio=w.render_audio(i), sample_rate=w.spec.sample_rate)
-    tmp.rename(path)
+  todo = [i for i in range(w.num_videos)
+          if not (same and (videos_dir / f'{w.video_id(i)}.mp4').exists())]
+  jobs = [(w, i, fault_of.get(i), str(videos_dir)) for i in todo]
+  if workers > 1 and len(jobs) > 1:
+    import concurrent.futures  # pylint: disable=g-import-not-at-top
+    import multiprocessing  # pylint: disable=g-import-not-at-top
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context('spawn')) as pool:
+      for _ in tqdm(pool.map(_write_video, jobs), total=len(jobs), desc='corpus videos',
+                    unit='video'):
+        pass
+  else:
+    for job in tqdm(jobs, desc='corpus videos', unit='video'):
+      _write_video(job)
   meta_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + '\n')
   return meta
 
@@ -136,11 +151,12 @@ def main(argv=None):
   p.add_argument('--seed_scene_rate', type=float, default=0.3)
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--faults', default='', help=f'comma-separated, from {FAULTS}')
+  p.add_argument('--workers', type=int, default=2, help='processes writing videos')
   a = p.parse_args(argv)
   w = mining.MiningWorld(num_seeds=a.num_seeds, num_videos=a.num_videos,
                          seed_scene_rate=a.seed_scene_rate, seed=a.seed,
                          spec=world.WorldSpec(height=64, width=64, fps=25, duration_s=10.0))
-  write(a.out, w, tuple(filter(None, a.faults.split(','))))
+  write(a.out, w, tuple(filter(None, a.faults.split(','))), workers=a.workers)
 
 
 if __name__ == '__main__':
