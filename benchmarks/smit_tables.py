@@ -2,7 +2,7 @@ r"""S-MiT tables 2, 3 and 7 at demo scale on the synthetic S-MiT (phase 1: froze
 backbones, heads trained, as the paper's own ablations, app. C).
 
     python benchmarks/smit_tables.py --table=2 --seeds=0,1,2     # losses, language model
-    python benchmarks/smit_tables.py --table=3                   # speech encoders x losses
+    python benchmarks/smit_tables.py --table=3 [--width=8 --steps=300]  # speech encoders x losses
     python benchmarks/smit_tables.py --table=7                   # batch sizes
     python benchmarks/smit_tables.py --table=speed               # train examples/s, batch 2048
 
@@ -91,6 +91,9 @@ def main():
   p.add_argument("--features", default="workdirs/demo/smit_features")
   p.add_argument("--workdirs", default="workdirs/bench/smit")
   p.add_argument("--steps", type=int, default=None, help="override train.num_steps")
+  p.add_argument("--width", type=int, default=16,
+                 help="table 3: the ResNets' base width (demo 16); ResDAVEnet's widths scale "
+                      "with it (demo: the published widths / 4)")
   a = p.parse_args()
   seeds = [int(s) for s in a.seeds.split(",")]
   root = pathlib.Path(a.workdirs)
@@ -105,14 +108,20 @@ def main():
                            a.features)) for s in seeds]
       print(f"| {LOSS_NAMES[loss]} | {fmt(rows)} |", flush=True)
   elif a.table == "3":
+    w = a.width
+    davenet = ",".join(str(c * w // 64) for c in (128, 128, 256, 512, 1024))
     encoders = {
-        "ResNet-34 (width 16)": ["--config.model.speech.depth=34"],
-        "ResNet-50 (width 16)": ["--config.model.speech.depth=50"],
-        "ResDAVEnet (widths /4)": ["--config.model.speech.name=resdavenet"]}
+        f"ResNet-34 (width {w})": ["--config.model.speech.depth=34",
+                                   f"--config.model.speech.width={w}"],
+        f"ResNet-50 (width {w})": ["--config.model.speech.depth=50",
+                                   f"--config.model.speech.width={w}"],
+        f"ResDAVEnet (widths /{64 // w})": ["--config.model.speech.name=resdavenet",
+                                            f"--config.model.speech.widths=({davenet})"]}
     print("| encoder | loss " + HEADER)
     for name, over in encoders.items():
       for loss in ("nce", "amm"):
-        tag = name.split()[0].lower().replace("-", "")
+        tag = name.split()[0].lower().replace("-", "") + ("" if w == 16 else f"_w{w}")
+        tag += "" if a.steps is None else f"_n{a.steps}"
         rows = [test_row(run(root / f"t3_{tag}_{loss}_s{s}", spoken,
                              over + [f"--config.loss.name={loss}", f"--config.seed={s}",
                                      "--config.train.batch_size=256"] + steps,

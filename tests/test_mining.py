@@ -153,15 +153,16 @@ def test_shard_search_exact_equals_brute_force_and_widens():
   want = _brute(seeds, frames, frame_video, 0.5, 10)
   assert [[(m.video, m.frame) for m in g] for g in got] == \
       [[(v, f) for _, v, f in w] for w in want]
-  # HNSW past exact_max_frames: same kind of answer, most of it found.
-  cfg = search.IndexConfig(exact_max_frames=100, approx='hnsw')
-  approx, info = search.search_shard(seeds, frames, frame_video, tau=-1.0, top_k=10,
-                                     index_cfg=cfg)
-  assert info['index'].startswith('hnsw')
+  # HNSW / IVF past exact_max_frames: the same kind of answer, most of it found.
   want = _brute(seeds, frames, frame_video, -1.0, 10)
-  hits = sum(len({(m.video, m.frame) for m in a} & {(v, f) for _, v, f in w})
-             for a, w in zip(approx, want))
-  assert hits / sum(len(w) for w in want) > 0.8
+  for kind in ('hnsw', 'ivf'):
+    cfg = search.IndexConfig(exact_max_frames=100, approx=kind, ivf_nprobe=64)
+    approx, info = search.search_shard(seeds, frames, frame_video, tau=-1.0, top_k=10,
+                                       index_cfg=cfg)
+    assert info['index'].startswith(kind)
+    hits = sum(len({(m.video, m.frame) for m in a} & {(v, f) for _, v, f in w})
+               for a, w in zip(approx, want))
+    assert hits / sum(len(w) for w in want) > 0.8, kind
 
 
 # ------------------------------------------------------------------ the pipeline

@@ -57,7 +57,6 @@ def build_index(x: np.ndarray, cfg: IndexConfig, *, force_exact: bool = False):
     index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
     index.train(x)
     index.nprobe = cfg.ivf_nprobe
-    index._avtext_quantizer = quantizer  # pylint: disable=protected-access  (keep alive)
     desc = f'ivf{nlist},nprobe{cfg.ivf_nprobe}'
   index.add(x)
   return index, desc
