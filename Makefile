@@ -115,7 +115,7 @@ demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 # world's ground-truth captioned clips, both tested zero-shot on the held-out test split.
 MINING_SEEDS ?= 1000
 MINING_VIDEOS ?= 100
-MINING_STEPS ?= 150
+MINING_STEPS ?= 120
 MINING_TAUS ?= 0.6,0.9,0.95,0.97,0.98,0.99
 demo-mining: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 	$(PY) -m avtext.mining.synthetic --out=$(WORKDIR)/mining/world --num_seeds=$(MINING_SEEDS) \
