@@ -22,6 +22,8 @@ Variants (after the colon, comma-separated):
             256 over the GPT-2 BPE tokens the synthetic captions use
             (`python -m avtext.tools.caption_vocab`), 2 baselines.
   tiny      seconds-long smoke run (tests).
+  mined     (with demo) train on the clips `python -m avtext.mining` found
+            (--config.dataset.path=<its --out>), test on the synthetic test split.
 
 The decoder is GPT-2 117M by default. No GPT-2 weights exist offline here, so
 it starts from random init unless `model.decoder.weights` names a local HF
@@ -44,13 +46,14 @@ def _str():
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = set(filter(None, (arg or "").split(",")))
-  unknown = variants - {"finetune", "demo", "tiny"}
+  unknown = variants - {"finetune", "demo", "tiny", "mined"}
   if unknown:
     raise ValueError(f"configs/videocc_caption.py: unknown variant(s) {sorted(unknown)}; "
-                     "expected finetune, demo, tiny")
+                     "expected finetune, demo, tiny, mined")
   synthetic = variants & {"demo", "tiny"}
-  # The AVR config's data sampling and MBT (the encoder the captioner starts from).
-  config = videocc_avr.get_config(",".join(sorted(synthetic)))
+  # The AVR config's data sampling and MBT (the encoder the captioner starts from);
+  # "mined" (with demo / tiny) trains on a mining run's clips, as videocc_avr.py:mined.
+  config = videocc_avr.get_config(",".join(sorted(synthetic | (variants & {"mined"}))))
   config.task = "captioning"
 
   config.data.max_caption_len = 32  # as the retrieval text (§5.2: 32 tokens)
@@ -100,6 +103,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   if synthetic:
     _synthetic(config, tiny="tiny" in variants)
+  if "mined" in variants:  # train on the mined pairs, test on the world's test split
+    for name in config.evals:
+      config.evals[name].dataset = ml_collections.ConfigDict(dict(name="synthetic_clips"))
   return config
 
 

@@ -72,6 +72,8 @@ def stats_at(rows: Sequence[dict], tau: float, top_k: int, truth=None) -> dict:
 def synthetic_truth(videos_dir: str | pathlib.Path):
   """truth(row, frame_only=False) for a corpus written by `avtext.mining.synthetic`, or
   None for a corpus without a world.json."""
+  if '://' in str(videos_dir):
+    return None  # a synthetic corpus is local
   meta_path = pathlib.Path(videos_dir) / 'world.json'
   if not meta_path.exists():
     return None
@@ -104,9 +106,25 @@ def synthetic_truth(videos_dir: str | pathlib.Path):
   return truth, meta
 
 
-def write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skipped, shards,
-          seconds: float, videos_dir: str, embedder: str) -> dict:
-  """Write every output file (module docstring); return run info (run.json)."""
+def write(out: str | pathlib.Path, **kwargs) -> dict:
+  """Write every output file (module docstring) under `out`, local or remote (written
+  locally, then copied with Beam's FileSystems); return run info (run.json)."""
+  from avtext.mining import pipeline  # pylint: disable=g-import-not-at-top
+  if not pipeline.is_remote(str(out)):
+    return _write(pathlib.Path(out), **kwargs)
+  import tempfile  # pylint: disable=g-import-not-at-top
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as tmp:
+    info = _write(pathlib.Path(tmp), **kwargs)
+    for f in sorted(pathlib.Path(tmp).rglob('*')):
+      if f.is_file():
+        with FileSystems.create(f"{str(out).rstrip('/')}/{f.relative_to(tmp).as_posix()}") as g:
+          g.write(f.read_bytes())
+  return info
+
+
+def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skipped, shards,
+           seconds: float, videos_dir: str, embedder: str) -> dict:
   out_dir.mkdir(parents=True, exist_ok=True)
   rows = _clip_rows(matches, captions, cfg)
   at_tau = [r for r in rows if r['sim'] >= cfg.tau]
@@ -137,8 +155,8 @@ def write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skipp
   used = {r['video_id'] for r in at_tau}
   dataset = {'format': DATASET_FORMAT, 'csv': CSV_NAME, 'tau': cfg.tau,
              'clip_seconds': cfg.clip_seconds,
-             'videos': {vid: str(pathlib.Path(path).resolve()) for vid, path in videos
-                        if vid in used},
+             'videos': {vid: path if '://' in path else str(pathlib.Path(path).resolve())
+                        for vid, path in videos if vid in used},
              'no_audio': [v for v in no_audio if v in used],
              'origin': origin}
   (out_dir / 'dataset.json').write_text(json.dumps(dataset, indent=1, sort_keys=True) + '\n')

@@ -50,9 +50,10 @@ avtext installed on the workers, e.g. --setup_file=./setup.py):
         --temp_location=gs://B/tmp --setup_file=./setup.py --num_workers=64
     (Flink / Spark: --runner=FlinkRunner --flink_master=HOST:8081, --runner=SparkRunner)
 
-(Inputs, outputs and the listing of videos go through local paths here; reading
-gs:// paths needs apache_beam.io.filesystems in `_list_videos` / `video_io`, not
-written yet.)
+Every path may be local or remote (gs://, s3://, ...: Beam's FileSystems): seeds.tsv,
+the images, the video listing, the workers' hand-over files under OUT/_beam; a remote
+video is copied to the worker's disk before PyAV decodes it. Only the local runner is
+exercised here (tests and benchmarks); the remote runners are documented, not run.
 """
 from __future__ import annotations
 
@@ -90,15 +91,33 @@ class MiningConfig:
     return min((self.tau,) + tuple(self.tau_grid))
 
 
+def is_remote(path: str) -> bool:
+  """gs://, s3://, hdfs://... paths go through Beam's FileSystems; local ones do too."""
+  return '://' in str(path)
+
+
+def _join(root: str, rel: str) -> str:
+  return f"{str(root).rstrip('/')}/{rel}" if is_remote(root) else str(pathlib.Path(root) / rel)
+
+
 def list_videos(root: str | pathlib.Path) -> list[tuple[str, str]]:
   """[(video id, path)] of every file with a video extension under root, sorted."""
-  root = pathlib.Path(root)
-  if not root.is_dir():
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  root = str(root)
+  if not is_remote(root) and not pathlib.Path(root).is_dir():
     raise FileNotFoundError(f'--videos {root}: not a directory')
+  if is_remote(root):
+    base = root.rstrip('/') + '/'
+    found = sorted(m.path for r in FileSystems.match([base + '**']) for m in r.metadata_list)
+    pairs = [(path[len(base):], path) for path in found if path.startswith(base)]
+  else:
+    pairs = [(p.relative_to(root).as_posix(), str(p))
+             for p in sorted(pathlib.Path(root).rglob('*')) if p.is_file()]
   out = []
-  for p in sorted(root.rglob('*')):
-    if p.suffix.lower() in VIDEO_EXTENSIONS and p.is_file():
-      out.append((p.relative_to(root).with_suffix('').as_posix(), str(p)))
+  for rel, path in pairs:
+    suffix = pathlib.PurePosixPath(rel).suffix
+    if suffix.lower() in VIDEO_EXTENSIONS:
+      out.append((rel[:-len(suffix)], path))
   ids = [i for i, _ in out]
   if len(set(ids)) != len(ids):
     dup = sorted({i for i in ids if ids.count(i) > 1})
@@ -107,11 +126,24 @@ def list_videos(root: str | pathlib.Path) -> list[tuple[str, str]]:
   return out
 
 
+def _read_bytes(path: str) -> bytes:
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  with FileSystems.open(path) as f:
+    return f.read()
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  with FileSystems.create(path) as f:
+    f.write(data)
+
+
 def read_seeds(path: str | pathlib.Path) -> list[tuple[str, str, str]]:
   """[(seed id, image path, caption)] from seeds.tsv (module docstring)."""
-  path = pathlib.Path(path)
+  path = str(path)
+  parent = path.rsplit('/', 1)[0] if '/' in path else '.'
   rows = []
-  for n, line in enumerate(path.read_text().splitlines(), 1):
+  for n, line in enumerate(_read_bytes(path).decode().splitlines(), 1):
     if not line.strip():
       continue
     parts = line.split('\t')
@@ -119,8 +151,8 @@ def read_seeds(path: str | pathlib.Path) -> list[tuple[str, str, str]]:
       raise ValueError(f'{path}:{n}: expected "seed_id<TAB>image path<TAB>caption", got '
                        f'{line[:80]!r}')
     sid, img, caption = parts
-    rows.append((sid, str((path.parent / img) if not pathlib.Path(img).is_absolute() else img),
-                 caption))
+    absolute = is_remote(img) or pathlib.Path(img).is_absolute()
+    rows.append((sid, img if absolute else _join(parent, img), caption))
   ids = [r[0] for r in rows]
   if len(set(ids)) != len(ids):
     raise ValueError(f'{path}: seed ids must be unique')
@@ -130,8 +162,13 @@ def read_seeds(path: str | pathlib.Path) -> list[tuple[str, str, str]]:
 
 
 def load_image(path: str, size: tuple[int, int] | None) -> np.ndarray:
+  import io  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  with Image.open(path) as im:
+  try:
+    im = Image.open(io.BytesIO(_read_bytes(path)))
+  except (OSError, ValueError) as e:
+    raise ValueError(f'seed image {path}: cannot be read ({e})') from e
+  with im:
     im = im.convert('RGB')
     if size is not None and im.size != (size[1], size[0]):
       im = im.resize((size[1], size[0]), Image.BILINEAR)
@@ -166,6 +203,16 @@ def decode_and_embed(video_id: str, path: str, embedder, cfg: MiningConfig
   """(record, None) for a usable video, (None, skip) for a skipped one, where record
   holds id, path, duration, has_audio, frame times and unit frame vectors."""
   from avtext.data import video_io  # pylint: disable=g-import-not-at-top
+  if is_remote(path):  # PyAV reads local files: copy the video to the worker's disk
+    import tempfile  # pylint: disable=g-import-not-at-top
+    with tempfile.NamedTemporaryFile(suffix=pathlib.PurePosixPath(path).suffix) as tmp:
+      tmp.write(_read_bytes(path))
+      tmp.flush()
+      record, skip = decode_and_embed(video_id, tmp.name, embedder, cfg)
+    for r in (record, skip):
+      if r is not None:
+        r['path'] = path
+    return record, skip
   try:
     info = video_io.probe(path)
     if not info.duration_s >= cfg.clip_seconds:
@@ -237,11 +284,10 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
     raise ValueError(f'--videos {videos_dir}: no files with extensions {VIDEO_EXTENSIONS}')
   num_shards = max(1, -(-len(videos) // cfg.shard_videos))
   captions = {sid: cap for sid, _, cap in seeds}
-  out_dir = pathlib.Path(out)
-  staging = out_dir / '_beam'
-  staging.mkdir(parents=True, exist_ok=True)
-  for f in staging.glob('*'):
-    f.unlink()
+  # The workers hand their results to this process through files under out/_beam
+  # (Beam's FileSystems: a local path, or gs:// etc. on a remote runner).
+  staging = _join(str(out), '_beam')
+  run_tag = hashlib.sha1(f'{time.time_ns()}'.encode()).hexdigest()[:8]
 
   class EmbedSeeds(beam.DoFn):
 
@@ -299,7 +345,7 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
     return [p[0] for p in pairs], np.stack([p[1] for p in pairs])
 
   def write_list(items, name):
-    (staging / name).write_text(json.dumps(items, sort_keys=True))
+    _write_bytes(_join(staging, f'{run_tag}-{name}'), json.dumps(items, sort_keys=True).encode())
 
   options = PipelineOptions(list(beam_args))
   t0 = time.perf_counter()
@@ -330,9 +376,12 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
     (searched.info | 'InfoList' >> beam.combiners.ToList()
      | 'WriteInfo' >> beam.Map(lambda s: write_list(s, 'shards.json')))
   seconds = time.perf_counter() - t0
-  matches = json.loads((staging / 'matches.json').read_text())
-  skipped = json.loads((staging / 'skipped.json').read_text())
-  shards = json.loads((staging / 'shards.json').read_text())
-  return outputs.write(out_dir, cfg=cfg, seeds=seeds, captions=captions, videos=videos,
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  staged = {name: _join(staging, f'{run_tag}-{name}')
+            for name in ('matches.json', 'skipped.json', 'shards.json')}
+  matches, skipped, shards = (json.loads(_read_bytes(staged[n])) for n in
+                              ('matches.json', 'skipped.json', 'shards.json'))
+  FileSystems.delete(list(staged.values()))
+  return outputs.write(out, cfg=cfg, seeds=seeds, captions=captions, videos=videos,
                        matches=matches, skipped=skipped, shards=shards,
                        seconds=seconds, videos_dir=videos_dir, embedder=embedder_name)
