@@ -109,14 +109,14 @@ demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 	  --workdir=$(WORKDIR)/smit_p2 --config.init_from.workdir=$(WORKDIR)/smit_p1
 
 # VideoCC mining (avtext/mining) on the synthetic mining world: seed images with captions
-# and a corpus of 80 long videos written as mp4 (6 of them bad files the pipeline counts),
+# and a corpus of 70 long videos written as mp4 (6 of them bad files the pipeline counts),
 # mined on Beam's direct runner with 2 worker processes, the demo's RGB tower as f; then AVR
 # (configs/videocc_avr.py:demo) trained on the mined pairs and, for the same steps, on the
 # world's ground-truth captioned clips, both tested zero-shot on the first 500 clips of the
 # held-out test split.
 MINING_SEEDS ?= 1000
-MINING_VIDEOS ?= 80
-MINING_STEPS ?= 120
+MINING_VIDEOS ?= 70
+MINING_STEPS ?= 100
 MINING_TEST ?= 500
 MINING_TAUS ?= 0.6,0.9,0.95,0.97,0.98,0.99
 demo-mining: $(STAMP) $(WORKDIR)/video_pretrain/results.json
