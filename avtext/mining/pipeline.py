@@ -63,7 +63,7 @@ import json
 import logging
 import pathlib
 import time
-from typing import Any, Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
