@@ -52,7 +52,9 @@ def world_from_meta(meta: dict) -> mining.MiningWorld:
                                           for k, v in params.items()})
 
 
-def _write_fault(path: pathlib.Path, kind: str, w: mining.MiningWorld, index: int) -> None:
+def _write_file(path: pathlib.Path, kind: str | None, w: mining.MiningWorld, index: int
+                ) -> None:
+  """Video `index` as an mp4, or as the bad file `kind` (module docstring) stands for."""
   from avtext.data import video_io  # pylint: disable=g-import-not-at-top
   spec = w.spec
   if kind == 'empty':
@@ -84,16 +86,10 @@ def _write_fault(path: pathlib.Path, kind: str, w: mining.MiningWorld, index: in
 
 
 def _write_video(job) -> None:
-  from avtext.data import video_io  # pylint: disable=g-import-not-at-top
   w, i, fault, videos_dir = job
   path = pathlib.Path(videos_dir) / f'{w.video_id(i)}.mp4'
   tmp = path.with_suffix('.tmp.mp4')
-  if fault is not None:
-    _write_fault(tmp, fault, w, i)
-  else:
-    n = int(round(w.video(i).duration_s * w.spec.fps))
-    video_io.write_video(tmp, w.render_frames(i, np.arange(n) / w.spec.fps), w.spec.fps,
-                         audio=w.render_audio(i), sample_rate=w.spec.sample_rate)
+  _write_file(tmp, fault, w, i)
   tmp.rename(path)
 
 
