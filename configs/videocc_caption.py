@@ -90,15 +90,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.evals = ml_collections.ConfigDict()
   config.evals.msrvtt = ml_collections.ConfigDict(dict(
-      type="captioning", every_steps=10_000, dataset=dict(name="msrvtt", data_dir=None),
+      type="captioning", every_steps=10_000, dataset=dict(name="msrvtt", path=None),
       split="test", captions_fn="captions"))
   config.eval = videocc_avr.eval_config(batch_size=64)
 
   if "finetune" in variants:
-    config.dataset = ml_collections.ConfigDict(dict(name="msrvtt", data_dir=None))
+    config.dataset = ml_collections.ConfigDict(dict(name="msrvtt", path=None))
     config.train.num_steps = 1000  # §5.2: 1K finetuning iterations
     config.init_from.params = (("", ""),)  # everything, from the pretraining run
-    config.evals.msrvtt.dataset = ml_collections.ConfigDict(dict(name=None, data_dir=None))
+    config.evals.msrvtt.dataset = ml_collections.ConfigDict(dict(name=None, path=None))
     config.evals.msrvtt.every_steps = 250
 
   if synthetic:

@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 
 from avtext.data import preprocessing
+from avtext.data import video_io
 from avtext.modalities import MODALITIES
 from avtext.modalities import parse_modalities
 
@@ -78,12 +79,29 @@ class ClipReader:
     when the clip has no audio track). Always returned: 'frame_indices' (the
     audio windows are centred on them), 'caption', and what labels exist: the
     synthetic world's ground-truth 'attributes', or a stored 'label' field.
+
+    A file that fails to decode (`video_io.VideoReadError`) is replaced by the entry
+    the source's `replacement(index, error)` names (file-backed training splits, see
+    `builders.files`), which counts it; without one the error propagates.
     """
+    while True:
+      try:
+        return self._read(index, frame_indices_fn, audio_window_fn, modalities)
+      except video_io.VideoReadError as e:
+        replace = getattr(self.source, "replacement", None)
+        other = replace(index, e) if replace is not None else None
+        if other is None:
+          raise
+        index = other
+
+  def _read(self, index, frame_indices_fn, audio_window_fn, modalities) -> dict:
     if self._lazy:
       desc = self.source.describe(index)
       idx = frame_indices_fn(desc["num_frames"])
       out = {"frame_indices": idx, "caption": desc["caption"],
              "attributes": desc.get("attributes"), "clip_id": desc.get("clip_id")}
+      if desc.get("video_id") is not None:  # several captions of one video (one-to-many)
+        out["video_id"] = desc["video_id"]
       if "rgb" in modalities:
         frames = self.source.render_frames(index, np.ravel(idx))
         out["frames"] = frames.reshape(np.shape(idx) + frames.shape[1:])

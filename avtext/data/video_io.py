@@ -1,7 +1,9 @@
 """Video files in and out with PyAV: probe, frames at given times, audio, and writing.
 
 Reading:
-  probe(path)                 -> VideoInfo (duration, fps, size, has_audio)
+  probe(path)                 -> VideoInfo (duration, fps, size, has_audio); with
+                                 need_video=False an audio-only file probes too
+                                 (has_video False, the audio stream's duration)
   read_frames(path, times_s)  -> uint8 [N, H, W, 3]: the frame shown at each time (the
                                  last frame whose timestamp is <= t), decoding from a
                                  seek to the earliest time; optional resize on decode
@@ -9,10 +11,18 @@ Reading:
                                  (k + 0.5) / hz, the middle of each period)
   read_audio(path, start, n)  -> float32 mono at `sample_rate` (16 kHz, VideoCC app. C)
                                  or None when the file has no audio stream
-Only the stream asked for is decoded.
+  read_clip(path, start, dur)  -> Clip: frames at `fps` (25, VideoCC app. C) over
+                                 [start, start + dur) and the audio over the same span,
+                                 zero-padded to the full span (has_audio False and all
+                                 zeros when the file has none; VideoCC app. C feeds zeros)
+  verify(path)                -> decodes the streams end to end: catches a file cut
+                                 short after a valid index, which probe cannot see
+Only the streams asked for are decoded.
 
 Writing: write_video(path, frames, fps, audio=None) encodes H.264 (libx264, yuv420p)
-and AAC mono; the tests and the synthetic mining corpus write their files with it.
+and AAC mono; write_audio(path, wave) an audio-only file (.wav: 16-bit PCM, else AAC
+in .mp4/.m4a). The tests, the synthetic mining corpus and the synthetic layouts of the
+real datasets (`avtext.data.synthetic.layouts`) write their files with them.
 
 Bad input raises `VideoReadError(path, reason, detail)`, a ValueError whose message
 names the file and the problem; `reason` is one of REASONS, so callers that may skip
@@ -57,6 +67,7 @@ class VideoInfo:
   width: int
   height: int
   has_audio: bool
+  has_video: bool = True
 
 
 def _open(path):
@@ -88,10 +99,19 @@ def _stream_duration(container, stream) -> float:
   return float('nan')
 
 
-def probe(path) -> VideoInfo:
-  """Duration, frame rate, size and audio presence, from the headers (no decoding)."""
+def probe(path, *, need_video: bool = True) -> VideoInfo:
+  """Duration, frame rate, size and audio presence, from the headers (no decoding).
+
+  need_video=False: a file without a video stream (a .wav, an audio-only .mp4) probes
+  too, with has_video False, fps 0 and size 0 x 0 and the audio stream's duration;
+  a file with neither stream is still 'no_video'.
+  """
   container = _open(path)
   try:
+    if not container.streams.video and not need_video and container.streams.audio:
+      stream = container.streams.audio[0]
+      return VideoInfo(str(path), _stream_duration(container, stream), 0.0, 0, 0, True,
+                       has_video=False)
     stream = _video_stream(container, path)
     rate = stream.average_rate or stream.guessed_rate or 0
     return VideoInfo(str(path), _stream_duration(container, stream), float(rate),
@@ -99,6 +119,96 @@ def probe(path) -> VideoInfo:
                      bool(container.streams.audio))
   finally:
     container.close()
+
+
+def fit_short_side(height: int, width: int, short_side: int | None) -> tuple[int, int]:
+  """(h, w) with the shorter side `short_side` and the aspect ratio kept (even sizes,
+  as most pipelines resize); (height, width) when short_side is None."""
+  if not short_side:
+    return height, width
+  scale = short_side / min(height, width)
+  even = lambda v: max(2, int(round(v * scale / 2)) * 2)
+  return (short_side, even(width)) if height <= width else (even(height), short_side)
+
+
+@dataclasses.dataclass(frozen=True)
+class Clip:
+  """`read_clip`'s result: frames [n, H, W, 3] uint8 at `fps` from `start_s` (n covers
+  the part of the span inside the file: fewer than span * fps when the file ends
+  first, None when frames were not asked for), audio float32 [span * sample_rate]
+  (zero-padded past the file's end; all zeros with has_audio False when it has none,
+  None when not asked for)."""
+  frames: np.ndarray | None
+  audio: np.ndarray | None
+  has_audio: bool
+  fps: float
+  start_s: float
+  duration_s: float
+
+
+def read_clip(path, start_s: float = 0.0, duration_s: float | None = None, *,
+              fps: float = 25.0, size: tuple[int, int] | None = None,
+              short_side: int | None = None, frames: bool = True, audio: bool = True,
+              sample_rate: int = 16000, info: VideoInfo | None = None) -> Clip:
+  """The clip [start_s, start_s + duration_s) of a file (to its end when duration_s is
+  None): frame k is the frame on screen at start_s + k / fps, for the k whose time lies
+  inside the file; resized on decode to `size` (h, w) or to `short_side` (aspect kept).
+  A span past the file's end is padded as VideoCC app. C does: audio with zeros (the
+  frame samplers spread over the frames there are, `preprocessing.sample_frame_indices`);
+  a file without audio gives zeros and has_audio False. `info`: a probe already made."""
+  info = info or probe(path, need_video=frames)
+  if start_s < 0 or start_s >= info.duration_s:
+    raise ValueError(f'{path}: clip start {start_s:.3f} s is outside the file '
+                     f'(0..{info.duration_s:.3f} s)')
+  span = info.duration_s - start_s if duration_s is None else float(duration_s)
+  if span <= 0:
+    raise ValueError(f'{path}: clip duration must be > 0, got {span}')
+  video = None
+  if frames:
+    inside = min(span, info.duration_s - start_s)
+    n = max(1, int(np.ceil(inside * fps - 1e-6)))
+    times = np.minimum(start_s + np.arange(n) / fps, info.duration_s)
+    if size is None:
+      size = fit_short_side(info.height, info.width, short_side)
+    video = read_frames(path, times, size=size)
+  wave = None
+  if audio:
+    total = int(round(span * sample_rate))
+    wave = np.zeros(total, np.float32)
+    got = read_audio(path, start_s, span, sample_rate=sample_rate) if info.has_audio else None
+    if got is not None:
+      wave[:min(total, len(got))] = got[:total]
+  return Clip(video, wave, bool(info.has_audio), float(fps), float(start_s), float(span))
+
+
+def verify(path, *, video: bool = True, audio: bool = False) -> VideoInfo:
+  """Probes, then decodes the asked-for streams end to end; raises VideoReadError
+  ('truncated') when a stream stops well before its declared duration or fails to
+  decode. Costs one full decode: for datasets' `verify="decode"` option."""
+  import av  # pylint: disable=g-import-not-at-top
+  info = probe(path, need_video=video)
+  container = _open(path)
+  try:
+    kinds = ([container.streams.video[0]] if video and info.has_video else []) + (
+        [container.streams.audio[0]] if audio and info.has_audio else [])
+    for stream in kinds:
+      last, tb = -np.inf, stream.time_base
+      rate = float(getattr(stream, 'average_rate', None) or 0) or 25.0
+      try:
+        container.seek(0)
+        for frame in container.decode(stream):
+          if frame.pts is not None:
+            last = float(frame.pts * tb)
+      except av.error.FFmpegError as e:
+        raise VideoReadError(path, 'truncated', f'{stream.type} decoding failed after '
+                             f'{max(last, 0):.2f} s: {e}') from e
+      tolerance = 2.0 / rate if stream.type == 'video' else 0.25
+      if info.duration_s - last > tolerance + (1.0 / rate if stream.type == 'video' else 0):
+        raise VideoReadError(path, 'truncated', f'{stream.type} ends at {max(last, 0):.2f} s '
+                             f'of {info.duration_s:.2f} s')
+  finally:
+    container.close()
+  return info
 
 
 def sample_times(duration_s: float, hz: float = 1.0) -> np.ndarray:
@@ -239,3 +349,60 @@ def write_video(path, frames: np.ndarray, fps: float, *, audio: np.ndarray | Non
         frame.sample_rate, frame.pts = sample_rate, a
         container.mux(as_.encode(frame))
       container.mux(as_.encode(None))
+
+
+def write_audio(path, wave: np.ndarray, *, sample_rate: int = 16000) -> None:
+  """float32 mono `wave` in [-1, 1] as an audio-only file: 16-bit PCM for a .wav,
+  AAC in an mp4 container otherwise (an '.mp4' without a video stream)."""
+  import av  # pylint: disable=g-import-not-at-top
+  wave = np.clip(np.asarray(wave, np.float32).reshape(1, -1), -1.0, 1.0)
+  wav = pathlib.Path(path).suffix.lower() == '.wav'
+  with av.open(os.fspath(path), 'w', format='wav' if wav else 'mp4') as container:
+    stream = container.add_stream('pcm_s16le' if wav else 'aac', rate=sample_rate,
+                                  layout='mono')
+    block = 1024
+    for a in range(0, wave.shape[1], block):
+      chunk = np.ascontiguousarray(wave[:, a:a + block])
+      if wav:
+        chunk = np.round(chunk * 32767).astype(np.int16)
+      frame = av.AudioFrame.from_ndarray(chunk, format='s16' if wav else 'flt', layout='mono')
+      frame.sample_rate, frame.pts = sample_rate, a
+      container.mux(stream.encode(frame))
+    container.mux(stream.encode(None))
+
+
+FAULTS = ('truncated', 'empty', 'not_video', 'audio_only', 'short', 'no_audio')
+
+
+def write_fault(path, kind: str | None, frames: np.ndarray, fps: float, *,
+                audio: np.ndarray | None = None, sample_rate: int = 16000,
+                short_s: float = 0.2) -> None:
+  """The video (frames, audio) written as `kind` of bad input, or as itself (None):
+    truncated   cut to 60 % of its bytes, written with its index first (faststart), so
+                it opens and its frames stop early
+    empty       zero bytes
+    not_video   a text file with the video's name
+    audio_only  the audio alone (AAC in an mp4 container, no video stream)
+    short       its first `short_s` seconds
+    no_audio    the frames without an audio stream
+  The tests, the mining corpus and the synthetic dataset layouts plant them."""
+  if kind is not None and kind not in FAULTS:
+    raise ValueError(f'write_fault: unknown kind {kind!r}; expected one of {FAULTS}')
+  path = pathlib.Path(path)
+  if kind == 'empty':
+    path.write_bytes(b'')
+  elif kind == 'not_video':
+    path.write_text('this is not a video\n' * 20)
+  elif kind == 'audio_only':
+    if audio is None:
+      raise ValueError('write_fault: audio_only needs the audio')
+    write_audio(path, audio, sample_rate=sample_rate)
+  else:
+    if kind == 'short':
+      frames = frames[:max(1, int(round(short_s * fps)))]
+      audio = None if audio is None else audio[:int(round(short_s * sample_rate))]
+    write_video(path, frames, fps, audio=None if kind == 'no_audio' else audio,
+                sample_rate=sample_rate, faststart=(kind == 'truncated'))
+    if kind == 'truncated':
+      data = path.read_bytes()
+      path.write_bytes(data[:int(len(data) * 0.6)])

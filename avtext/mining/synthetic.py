@@ -33,7 +33,7 @@ from tqdm import tqdm
 from avtext.data.synthetic import mining
 from avtext.data.synthetic import world
 
-FAULTS = ('truncated', 'empty', 'not_video', 'audio_only', 'short', 'no_audio')
+FAULTS = ('truncated', 'empty', 'not_video', 'audio_only', 'short', 'no_audio')  # video_io's
 
 
 def world_meta(w: mining.MiningWorld, faults: tuple[str, ...]) -> dict:
@@ -57,32 +57,20 @@ def _write_file(path: pathlib.Path, kind: str | None, w: mining.MiningWorld, ind
   """Video `index` as an mp4, or as the bad file `kind` (module docstring) stands for."""
   from avtext.data import video_io  # pylint: disable=g-import-not-at-top
   spec = w.spec
-  if kind == 'empty':
-    path.write_bytes(b'')
-  elif kind == 'not_video':
-    path.write_text('this is not a video\n' * 20)
-  elif kind == 'audio_only':
-    import av  # pylint: disable=g-import-not-at-top
-    wave = w.render_audio(index, 0, 5 * spec.sample_rate).reshape(1, -1)
-    with av.open(str(path), 'w') as c:
-      s = c.add_stream('aac', rate=spec.sample_rate, layout='mono')
-      for a in range(0, wave.shape[1], 1024):
-        f = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave[:, a:a + 1024]),
-                                       format='flt', layout='mono')
-        f.sample_rate, f.pts = spec.sample_rate, a
-        c.mux(s.encode(f))
-      c.mux(s.encode(None))
-  else:
-    seconds = 6.0 if kind == 'short' else w.video(index).duration_s
-    n = int(round(seconds * spec.fps))
-    frames = w.render_frames(index, np.arange(n) / spec.fps)
-    audio = None if kind == 'no_audio' else w.render_audio(
-        index, 0, int(round(seconds * spec.sample_rate)))
-    video_io.write_video(path, frames, spec.fps, audio=audio, sample_rate=spec.sample_rate,
-                         faststart=(kind == 'truncated'))
-    if kind == 'truncated':
-      data = path.read_bytes()
-      path.write_bytes(data[:int(len(data) * 0.6)])
+  if kind == 'audio_only':  # 5 s of sound, no frames
+    video_io.write_fault(path, kind, np.zeros((0, 2, 2, 3), np.uint8), spec.fps,
+                         audio=w.render_audio(index, 0, 5 * spec.sample_rate),
+                         sample_rate=spec.sample_rate)
+    return
+  if kind in ('empty', 'not_video'):
+    video_io.write_fault(path, kind, np.zeros((0, 2, 2, 3), np.uint8), spec.fps)
+    return
+  seconds = w.video(index).duration_s
+  n = int(round(seconds * spec.fps))
+  frames = w.render_frames(index, np.arange(n) / spec.fps)
+  audio = w.render_audio(index, 0, int(round(seconds * spec.sample_rate)))
+  video_io.write_fault(path, kind, frames, spec.fps, audio=audio,
+                       sample_rate=spec.sample_rate, short_s=6.0)
 
 
 def _write_video(job) -> None:

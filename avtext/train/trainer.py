@@ -272,6 +272,7 @@ class Trainer:
           scalars = {k: float(v) / window_steps for k, v in jax.device_get(window_sum).items()}
           scalars["lr"] = float(pending[-1][1]["lr"])
           scalars["examples_per_sec"] = window_steps * config.train.batch_size / elapsed
+          scalars.update({f"train_skipped/{k}": v for k, v in self._train_skips().items()})
           writer.write_scalars(step, scalars)
           window_start, window_steps, window_sum = time.perf_counter(), 0, None
         due = [name for name, every in periods.items()
@@ -299,8 +300,20 @@ class Trainer:
       self.checkpointer.wait()
       if self.best_checkpointer is not None:
         self.best_checkpointer.wait()
+    skips = self._train_skips()
+    if skips and jax.process_index() == 0:
+      logging.info("training data: %d examples; entries skipped by reason: %s",
+                   self.task.num_train_examples(), skips)
+      self._update_results(lambda r: r.update(train_data={
+          "examples": self.task.num_train_examples(), "skipped": skips}))
     writer.flush()
     return state
+
+  def _train_skips(self) -> dict[str, int]:
+    """{reason: count} of the train split's entries put aside (files that are missing or
+    do not decode, see `avtext.data.builders.files`); {} for sources that skip nothing."""
+    counts = getattr(getattr(self.task, "_train_source", None), "skip_counts", None)
+    return counts() if counts is not None else {}
 
   def _evaluate(self, state: TrainState, step: int, writer, names: list[str], *,
                 data_iter) -> TrainState:
@@ -331,6 +344,10 @@ class Trainer:
       with report_time(f"eval {name}") as timer:
         results = self.evaluators[name].run(variables, mesh=self.mesh, step=step)
       results = {**results, "eval_seconds": timer.seconds}
+      # The split's entries whose files were bad (builders.files); a source already open.
+      counts = getattr(getattr(self.evaluators[name], "_source", None), "skip_counts", None)
+      if counts is not None:
+        results.update({f"skipped/{k}": v for k, v in counts().items()})
       flat.update({f"{name}/{k}": v for k, v in results.items()})
     writer.write_scalars(step, {k: v for k, v in flat.items()
                                 if isinstance(v, (int, float)) and not isinstance(v, bool)})

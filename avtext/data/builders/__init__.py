@@ -28,8 +28,15 @@ and e.g. TensorFlow is imported only by a config that reads TFDS files):
                            query feature h5) under config.dataset.path, see `builders.tvr`
   videocc_mined            the clips `python -m avtext.mining` found (its CSV + the corpus
                            videos) under config.dataset.path, see `builders.mined`
-  videocc3m, msrvtt        real datasets whose builders are not written yet: they
-                           fail with what to prepare
+  videocc3m                the VideoCC release CSV + your downloaded videos / clips
+  msrvtt                   MSR-VTT videos + annotations: train (9k), val, test (= test_1ka,
+                           the 1k-A list), test_full
+  audiocaps                AudioCaps captions + AudioSet segments (audio, video where present)
+  clotho                   Clotho v2 captions + audio (audio only)
+                           (these four read the user's media files lazily through
+                           `builders.files.MediaClips`: layouts in their modules; bad files
+                           are counted by reason; `python -m avtext.data.materialize`
+                           stores them as array_record)
 
 A factory `(dataset_config, split) -> source` is registered with
 `@register_dataset(name)` (or `prefix=True` for a family such as 'tfds:');
@@ -60,8 +67,10 @@ _SPLIT_ALIASES = {"validation": "val"}
 _MODULES = {
     "synthetic_clips": "avtext.data.builders.synthetic",
     "synthetic_smit": "avtext.data.builders.synthetic",
-    "videocc3m": "avtext.data.builders.pending",
-    "msrvtt": "avtext.data.builders.pending",
+    "videocc3m": "avtext.data.builders.videocc3m",
+    "msrvtt": "avtext.data.builders.msrvtt",
+    "audiocaps": "avtext.data.builders.audiocaps",
+    "clotho": "avtext.data.builders.clotho",
     "coot": "avtext.data.builders.coot",
     "tvc": "avtext.data.builders.tvc",
     "tvr": "avtext.data.builders.tvr",

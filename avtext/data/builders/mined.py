@@ -24,7 +24,6 @@ Optional: dataset.num_train keeps the first N lines.
 """
 from __future__ import annotations
 
-import csv
 import json
 import pathlib
 from typing import Any
@@ -33,6 +32,7 @@ import ml_collections
 import numpy as np
 
 from avtext.data import builders
+from avtext.data.builders import videocc3m
 
 FORMAT = 'avtext.videocc_mined/1'
 
@@ -61,17 +61,11 @@ class MinedClips:
     self.clip_seconds = float(meta['clip_seconds'])
     self.videos: dict[str, str] = meta['videos']
     self.no_audio = set(meta.get('no_audio', ()))
-    rows = []
     csv_path = root / meta['csv']
-    with open(csv_path, newline='') as f:
-      for n, row in enumerate(csv.reader(f), 1):
-        if len(row) != 4:
-          raise ValueError(f'{csv_path}:{n}: expected 4 columns (video id, start µs, end µs, '
-                           f'caption), got {len(row)}')
-        vid, start, end, caption = row
-        if vid not in self.videos:
-          raise ValueError(f'{csv_path}:{n}: video {vid!r} is not in {meta_path} "videos"')
-        rows.append((vid, int(start), int(end), caption))
+    rows = videocc3m.read_csv(csv_path)
+    for n, (vid, *_rest) in enumerate(rows, 1):
+      if vid not in self.videos:
+        raise ValueError(f'{csv_path}: row {n}: video {vid!r} is not in {meta_path} "videos"')
     if num_examples is not None:
       rows = rows[:num_examples]
     if not rows:

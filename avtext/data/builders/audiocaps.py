@@ -1,0 +1,78 @@
+r"""`audiocaps`: AudioCaps captions + the AudioSet clips you downloaded (VideoCC §5.4).
+
+    --config.dataset.name=audiocaps --config.dataset.path=DIR
+
+DIR/{train,val,test}.csv   AudioCaps' release: header audiocap_id,youtube_id,start_time,
+                           caption (start_time: seconds into the YouTube video)
+DIR/media/                 your downloads (`dataset.media_dir` names another directory):
+                             <youtube_id>_<start_time>.<ext>  the 10 s AudioSet segment
+                                                              (as AudioSet downloaders cut it)
+                             <youtube_id>.<ext>              the whole video; the segment
+                                                              [start_time, +10 s) is cut
+                           ext: mp4, mkv, webm (video + audio; frames where present) or
+                           wav, flac, m4a (audio only)
+Every row is an entry; the test split's 5 captions of a clip share its youtube_id as
+video_id (one audio, several queries). The paper reads audio and, where present, RGB
+(`dataset.need`: "audio" (default: audio-only models, and files without video are fine)
+or "video" (frames too: audio-only files are then skipped as no_video)). Files without
+an audio stream are skipped as no_audio in an audio dataset. Bad or missing files are
+counted by reason (`builders.files`; shared fields in `files.options`).
+"""
+from __future__ import annotations
+
+import csv
+import pathlib
+
+import ml_collections
+
+from avtext.data import builders
+from avtext.data.builders import files
+
+SPLITS = ('train', 'val', 'test')
+SEGMENT_S = 10.0
+PREPARE = ('Download AudioCaps\' train.csv / val.csv / test.csv into DIR and the AudioSet '
+           'segments they list into DIR/media/<youtube_id>_<start_time>.wav (or .mp4 with '
+           'video), and set --config.dataset.path=DIR; layout in '
+           'avtext/data/builders/audiocaps.py. The synthetic '
+           'world in this layout: python -m avtext.data.synthetic.layouts --layout=audiocaps')
+COLUMNS = ('audiocap_id', 'youtube_id', 'start_time', 'caption')
+
+
+def entries(root: pathlib.Path, split: str, media: pathlib.Path) -> list[files.Entry]:
+  if split not in SPLITS:
+    raise ValueError(f'audiocaps: no split {split!r}; splits: {", ".join(SPLITS)}')
+  path = files.require_file(root / f'{split}.csv', f'the AudioCaps {split} captions', PREPARE)
+  suffixes = files.VIDEO_SUFFIXES + files.AUDIO_SUFFIXES
+  out = []
+  with open(path, newline='', encoding='utf-8') as f:
+    reader = csv.DictReader(f)
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    if missing:
+      raise ValueError(f'{path}: no column {missing} (header: {reader.fieldnames}); expected '
+                       f'{",".join(COLUMNS)}')
+    for n, row in enumerate(reader, 2):
+      yid = row['youtube_id']
+      try:
+        start = float(row['start_time'])
+      except ValueError:
+        raise ValueError(f'{path}:{n}: start_time must be seconds, got '
+                         f'{row["start_time"]!r}') from None
+      segment = files.find_media(media, f'{yid}_{int(start)}', suffixes)
+      if segment.exists():
+        entry = files.Entry(str(segment), row['caption'], row['audiocap_id'], yid, 0.0,
+                            SEGMENT_S)
+      else:
+        entry = files.Entry(str(files.find_media(media, yid, suffixes)), row['caption'],
+                            row['audiocap_id'], yid, start, start + SEGMENT_S)
+      out.append(entry)
+  return out
+
+
+@builders.register_dataset('audiocaps')
+def audiocaps(dataset: ml_collections.ConfigDict, split: str) -> files.MediaClips:
+  root = files.require_path(dataset, 'AudioCaps', PREPARE)
+  media = pathlib.Path(dataset.get('media_dir') or root / 'media')
+  es = entries(root, split, media)
+  keep = dataset.get('num_train') if split == 'train' else dataset.get('num_test')
+  return files.MediaClips(es[:keep] if keep else es, **files.options(
+      dataset, split, f"audiocaps {split!r} under {root}", need=dataset.get('need', 'audio')))
