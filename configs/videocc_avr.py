@@ -45,7 +45,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # ---- data: VideoCC3M, sampled as in VideoCC §5.2 / app. C -------------------
   config.dataset = ml_collections.ConfigDict()
   config.dataset.name = "videocc3m"
-  config.dataset.data_dir = None  # where the prepared TFDS/array_record dataset lives
+  # The release CSV + your downloaded videos (layout: avtext/data/builders/videocc3m.py);
+  # or a materialized copy: name="tfds:<name>", data_dir=<dir> (avtext.data.materialize).
+  config.dataset.path = ml_collections.config_dict.placeholder(str)
+  config.dataset.data_dir = ml_collections.config_dict.placeholder(str)  # for tfds:<name>
 
   config.data = ml_collections.ConfigDict()
   config.data.fps = 25  # app. C: frames extracted at 25 fps
@@ -132,7 +135,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # ---- evaluation (avtext/evals): zero-shot retrieval on MSR-VTT (§5.3) ----
   config.evals = ml_collections.ConfigDict()
   config.evals.msrvtt = ml_collections.ConfigDict(dict(
-      type="retrieval", every_steps=5000, dataset=dict(name="msrvtt", data_dir=None),
+      # MSR-VTT 1k-A (layout: avtext/data/builders/msrvtt.py); set
+      # --config.evals.msrvtt.dataset.path=<your MSR-VTT directory>.
+      type="retrieval", every_steps=5000,
+      dataset=dict(name="msrvtt", path=None, data_dir=None),
       split="test",
       text_fn="embed_text", video_fn="embed_video"))
   config.eval = eval_config(batch_size=64)
