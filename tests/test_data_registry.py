@@ -63,13 +63,15 @@ def test_unknown_name_lists_registered_names():
     builders.get_source(ml_collections.ConfigDict({"name": "tfds:"}), "train")
 
 
-def test_real_dataset_without_builder_says_what_to_prepare():
+def test_real_dataset_without_its_files_says_what_to_prepare(tmp_path):
   with pytest.raises(FileNotFoundError) as e:
     builders.get_source(ml_collections.ConfigDict({"name": "msrvtt"}), "test")
   message = str(e.value)
-  assert message.startswith("config.dataset: 'msrvtt' has no builder in avtext yet")
-  assert "MSR-VTT: download the videos and the 1k-A test split" in message
-  assert "configs/videocc_avr.py:demo" in message
+  assert message.startswith("config.dataset.path: set it to your MSR-VTT directory")
+  assert "MSRVTT_JSFUSION_test.csv" in message and "layouts --layout=msrvtt" in message
+  with pytest.raises(FileNotFoundError, match=r"MSRVTT_JSFUSION_test.csv: not found"):
+    builders.get_source(ml_collections.ConfigDict({"name": "msrvtt", "path": str(tmp_path)}),
+                        "test")
 
 
 def test_tfds_prefix_errors():

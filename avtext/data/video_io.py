@@ -11,13 +11,12 @@ Reading:
                                  (k + 0.5) / hz, the middle of each period)
   read_audio(path, start, n)  -> float32 mono at `sample_rate` (16 kHz, VideoCC app. C)
                                  or None when the file has no audio stream
-  read_clip(path, start, dur)  -> Clip: frames at `fps` (25, VideoCC app. C) over
-                                 [start, start + dur) and the audio over the same span,
-                                 zero-padded to the full span (has_audio False and all
-                                 zeros when the file has none; VideoCC app. C feeds zeros)
+  fit_short_side(h, w, s)     -> the decode size with the shorter side s, aspect kept
   verify(path)                -> decodes the streams end to end: catches a file cut
                                  short after a valid index, which probe cannot see
-Only the streams asked for are decoded.
+Only the streams asked for are decoded. Clips of a dataset (a span of a file at 25 fps,
+audio zero-padded past the file's end, zeros + has_audio False without sound, as VideoCC
+app. C) are read through `avtext.data.builders.files.MediaClips`, built on these.
 
 Writing: write_video(path, frames, fps, audio=None) encodes H.264 (libx264, yuv420p)
 and AAC mono; write_audio(path, wave) an audio-only file (.wav: 16-bit PCM, else AAC
@@ -33,7 +32,8 @@ a file (the mining pipeline) count skips by reason:
               cut off before the index, ...)
   no_video    no video stream (an audio-only file)
   truncated   the video stream ends before a requested time that its declared
-              duration covers (a file cut short after its index), or decoding fails
+              duration covers (a file cut short after its index), the audio stream
+              gives fewer samples than its duration declares, or decoding fails
               part-way
 A time past the declared duration is a caller error (ValueError, not skipped).
 """
@@ -106,6 +106,7 @@ def probe(path, *, need_video: bool = True) -> VideoInfo:
   too, with has_video False, fps 0 and size 0 x 0 and the audio stream's duration;
   a file with neither stream is still 'no_video'.
   """
+  _check_riff_size(path)
   container = _open(path)
   try:
     if not container.streams.video and not need_video and container.streams.audio:
@@ -121,6 +122,22 @@ def probe(path, *, need_video: bool = True) -> VideoInfo:
     container.close()
 
 
+def _check_riff_size(path) -> None:
+  """A .wav cut short: FFmpeg takes its duration from the file's size, so only the RIFF
+  header's own size (bytes 4-8) tells that bytes are missing."""
+  p = pathlib.Path(path)
+  if p.suffix.lower() != '.wav' or not p.is_file():
+    return
+  with open(p, 'rb') as f:
+    head = f.read(12)
+  if len(head) == 12 and head[:4] == b'RIFF' and head[8:12] == b'WAVE':
+    declared = int.from_bytes(head[4:8], 'little') + 8
+    size = p.stat().st_size
+    if size < declared:
+      raise VideoReadError(path, 'truncated', f'{size} of the {declared} bytes its RIFF '
+                           'header declares')
+
+
 def fit_short_side(height: int, width: int, short_side: int | None) -> tuple[int, int]:
   """(h, w) with the shorter side `short_side` and the aspect ratio kept (even sizes,
   as most pipelines resize); (height, width) when short_side is None."""
@@ -129,56 +146,6 @@ def fit_short_side(height: int, width: int, short_side: int | None) -> tuple[int
   scale = short_side / min(height, width)
   even = lambda v: max(2, int(round(v * scale / 2)) * 2)
   return (short_side, even(width)) if height <= width else (even(height), short_side)
-
-
-@dataclasses.dataclass(frozen=True)
-class Clip:
-  """`read_clip`'s result: frames [n, H, W, 3] uint8 at `fps` from `start_s` (n covers
-  the part of the span inside the file: fewer than span * fps when the file ends
-  first, None when frames were not asked for), audio float32 [span * sample_rate]
-  (zero-padded past the file's end; all zeros with has_audio False when it has none,
-  None when not asked for)."""
-  frames: np.ndarray | None
-  audio: np.ndarray | None
-  has_audio: bool
-  fps: float
-  start_s: float
-  duration_s: float
-
-
-def read_clip(path, start_s: float = 0.0, duration_s: float | None = None, *,
-              fps: float = 25.0, size: tuple[int, int] | None = None,
-              short_side: int | None = None, frames: bool = True, audio: bool = True,
-              sample_rate: int = 16000, info: VideoInfo | None = None) -> Clip:
-  """The clip [start_s, start_s + duration_s) of a file (to its end when duration_s is
-  None): frame k is the frame on screen at start_s + k / fps, for the k whose time lies
-  inside the file; resized on decode to `size` (h, w) or to `short_side` (aspect kept).
-  A span past the file's end is padded as VideoCC app. C does: audio with zeros (the
-  frame samplers spread over the frames there are, `preprocessing.sample_frame_indices`);
-  a file without audio gives zeros and has_audio False. `info`: a probe already made."""
-  info = info or probe(path, need_video=frames)
-  if start_s < 0 or start_s >= info.duration_s:
-    raise ValueError(f'{path}: clip start {start_s:.3f} s is outside the file '
-                     f'(0..{info.duration_s:.3f} s)')
-  span = info.duration_s - start_s if duration_s is None else float(duration_s)
-  if span <= 0:
-    raise ValueError(f'{path}: clip duration must be > 0, got {span}')
-  video = None
-  if frames:
-    inside = min(span, info.duration_s - start_s)
-    n = max(1, int(np.ceil(inside * fps - 1e-6)))
-    times = np.minimum(start_s + np.arange(n) / fps, info.duration_s)
-    if size is None:
-      size = fit_short_side(info.height, info.width, short_side)
-    video = read_frames(path, times, size=size)
-  wave = None
-  if audio:
-    total = int(round(span * sample_rate))
-    wave = np.zeros(total, np.float32)
-    got = read_audio(path, start_s, span, sample_rate=sample_rate) if info.has_audio else None
-    if got is not None:
-      wave[:min(total, len(got))] = got[:total]
-  return Clip(video, wave, bool(info.has_audio), float(fps), float(start_s), float(span))
 
 
 def verify(path, *, video: bool = True, audio: bool = False) -> VideoInfo:
@@ -310,6 +277,13 @@ def read_audio(path, start_s: float = 0.0, duration_s: float | None = None, *,
     wave = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
     offset = max(0, start - int(round((first_t or 0.0) * sample_rate)))
     wave = wave[offset:]
+    # The stream's header promises samples up to its duration: fewer means a cut file,
+    # not silence (a caller padding with zeros would feed a silent clip as data).
+    declared = _stream_duration(container, stream)
+    end_s = declared if duration_s is None else min(start_s + duration_s, declared)
+    if np.isfinite(declared) and len(wave) < (end_s - start_s - 0.1) * sample_rate:
+      raise VideoReadError(path, 'truncated', f'audio ends at '
+                           f'{start_s + len(wave) / sample_rate:.2f} s of {declared:.2f} s')
     return wave if need is None else wave[:need]
   finally:
     container.close()
@@ -364,7 +338,9 @@ def write_audio(path, wave: np.ndarray, *, sample_rate: int = 16000) -> None:
     for a in range(0, wave.shape[1], block):
       chunk = np.ascontiguousarray(wave[:, a:a + block])
       if wav:
-        chunk = np.round(chunk * 32767).astype(np.int16)
+        # FFmpeg decodes s16 as x / 32768: the same scale, so a sample comes back
+        # within half a quantization step.
+        chunk = np.clip(np.round(chunk * 32768), -32768, 32767).astype(np.int16)
       frame = av.AudioFrame.from_ndarray(chunk, format='s16' if wav else 'flt', layout='mono')
       frame.sample_rate, frame.pts = sample_rate, a
       container.mux(stream.encode(frame))

@@ -79,6 +79,9 @@ def _write(path: pathlib.Path, src, i: int, spec: world.WorldSpec, *, audio_only
     video_io.write_video(tmp, frames, spec.fps)
   elif audio_only and fault == 'short':
     video_io.write_audio(tmp, audio[:int(0.2 * spec.sample_rate)], sample_rate=spec.sample_rate)
+  elif audio_only and fault == 'truncated':  # a .wav cut short: its header says 2 s
+    video_io.write_audio(tmp, audio, sample_rate=spec.sample_rate)
+    tmp.write_bytes(tmp.read_bytes()[:int(tmp.stat().st_size * 0.6)])
   else:
     video_io.write_fault(tmp, fault, frames, spec.fps, audio=audio,
                          sample_rate=spec.sample_rate)
