@@ -165,6 +165,7 @@ class MediaClips:
     probe_cache: a JSON file to keep probe results in between runs (None: none).
   """
   kind = builders.CLIPS
+  AUDIO_CACHE_S = 60.0  # spans up to this long are decoded whole once per clip
 
   def __init__(self, entries: Sequence[Entry], *, where: str, need: str = 'video',
                fps: float = 25.0, sample_rate: int = 16000, short_side: int | None = None,
@@ -209,6 +210,7 @@ class MediaClips:
     self._lock = threading.Lock()
     self._bad_paths: dict[str, str] = {}  # path -> reason, found while reading
     self._read_skips = collections.Counter()
+    self._audio_cache: dict[tuple, np.ndarray] = {}
     if self.skipped:
       counts = collections.Counter(s.reason for s in self.skipped)
       first = self.skipped[0]
@@ -279,6 +281,25 @@ class MediaClips:
     n = total - start_sample if num_samples is None else int(num_samples)
     out = np.zeros(max(n, 0), np.float32)
     if not info.has_audio or n <= 0:
+      return out
+    if total <= self.AUDIO_CACHE_S * self.sample_rate:
+      # A clip's spectrogram windows (8 per clip, K clips at eval) read one decode of
+      # the span, kept for the last few spans (threads read different clips; the
+      # captions of one video share its span).
+      key = (e.path, e.start_s, total)
+      with self._lock:
+        wave = self._audio_cache.get(key)
+      if wave is None:
+        wave = np.zeros(total, np.float32)
+        got = video_io.read_audio(e.path, e.start_s, total / self.sample_rate,
+                                  sample_rate=self.sample_rate)
+        wave[:min(total, len(got))] = got[:total]
+        with self._lock:
+          self._audio_cache[key] = wave
+          while len(self._audio_cache) > 8:
+            self._audio_cache.pop(next(iter(self._audio_cache)))
+      part = wave[max(start_sample, 0):max(start_sample, 0) + n]
+      out[:len(part)] = part
       return out
     got = video_io.read_audio(e.path, e.start_s + start_sample / self.sample_rate,
                               n / self.sample_rate, sample_rate=self.sample_rate)
