@@ -163,7 +163,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         type="retrieval", every_steps=0, split="test",
         text_fn="embed_text", video_fn="embed_video",
         dataset=dict(name="msrvtt", path=ml_collections.config_dict.placeholder(str),
-                     short_side=config.data.image_size)))
+                     short_side=config.data.image_size,
+                     data_dir=ml_collections.config_dict.placeholder(str))))
   if "rgb" in variants:
     config.model.video.modalities = "rgb"
   if "audio" in variants:
