@@ -1,4 +1,16 @@
-r"""Search a stored video corpus with a trained XML run: text queries in, top moments out.
+r"""Search with a trained run: your own videos by text (or by video), or an XML moment corpus.
+
+Videos indexed by `python -m avtext.index` (a retrieval run, e.g. configs/videocc_avr.py):
+
+    python -m avtext.search --index=INDEX "a dog barking at a red ball" [--top=5] [--json]
+    python -m avtext.search --index=INDEX --video=FILE --captions=captions.txt [--top=5]
+
+text -> video prints rank, score and the video's path (relative to the indexed folder);
+the score is the retrieval evaluator's: the text embedding's inner product with the mean
+of the video's K clip embeddings. video -> text embeds FILE the same way and ranks the
+lines of --captions. The run and step come from the index.
+
+Moments of a stored corpus with an XML run (TVR):
 
     python -m avtext.search --workdir=workdirs/demo/xml --step=best \
         --corpus=workdirs/demo/xml/corpus/test_step840 --queries=queries.txt [--top=10]
@@ -77,17 +89,89 @@ class Searcher:
              for v, s, e, score in results["VCMR"][i][:top]] for i in range(len(texts))]
 
 
+class IndexSearcher:
+  """An `avtext.index` directory + its run: `texts(queries, top)`, `video(file, captions,
+  top)`; each returns per query [(name, score)], best first."""
+
+  def __init__(self, index):
+    from avtext import index as index_lib  # pylint: disable=g-import-not-at-top
+    self.index = index_lib.VideoIndex(index)
+    run = self.index.meta["run"]
+    if index_lib.config_hash(run["workdir"]) != run["config_sha256"]:
+      raise ValueError(f"{index}: the run {run['workdir']} changed since it was indexed "
+                       "(config.json differs); index again")
+    self.embedder = index_lib.VideoEmbedder(run["workdir"], run["step"])
+
+  def texts(self, queries: Sequence[str], top: int = 5) -> list[list[tuple[str, float]]]:
+    scores, rows = self.index.search(self.embedder.embed_texts(queries), top)
+    return [[(self.index.ids[r], float(sc)) for sc, r in zip(s, rr) if r >= 0]
+            for s, rr in zip(scores, rows)]
+
+  def video(self, path: str, captions: Sequence[str], top: int = 5
+            ) -> list[tuple[str, float]]:
+    source = self.embedder.source([path], [path], path)
+    if not len(source):
+      s = source.skipped[0]
+      raise ValueError(f"{path}: cannot be read ({s.reason} {s.detail})")
+    vectors, failed = self.embedder.embed_videos(source, progress=False)
+    if failed:
+      raise failed[0]
+    sim = self.embedder.embed_texts(captions) @ vectors[0]
+    order = np.argsort(-sim, kind="stable")[:top]
+    return [(captions[i], float(sim[i])) for i in order]
+
+
+def _index_main(args, parser) -> None:
+  searcher = IndexSearcher(args.index)
+  if args.video:
+    if not args.captions:
+      parser.error("--video needs --captions=FILE (one caption per line)")
+    captions = [l.strip() for l in open(args.captions, encoding="utf-8") if l.strip()]
+    found = searcher.video(args.video, captions, args.top)
+    if args.json:
+      print(json.dumps({"video": args.video, "captions": [
+          {"caption": c, "score": sc} for c, sc in found]}))
+    else:
+      print(f"video: {args.video}")
+      for rank, (c, sc) in enumerate(found, 1):
+        print(f"  {rank:3d}. {sc:8.4f}  {c}")
+    return
+  texts = list(args.text)
+  if not texts:
+    parser.error("give a query: python -m avtext.search --index=INDEX \"text\"")
+  for text, found in zip(texts, searcher.texts(texts, args.top)):
+    if args.json:
+      print(json.dumps({"query": text, "videos": [{"video": v, "score": sc}
+                                                   for v, sc in found]}))
+      continue
+    print(f"query: {text}")
+    for rank, (v, sc) in enumerate(found, 1):
+      print(f"  {rank:3d}. {sc:8.4f}  {v}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(prog="python -m avtext.search",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("--workdir", required=True, help="an XML run directory")
+  parser.add_argument("--index", default=None, help="an avtext.index directory (own videos)")
+  parser.add_argument("text", nargs="*", help="--index: text queries")
+  parser.add_argument("--video", default=None, help="--index: a video file, video -> text")
+  parser.add_argument("--captions", default=None, help="--video: captions, one per line")
+  parser.add_argument("--workdir", default=None, help="an XML run directory")
   parser.add_argument("--step", default=None, help="checkpoint: N, 'best' or latest (default)")
-  parser.add_argument("--corpus", required=True, help="a corpus store of that run and step")
+  parser.add_argument("--corpus", default=None, help="a corpus store of that run and step")
   parser.add_argument("--queries", default="-", help="a text file, one query per line; - = stdin")
-  parser.add_argument("--top", type=int, default=10, help="moments printed per query")
+  parser.add_argument("--top", type=int, default=None,
+                      help="results per query (default 5 videos / 10 moments)")
   parser.add_argument("--bert_dir", default=None, help="overrides config.dataset.query_encoder")
   parser.add_argument("--json", action="store_true", help="one JSON object per query")
   args = parser.parse_args(argv)
+  if args.index:
+    args.top = args.top or 5
+    _index_main(args, parser)
+    return
+  if not args.workdir or not args.corpus:
+    parser.error("give --index=INDEX (own videos) or --workdir and --corpus (XML moments)")
+  args.top = args.top or 10
   lines = (sys.stdin if args.queries == "-" else open(args.queries, encoding="utf-8"))
   texts = [l.strip() for l in lines if l.strip()]
   if not texts:

@@ -163,6 +163,7 @@ class MediaClips:
     verify: 'probe' (headers) or 'decode' (each file end to end; slower, sees truncation).
     substitute: a read that fails takes the next readable entry (training splits).
     probe_cache: a JSON file to keep probe results in between runs (None: none).
+    allow_empty: no error when every file is bad (tools that report the skips).
   """
   kind = builders.CLIPS
   AUDIO_CACHE_S = 60.0  # spans up to this long are decoded whole once per clip
@@ -171,7 +172,7 @@ class MediaClips:
                fps: float = 25.0, sample_rate: int = 16000, short_side: int | None = None,
                min_seconds: float = 1.0, on_bad: str = 'skip', verify: str = 'probe',
                substitute: bool = False, probe_cache: str | None = None,
-               progress: bool = True):
+               progress: bool = True, allow_empty: bool = False):
     if need not in ('video', 'audio'):
       raise ValueError(f'{where}: need must be "video" or "audio", got {need!r}')
     if on_bad not in ('skip', 'raise'):
@@ -218,7 +219,7 @@ class MediaClips:
                       len(self.skipped), len(entries),
                       ', '.join(f'{k} {v}' for k, v in sorted(counts.items())),
                       first.path, first.reason, first.detail)
-    if not kept:
+    if not kept and not allow_empty:
       raise ValueError(f'{where}: none of its {len(entries)} entries has a readable file'
                        + (f' (first: {self.skipped[0].path}: {self.skipped[0].reason})'
                           if self.skipped else ''))
