@@ -120,3 +120,29 @@ def test_demo_run_finds_own_videos_by_their_captions(tmp_path):
   index_lib.build(run, tmp_path / 'videos', tmp_path / 'index', progress=False)
   rec, _ = index_throughput.recall(search.IndexSearcher(tmp_path / 'index'), captions)
   assert rec[5] >= 30, rec
+
+
+@pytest.mark.slow  # a captioning run costs ~1 min to compile (test_captioning.py is slow too)
+def test_caption_cli_on_own_files(setup, tmp_path, capsys):
+  from avtext import caption  # pylint: disable=g-import-not-at-top
+  from avtext.data import builders  # pylint: disable=g-import-not-at-top
+  from avtext.data import pipelines  # pylint: disable=g-import-not-at-top
+  from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
+  from configs import videocc_caption  # pylint: disable=g-import-not-at-top
+  _, videos, _, _ = setup
+  config = videocc_caption.get_config('tiny')
+  config.train.num_steps = 2
+  config.evals = {}
+  train = builders.get_source(config.dataset, 'train')
+  preprocessing.write_vocab_subset(pipelines.source_captions(train), tmp_path / 'vocab.json')
+  config.model.decoder.vocab_subset = str(tmp_path / 'vocab.json')
+  make_trainer(config, tmp_path / 'cap').train()
+  files = [str(videos / 'test00000.mp4'), str(videos / 'test00001.mp4'), str(videos / 'notes.mp4')]
+  greedy = caption.caption_files(tmp_path / 'cap', files)
+  beam1 = caption.caption_files(tmp_path / 'cap', files, beam=1)
+  assert greedy == beam1
+  assert all(c for _, c, _ in greedy[:2]) and greedy[2][1] is None
+  assert greedy[2][2].startswith('unreadable')
+  caption.main(['--run', str(tmp_path / 'cap'), '--beam', '2'] + files[:1])
+  path, text = capsys.readouterr().out.strip().split('\t')
+  assert path == files[0] and text
