@@ -84,6 +84,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.video = ml_collections.ConfigDict()
   config.model.video.name = "mbt"
   config.model.video.modalities = "rgb+audio"
+  # VideoCC §5.2: MBT starts from ImageNet-21k ViT-B/16 (avtext/weights/vit.py): set
+  # --config.model.video.init_from_vit.path=<ViT-B_16.npz or a HF ViTModel dir>.
+  config.model.video.init_from_vit = ml_collections.ConfigDict(dict(
+      path=ml_collections.config_dict.placeholder(str), format="auto",
+      rgb_init="central_frame", audio_kernel="sum", towers=("rgb", "audio")))
   config.model.video.hidden_size = 768  # ViT-B
   config.model.video.num_layers = 12
   config.model.video.num_heads = 12

@@ -44,6 +44,8 @@ class AVRTask(registry.ClipTask):
                            batch["attention_mask"])
 
   def load_pretrained(self, params):
+    from avtext.weights import vit  # pylint: disable=g-import-not-at-top
+    params = vit.load_into_video(params, self.config)  # model.video.init_from_vit
     weights = bert_weights.weights_dir(self.config.model.text.get("weights"))
     if weights is None:
       return params
