@@ -1,0 +1,48 @@
+"""notebooks/inspect_run.ipynb runs top to bottom on a tiny run (nbclient, python3 kernel)."""
+import os
+
+import nbclient
+import nbformat
+
+from tests.test_trainer import REPO
+from tests.test_trainer import make_trainer
+from tests.test_trainer import tiny_config
+
+
+def _text(cell) -> str:
+  return ''.join(o.get('text', '') for o in cell.get('outputs', ()) if o.output_type == 'stream')
+
+
+def test_inspect_run_notebook_executes_on_a_tiny_run(tmp_path):
+  config = tiny_config(**{'train.num_steps': 2, 'train.log_every_steps': 1,
+                          'evals.test.every_steps': 1})
+  make_trainer(config, tmp_path / 'run').train()
+  nb = nbformat.read(REPO / 'notebooks' / 'inspect_run.ipynb', as_version=4)
+  assert not any(c.get('outputs') for c in nb.cells if c.cell_type == 'code'), \
+      'commit the notebook without outputs'
+  env = {'AVTEXT_RUN_DIR': str(tmp_path / 'run'), 'AVTEXT_NUM_CLIPS': '8',
+         'MPLBACKEND': 'Agg', 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '',
+         'PYTHONPATH': str(REPO)}
+  old = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  try:
+    # ipykernel's python3 kernelspec runs sys.executable: this venv's interpreter.
+    nbclient.NotebookClient(nb, timeout=300, kernel_name='python3',
+                            resources={'metadata': {'path': str(REPO)}}).execute()
+  finally:
+    for k, v in old.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+  out = '\n'.join(_text(c) for c in nb.cells if c.cell_type == 'code')
+  assert f"run: {tmp_path / 'run'}  step: 2" in out
+  assert f'task: avr  model: {config.model.name}' in out
+  assert "evaluator 'test': 8 clips" in out and 'similarity matrix: (8, 8)' in out
+  # The curves cell found the trainer's scalars: the loss and the evaluator's R@1.
+  scalars = next(line for line in out.splitlines() if line.startswith('scalars:'))
+  assert "'loss'" in scalars and "'test/t2v_R@1'" in scalars
+  # The R@1 it prints on 8 clips is the einsum of the embeddings it made: a number in
+  # [0, 100] in steps of 12.5.
+  r1 = float(out.split('R@1 on these 8: ')[1].split(' %')[0])
+  assert r1 in {12.5 * k for k in range(9)}
