@@ -14,20 +14,19 @@ from avtext.weights import vit
 D, HEADS, LAYERS, MLP, PATCH, IMAGE = 32, 4, 2, 64, 4, 16
 
 
-@pytest.fixture(scope='module')
-def hf_dir(tmp_path_factory):
-  path = tmp_path_factory.mktemp('vit')
-  cfg = transformers.ViTConfig(hidden_size=D, num_hidden_layers=LAYERS,
-                               num_attention_heads=HEADS, intermediate_size=MLP,
-                               image_size=IMAGE, patch_size=PATCH, layer_norm_eps=1e-6,
+def write_hf_vit(path, *, hidden=D, layers=LAYERS, heads=HEADS, mlp=MLP, image=IMAGE,
+                 patch=PATCH, seed=0):
+  """A random transformers ViTModel saved as the hub stores it: PyTorch names, Linear
+  [out, in], conv [D, 3, ph, pw] (transformers' Flax save would keep Flax names)."""
+  cfg = transformers.ViTConfig(hidden_size=hidden, num_hidden_layers=layers,
+                               num_attention_heads=heads, intermediate_size=mlp,
+                               image_size=image, patch_size=patch, layer_norm_eps=1e-6,
                                hidden_act='gelu')
   model = transformers.FlaxViTModel(cfg, seed=3, add_pooling_layer=False)
   # Random, not zero, biases and norms: every weight must land in the right place.
-  rng = np.random.default_rng(0)
+  rng = np.random.default_rng(seed)
   model.params = jax.tree.map(lambda x: np.asarray(rng.normal(0, 0.2, x.shape), np.float32),
                               model.params)
-  # The checkpoint as the hub stores ViTModel: PyTorch names, Linear [out, in], conv
-  # [D, 3, ph, pw] (transformers' Flax save would keep Flax names).
   model.config.to_json_file(path / 'config.json')
   pt = {}
   for key, value in flax.traverse_util.flatten_dict(model.params).items():
@@ -39,7 +38,13 @@ def hf_dir(tmp_path_factory):
       leaf = 'weight'
     pt[f'{name}.{leaf}' if name else leaf] = np.ascontiguousarray(v)
   safetensors.numpy.save_file(pt, str(path / 'model.safetensors'))
-  return path, model
+  return model
+
+
+@pytest.fixture(scope='module')
+def hf_dir(tmp_path_factory):
+  path = tmp_path_factory.mktemp('vit')
+  return path, write_hf_vit(path)
 
 
 def _tower(t=1, eps=1e-6, modality='rgb', patch=None):
@@ -177,3 +182,32 @@ def test_mismatches_name_the_key(hf_dir, tmp_path):
     vit.tower_params(weights, _init(wide, x), modality='rgb', grid=(1, 4, 4))
   with pytest.raises(FileNotFoundError, match='ViT-B/16 ImageNet-21k'):
     vit.read(tmp_path / 'missing.npz')
+
+
+def test_config_init_from_vit_reaches_the_task(tmp_path):
+  """configs/videocc_avr.py's model.video.init_from_vit through RetrievalTask.load_pretrained."""
+  from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+  from tests.test_trainer import tiny_config  # pylint: disable=g-import-not-at-top
+  config = tiny_config()
+  v = config.model.video
+  write_hf_vit(tmp_path, hidden=v.hidden_size, layers=v.num_layers, heads=v.num_heads,
+               mlp=v.mlp_dim, image=config.data.image_size, patch=v.rgb_patch[1])
+  v.init_from_vit.path = str(tmp_path)
+  v.init_from_vit.rgb_init = 'average'
+  v.init_from_vit.towers = ('rgb',)  # the tiny audio patch (8, 16) is not the ViT's 8 x 8
+  task = registry.build_task(config)
+  x = {'rgb': np.zeros((1, config.data.num_frames, 32, 32, 3), np.float32),
+       'audio': np.zeros((1, config.data.spec_segments * config.data.spec_segment_frames,
+                          config.data.num_mel_bins), np.float32)}
+  batch = {**x, 'input_ids': np.zeros((1, 8), np.int32), 'attention_mask': np.ones((1, 8), np.int32)}
+  params = jax.tree.map(np.asarray, task.init_variables(jax.random.PRNGKey(0), batch)['params'])
+  loaded = task.load_pretrained(params)
+  weights = vit.read(tmp_path)
+  np.testing.assert_allclose(loaded['video']['rgb']['patch_embedding']['kernel'],
+                             vit.inflate(weights['patch'], v.rgb_patch[0], 'average'))
+  np.testing.assert_array_equal(loaded['video']['rgb']['encoderblock_1']['mlp']['dense_out']['bias'],
+                                weights['layers'][1]['mlp/dense_out/bias'])
+  jax.tree.map(np.testing.assert_array_equal, loaded['video']['audio'], params['video']['audio'])
+  v.init_from_vit.towers = ('rgb', 'audio')
+  with pytest.raises(ValueError, match=r'audio patch is \(8, 16\)'):
+    registry.build_task(config).load_pretrained(params)
