@@ -20,7 +20,6 @@ counted by reason (`builders.files`; shared fields in `files.options`).
 """
 from __future__ import annotations
 
-import csv
 import pathlib
 
 import ml_collections
@@ -44,27 +43,21 @@ def entries(root: pathlib.Path, split: str, media: pathlib.Path) -> list[files.E
   path = files.require_file(root / f'{split}.csv', f'the AudioCaps {split} captions', PREPARE)
   suffixes = files.VIDEO_SUFFIXES + files.AUDIO_SUFFIXES
   out = []
-  with open(path, newline='', encoding='utf-8') as f:
-    reader = csv.DictReader(f)
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-    if missing:
-      raise ValueError(f'{path}: no column {missing} (header: {reader.fieldnames}); expected '
-                       f'{",".join(COLUMNS)}')
-    for n, row in enumerate(reader, 2):
-      yid = row['youtube_id']
-      try:
-        start = float(row['start_time'])
-      except ValueError:
-        raise ValueError(f'{path}:{n}: start_time must be seconds, got '
-                         f'{row["start_time"]!r}') from None
-      segment = files.find_media(media, f'{yid}_{int(start)}', suffixes)
-      if segment.exists():
-        entry = files.Entry(str(segment), row['caption'], row['audiocap_id'], yid, 0.0,
-                            SEGMENT_S)
-      else:
-        entry = files.Entry(str(files.find_media(media, yid, suffixes)), row['caption'],
-                            row['audiocap_id'], yid, start, start + SEGMENT_S)
-      out.append(entry)
+  for n, row in enumerate(files.read_csv_rows(path, COLUMNS), 2):
+    yid = row['youtube_id']
+    try:
+      start = float(row['start_time'])
+    except ValueError:
+      raise ValueError(f'{path}:{n}: start_time must be seconds, got '
+                       f'{row["start_time"]!r}') from None
+    segment = files.find_media(media, f'{yid}_{int(start)}', suffixes)
+    if segment.exists():
+      entry = files.Entry(str(segment), row['caption'], row['audiocap_id'], yid, 0.0,
+                          SEGMENT_S)
+    else:
+      entry = files.Entry(str(files.find_media(media, yid, suffixes)), row['caption'],
+                          row['audiocap_id'], yid, start, start + SEGMENT_S)
+    out.append(entry)
   return out
 
 

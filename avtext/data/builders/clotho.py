@@ -17,7 +17,6 @@ to place the audio windows. Files without audio or bad are counted by reason
 """
 from __future__ import annotations
 
-import csv
 import pathlib
 
 import ml_collections
@@ -40,16 +39,10 @@ def entries(root: pathlib.Path, split: str) -> list[files.Entry]:
   path = files.require_file(root / f'clotho_captions_{folder}.csv',
                             f'the Clotho {folder} captions', PREPARE)
   out = []
-  with open(path, newline='', encoding='utf-8') as f:
-    reader = csv.DictReader(f)
-    missing = [c for c in ('file_name',) + CAPTIONS if c not in (reader.fieldnames or ())]
-    if missing:
-      raise ValueError(f'{path}: no column {missing} (header: {reader.fieldnames}); expected '
-                       f'file_name,{",".join(CAPTIONS)}')
-    for row in reader:
-      name = row['file_name']
-      for k, column in enumerate(CAPTIONS):
-        out.append(files.Entry(str(root / folder / name), row[column], f'{name}#{k}', name))
+  for row in files.read_csv_rows(path, ('file_name',) + CAPTIONS):
+    name = row['file_name']
+    for k, column in enumerate(CAPTIONS):
+      out.append(files.Entry(str(root / folder / name), row[column], f'{name}#{k}', name))
   return out
 
 

@@ -367,6 +367,19 @@ def require_path(dataset, name: str, prepare: str) -> pathlib.Path:
   return root
 
 
+def read_csv_rows(path: pathlib.Path, columns: Sequence[str]) -> list[dict[str, str]]:
+  """The rows of a CSV with a header as dicts; an error naming the file when a column
+  the layout needs is absent. Row k of the result is line k + 2 of the file."""
+  import csv  # pylint: disable=g-import-not-at-top
+  with open(path, newline='', encoding='utf-8') as f:
+    reader = csv.DictReader(f)
+    missing = [c for c in columns if c not in (reader.fieldnames or ())]
+    if missing:
+      raise ValueError(f'{path}: no column {missing} (header: {reader.fieldnames}); expected '
+                       f'{",".join(columns)}')
+    return list(reader)
+
+
 def require_file(path: pathlib.Path, name: str, prepare: str) -> pathlib.Path:
   if not path.is_file():
     raise FileNotFoundError(f'{path}: not found ({name}). {prepare}')

@@ -25,7 +25,6 @@ counted and logged by reason (`builders.files`; fields in `files.options`).
 """
 from __future__ import annotations
 
-import csv
 import json
 import pathlib
 
@@ -41,16 +40,6 @@ PREPARE = ('Download MSR-VTT (the videos and MSRVTT_data.json, MSRVTT_JSFUSION_t
            'MSR-VTT"); layout in avtext/data/builders/msrvtt.py. The synthetic '
            'world in this layout: python -m avtext.data.synthetic.layouts --layout=msrvtt; '
            'end to end on the synthetic world: configs/videocc_avr.py:demo')
-
-
-def _read_rows(path: pathlib.Path, columns: tuple[str, ...]) -> list[dict]:
-  with open(path, newline='', encoding='utf-8') as f:
-    reader = csv.DictReader(f)
-    missing = [c for c in columns if c not in (reader.fieldnames or ())]
-    if missing:
-      raise ValueError(f'{path}: no column {missing} (header: {reader.fieldnames}); expected '
-                       f'{", ".join(columns)}')
-    return list(reader)
 
 
 def _annotations(root: pathlib.Path) -> tuple[dict[str, str], dict[str, list[str]]]:
@@ -81,7 +70,7 @@ def entries(root: pathlib.Path, split: str, videos_dir: pathlib.Path) -> list[fi
     raise ValueError(f'msrvtt: no split {split!r}; splits: {", ".join(SPLITS)}')
   video = lambda vid: str(files.find_media(videos_dir, vid))
   if split in ('test', 'test_1ka'):
-    rows = _read_rows(files.require_file(root / 'MSRVTT_JSFUSION_test.csv',
+    rows = files.read_csv_rows(files.require_file(root / 'MSRVTT_JSFUSION_test.csv',
                                          'the 1k-A test list', PREPARE), ('video_id', 'sentence'))
     return [files.Entry(video(r['video_id']), r['sentence'], f"{r['video_id']}#0",
                         r['video_id']) for r in rows]
@@ -89,9 +78,9 @@ def entries(root: pathlib.Path, split: str, videos_dir: pathlib.Path) -> list[fi
   if split == 'train':
     nine_k = root / 'MSRVTT_train.9k.csv'
     if nine_k.exists():
-      vids = [r['video_id'] for r in _read_rows(nine_k, ('video_id',))]
+      vids = [r['video_id'] for r in files.read_csv_rows(nine_k, ('video_id',))]
     else:
-      test = {r['video_id'] for r in _read_rows(
+      test = {r['video_id'] for r in files.read_csv_rows(
           files.require_file(root / 'MSRVTT_JSFUSION_test.csv', 'the 1k-A test list', PREPARE),
           ('video_id',))}
       vids = [v for v in split_of if v not in test]
