@@ -5,7 +5,8 @@ r"""VideoCC audio-visual retrieval (AVR): MBT video encoder + BERT text encoder,
         --config.init_from.workdir=workdirs/demo/video_pretrain
 
 Variants (after the colon, comma-separated):
-  (none)  the paper's setup (VideoCC §5.2, app. C) on VideoCC3M.
+  (none)  the paper's setup (VideoCC §5.2, app. C) on VideoCC3M, MBT from ImageNet-21k
+          ViT-B/16 (README "Starting MBT from ViT weights").
   demo    small MBT + MiniLM-L6 text tower on the synthetic world; `make demo`
           runs it after configs/synthetic_video_pretrain.py, whose RGB tower it
           starts from (without init_from.workdir the MBT starts from scratch).
@@ -84,11 +85,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.video = ml_collections.ConfigDict()
   config.model.video.name = "mbt"
   config.model.video.modalities = "rgb+audio"
-  # VideoCC §5.2: MBT starts from ImageNet-21k ViT-B/16 (avtext/weights/vit.py): set
-  # --config.model.video.init_from_vit.path=<ViT-B_16.npz or a HF ViTModel dir>.
+  # §5.2: both towers start from ImageNet-21k ViT-B/16 (avtext/weights/vit.py; README
+  # "Starting MBT from ViT weights"). path: the vit_jax ViT-B_16.npz or a HF ViTModel dir
+  # (a missing file stops the run saying what to get; path= (empty) starts from scratch);
+  # format: auto | npz | hf; rgb_init: central_frame (ViViT's best) | average; towers.
   config.model.video.init_from_vit = ml_collections.ConfigDict(dict(
-      path=ml_collections.config_dict.placeholder(str), format="auto",
-      rgb_init="central_frame", audio_kernel="sum", towers=("rgb", "audio")))
+      path=ml_collections.FieldReference("~/.cache/avtext/vit/ViT-B_16.npz", field_type=str),
+      format="auto", rgb_init="central_frame", towers=("rgb", "audio")))
   config.model.video.hidden_size = 768  # ViT-B
   config.model.video.num_layers = 12
   config.model.video.num_heads = 12
@@ -213,6 +216,7 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   config.data.max_text_len = 24
 
   v = config.model.video
+  v.init_from_vit.path = None  # the demo's RGB tower comes from stage 1 (init_from below)
   v.hidden_size, v.num_layers, v.num_heads, v.mlp_dim = 128, 4, 4, 256
   v.rgb_patch = (2, 8, 8)  # 8 px patches: 16 px ones lose the objects' shapes
   v.audio_patch = (16, 16)
