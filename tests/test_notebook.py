@@ -1,5 +1,6 @@
 """notebooks/inspect_run.ipynb runs top to bottom on a tiny run (nbclient, python3 kernel)."""
 import os
+import sys
 
 import nbclient
 import nbformat
@@ -14,12 +15,14 @@ def _text(cell) -> str:
 
 
 def test_inspect_run_notebook_executes_on_a_tiny_run(tmp_path):
-  config = tiny_config(**{'train.num_steps': 2, 'train.log_every_steps': 1,
+  # One device: the 8-device step compiles ~15 s longer on 2 cores, and the kernel has one.
+  config = tiny_config(**{'num_devices': 1, 'train.num_steps': 2, 'train.log_every_steps': 1,
                           'evals.test.every_steps': 1})
   make_trainer(config, tmp_path / 'run').train()
   nb = nbformat.read(REPO / 'notebooks' / 'inspect_run.ipynb', as_version=4)
   assert not any(c.get('outputs') for c in nb.cells if c.cell_type == 'code'), \
       'commit the notebook without outputs'
+  nb.cells.append(nbformat.v4.new_code_cell('import sys; print("kernel:", sys.executable)'))
   env = {'AVTEXT_RUN_DIR': str(tmp_path / 'run'), 'AVTEXT_NUM_CLIPS': '8',
          'MPLBACKEND': 'Agg', 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '',
          'PYTHONPATH': str(REPO)}
@@ -36,9 +39,11 @@ def test_inspect_run_notebook_executes_on_a_tiny_run(tmp_path):
       else:
         os.environ[k] = v
   out = '\n'.join(_text(c) for c in nb.cells if c.cell_type == 'code')
+  assert f'kernel: {sys.executable}' in out  # this venv's interpreter, not another python3
   assert f"run: {tmp_path / 'run'}  step: 2" in out
-  assert f'task: avr  model: {config.model.name}' in out
+  assert f'task: avr  model: {config.model.name}' in out and "parameters per module: {'text'" in out
   assert "evaluator 'test': 8 clips" in out and 'similarity matrix: (8, 8)' in out
+  assert all(f'  {rank}. video ' in out for rank in (1, 2, 3))  # the top 3 of one caption
   # The curves cell found the trainer's scalars: the loss and the evaluator's R@1.
   scalars = next(line for line in out.splitlines() if line.startswith('scalars:'))
   assert "'loss'" in scalars and "'test/t2v_R@1'" in scalars
