@@ -3,27 +3,33 @@ r"""Index a folder of your own videos with a trained retrieval run, for `avtext.
     python -m avtext.index --run=workdirs/demo/avr [--step=best] --videos=~/my_videos \
         --out=~/my_videos.index
 
-Every video under --videos (recursively; .mp4 .mkv .webm .avi .mov .m4v) is read through
-`builders.files.MediaClips` with the run's `config.data` (fps, sample rate, frames
-decoded at the model's image size) and embedded exactly as the retrieval evaluator
-embeds a test video: `task.eval_examples` takes K = `data.eval_num_clips` clips spread
-over the whole video (VideoCC §4.1), the run's `embed_video` encodes them, and -- since
-the evaluator scores a caption by averaging its similarity with the K clips -- the mean
-of the K clip embeddings is stored: its inner product with a text embedding is that
-score. A progress bar counts the videos.
+Every video under --videos (recursively; `builders.files.VIDEO_SUFFIXES`) is read through
+`builders.files.MediaClips` with the run's `config.data` (frames at its fps, decoded at
+the model's image size; 16 kHz audio, zeros when a file has none) and embedded exactly as
+the retrieval evaluator embeds a test video: `task.eval_examples` takes K =
+`data.eval_num_clips` clips spread over the whole video (VideoCC §4.1), batched on the
+run's mesh by `evals.base.map_examples` (global batches of `config.eval.batch_size`,
+a multiple of the data-parallel devices, the last one padded), and the run's
+`embed_video` encodes them. The evaluator scores a caption by averaging its
+similarity with the K clips; that average is the inner product of the text embedding
+with the mean of the K clip embeddings, which is what the index stores. A progress bar
+counts the videos.
 
 INDEX/ holds
-  index.faiss    a FAISS inner-product index (exact) over the video vectors
+  index.faiss    a FAISS inner-product index over the video vectors (exact up to
+                 200k videos, then HNSW: `mining.search.build_index`)
   vectors.npy    the vectors, float32 [N, D], row i = ids[i]
   ids.json       the videos' paths relative to --videos
   meta.json      the run's identity (absolute workdir, step, sha256 of its config.json),
-                 the videos directory, and the files skipped (path, reason) with counts
+                 the videos directory, and the files skipped (path, reason, detail) with
+                 counts by reason
 Bad files (missing, empty, unreadable, no video stream, shorter than 0.5 s, truncated)
-are skipped, counted by reason and listed; a video without sound is indexed with
-zeros for audio (has_audio False), as the evaluator feeds it.
+are skipped, counted by reason and listed, here and in meta.json; a video without
+sound is indexed with zeros for audio (has_audio False), as the evaluator feeds it.
 
-Re-running with the same --out adds only files not yet indexed (skipped files are tried
-again); an index belongs to one run and step: another --run/--step is an error.
+Re-running with the same --out adds only the files not indexed yet (skipped files are
+tried again). An index holds one run's embeddings of one folder: another --run,
+--step (a "best" that moved on included) or --videos is an error.
 """
 from __future__ import annotations
 
@@ -32,99 +38,167 @@ import collections
 import hashlib
 import json
 import pathlib
-import sys
 from typing import Sequence
 
+from absl import logging
 import numpy as np
 
 from avtext.data import video_io
 from avtext.data.builders import files
 
 FORMAT = "avtext.video_index/1"
-BATCH = 8
+MIN_SECONDS = 0.5  # shorter files are skipped ('short'): too little for one clip
 
 
 def config_hash(workdir: str | pathlib.Path) -> str:
   return hashlib.sha256((pathlib.Path(workdir) / "config.json").read_bytes()).hexdigest()
 
 
+def parse_step(step: str | None) -> int | str | None:
+  """--step: N, 'best' or None (latest)."""
+  return int(step) if step and step.isdigit() else step
+
+
+def run_mesh(config, where: str):
+  """The run's mesh (`config.num_devices`, as the trainer builds it); all visible devices
+  when this machine has fewer than the run was trained on."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
+  num_devices = config.get("num_devices")
+  if num_devices not in (None, 0, -1) and num_devices > jax.device_count():
+    logging.warning("%s: trained on %d devices, %d visible here; using all of them", where,
+                    num_devices, jax.device_count())
+    num_devices = None
+  return partitioning.make_mesh(num_devices, config.get("model_parallel", 1))
+
+
+def global_batch(config, mesh, n: int) -> int:
+  """The evaluator's global batch (`config.eval.batch_size`), no larger than n examples
+  need, rounded up to a multiple of the mesh's data-parallel devices."""
+  from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
+  shards = partitioning.num_data_shards(mesh)
+  size = max(1, min(int(config.eval.batch_size), n))
+  return -(-size // shards) * shards
+
+
+def media_source(data, paths: Sequence[str], where: str, *, names: Sequence[str] | None = None,
+                 progress: bool = True) -> files.MediaClips:
+  """Your files as a MediaClips source read with a run's `config.data` (its fps and sample
+  rate, frames decoded at its image size); the bad ones are in its `skipped`."""
+  names = paths if names is None else names
+  return files.MediaClips([files.Entry(str(p), "", n, n) for p, n in zip(paths, names)],
+                          where=where, fps=data.fps, sample_rate=data.sample_rate,
+                          short_side=data.image_size, min_seconds=MIN_SECONDS,
+                          progress=progress, allow_empty=True)
+
+
+def map_files(fn, examples, n: int, *, mesh, global_batch_size: int, collate=None,
+              progress: str | None = None):
+  """`evals.base.map_examples` over the examples of n files, where a file that passed the
+  probe may still fail when decoded: its batch row is filled with another file's
+  example, and it is reported instead of stopping the others. Returns (fn's outputs
+  [n, ...] per leaf, or None when no file could be read; {row: VideoReadError}).
+  `progress`: the title of a progress bar counting the files."""
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  from avtext.evals import base  # pylint: disable=g-import-not-at-top
+  failed: dict[int, video_io.VideoReadError] = {}
+  ahead: dict[int, dict] = {}
+  stand_in: list[dict] = []  # the last example read
+
+  def read(i: int) -> dict:
+    bar.update(1)
+    if i in ahead:
+      return ahead.pop(i)
+    if i not in failed:
+      try:
+        stand_in[:] = [examples(i)]
+        return stand_in[0]
+      except video_io.VideoReadError as e:
+        failed[i] = e
+    j = i + 1
+    while not stand_in and j < n:  # a failure before any success: read ahead for one
+      try:
+        ahead[j] = examples(j)
+        stand_in[:] = [ahead[j]]
+      except video_io.VideoReadError as e:
+        failed[j] = e
+      j += 1
+    if not stand_in:
+      raise _NothingReadable
+    return stand_in[0]
+
+  bar = tqdm(total=n, desc=progress, unit="file", disable=progress is None)
+  try:
+    out, _ = base.map_examples(fn, read, n, mesh=mesh, global_batch_size=global_batch_size,
+                               collate=collate)
+  except _NothingReadable:
+    return None, failed
+  finally:
+    bar.close()
+  return out, failed
+
+
+class _NothingReadable(Exception):
+  """Every file failed when decoded."""
+
+
 class VideoEmbedder:
-  """A retrieval run's towers on your files and texts (module docstring)."""
+  """A retrieval run's towers, on its mesh, over your files and texts (module docstring)."""
 
   def __init__(self, workdir: str | pathlib.Path, step: int | str | None = None):
     import jax  # pylint: disable=g-import-not-at-top
     from avtext import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+    from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
     self.run = inspect_lib.load_run(workdir, step)
-    self.workdir = pathlib.Path(workdir).absolute()
-    self.step = self.run.step
+    self.workdir, self.step = self.run.workdir, self.run.step
     self.task = self.run.task()
     fns = self.task.predict_fns()
     if "embed_video" not in fns or "embed_text" not in fns:
       raise ValueError(f"{workdir}: a {self.run.config.task!r} run has no embed_video / "
                        "embed_text; avtext.index needs a retrieval run (e.g. "
                        "configs/videocc_avr.py)")
-    variables = self.run.variables
-    self._video = jax.jit(lambda b: fns["embed_video"](variables, b))
-    self._text = jax.jit(lambda b: fns["embed_text"](variables, b))
+    self.mesh = run_mesh(self.run.config, str(workdir))
+    self.variables = jax.device_put(self.run.variables, partitioning.replicated(self.mesh))
+    self._video = jax.jit(fns["embed_video"])
+    self._text = jax.jit(fns["embed_text"])
 
-  def source(self, paths: Sequence[str], names: Sequence[str], where: str
-             ) -> files.MediaClips | None:
-    data = self.run.config.data
-    entries = [files.Entry(str(p), "", n, n) for p, n in zip(paths, names)]
-    if not entries:
-      return None
-    return files.MediaClips(entries, where=where, fps=data.fps, sample_rate=data.sample_rate,
-                            short_side=data.image_size, min_seconds=0.5, progress=True,
-                            allow_empty=True)
+  @property
+  def identity(self) -> dict:
+    return {"workdir": str(self.workdir), "step": self.step,
+            "config_sha256": config_hash(self.workdir)}
+
+  def source(self, paths: Sequence[str], names: Sequence[str], where: str, *,
+             progress: bool = True) -> files.MediaClips:
+    return media_source(self.run.config.data, paths, where, names=names, progress=progress)
 
   def embed_videos(self, source: files.MediaClips, *, progress: bool = True
                    ) -> tuple[np.ndarray, dict[int, video_io.VideoReadError]]:
-    """(float32 [N, D] means of the K clip embeddings, {index: error} of files that
-    failed while decoded; their rows are zeros)."""
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-    examples = self.task.eval_examples(source)
-    failed, rows, out = {}, [], []
-    last_good = None
-    bar = tqdm(total=len(source), desc="embedding videos", unit="video", disable=not progress,
-               file=sys.stdout)
-    for start in range(0, len(source), BATCH):
-      batch = []
-      for i in range(start, min(start + BATCH, len(source))):
-        try:
-          ex = examples(i)
-          last_good = ex
-        except video_io.VideoReadError as e:
-          failed[i] = e
-          ex = None
-        batch.append(ex)
-        bar.update(1)
-      fill = last_good or next((b for b in batch if b is not None), None)
-      if fill is None:
-        out.append(None)
-        rows.append(len(batch))
-        continue
-      full = [b if b is not None else fill for b in batch]
-      full += [fill] * (BATCH - len(full))
-      keys = [k for k, v in fill.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"]
-      stacked = {k: np.stack([b[k] for b in full]) for k in keys}
-      emb = np.asarray(self._video(stacked), np.float32)  # [B, K, D]
-      out.append(emb[:len(batch)].mean(axis=1))
-      rows.append(len(batch))
-    bar.close()
-    dim = next((o.shape[1] for o in out if o is not None), 0)
-    vectors = np.concatenate([o if o is not None else np.zeros((r, dim), np.float32)
-                              for o, r in zip(out, rows)]) if out else np.zeros((0, dim))
-    return vectors.astype(np.float32), failed
+    """(float32 [N, D]: each video's mean of its K clip embeddings, {row: error} for the
+    files that passed the probe but failed when decoded; their rows are zeros)."""
+    n = len(source)
+    out, failed = map_files(lambda b: self._video(self.variables, b),
+                            self.task.eval_examples(source), n, mesh=self.mesh,
+                            global_batch_size=global_batch(self.run.config, self.mesh, n),
+                            collate=getattr(self.task, "collate", None),
+                            progress="embedding videos" if progress else None)
+    if out is None:
+      return np.zeros((n, 0), np.float32), failed
+    vectors = np.asarray(out, np.float32).mean(axis=1)  # [N, K, D] -> [N, D]
+    vectors[sorted(failed)] = 0.0
+    return vectors, failed
 
   def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
-    """float32 [N, D]: the run's text embedding of each text, as the evaluator makes it."""
-    out = []
-    for start in range(0, len(texts), BATCH):
-      chunk = list(texts[start:start + BATCH])
-      tokens = self.task.tokenizer(chunk + [""] * (BATCH - len(chunk)))
-      emb = np.asarray(self._text({k: np.asarray(v) for k, v in tokens.items()}), np.float32)
-      out.append(emb[:len(chunk)])
-    return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+    """float32 [N, D]: each text tokenized and embedded as the evaluator does a caption."""
+    from avtext.evals import base  # pylint: disable=g-import-not-at-top
+    if not texts:
+      raise ValueError("no texts to embed")
+    tokens = self.task.tokenizer(list(texts))
+    n = len(texts)
+    out, _ = base.map_examples(lambda b: self._text(self.variables, b),
+                               lambda i: {k: np.asarray(v[i]) for k, v in tokens.items()},
+                               n, mesh=self.mesh,
+                               global_batch_size=global_batch(self.run.config, self.mesh, n))
+    return np.asarray(out, np.float32)
 
 
 def list_videos(root: pathlib.Path) -> list[str]:
@@ -134,74 +208,84 @@ def list_videos(root: pathlib.Path) -> list[str]:
 
 
 class VideoIndex:
-  """INDEX/ on disk (module docstring): `vectors`, `ids`, `meta`."""
+  """INDEX/ on disk (module docstring): `vectors`, `ids`, `meta`, `search`."""
 
   def __init__(self, path: str | pathlib.Path):
     self.path = pathlib.Path(path)
     meta_path = self.path / "meta.json"
     if not meta_path.exists():
       raise FileNotFoundError(f"{self.path}: no meta.json; build it with python -m "
-                              "avtext.index --run=DIR --videos=DIR --out=" + str(self.path))
+                              f"avtext.index --run=DIR --videos=DIR --out={self.path}")
     self.meta = json.loads(meta_path.read_text())
     if self.meta.get("format") != FORMAT:
       raise ValueError(f"{meta_path}: format {self.meta.get('format')!r}, expected {FORMAT!r}")
     self.ids = json.loads((self.path / "ids.json").read_text())
     self.vectors = np.load(self.path / "vectors.npy")
+    if len(self.vectors) != len(self.ids):
+      raise ValueError(f"{self.path}: {len(self.vectors)} vectors for {len(self.ids)} ids (an "
+                       "interrupted write); delete it and index again")
+    self._faiss = None
 
   def search(self, queries: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
-    """(scores [Q, k], rows [Q, k]) by inner product, best first (FAISS, exact)."""
+    """(scores [Q, k], rows [Q, k]) by inner product, best first."""
     import faiss  # pylint: disable=g-import-not-at-top
-    index = faiss.read_index(str(self.path / "index.faiss"))
-    return index.search(np.ascontiguousarray(queries, np.float32), min(top, len(self.ids)))
+    if self._faiss is None:
+      self._faiss = faiss.read_index(str(self.path / "index.faiss"))
+    return self._faiss.search(np.ascontiguousarray(queries, np.float32),
+                              min(top, len(self.ids)))
 
 
 def build(run: str | pathlib.Path, videos: str | pathlib.Path, out: str | pathlib.Path, *,
           step: int | str | None = None, embedder: VideoEmbedder | None = None,
           progress: bool = True) -> dict:
-  """Indexes the new videos of `videos` into `out`; returns the updated meta."""
+  """Indexes the videos of `videos` not yet in `out` (module docstring); returns meta.json."""
   import faiss  # pylint: disable=g-import-not-at-top
-  root, out = pathlib.Path(videos).expanduser().absolute(), pathlib.Path(out)
+  from avtext.mining import search as mining_search  # pylint: disable=g-import-not-at-top
+  root, out = pathlib.Path(videos).expanduser().absolute(), pathlib.Path(out).expanduser()
   if not root.is_dir():
     raise FileNotFoundError(f"--videos={videos}: no such directory")
   emb = embedder or VideoEmbedder(run, step)
-  identity = {"workdir": str(emb.workdir), "step": emb.step,
-              "config_sha256": config_hash(emb.workdir)}
   ids, vectors = [], None
   if (out / "meta.json").exists():
     old = VideoIndex(out)
-    if old.meta["run"] != identity:
-      raise ValueError(f"{out}: built with run {old.meta['run']}, not {identity}; an index "
-                       "holds one run's embeddings: use another --out")
+    if old.meta["run"] != emb.identity:
+      raise ValueError(f"{out}: built with run {old.meta['run']}, not {emb.identity}; an "
+                       "index holds one run's embeddings: use another --out")
+    if old.meta["videos"] != str(root):
+      raise ValueError(f"{out}: an index of the videos under {old.meta['videos']}, not "
+                       f"{root}; use another --out")
     ids, vectors = old.ids, old.vectors
   known = set(ids)
-  new = [n for n in list_videos(root) if n not in known]
-  source = emb.source([str(root / n) for n in new], new, f"videos under {root}")
+  new = [name for name in list_videos(root) if name not in known]
+  source = emb.source([str(root / name) for name in new], new, f"videos under {root}",
+                      progress=progress)
   skipped = [{"path": s.clip_id, "reason": s.reason, "detail": s.detail}
-             for s in (source.skipped if source is not None else [])]
+             for s in source.skipped]
   added = []
-  if source is not None and len(source):
+  if len(source):
     vecs, failed = emb.embed_videos(source, progress=progress)
-    keep = [i for i in range(len(source)) if i not in failed]
     skipped += [{"path": source.entries[i].clip_id, "reason": e.reason, "detail": e.detail}
-                for i, e in failed.items()]
+                for i, e in sorted(failed.items())]
+    keep = [i for i in range(len(source)) if i not in failed]
     added = [source.entries[i].clip_id for i in keep]
-    vecs = vecs[keep]
-    vectors = vecs if vectors is None or not len(vectors) else np.concatenate([vectors, vecs])
-    ids = ids + added
+    if added:
+      vectors = vecs[keep] if vectors is None else np.concatenate([vectors, vecs[keep]])
+      ids = ids + added
+  counts = dict(sorted(collections.Counter(s["reason"] for s in skipped).items()))
+  if not ids:
+    raise ValueError(f"{root}: no video could be indexed ({len(skipped)} files skipped: "
+                     f"{counts or 'no video files'})")
   out.mkdir(parents=True, exist_ok=True)
-  if vectors is None or not len(ids):
-    raise ValueError(f"{root}: no video could be indexed ({len(skipped)} skipped: "
-                     f"{collections.Counter(s['reason'] for s in skipped)})")
-  index = faiss.IndexFlatIP(vectors.shape[1])
-  index.add(np.ascontiguousarray(vectors, np.float32))
-  faiss.write_index(index, str(out / "index.faiss"))
-  np.save(out / "vectors.npy", vectors.astype(np.float32))
+  index, kind = mining_search.build_index(vectors, mining_search.IndexConfig())
+  faiss_tmp = out / "index.faiss.tmp"
+  faiss.write_index(index, str(faiss_tmp))
+  faiss_tmp.replace(out / "index.faiss")
+  np.save(out / "vectors.npy", np.asarray(vectors, np.float32))
   (out / "ids.json").write_text(json.dumps(ids, indent=0))
-  meta = {"format": FORMAT, "run": identity, "videos": str(root), "num_videos": len(ids),
+  meta = {"format": FORMAT, "run": emb.identity, "videos": str(root), "num_videos": len(ids),
           "dim": int(vectors.shape[1]), "num_clips": int(emb.run.config.data.eval_num_clips),
-          "last_added": len(added), "skipped": skipped,
-          "skip_counts": dict(collections.Counter(s["reason"] for s in skipped))}
-  (out / "meta.json").write_text(json.dumps(meta, indent=1))
+          "faiss": kind, "last_added": len(added), "skipped": skipped, "skip_counts": counts}
+  (out / "meta.json").write_text(json.dumps(meta, indent=1))  # last: marks the index whole
   return meta
 
 
@@ -213,13 +297,12 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--videos", required=True, help="a folder of videos (recursive)")
   parser.add_argument("--out", required=True, help="the index directory (created or extended)")
   args = parser.parse_args(argv)
-  step = int(args.step) if args.step and args.step.isdigit() else args.step
-  meta = build(args.run, args.videos, args.out, step=step)
-  counts = ", ".join(f"{k} {v}" for k, v in sorted(meta["skip_counts"].items())) or "none"
-  print(f"{args.out}: {meta['num_videos']} videos ({meta['last_added']} added); "
-        f"skipped: {counts}")
+  meta = build(args.run, args.videos, args.out, step=parse_step(args.step))
+  counts = ", ".join(f"{k} {v}" for k, v in meta["skip_counts"].items()) or "none"
+  print(f"{args.out}: {meta['num_videos']} videos ({meta['last_added']} added) with "
+        f"{meta['run']['workdir']} step {meta['run']['step']}; skipped: {counts}")
   for s in meta["skipped"]:
-    print(f"  skipped {s['path']}: {s['reason']} {s['detail']}")
+    print(f"  skipped {s['path']}: {s['reason']} ({s['detail']})")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@ Videos indexed by `python -m avtext.index` (a retrieval run, e.g. configs/videoc
     python -m avtext.search --index=INDEX "a dog barking at a red ball" [--top=5] [--json]
     python -m avtext.search --index=INDEX --video=FILE --captions=captions.txt [--top=5]
 
-text -> video prints rank, score and the video's path (relative to the indexed folder);
-the score is the retrieval evaluator's: the text embedding's inner product with the mean
-of the video's K clip embeddings. video -> text embeds FILE the same way and ranks the
-lines of --captions. The run and step come from the index.
+text -> video prints, per query, rank, score and the video's path (relative to the
+indexed folder); the score is the retrieval evaluator's (VideoCC §4.1): the text's
+similarity with each of the video's K clips, averaged, i.e. the text embedding (the run's
+tokenizer and text tower) times the mean clip embedding the index stores. video -> text
+embeds FILE as the index embeds a video and ranks the lines of --captions by the same
+score. The run and step are the index's (meta.json); `--json` prints one JSON object
+per query.
 
 Moments of a stored corpus with an XML run (TVR):
 
@@ -34,6 +37,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from avtext import index as index_lib
 from avtext import inspect as inspect_lib
 from avtext.data import text_features
 from avtext.data.builders import tvr
@@ -90,17 +94,19 @@ class Searcher:
 
 
 class IndexSearcher:
-  """An `avtext.index` directory + its run: `texts(queries, top)`, `video(file, captions,
-  top)`; each returns per query [(name, score)], best first."""
+  """An `avtext.index` directory + its run: `texts(queries, top)` -> per query
+  [(video, score)], `video(file, captions, top)` -> [(caption, score)]; best first.
+  `embedder`: the index's run already loaded (`index.VideoEmbedder`), else it is loaded."""
 
-  def __init__(self, index):
-    from avtext import index as index_lib  # pylint: disable=g-import-not-at-top
+  def __init__(self, index, embedder=None):
     self.index = index_lib.VideoIndex(index)
     run = self.index.meta["run"]
     if index_lib.config_hash(run["workdir"]) != run["config_sha256"]:
       raise ValueError(f"{index}: the run {run['workdir']} changed since it was indexed "
                        "(config.json differs); index again")
-    self.embedder = index_lib.VideoEmbedder(run["workdir"], run["step"])
+    self.embedder = embedder or index_lib.VideoEmbedder(run["workdir"], run["step"])
+    if self.embedder.identity != run:
+      raise ValueError(f"{index}: indexed with {run}, not {self.embedder.identity}")
 
   def texts(self, queries: Sequence[str], top: int = 5) -> list[list[tuple[str, float]]]:
     scores, rows = self.index.search(self.embedder.embed_texts(queries), top)
@@ -109,7 +115,7 @@ class IndexSearcher:
 
   def video(self, path: str, captions: Sequence[str], top: int = 5
             ) -> list[tuple[str, float]]:
-    source = self.embedder.source([path], [path], path)
+    source = self.embedder.source([path], [path], path, progress=False)
     if not len(source):
       s = source.skipped[0]
       raise ValueError(f"{path}: cannot be read ({s.reason} {s.detail})")
@@ -122,12 +128,16 @@ class IndexSearcher:
 
 
 def _index_main(args, parser) -> None:
-  searcher = IndexSearcher(args.index)
+  if args.workdir or args.corpus or args.step:
+    parser.error("--index: the run and step are the index's (meta.json); --workdir, "
+                 "--corpus and --step are for XML moment search")
   if args.video:
-    if not args.captions:
-      parser.error("--video needs --captions=FILE (one caption per line)")
+    if args.text or not args.captions:
+      parser.error("--video ranks the lines of --captions=FILE; give no text queries")
     captions = [l.strip() for l in open(args.captions, encoding="utf-8") if l.strip()]
-    found = searcher.video(args.video, captions, args.top)
+    if not captions:
+      parser.error(f"--captions={args.captions}: no captions in it")
+    found = IndexSearcher(args.index).video(args.video, captions, args.top)
     if args.json:
       print(json.dumps({"video": args.video, "captions": [
           {"caption": c, "score": sc} for c, sc in found]}))
@@ -136,10 +146,9 @@ def _index_main(args, parser) -> None:
       for rank, (c, sc) in enumerate(found, 1):
         print(f"  {rank:3d}. {sc:8.4f}  {c}")
     return
-  texts = list(args.text)
-  if not texts:
-    parser.error("give a query: python -m avtext.search --index=INDEX \"text\"")
-  for text, found in zip(texts, searcher.texts(texts, args.top)):
+  if not args.text:
+    parser.error('give a query: python -m avtext.search --index=INDEX "text"')
+  for text, found in zip(args.text, IndexSearcher(args.index).texts(args.text, args.top)):
     if args.json:
       print(json.dumps({"query": text, "videos": [{"video": v, "score": sc}
                                                    for v, sc in found]}))
@@ -171,13 +180,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     return
   if not args.workdir or not args.corpus:
     parser.error("give --index=INDEX (own videos) or --workdir and --corpus (XML moments)")
+  if args.text or args.video or args.captions:
+    parser.error("XML moment search reads its queries from --queries (a file or - for "
+                 "stdin); text arguments, --video and --captions go with --index")
   args.top = args.top or 10
   lines = (sys.stdin if args.queries == "-" else open(args.queries, encoding="utf-8"))
   texts = [l.strip() for l in lines if l.strip()]
   if not texts:
     parser.error("no queries given")
-  step = int(args.step) if args.step and args.step.isdigit() else args.step
-  searcher = Searcher(args.workdir, args.corpus, step=step, bert_dir=args.bert_dir)
+  searcher = Searcher(args.workdir, args.corpus, step=index_lib.parse_step(args.step),
+                      bert_dir=args.bert_dir)
   for text, moments in zip(texts, searcher(texts, top=args.top)):
     if args.json:
       print(json.dumps({"query": text, "moments": [
