@@ -1,7 +1,8 @@
 """Your own videos: `avtext.index` over a folder of mp4s, `avtext.search --index`, `avtext.caption`.
 
 The folder: the mp4s `layouts` writes for the first 16 clips of the tiny world's train
-split (half of them in a subfolder) and one file that is not a video. The AVR run:
+split (half of them in a subfolder), a file that is not a video (skipped when probed)
+and a truncated mp4 (skipped when its last clip fails to decode). The AVR run:
 configs/videocc_avr.py:tiny trained by `python -m avtext.main` for 40 steps on exactly
 those 16 clips (rendered by the world, not decoded), so it has memorized them: the
 check that a clip's generating caption finds its video is a check on training clips
@@ -30,6 +31,7 @@ import pytest
 from avtext import caption
 from avtext import index as index_lib
 from avtext import search
+from avtext.data import video_io
 from avtext.data.synthetic import layouts
 from avtext.data.synthetic import world
 from avtext.evals import base as evals_base
@@ -53,14 +55,15 @@ def _cli(main, argv) -> tuple[str, str]:
 
 
 def _train_captioner(workdir):
-  """configs/videocc_caption.py:tiny, 1 step on 1 device: cheap, and its captions are
-  words (decoding stops no earlier than min_length = 1 token)."""
+  """configs/videocc_caption.py:tiny with an RGB-only encoder, 1 step on 1 device: cheap,
+  and its captions are words (decoding stops no earlier than min_length = 1 token)."""
   from avtext.data import builders  # pylint: disable=g-import-not-at-top
   from avtext.data import pipelines  # pylint: disable=g-import-not-at-top
   from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
   from configs import videocc_caption  # pylint: disable=g-import-not-at-top
   config = videocc_caption.get_config('tiny')
   config.num_devices = 1
+  config.model.video.modalities = 'rgb'
   config.dataset.num_train = NUM_VIDEOS
   config.train.num_steps = config.train.checkpoint_every_steps = 1
   config.evals = {}
@@ -90,6 +93,12 @@ def own(tmp_path_factory):
     shutil.copy(media / f'{stem}.mp4', videos / name)
     captions[name] = caps[0]
   shutil.copy(media / f"{written.faults['not_video']}.mp4", videos / 'notes.mp4')
+  # Passes the probe (headers only), fails when its last clip is decoded.
+  src = layouts.source('train', NUM_VIDEOS, SPEC, seed=0)
+  video_io.write_fault(videos / 'cut.mp4', 'truncated',
+                       src.render_frames(0, np.arange(SPEC.num_frames)), SPEC.fps,
+                       audio=src.render_audio(0, 0, SPEC.num_samples),
+                       sample_rate=SPEC.sample_rate)
   later = root / 'later.mp4'
   shutil.copy(media / 'test00000.mp4', later)
   run = root / 'run'
@@ -131,9 +140,11 @@ def test_index_cli_lists_and_counts_the_bad_file(own, indexed):
   out, printed = indexed
   meta = json.loads((out / 'meta.json').read_text())
   assert meta['num_videos'] == NUM_VIDEOS and meta['last_added'] == NUM_VIDEOS
-  assert meta['skip_counts'] == {'unreadable': 1}
-  assert [s['path'] for s in meta['skipped']] == ['notes.mp4']
-  assert 'skipped: unreadable 1' in printed and 'skipped notes.mp4: unreadable' in printed
+  assert meta['skip_counts'] == {'truncated': 1, 'unreadable': 1}
+  assert [(s['path'], s['reason']) for s in meta['skipped']] == [
+      ('notes.mp4', 'unreadable'), ('cut.mp4', 'truncated')]
+  assert 'skipped: truncated 1, unreadable 1' in printed
+  assert 'skipped notes.mp4: unreadable' in printed and 'skipped cut.mp4: truncated' in printed
   assert meta['run'] == {'workdir': str(own['run']), 'step': STEPS,
                          'config_sha256': index_lib.config_hash(own['run'])}
   assert sorted(json.loads((out / 'ids.json').read_text())) == sorted(own['captions'])
