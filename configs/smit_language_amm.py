@@ -10,11 +10,15 @@ Two phases, two runs chained by init_from (app. B):
                      the language model stays frozen; starts from phase 1's best
                      checkpoint on the validation split (init_from.step="best").
 
-    # the paper's setup on real S-MiT (says what to prepare until the files exist)
+    # the paper's setup on real S-MiT (says what to prepare until the files exist);
+    # S-MiT as DIR/{train,val,test}.csv + the files (avtext/data/builders/smit.py)
+    python -m avtext.tools.smit_features --config=configs/smit_language_amm.py \
+        --config.features_source.path=DIR --out=<smit_features dir>   # or your own
     python -m avtext.main --config=configs/smit_language_amm.py --workdir=workdirs/smit_p1 \
         --config.dataset.path=<smit_features dir>
     python -m avtext.main --config=configs/smit_language_amm.py:phase2 \
-        --workdir=workdirs/smit_p2 --config.init_from.workdir=workdirs/smit_p1
+        --workdir=workdirs/smit_p2 --config.init_from.workdir=workdirs/smit_p1 \
+        --config.dataset.path=DIR
     # the synthetic S-MiT, end to end: make demo-smit (see the Makefile for the steps)
 
 Variants (after the colon, comma-separated):
@@ -64,14 +68,16 @@ def get_config(arg: str | None = None, caption: str = "language") -> ml_collecti
 
   # ---- data ------------------------------------------------------------------
   config.dataset = ml_collections.ConfigDict()
+  # The real S-MiT clips: DIR/{train,val,test}.csv of video_id, video, spoken_caption,
+  # transcript (avtext/data/builders/smit.py); spoken=False opens no caption audio.
+  real = dict(name="smit", path=None, spoken=caption == "spoken")
   if phase2:
-    config.dataset.name = "smit"  # the clips (frames for the backbones)
-    config.dataset.data_dir = None
+    config.dataset = ml_collections.ConfigDict(real)  # the clips (frames for the backbones)
   else:
     config.dataset.name = "smit_features"  # avtext/data/builders/smit.py
     config.dataset.path = None
   # The clips phase 1's features are computed from (avtext.tools.smit_features).
-  config.features_source = ml_collections.ConfigDict(dict(name="smit", data_dir=None))
+  config.features_source = ml_collections.ConfigDict(real)
 
   config.data = ml_collections.ConfigDict()
   config.data.fps = 25

@@ -125,7 +125,7 @@ def test_features_layout_errors_name_the_file_and_key(tmp_path, tiny_features):
         f.copy(key, g)
   with pytest.raises(ValueError, match="val.h5: 'words' without 'words_offsets'"):
     builders.get_source(cfg, "val")
-  with pytest.raises(FileNotFoundError, match="needs video decoding"):
+  with pytest.raises(FileNotFoundError, match="config.dataset.path: set it to your S-MiT"):
     builders.get_source(ml_collections.ConfigDict(dict(name="smit")), "train")
 
 

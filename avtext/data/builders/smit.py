@@ -27,19 +27,39 @@ the model has no such backbone). A split is read into memory when it opens (S-Mi
 clips on a small machine). When `origin` names a synthetic dataset, the source also
 answers `describe` and `oracle_recall_at_1` from it, for the evaluator's oracle line.
 
-`smit` (the real Spoken Moments clips, for phase 2 from frames): needs video decoding,
-which avtext gets with the real-video issue (avtext/data/video_io.py); until then it
-raises, saying what to prepare.
+`smit` (kind 'clips'): the real Spoken Moments clips, read from the files (phase 2 from
+frames, and the input of `avtext.tools.smit_features` for phase 1).
+config.dataset.path = DIR holding, per split, DIR/<split>.csv ('validation' is read as
+'val'; DIR/validation.csv is accepted for val) with a header row and the columns
+
+  video_id         the clip's id (unique in the split)
+  video            the clip's video file (S-MiT: a 3 s Moments in Time mp4), a path
+                   relative to DIR or absolute
+  spoken_caption   the spoken caption's audio file (wav / flac / mp3 / m4a; any sample
+                   rate: read as 16 kHz mono), relative to DIR or absolute
+  transcript       its ASR transcript, the text the language-caption model reads
+
+Every file is probed when a split opens (`builders.files.MediaClips`): a bad video is
+put aside and counted by reason (missing / empty / unreadable / no_video / truncated /
+short); with dataset.spoken (default True; the language configs set False, so no
+caption audio is opened) a bad spoken caption puts its row aside too, counted under the
+same reasons (no_audio: a caption file without sound). A row whose transcript is empty
+is an error naming the file and line. Other fields are `files.options`' (fps 25,
+short_side, min_seconds 1 s, on_bad, verify, probe_cache).
 """
 import json
 import os
+import pathlib
 from typing import Any
 
+from absl import logging
 import ml_collections
 import numpy as np
 
 from avtext.data import builders
 from avtext.data import features
+from avtext.data import video_io
+from avtext.data.builders import files
 
 FORMAT = "avtext.smit_features/1"
 _PER_ITEM = ("image_embedding", "temporal_embedding")
@@ -150,16 +170,111 @@ def smit_features(dataset: ml_collections.ConfigDict, split: str) -> SMiTFeature
   return SMiTFeatures(os.fspath(path), split, origin)
 
 
+SPLIT_FILES = {"train": ("train.csv",), "val": ("val.csv", "validation.csv"),
+               "test": ("test.csv",)}
+COLUMNS = ("video_id", "video", "spoken_caption", "transcript")
+PREPARE = (
+    "Download Spoken Moments (moments.csail.mit.edu/spoken.html) and write, per split, "
+    "DIR/{train,val,test}.csv with the header video_id,video,spoken_caption,transcript "
+    "(paths relative to DIR; layout in avtext/data/builders/smit.py), then set "
+    "--config.dataset.path=DIR (phase 2) or --config.features_source.path=DIR "
+    "(`python -m avtext.tools.smit_features`, phase 1). The synthetic S-MiT in this layout: "
+    "python -m avtext.data.synthetic.layouts --layout=smit --out=DIR; the whole experiment "
+    "on the synthetic S-MiT: `make demo-smit` or the ':demo' variant")
+
+
+class SpokenMomentsClips(files.MediaClips):
+  """S-MiT clips from the user's files (module docstring): `MediaClips` over the videos
+  (caption = the ASR transcript), plus `describe(i)['transcript']` and `render_speech(i)`,
+  the spoken caption as float32 16 kHz mono."""
+
+  def __init__(self, rows: list[dict[str, str]], root: pathlib.Path, *, where: str,
+               spoken: bool = True, **options):
+    progress = options.get("progress", True)
+    spoken_skips: list[files.Skip] = []
+    if spoken:
+      probes = files.probe_files((r["spoken_caption"] for r in rows), need="audio",
+                                 verify=options.get("verify", "probe"),
+                                 progress=f"{where}: probing spoken captions" if progress
+                                 else None, cache=options.get("probe_cache"))
+      good = []
+      for r in rows:
+        bad = probes[r["spoken_caption"]].get("reason")
+        if bad is None:
+          good.append(r)
+        elif options.get("on_bad", "skip") == "raise":
+          raise video_io.VideoReadError(r["spoken_caption"], bad if bad in video_io.REASONS
+                                        else "unreadable", f"{bad}: the spoken caption of "
+                                        f"{r['video_id']!r} in {where}")
+        else:
+          spoken_skips.append(files.Skip(r["video_id"], r["spoken_caption"], bad,
+                                         "spoken caption: " + probes[r["spoken_caption"]]
+                                         .get("detail", "")))
+      if spoken_skips:
+        logging.warning("%s: skipped %d rows for their spoken caption files (first: %s: %s)",
+                        where, len(spoken_skips), spoken_skips[0].path,
+                        spoken_skips[0].reason)
+      rows = good
+    self._speech = {r["video_id"]: (r["transcript"], r["spoken_caption"] if spoken else None)
+                    for r in rows}
+    super().__init__([files.Entry(r["video"], r["transcript"], r["video_id"], r["video_id"])
+                      for r in rows], where=where, **options)
+    self.skipped = spoken_skips + self.skipped
+
+  def describe(self, index: int) -> dict[str, Any]:
+    out = super().describe(index)
+    transcript, audio = self._speech[out["clip_id"]]
+    out.update(transcript=transcript, spoken_caption_path=audio)
+    return out
+
+  def render_speech(self, index: int) -> np.ndarray:
+    """float32 16 kHz mono samples of clip `index`'s whole spoken caption."""
+    e, _ = self._get(index)
+    path = self._speech[e.clip_id][1]
+    if path is None:
+      raise ValueError(f"{self.where}: opened with config.dataset.spoken=False (no spoken "
+                       "captions); set it True for a spoken-caption model")
+    wave = video_io.read_audio(path, 0.0, None, sample_rate=self.sample_rate)
+    if wave is None or not len(wave):
+      raise video_io.VideoReadError(path, "truncated", "the spoken caption gave no samples")
+    return np.asarray(wave, np.float32)
+
+  def __getitem__(self, index: int) -> dict[str, Any]:
+    out = super().__getitem__(index)
+    out["transcript"] = self.describe(index)["transcript"]
+    if self._speech[out["clip_id"]][1] is not None:
+      out["spoken_caption"] = self.render_speech(index)
+    return out
+
+
+def read_rows(root: pathlib.Path, split: str) -> list[dict[str, str]]:
+  """The split's CSV rows (module docstring), paths made absolute; errors name the file
+  and line."""
+  split = "val" if split == "validation" else split
+  if split not in SPLIT_FILES:
+    raise ValueError(f"smit: no split {split!r}; splits: {', '.join(SPLIT_FILES)}")
+  names = SPLIT_FILES[split]
+  path = next((root / n for n in names if (root / n).is_file()), root / names[0])
+  path = files.require_file(path, f"the S-MiT {split} list", PREPARE)
+  rows, seen = [], {}
+  for line, row in enumerate(files.read_csv_rows(path, COLUMNS), start=2):
+    for key in ("video_id", "video", "spoken_caption", "transcript"):
+      if not row[key].strip():
+        raise ValueError(f"{path}, line {line}: empty {key!r} (expected {', '.join(COLUMNS)})")
+    if row["video_id"] in seen:
+      raise ValueError(f"{path}, line {line}: video_id {row['video_id']!r} again (first on "
+                       f"line {seen[row['video_id']]}); ids must be unique in a split")
+    seen[row["video_id"]] = line
+    rows.append({**row, "video": str(root / row["video"]),
+                 "spoken_caption": str(root / row["spoken_caption"])})
+  return rows
+
+
 @builders.register_dataset("smit")
-def smit_clips(dataset: ml_collections.ConfigDict, split: str):
-  del split
-  raise FileNotFoundError(
-      f"config.dataset: 'smit' (the real Spoken Moments clips, data_dir="
-      f"{dataset.get('data_dir')!r}) needs video decoding, which avtext does not have yet "
-      "(the real-video issue adds avtext/data/video_io.py). To prepare S-MiT: download it "
-      "from the authors (moments.csail.mit.edu/spoken.html); for phase 1, extract your "
-      "ResNet-152 (3 frames, 1 fps) and TSM-R50 (8 frames, ~3 fps) features, the frozen "
-      "language model's word features of each ASR transcript and each spoken caption's "
-      "40-bin log-mel into the smit_features layout (avtext/data/builders/smit.py) and set "
-      "--config.dataset.name=smit_features --config.dataset.path=<dir>. To run the whole "
-      "experiment on the synthetic S-MiT instead: `make demo-smit` or the ':demo' variant.")
+def smit_clips(dataset: ml_collections.ConfigDict, split: str) -> SpokenMomentsClips:
+  root = files.require_path(dataset, "S-MiT", PREPARE)
+  rows = read_rows(root, split)
+  keep = dataset.get("num_train") if split == "train" else dataset.get("num_eval")
+  rows = rows[:keep] if keep else rows
+  return SpokenMomentsClips(rows, root, spoken=dataset.get("spoken", True), **files.options(
+      dataset, split, f"smit {split!r} under {root}"))

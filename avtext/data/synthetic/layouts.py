@@ -1,16 +1,20 @@
-r"""The synthetic world written as the real datasets' files: MSR-VTT, VideoCC3M, AudioCaps, Clotho.
+r"""The synthetic world written as the real datasets' files: MSR-VTT, VideoCC3M, AudioCaps,
+Clotho, S-MiT.
 
     python -m avtext.data.synthetic.layouts --layout=msrvtt --out=DIR \
         [--num_train=64 --num_val=16 --num_test=32] [--faults=truncated,empty,...]
 
-writes DIR in the layout the `msrvtt` / `videocc3m` / `audiocaps` / `clotho` builder reads
+writes DIR in the layout the `msrvtt` / `videocc3m` / `audiocaps` / `clotho` / `smit` builder reads
 (their module docstrings): the clips of the `synthetic_clips` world encoded as H.264 +
 AAC mp4s (16-bit wav for the audio datasets) with PyAV, and the annotation files naming
 them. So the builders, `avtext.data.materialize`, `avtext.index` and the README's MSR-VTT
 walk-through run on this machine without a download, and the tests compare what the
 builders decode with the frames the world rendered.
 
-Clip i of a split is `ClipCaptionSource(split, seed, spec)` clip i; its first caption is
+For `smit`, clip i is `spoken.SpokenClipSource(split, seed, spec)` clip i (use
+--duration_s=3, S-MiT's clip length): its video, its spoken caption as a 16 kHz wav under
+spoken/ and its ASR transcript in <split>.csv. Otherwise clip i of a split is
+`ClipCaptionSource(split, seed, spec)` clip i; its first caption is
 the world's, the others (MSR-VTT's, Clotho's several captions per clip) are further
 captions of the same scene. `faults` adds one extra train entry per fault: the files
 `video_io.write_fault` writes (truncated, empty, not_video, audio_only, short (0.2 s),
@@ -32,9 +36,10 @@ from tqdm import tqdm
 from avtext.data import video_io
 from avtext.data.synthetic import captions
 from avtext.data.synthetic import clips
+from avtext.data.synthetic import spoken
 from avtext.data.synthetic import world
 
-LAYOUTS = ('msrvtt', 'videocc3m', 'audiocaps', 'clotho')
+LAYOUTS = ('msrvtt', 'videocc3m', 'audiocaps', 'clotho', 'smit')
 FAULTS = video_io.FAULTS + ('missing',)
 # What a builder does with each fault (the corrupt-input tests check these).
 OUTCOMES = {'video': {'truncated': 'truncated', 'empty': 'empty', 'not_video': 'unreadable',
@@ -45,7 +50,10 @@ OUTCOMES = {'video': {'truncated': 'truncated', 'empty': 'empty', 'not_video': '
                       'missing': 'missing'}}
 
 
-def source(split: str, num: int, spec: world.WorldSpec, seed: int) -> clips.ClipCaptionSource:
+def source(split: str, num: int, spec: world.WorldSpec, seed: int, layout: str = ''
+           ) -> clips.ClipCaptionSource:
+  if layout == 'smit':
+    return spoken.SpokenClipSource(split, seed=seed, num_examples=num, spec=spec)
   return clips.ClipCaptionSource(split, seed=seed, num_examples=num, spec=spec)
 
 
@@ -114,21 +122,23 @@ def write(layout: str, out: str | pathlib.Path, *, sizes: dict[str, int],
   jobs = []
   fault_stems = {}
   for split, num in sizes.items():
-    src = source(split, num, spec, seed)
+    src = source(split, num, spec, seed, layout)
     items[split] = []
+    caps = ((lambda i: [src.describe(i)['transcript']]) if layout == 'smit' else
+            (lambda i: clip_captions(src, i, ncap)))  # noqa: E731
     for i in range(num):
       stem = f'{split}{i:05d}'
-      items[split].append((i, stem, clip_captions(src, i, ncap)))
+      items[split].append((i, stem, caps(i)))
       jobs.append((src, i, stem, None))
     if split == 'train':
       for k, fault in enumerate(faults):  # a fault is a copy of train clip k with a flaw
         stem = f'fault_{fault}'
         fault_stems[fault] = stem
-        items[split].append((-1, stem, clip_captions(src, k % num, ncap)))
+        items[split].append((-1, stem, caps(k % num)))
         jobs.append((src, k % num, stem, fault))
   suffix = '.wav' if audio_only else '.mp4'
   media = {'msrvtt': root / 'videos' / 'all', 'videocc3m': root / 'videos',
-           'audiocaps': root / 'media'}.get(layout)
+           'audiocaps': root / 'media', 'smit': root / 'videos'}.get(layout)
   for src, i, stem, fault in tqdm(jobs, desc=f'writing synthetic {layout}', disable=not progress):
     if layout == 'clotho':
       split = src.split
@@ -139,6 +149,12 @@ def write(layout: str, out: str | pathlib.Path, *, sizes: dict[str, int],
     else:
       path = media / f'{stem}{suffix}'
     _write(path, src, i, spec, audio_only=audio_only, fault=fault)
+    speech = root / 'spoken' / f'{stem}.wav'
+    if layout == 'smit' and not speech.exists():
+      speech.parent.mkdir(parents=True, exist_ok=True)
+      tmp = speech.with_name('.tmp.wav')
+      video_io.write_audio(tmp, src.render_speech(i), sample_rate=spoken.speech.SAMPLE_RATE)
+      tmp.rename(speech)
   _annotations(layout, root, items, spec)
   (root / 'synthetic.json').write_text(json.dumps({
       'format': 'avtext.synthetic_layout/1', 'layout': layout, 'seed': seed,
@@ -178,6 +194,13 @@ def _annotations(layout: str, root: pathlib.Path, items: dict, spec: world.World
           for c in caps:
             w.writerow([f'{stem}-{n}', stem, 0, c])
             n += 1
+  elif layout == 'smit':
+    for split, rows in items.items():
+      with open(root / f'{split}.csv', 'w', newline='') as f:
+        w = csv.writer(f)
+        w.writerow(['video_id', 'video', 'spoken_caption', 'transcript'])
+        for _, stem, caps in rows:
+          w.writerow([stem, f'videos/{stem}.mp4', f'spoken/{stem}.wav', caps[0]])
   elif layout == 'clotho':
     for split, rows in items.items():
       folder = {'train': 'development', 'val': 'validation', 'test': 'evaluation'}[split]
