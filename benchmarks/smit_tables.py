@@ -3,8 +3,10 @@ backbones, heads trained, as the paper's own ablations, app. C).
 
     python benchmarks/smit_tables.py --table=2 --seeds=0,1,2     # losses, language model
     python benchmarks/smit_tables.py --table=3 [--width=8 --steps=300]  # speech encoders x losses
+        [--encoders=resdavenet,resnet34,resnet50 --losses=nce,amm]
     python benchmarks/smit_tables.py --table=7                   # batch sizes
-    python benchmarks/smit_tables.py --table=speed               # train examples/s, batch 2048
+    python benchmarks/smit_tables.py --table=speed [--models=language,resnet34]  # examples/s,
+                                                                 # batch 2048
 
 Every run is `python -m avtext.main --config=configs/smit_{language,spoken}_amm.py:demo`
 with overrides, on the features `make demo-smit` writes (--features); a finished run
@@ -80,6 +82,20 @@ def fmt(rows: list[dict]) -> str:
   return " | ".join(out)
 
 
+def speech_encoders(w: int) -> dict[str, tuple[str, list[str]]]:
+  """Table 3's encoders at base width w (the published ResNets have 64; ResDAVEnet's
+  published widths 128..1024 scale by the same w / 64): key -> (name, config flags)."""
+  davenet = ",".join(str(c * w // 64) for c in (128, 128, 256, 512, 1024))
+  return {
+      "resnet34": (f"ResNet-34 (width {w})", ["--config.model.speech.depth=34",
+                                              f"--config.model.speech.width={w}"]),
+      "resnet50": (f"ResNet-50 (width {w})", ["--config.model.speech.depth=50",
+                                              f"--config.model.speech.width={w}"]),
+      "resdavenet": (f"ResDAVEnet (widths /{64 // w})",
+                     ["--config.model.speech.name=resdavenet",
+                      f"--config.model.speech.widths=({davenet})"])}
+
+
 HEADER = ("| c2v R@1 | R@5 | R@10 | mAP | v2c R@1 | R@5 | R@10 | mAP | mean R@1 | R@5 | R@10 "
           "| mAP |")
 
@@ -91,6 +107,14 @@ def main():
   p.add_argument("--features", default="workdirs/demo/smit_features")
   p.add_argument("--workdirs", default="workdirs/bench/smit")
   p.add_argument("--steps", type=int, default=None, help="override train.num_steps")
+  p.add_argument("--encoders", default="resnet34,resnet50,resdavenet",
+                 help="table 3 / speed: speech encoders, in this order")
+  p.add_argument("--losses", default="nce,amm", help="table 3: losses, in this order")
+  p.add_argument("--models", default="language,resnet34,resnet50",
+                 help="speed: language and/or speech encoders (as --encoders)")
+  p.add_argument("--speed_steps", type=int, default=12,
+                 help="speed: train steps, logged every --speed_steps/4 (the first window "
+                      "holds the compilation and is left out of the median)")
   p.add_argument("--width", type=int, default=16,
                  help="table 3: the ResNets' base width (demo 16); ResDAVEnet's widths scale "
                       "with it (demo: the published widths / 4)")
@@ -109,18 +133,12 @@ def main():
       print(f"| {LOSS_NAMES[loss]} | {fmt(rows)} |", flush=True)
   elif a.table == "3":
     w = a.width
-    davenet = ",".join(str(c * w // 64) for c in (128, 128, 256, 512, 1024))
-    encoders = {
-        f"ResNet-34 (width {w})": ["--config.model.speech.depth=34",
-                                   f"--config.model.speech.width={w}"],
-        f"ResNet-50 (width {w})": ["--config.model.speech.depth=50",
-                                   f"--config.model.speech.width={w}"],
-        f"ResDAVEnet (widths /{64 // w})": ["--config.model.speech.name=resdavenet",
-                                            f"--config.model.speech.widths=({davenet})"]}
+    encoders = speech_encoders(w)
     print("| encoder | loss " + HEADER)
-    for name, over in encoders.items():
-      for loss in ("nce", "amm"):
-        tag = name.split()[0].lower().replace("-", "") + ("" if w == 16 else f"_w{w}")
+    for key in a.encoders.split(","):
+      name, over = encoders[key]
+      for loss in a.losses.split(","):
+        tag = key + ("" if w == 16 else f"_w{w}")
         tag += "" if a.steps is None else f"_n{a.steps}"
         rows = [test_row(run(root / f"t3_{tag}_{loss}_s{s}", spoken,
                              over + [f"--config.loss.name={loss}", f"--config.seed={s}",
@@ -137,15 +155,18 @@ def main():
                             f"--config.train.num_steps={n}"], a.features)) for s in seeds]
       print(f"| {batch} | {n} | {fmt(rows)} |", flush=True)
   else:
-    common = ["--config.train.batch_size=2048", "--config.train.num_steps=12",
-              "--config.train.log_every_steps=3",
+    log = max(1, a.speed_steps // 4)
+    common = ["--config.train.batch_size=2048", f"--config.train.num_steps={a.speed_steps}",
+              f"--config.train.log_every_steps={log}",
               "--config.evals.val.every_epochs=1000", "--config.evals.test.every_steps=100000"]
-    for name, config in (("language", lang), ("spoken, ResNet-34 w16", spoken),
-                         ("spoken, ResNet-50 w16", spoken)):
-      extra = ["--config.model.speech.depth=50"] if "50" in name else []
+    encoders = speech_encoders(a.width)
+    for key in a.models.split(","):
+      name, config, extra = (("language", lang, []) if key == "language" else
+                             (f"spoken, {encoders[key][0]}", spoken, encoders[key][1]))
       median, rates = speed(config, common + extra, a.features)
-      print(f"{name}: {median:.0f} train examples/s at batch 2048 (phase 1; windows "
-            f"{', '.join(f'{r:.0f}' for r in rates)})", flush=True)
+      print(f"{name}: {median:.0f} train examples/s at batch 2048 (phase 1; windows of "
+            f"{log} steps: {', '.join(f'{r:.0f}' for r in rates)})", flush=True)
+
 
 if __name__ == "__main__":
   main()

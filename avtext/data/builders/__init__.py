@@ -9,7 +9,8 @@ and e.g. TensorFlow is imported only by a config that reads TFDS files):
                            caption, an ASR transcript and the spoken caption's audio
   smit_features            S-MiT phase-1 features (frozen backbones' embeddings, word
                            features, log-mels) in `builders.smit`'s layout
-  smit                     the real S-MiT clips (needs video decoding: says what to prepare)
+  smit                     the real S-MiT clips: DIR/<split>.csv of video, spoken caption
+                           audio and ASR transcript (`builders.smit`)
   tfds:<name>[/config]     a materialized TFDS dataset in array_record format under
                            config.dataset.data_dir, read with random access; the path
                            real clip datasets take (tests exercise it with the synthetic
