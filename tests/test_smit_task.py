@@ -17,6 +17,7 @@ from avtext.losses import contrastive
 from avtext.tasks import registry
 from avtext.tasks import smit as smit_task
 from avtext.tools import smit_features
+from avtext.train import checkpointing
 from avtext.train import optimizers
 from tests.test_trainer import REPO
 from tests.test_trainer import make_trainer
@@ -161,16 +162,17 @@ def test_paper_config_says_what_to_prepare(tmp_path):
 
 
 @pytest.mark.slow
-def test_configs_chain_phase1_then_phase2(tmp_path):
-  """`make demo-smit`'s three commands on the tiny variant."""
+@pytest.mark.parametrize("caption", ["language", "spoken"])
+def test_configs_chain_phase1_then_phase2(tmp_path, caption):
+  """`make demo-smit`'s three commands on the tiny variant; the spoken model's ResNet
+  carries its BatchNorm statistics from phase 1's best into phase 2."""
   py = [sys.executable, "-m"]
+  cfg = f"--config=configs/smit_{caption}_amm.py:tiny"
   feats, p1, p2 = tmp_path / "f", tmp_path / "p1", tmp_path / "p2"
-  for cmd in (["avtext.tools.smit_features", "--config=configs/smit_language_amm.py:tiny",
-               f"--out={feats}"],
-              ["avtext.main", "--config=configs/smit_language_amm.py:tiny", f"--workdir={p1}",
-               f"--config.dataset.path={feats}"],
-              ["avtext.main", "--config=configs/smit_language_amm.py:tiny,phase2",
-               f"--workdir={p2}", f"--config.init_from.workdir={p1}"]):
+  for cmd in (["avtext.tools.smit_features", cfg, f"--out={feats}"],
+              ["avtext.main", cfg, f"--workdir={p1}", f"--config.dataset.path={feats}"],
+              ["avtext.main", cfg + ",phase2", f"--workdir={p2}",
+               f"--config.init_from.workdir={p1}"]):
     proc = subprocess.run(py + cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
   assert "caption_to_video" in proc.stdout and "S-MiT protocol" in proc.stdout
@@ -178,6 +180,16 @@ def test_configs_chain_phase1_then_phase2(tmp_path):
   best = r1["best"]["step"]
   assert "test/subset/mean/R@1" in r2[str(max(int(k) for k in r2 if k.isdigit()))]
   assert f"warm start from {p1} step {best}: <all> -> <all>" in proc.stderr  # phase 1's best
+  if caption == "spoken":  # phase 2 starts from phase 1's best statistics, bit for bit
+    assert "(with batch_stats)" in proc.stderr
+    config = smit_spoken_amm.get_config("tiny,phase2")
+    config.init_from.workdir = str(p1)
+    start = make_trainer(config, tmp_path / "p2_start").restore_or_init()[0]
+    s1 = checkpointing.restore_raw(p1, "best")[0]["model_state"]["batch_stats"]
+    s2 = jax.device_get(start.model_state["batch_stats"])
+    assert jax.tree.structure(s1) == jax.tree.structure(s2)
+    for a, b in zip(jax.tree.leaves(s1), jax.tree.leaves(s2)):
+      np.testing.assert_array_equal(a, b)
 
 
 def test_oracle_on_a_subset_gallery_counts_fitting_clips_by_brute_force():

@@ -103,3 +103,32 @@ def test_pretrained_rgb_tower_reaches_avr_and_resume_does_not_reread(tmp_path):
   config.train.num_steps = 3
   resumed = trainer_lib.Trainer(config, run_dir, registry.build_task(config)).restore_or_init()[0]
   assert int(resumed.step) == 2
+
+
+def test_batch_stats_follow_the_params_prefixes(monkeypatch):
+  """A BatchNorm network carried to a new run keeps its running statistics; a target
+  with statistics where the source has none is an error; other prefixes are untouched."""
+  stats = lambda v: {"mean": np.full(3, v, np.float32), "var": np.full(3, v + 1, np.float32)}  # noqa: E731
+  source = {"params": {"encoder": {"kernel": np.ones((2, 3), np.float32),
+                                   "bias": np.ones(3, np.float32)}},
+            "model_state": {"batch_stats": {"encoder": {"bn": stats(5.0)}}}}
+  monkeypatch.setattr(warm_start.checkpointing, "restore_raw", lambda workdir, step: (source, 7))
+  config = ml_collections.ConfigDict(dict(init_from=dict(
+      workdir="run", step=None, params=(("encoder", "video/rgb"),))))
+  model_state = {"batch_stats": {"video": {"rgb": {"bn": stats(0.0)}},
+                                 "text": {"bn": stats(0.0)}}}
+  params, state = warm_start.apply_variables(_tree(), model_state, config)
+  np.testing.assert_array_equal(params["video"]["rgb"]["kernel"], np.ones((2, 3)))
+  got = state["batch_stats"]
+  np.testing.assert_array_equal(got["video"]["rgb"]["bn"]["mean"], np.full(3, 5.0))
+  np.testing.assert_array_equal(got["video"]["rgb"]["bn"]["var"], np.full(3, 6.0))
+  np.testing.assert_array_equal(got["text"]["bn"]["mean"], np.zeros(3))  # not a target
+  # No statistics under the target prefix: nothing asked of the source.
+  params, state = warm_start.apply_variables(
+      _tree(), {"batch_stats": {"text": {"bn": stats(0.0)}}}, config)
+  np.testing.assert_array_equal(state["batch_stats"]["text"]["bn"]["mean"], np.zeros(3))
+  # Statistics in the target but none in the source: an error, not fresh statistics.
+  source["model_state"] = {}
+  with pytest.raises(ValueError, match=r"has 'batch_stats' under \['video/rgb'\] but "
+                                       r"checkpoint run \(step 7\) holds no 'batch_stats'"):
+    warm_start.apply_variables(_tree(), model_state, config)

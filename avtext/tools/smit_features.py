@@ -56,7 +56,7 @@ def phase1_variables(config: ml_collections.ConfigDict, task) -> dict:
   """The variables a phase-1 run of `config` starts from (the trainer's init path)."""
   variables = dict(jax.jit(task.init_variables)(jax.random.PRNGKey(config.seed), None))
   params = task.load_pretrained(variables.pop("params"))
-  params = warm_start.apply(params, config)
+  params, variables = warm_start.apply_variables(params, variables, config)
   return {"params": params, **variables}
 
 

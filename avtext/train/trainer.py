@@ -132,7 +132,8 @@ class Trainer:
     variables = dict(variables)
     params = self.task.load_pretrained(variables.pop("params"))
     if warm_start_params:
-      params = warm_start.apply(params, self.config)
+      params, variables = warm_start.apply_variables(params, variables, self.config)
+      variables = jax.device_put(variables, {k: shardings[k] for k in variables})
     params = jax.device_put(params, shardings["params"])
     self.frozen = optimizers.frozen_mask(params, tuple(self.config.optimizer.get("frozen") or ()))
     tx, schedule = optimizers.make_optimizer(

@@ -12,6 +12,12 @@ Both sides must match exactly: a target parameter with no source, a source
 parameter with no target, or a shape/dtype mismatch is an error naming the
 paths. Parameters outside the target prefixes keep their initialization.
 
+The model's other variable collections (BatchNorm's `batch_stats`) follow the same
+pairs (`apply_variables`): a ResNet carried to a new run keeps its running statistics,
+which its frozen or eval-mode use needs. Under a target prefix that holds such
+variables the source must hold them too (an error otherwise: fresh statistics under
+trained weights would silently give wrong features); a prefix without them is left as is.
+
 This is how a pretraining stage hands its encoder to a downstream task (VideoCC
 initializes its towers from pretrained ViT/BERT; a model trained on one dataset
 is fine-tuned on another). It runs only when a run starts from scratch; a
@@ -50,6 +56,13 @@ def load_source_params(workdir: str | pathlib.Path, step: int | str | None
 
   `step`: None (latest), "best" (its best checkpoint, see config.eval.select) or N.
   """
+  params, _, step = load_source_state(workdir, step)
+  return params, step
+
+
+def load_source_state(workdir: str | pathlib.Path, step: int | str | None
+                      ) -> tuple[Any, dict[str, Any], int]:
+  """(params, model_state: {collection: tree}, step) of the run in `workdir`."""
   try:
     state, step = checkpointing.restore_raw(workdir, step)
   except FileNotFoundError as e:
@@ -57,7 +70,7 @@ def load_source_params(workdir: str | pathlib.Path, step: int | str | None
                             "run directory of a finished avtext run") from e
   if "params" not in state:
     raise ValueError(f"{workdir}: checkpoint at step {step} holds no 'params'")
-  return state["params"], step
+  return state["params"], dict(state.get("model_state") or {}), step
 
 
 def transplant(params: Any, source: Any, pairs, *, where: str = "source") -> Any:
@@ -114,14 +127,37 @@ def transplant(params: Any, source: Any, pairs, *, where: str = "source") -> Any
 
 
 def apply(params: Any, config: ml_collections.ConfigDict) -> Any:
-  """`params` warm-started as `config.init_from` says (unchanged when it is unset)."""
+  """`params` warm-started as `config.init_from` says (unchanged when it is unset).
+  Params only: a model with `batch_stats` needs `apply_variables`."""
+  return apply_variables(params, {}, config)[0]
+
+
+def apply_variables(params: Any, model_state: dict[str, Any], config: ml_collections.ConfigDict
+                    ) -> tuple[Any, dict[str, Any]]:
+  """(params, model_state) warm-started as `config.init_from` says: the parameters and,
+  under the same prefix pairs, each collection of `model_state` (module docstring)."""
   if not configured(config):
-    return params
+    return params, model_state
   spec = config.init_from
-  source, step = load_source_params(spec.workdir, spec.get("step"))
-  pairs = spec.get("params") or (("", ""),)
-  params = transplant(params, source, pairs,
-                      where=f"checkpoint {spec.workdir} (step {step})")
-  logging.info("warm start from %s step %d: %s", spec.workdir, step,
-               ", ".join(f"{s or '<all>'} -> {d or '<all>'}" for s, d in pairs))
-  return params
+  source, source_state, step = load_source_state(spec.workdir, spec.get("step"))
+  pairs = [tuple(p) for p in (spec.get("params") or (("", ""),))]
+  where = f"checkpoint {spec.workdir} (step {step})"
+  params = transplant(params, source, pairs, where=where)
+  model_state = dict(model_state)
+  carried = []
+  for name, tree in model_state.items():
+    names = list(_flatten(tree))
+    active = [(s, d) for s, d in pairs if any(n.startswith(_normalize(d)) for n in names)]
+    if not active:
+      continue
+    if name not in source_state:
+      raise ValueError(f"config.init_from: the model has {name!r} under "
+                       f"{[d or '<all>' for _, d in active]} but {where} holds no {name!r} "
+                       "(its running statistics would start fresh under trained weights)")
+    model_state[name] = transplant(tree, source_state[name], active,
+                                   where=f"{where} {name!r}")
+    carried.append(name)
+  logging.info("warm start from %s step %d: %s%s", spec.workdir, step,
+               ", ".join(f"{s or '<all>'} -> {d or '<all>'}" for s, d in pairs),
+               f" (with {', '.join(carried)})" if carried else "")
+  return params, model_state
