@@ -132,3 +132,29 @@ def test_paper_configs_point_at_the_layout():
     assert p1.features_source.path is None and p2.dataset.path is None
   assert smit_language_amm.get_config('phase2').dataset.spoken is False
   assert smit_spoken_amm.get_config('phase2').dataset.spoken is True
+
+
+@pytest.mark.parametrize("caption", ["language", "spoken"])
+def test_smit_features_from_the_layout(smit, tmp_path, caption):
+  """Phase 1's features from real-layout files: the language config opens no caption
+  audio and writes words only; the spoken one writes the log-mel of each caption."""
+  import h5py  # pylint: disable=g-import-not-at-top
+  from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
+  from avtext.tools import smit_features  # pylint: disable=g-import-not-at-top
+  module = {'language': smit_language_amm, 'spoken': smit_spoken_amm}[caption]
+  config = module.get_config('tiny')
+  config.features_source = ml_collections.ConfigDict(dict(
+      name='smit', path=str(smit.root), spoken=caption == 'spoken', progress=False))
+  out = smit_features.extract(config, tmp_path / 'f', splits=('test',), batch_size=4)
+  with h5py.File(out / 'test.h5') as f:
+    assert [x.decode() for x in f['ids'][()]] == [f'test{i:05d}' for i in range(4)]
+    assert ('words' in f) == (caption == 'language')
+    assert ('log_mel' in f) == (caption == 'spoken')
+    if caption == 'spoken':
+      ref = synthetic.SyntheticSpokenClips('test', num_examples=SIZES['test'], spec=SPEC)
+      off = f['log_mel_offsets'][()]
+      for i in (0, 3):
+        want = preprocessing.log_mel_spectrogram(ref.render_speech(i), num_mel_bins=40)
+        got = f['log_mel'][off[i]:off[i + 1]].astype(np.float32)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=0.05)  # float16 storage, 16-bit wav

@@ -13,7 +13,8 @@ over each split of `config.features_source` (a clips dataset):
   words                                  the frozen text encoder's per-word features of
                                          the ASR transcript (language models; float16)
   log_mel                                the whole spoken caption's 40-bin log-mel
-                                         (float16, as `preprocessing.speech_features`)
+                                         (float16, as `preprocessing.speech_features`;
+                                         not when the source has no spoken captions)
   transcript, caption, ids
 
 and writes <out>/<split>.h5 + <out>/meta.json (layout: avtext/data/builders/smit.py).
@@ -110,6 +111,8 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
         cols["ids"].append(ex["clip_id"])
         cols["transcript"].append(str(desc.get("transcript", "")))
         cols["caption"].append(str(desc.get("caption", "")))
+        if not getattr(source, "has_speech", True):
+          continue  # real S-MiT opened without its spoken captions (dataset.spoken=False)
         wave = (source.render_speech(i) if hasattr(source, "render_speech")
                 else np.asarray(source[i]["spoken_caption"], np.float32))
         mel = preprocessing.log_mel_spectrogram(

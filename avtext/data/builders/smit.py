@@ -215,6 +215,7 @@ class SpokenMomentsClips(files.MediaClips):
                         where, len(spoken_skips), spoken_skips[0].path,
                         spoken_skips[0].reason)
       rows = good
+    self.has_speech = spoken
     self._speech = {r["video_id"]: (r["transcript"], r["spoken_caption"] if spoken else None)
                     for r in rows}
     super().__init__([files.Entry(r["video"], r["transcript"], r["video_id"], r["video_id"])
