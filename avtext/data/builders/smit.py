@@ -188,7 +188,7 @@ class SpokenMomentsClips(files.MediaClips):
   (caption = the ASR transcript), plus `describe(i)['transcript']` and `render_speech(i)`,
   the spoken caption as float32 16 kHz mono."""
 
-  def __init__(self, rows: list[dict[str, str]], root: pathlib.Path, *, where: str,
+  def __init__(self, rows: list[dict[str, str]], *, where: str,
                spoken: bool = True, **options):
     progress = options.get("progress", True)
     spoken_skips: list[files.Skip] = []
@@ -277,5 +277,5 @@ def smit_clips(dataset: ml_collections.ConfigDict, split: str) -> SpokenMomentsC
   rows = read_rows(root, split)
   keep = dataset.get("num_train") if split == "train" else dataset.get("num_eval")
   rows = rows[:keep] if keep else rows
-  return SpokenMomentsClips(rows, root, spoken=dataset.get("spoken", True), **files.options(
+  return SpokenMomentsClips(rows, spoken=dataset.get("spoken", True), **files.options(
       dataset, split, f"smit {split!r} under {root}"))
