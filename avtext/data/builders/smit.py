@@ -52,13 +52,11 @@ import os
 import pathlib
 from typing import Any
 
-from absl import logging
 import ml_collections
 import numpy as np
 
 from avtext.data import builders
 from avtext.data import features
-from avtext.data import video_io
 from avtext.data.builders import files
 
 FORMAT = "avtext.smit_features/1"
@@ -186,64 +184,44 @@ PREPARE = (
 class SpokenMomentsClips(files.MediaClips):
   """S-MiT clips from the user's files (module docstring): `MediaClips` over the videos
   (caption = the ASR transcript), plus `describe(i)['transcript']` and `render_speech(i)`,
-  the spoken caption as float32 16 kHz mono."""
+  the spoken caption as float32 16 kHz mono. The caption audio is a second `MediaClips`
+  (need='audio') over the spoken-caption files, so they are probed, counted and raised on
+  as every media file is; a row is kept when both of its files are."""
 
-  def __init__(self, rows: list[dict[str, str]], *, where: str,
-               spoken: bool = True, **options):
-    progress = options.get("progress", True)
-    spoken_skips: list[files.Skip] = []
-    if spoken:
-      probes = files.probe_files((r["spoken_caption"] for r in rows), need="audio",
-                                 verify=options.get("verify", "probe"),
-                                 progress=f"{where}: probing spoken captions" if progress
-                                 else None, cache=options.get("probe_cache"))
-      good = []
-      for r in rows:
-        bad = probes[r["spoken_caption"]].get("reason")
-        if bad is None:
-          good.append(r)
-        elif options.get("on_bad", "skip") == "raise":
-          raise video_io.VideoReadError(r["spoken_caption"], bad if bad in video_io.REASONS
-                                        else "unreadable", f"{bad}: the spoken caption of "
-                                        f"{r['video_id']!r} in {where}")
-        else:
-          spoken_skips.append(files.Skip(r["video_id"], r["spoken_caption"], bad,
-                                         "spoken caption: " + probes[r["spoken_caption"]]
-                                         .get("detail", "")))
-      if spoken_skips:
-        logging.warning("%s: skipped %d rows for their spoken caption files (first: %s: %s)",
-                        where, len(spoken_skips), spoken_skips[0].path,
-                        spoken_skips[0].reason)
-      rows = good
+  def __init__(self, rows: list[dict[str, str]], *, where: str, spoken: bool = True,
+               **options):
     self.has_speech = spoken
-    self._speech = {r["video_id"]: (r["transcript"], r["spoken_caption"] if spoken else None)
-                    for r in rows}
+    self._speech, self._speech_index = None, {}
+    if spoken:
+      self._speech = files.MediaClips(
+          [files.Entry(r["spoken_caption"], r["transcript"], r["video_id"], r["video_id"])
+           for r in rows], where=f"{where} spoken captions",
+          **{**options, "need": "audio", "min_seconds": 0.0, "substitute": False,
+             "allow_empty": True})
+      self._speech_index = {e.clip_id: j for j, e in enumerate(self._speech.entries)}
+      rows = [r for r in rows if r["video_id"] in self._speech_index]
     super().__init__([files.Entry(r["video"], r["transcript"], r["video_id"], r["video_id"])
                       for r in rows], where=where, **options)
-    self.skipped = spoken_skips + self.skipped
+    if spoken:
+      self.skipped = self._speech.skipped + self.skipped
 
   def describe(self, index: int) -> dict[str, Any]:
     out = super().describe(index)
-    transcript, audio = self._speech[out["clip_id"]]
-    out.update(transcript=transcript, spoken_caption_path=audio)
+    out["transcript"] = out["caption"]
     return out
 
   def render_speech(self, index: int) -> np.ndarray:
     """float32 16 kHz mono samples of clip `index`'s whole spoken caption."""
     e, _ = self._get(index)
-    path = self._speech[e.clip_id][1]
-    if path is None:
+    if self._speech is None:
       raise ValueError(f"{self.where}: opened with config.dataset.spoken=False (no spoken "
                        "captions); set it True for a spoken-caption model")
-    wave = video_io.read_audio(path, 0.0, None, sample_rate=self.sample_rate)
-    if wave is None or not len(wave):
-      raise video_io.VideoReadError(path, "truncated", "the spoken caption gave no samples")
-    return np.asarray(wave, np.float32)
+    return self._speech.render_audio(self._speech_index[e.clip_id])
 
   def __getitem__(self, index: int) -> dict[str, Any]:
     out = super().__getitem__(index)
-    out["transcript"] = self.describe(index)["transcript"]
-    if self._speech[out["clip_id"]][1] is not None:
+    out["transcript"] = out["caption"]
+    if self._speech is not None:
       out["spoken_caption"] = self.render_speech(index)
     return out
 
