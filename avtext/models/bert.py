@@ -41,7 +41,7 @@ class Bert(nn.Module):
     add_pooler: also return `pooled` = tanh(Dense(cls)), BERT's NSP pooler.
     return_hidden_states: also return every layer's output (COOT's text
       features are BERT's last two layers).
-    dtype: computation dtype.
+    dtype: computation dtype; remat, attention: see `layers.Compute`.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -58,6 +58,8 @@ class Bert(nn.Module):
   add_pooler: bool = False
   return_hidden_states: bool = False
   dtype: Any = jnp.float32
+  remat: str = "none"
+  attention: str = "xla"
 
   @nn.compact
   def __call__(self, input_ids: Array, attention_mask: Array,
@@ -111,6 +113,8 @@ class Bert(nn.Module):
           attention_dropout_rate=self.attention_dropout_rate,
           kernel_init=init,
           dtype=self.dtype,
+          remat=self.remat,
+          attention_impl=self.attention,
           name=f"encoderblock_{i}")(x, attention_mask, deterministic=not train)
       hidden.append(x)
     outputs = {"sequence": x, "cls": x[:, 0]}
@@ -144,4 +148,5 @@ def bert_from_config(cfg) -> Bert:
                   mlp_dim=cfg.intermediate_size,
                   max_position_embeddings=cfg.max_position_embeddings)
   kwargs["dropout_rate"] = kwargs["attention_dropout_rate"] = cfg.dropout_rate
-  return Bert(**kwargs)
+  compute = registry.compute_from_config(cfg)
+  return Bert(**kwargs, dtype=compute.dtype, remat=compute.remat, attention=compute.attention)

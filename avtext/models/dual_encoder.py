@@ -41,6 +41,7 @@ class DualEncoder(nn.Module):
 @registry.register_model("dual_encoder")
 def dual_encoder_from_config(cfg) -> DualEncoder:
   """`config.model` with `video` and `text` sub-nodes, each naming its model."""
-  return DualEncoder(video=registry.build_model(cfg.video, where="config.model.video"),
-                     text=registry.build_model(cfg.text, where="config.model.text"),
-                     embed_dim=cfg.embed_dim)
+  return DualEncoder(
+      video=registry.build_model(cfg.video, where="config.model.video", parent=cfg),
+      text=registry.build_model(cfg.text, where="config.model.text", parent=cfg),
+      embed_dim=cfg.embed_dim)

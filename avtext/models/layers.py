@@ -52,8 +52,20 @@ prefix (P >= max prefix_length). Rows that allow no key at all (padded
 queries) are meaningless either way and may differ. Writing past max_len
 cannot be detected under jit (the slices clamp); callers stop at max_len.
 Cross-attention keys and values are recomputed from `context` at every call.
+
+Precision and memory (`Compute`, from `config.model` via
+`avtext.models.registry.compute_from_config`): `dtype` is the computation
+dtype (float32, or bfloat16 on accelerators); parameters stay float32, and the
+softmax, LayerNorm statistics and everything after the model (losses, metrics)
+run in float32. `remat` rematerializes each `EncoderBlock` in the backward pass
+("none", "full", or a `jax.checkpoint_policies` name such as
+"dots_with_no_batch_dims_saveable", which keeps the matmul outputs and
+recomputes the rest). `attention` picks the implementation of the attention
+core, all computing the same function (`ATTENTION_IMPLEMENTATIONS`).
 """
+import dataclasses
 import functools
+import math
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -64,6 +76,68 @@ from avtext import ops
 
 Array = jax.Array
 Initializer = Callable[..., Array]
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+# "xla": the materialized [B, H, L_q, L_kv] softmax (flax's dot_product_attention).
+# "blocked": the same softmax over query blocks of `ATTENTION_BLOCK` rows, each block
+#   rematerialized in the backward pass, so only one block's logits are ever live
+#   (memory-efficient attention in plain JAX; any backend).
+# "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, the fused flash
+#   kernel on NVIDIA GPUs (bfloat16/float16 only); it has no attention dropout, so calls
+#   that drop attention probabilities (training with attention_dropout_rate > 0) use "xla".
+ATTENTION_IMPLEMENTATIONS = ("xla", "blocked", "cudnn")
+ATTENTION_BLOCK = 512
+
+
+def remat_policy(name: str) -> Callable | None:
+  """`config.model.remat` -> a `jax.checkpoint` policy; None for "none"."""
+  if name in (None, "", "none"):
+    return None
+  if name == "full":
+    return jax.checkpoint_policies.nothing_saveable
+  policy = getattr(jax.checkpoint_policies, name, None)
+  # The factories (save_only_these_names, ...) take arguments; only plain policies here.
+  if policy is None or name.startswith(("save_", "offload_")):
+    plain = sorted(n for n in dir(jax.checkpoint_policies)
+                   if not n.startswith(("_", "save_", "offload_")))
+    raise ValueError(f"config.model.remat={name!r}: expected 'none', 'full' or one of "
+                     f"jax.checkpoint_policies {plain}")
+  return policy
+
+
+@dataclasses.dataclass(frozen=True)
+class Compute:
+  """How a model computes: dtype, rematerialization, attention (module docstring).
+
+  Built from `config.model` by `avtext.models.registry.compute_from_config`; models
+  hand it to their blocks (`block_kwargs`). The default is today's float32 path.
+  """
+  dtype: Any = jnp.float32
+  remat: str = "none"
+  attention: str = "xla"
+
+  def __post_init__(self):
+    remat_policy(self.remat)
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(f"config.model.attention={self.attention!r}: expected one of "
+                       f"{ATTENTION_IMPLEMENTATIONS}")
+
+  def block_kwargs(self) -> dict[str, Any]:
+    """Keyword arguments of `EncoderBlock` that carry these choices."""
+    return dict(dtype=self.dtype, remat=self.remat, attention_impl=self.attention)
+
+
+def remat(fn: Callable, name: str, static_argnums: tuple[int, ...] = ()) -> Callable:
+  """`fn(module, *args)` rematerialized with policy `name` ("none": `fn` itself).
+
+  For functions called inside a compact method with the module as first argument,
+  so submodules keep their names; static_argnums count that module as 0.
+  """
+  policy = remat_policy(name)
+  if policy is None:
+    return fn
+  return nn.remat(fn, policy=policy, static_argnums=static_argnums)
 
 # BERT's `gelu` is the exact erf form; ViT (big_vision, scenic) and GPT-2
 # (`gelu_new`) use the tanh approximation. The difference (~1e-3) matters when
@@ -219,12 +293,16 @@ class Attention(nn.Module):
     dropout_masks: "jax" (flax's masks) or "hash" (`dropout`).
     kernel_init: initializer of the four kernels (biases start at zero).
     dtype: computation dtype; parameters stay float32.
+    implementation: the attention core, one of `ATTENTION_IMPLEMENTATIONS`
+      (sow_weights and hash dropout masks always use "xla", which materializes
+      the probabilities).
   """
   num_heads: int
   dropout_rate: float = 0.0
   dropout_masks: str = "jax"
   kernel_init: Initializer = nn.initializers.lecun_normal()
   dtype: Any = jnp.float32
+  implementation: str = "xla"
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array | None = None, *,
@@ -288,11 +366,10 @@ class Attention(nn.Module):
       dropout_rng = None
       if not deterministic and self.dropout_rate > 0:
         dropout_rng = self.make_rng("dropout")
-      x = nn.dot_product_attention(
-          query, key, value, mask=mask, broadcast_dropout=False,
-          dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
-          deterministic=deterministic, dtype=self.dtype,
-          force_fp32_for_softmax=True, module=self if sow_weights else None)
+      implementation = "xla" if sow_weights else self.implementation
+      x = attention_core(query, key, value, mask, implementation=implementation,
+                         dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
+                         dtype=self.dtype, module=self if sow_weights else None)
     return nn.DenseGeneral(features, axis=(-2, -1),
                            kernel_init=self.kernel_init, dtype=self.dtype,
                            name="out")(x)
@@ -329,6 +406,70 @@ class Attention(nn.Module):
                                                       value, corner)
     index.value = start + key.shape[1]
     return cached_key.value, cached_value.value, start
+
+
+def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *,
+                   implementation: str = "xla", dropout_rng: Array | None = None,
+                   dropout_rate: float = 0.0, dtype: Any = jnp.float32,
+                   module: nn.Module | None = None) -> Array:
+  """softmax(q k^T / sqrt(d) + mask) v per head, by `implementation`.
+
+  Args:
+    query: [B, L_q, H, d]; key, value: [B, L_kv, H, d].
+    mask: bool broadcastable to [B, H, L_q, L_kv], True = may attend; None: all.
+    implementation: "xla" | "blocked" | "cudnn" (`ATTENTION_IMPLEMENTATIONS`).
+    dropout_rng: drops probabilities with `dropout_rate` when given.
+    module: sow the probabilities there (the "xla" path only).
+
+  Returns:
+    [B, L_q, H, d].
+  """
+  if implementation not in ATTENTION_IMPLEMENTATIONS:
+    raise ValueError(f"attention implementation {implementation!r}: expected one of "
+                     f"{ATTENTION_IMPLEMENTATIONS}")
+  if implementation == "cudnn" and dropout_rng is None:
+    if mask is not None:
+      mask = jnp.asarray(mask, jnp.bool_)
+      mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    return jax.nn.dot_product_attention(
+        query.astype(dtype), key.astype(dtype), value.astype(dtype), mask=mask,
+        implementation="cudnn")
+  xla = functools.partial(
+      nn.dot_product_attention, broadcast_dropout=False, dropout_rate=dropout_rate,
+      deterministic=dropout_rng is None, dtype=dtype, force_fp32_for_softmax=True)
+  if implementation != "blocked" or query.shape[1] <= ATTENTION_BLOCK:
+    return xla(query, key, value, mask=mask, dropout_rng=dropout_rng, module=module)
+  return _blocked_attention(xla, query, key, value, mask, dropout_rng)
+
+
+def _blocked_attention(xla: Callable, query: Array, key: Array, value: Array,
+                       mask: Array | None, dropout_rng: Array | None) -> Array:
+  """`xla` attention over blocks of `ATTENTION_BLOCK` query rows (lax.map), each block
+  rematerialized: the backward pass recomputes one block's logits at a time."""
+  batch, length, heads, depth = query.shape
+  blocks = math.ceil(length / ATTENTION_BLOCK)
+  pad = blocks * ATTENTION_BLOCK - length
+  q = jnp.pad(query, ((0, 0), (0, pad), (0, 0), (0, 0)))
+  q = q.reshape(batch, blocks, ATTENTION_BLOCK, heads, depth).swapaxes(0, 1)
+  row_mask = None
+  if mask is not None and mask.shape[-2] != 1:  # rows differ: split them with the queries
+    mask = jnp.asarray(mask, jnp.bool_)
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    # Padded query rows may attend anywhere; their outputs are cut off below.
+    rows = jnp.pad(mask, ((0, 0), (0, 0), (0, pad), (0, 0)), constant_values=True)
+    row_mask = jnp.moveaxis(
+        rows.reshape(rows.shape[:2] + (blocks, ATTENTION_BLOCK, rows.shape[-1])), 2, 0)
+    mask = None
+
+  @jax.checkpoint
+  def block(args):
+    q_block, index, mask_block = args
+    rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, index)
+    return xla(q_block, key, value, mask=mask if mask_block is None else mask_block,
+               dropout_rng=rng)
+
+  out = jax.lax.map(block, (q, jnp.arange(blocks), row_mask))
+  return out.swapaxes(0, 1).reshape(batch, blocks * ATTENTION_BLOCK, heads, depth)[:, :length]
 
 
 def empty_cache(apply_fn: Callable[[], Any]) -> Any:
@@ -422,6 +563,9 @@ class EncoderBlock(nn.Module):
     kernel_init: initializer of every kernel (xavier for ViT, normal(0.02)
       for BERT).
     dtype: computation dtype; parameters stay float32.
+    remat: rematerialize the layer in the backward pass: "none", "full" or a
+      `jax.checkpoint_policies` name (`remat_policy`); decode calls never remat.
+    attention_impl: the attention core (`ATTENTION_IMPLEMENTATIONS`).
   """
   num_heads: int
   mlp_dim: int
@@ -439,6 +583,8 @@ class EncoderBlock(nn.Module):
   stochastic_depth: float = 0.0
   kernel_init: Initializer = nn.initializers.xavier_uniform()
   dtype: Any = jnp.float32
+  remat: str = "none"
+  attention_impl: str = "xla"
 
   @nn.compact
   def __call__(self, x: Array, padding_mask: Array | None = None, *,
@@ -478,11 +624,20 @@ class EncoderBlock(nn.Module):
       mask = combine_masks(
           make_padding_mask(padding_mask, None if decode else x.shape[1]),
           mask)
+    body = EncoderBlock._sublayers
+    if not decode:
+      body = remat(body, self.remat, static_argnums=(5, 6))
+    return body(self, x, mask, context, context_mask, deterministic, decode)
+
+  def _sublayers(self, x: Array, mask: Array | None, context: Array | None,
+                 context_mask: Array | None, deterministic: bool,
+                 decode: bool) -> Array:
     attention = functools.partial(
         Attention, num_heads=self.num_heads,
         dropout_rate=self.attention_dropout_rate,
         dropout_masks=self.dropout_masks,
-        kernel_init=self.kernel_init, dtype=self.dtype)
+        kernel_init=self.kernel_init, dtype=self.dtype,
+        implementation=self.attention_impl)
     branches = []
     if self.self_attention:
       branches.append(("attention", lambda y: attention(name="attention")(

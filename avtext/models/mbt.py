@@ -59,6 +59,8 @@ class ModalityTower(nn.Module):
   attention_dropout_rate: float
   stochastic_depth: float
   dtype: Any
+  remat: str = "none"
+  attention: str = "xla"
 
   def setup(self):
     # Non-overlapping patches (ViT), tubelets for frames (MBT's 3D-conv stem).
@@ -80,7 +82,8 @@ class ModalityTower(nn.Module):
             attention_dropout_rate=self.attention_dropout_rate,
             stochastic_depth=(
                 self.stochastic_depth * i / max(self.num_layers - 1, 1)),
-            dtype=self.dtype) for i in range(self.num_layers)
+            dtype=self.dtype, remat=self.remat, attention_impl=self.attention)
+        for i in range(self.num_layers)
     ]
     self.encoder_norm = nn.LayerNorm(epsilon=self.layer_norm_eps,
                                      dtype=self.dtype)
@@ -127,7 +130,7 @@ class MBT(nn.Module):
     activation, layer_norm_eps: ViT's tanh-GELU and 1e-6.
     dropout_rate, attention_dropout_rate, stochastic_depth: regularization
       (stochastic depth is the maximum, reached at the last layer).
-    dtype: computation dtype.
+    dtype: computation dtype; remat, attention: see `layers.Compute`.
   """
   modalities: str | Sequence[str] = ("rgb", "audio")
   hidden_size: int = 768
@@ -144,6 +147,8 @@ class MBT(nn.Module):
   attention_dropout_rate: float = 0.0
   stochastic_depth: float = 0.0
   dtype: Any = jnp.float32
+  remat: str = "none"
+  attention: str = "xla"
 
   @nn.compact
   def __call__(self, inputs: dict[str, Array], *,
@@ -191,6 +196,8 @@ class MBT(nn.Module):
             attention_dropout_rate=self.attention_dropout_rate,
             stochastic_depth=self.stochastic_depth,
             dtype=self.dtype,
+            remat=self.remat,
+            attention=self.attention,
             name=m) for m in modalities
     }
     x = {m: towers[m].tokens(inputs[m]) for m in modalities}
@@ -243,4 +250,10 @@ def mbt_from_config(cfg) -> MBT:
       rgb_patch_size=tuple(cfg.rgb_patch), audio_patch_size=tuple(cfg.audio_patch),
       n_bottlenecks=cfg.n_bottlenecks, fusion_layer=cfg.fusion_layer,
       dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
-      stochastic_depth=cfg.get("stochastic_depth", 0.0))
+      stochastic_depth=cfg.get("stochastic_depth", 0.0),
+      **_compute_kwargs(cfg))
+
+
+def _compute_kwargs(cfg) -> dict:
+  compute = registry.compute_from_config(cfg)
+  return dict(dtype=compute.dtype, remat=compute.remat, attention=compute.attention)

@@ -15,6 +15,11 @@ Factories live next to their modules and register on import; the modules are
 imported on first lookup (the list in `_MODELS`), so `config.model.name` alone selects a
 model. Adding a model: write the module, decorate a factory, add its module to
 the list in `_MODELS`.
+
+Precision and memory (`config.model.dtype`, `.remat`, `.attention`; see
+`avtext.models.layers.Compute`) are read by `compute_from_config`. A sub-node
+inherits the fields it does not set from the node that builds it
+(`build_model(cfg.video, parent=cfg)`), so one `config.model.dtype` sets every tower.
 """
 from typing import Callable
 
@@ -22,6 +27,7 @@ import flax.linen as nn
 import ml_collections
 
 from avtext import registry as registry_lib
+from avtext.models import layers
 
 Factory = Callable[[ml_collections.ConfigDict], nn.Module]
 
@@ -33,6 +39,30 @@ register_model = _MODELS.register
 registered = _MODELS.names
 
 
-def build_model(cfg: ml_collections.ConfigDict, *, where: str = "config.model") -> nn.Module:
-  """The module `cfg.name` names, built from `cfg`; `where` names the node in errors."""
+COMPUTE_FIELDS = ("dtype", "remat", "attention")
+
+
+def build_model(cfg: ml_collections.ConfigDict, *, where: str = "config.model",
+                parent: ml_collections.ConfigDict | None = None) -> nn.Module:
+  """The module `cfg.name` names, built from `cfg`; `where` names the node in errors.
+
+  `parent`: the node of the model that contains this one; its `COMPUTE_FIELDS`
+  apply where `cfg` does not set its own.
+  """
+  if parent is not None:
+    inherited = {k: parent.get(k) for k in COMPUTE_FIELDS
+                 if parent.get(k) is not None and cfg.get(k) is None}
+    if inherited:
+      cfg = ml_collections.ConfigDict(cfg.to_dict())
+      cfg.update(inherited)
   return _MODELS.get(cfg.get("name"), where=f"{where}.name")(cfg)
+
+
+def compute_from_config(cfg: ml_collections.ConfigDict) -> layers.Compute:
+  """`layers.Compute` from a model node's dtype / remat / attention (defaults: today's
+  float32, no remat, "xla" attention)."""
+  dtype = cfg.get("dtype") or "float32"
+  if dtype not in layers.DTYPES:
+    raise ValueError(f"config.model.dtype={dtype!r}: expected one of {sorted(layers.DTYPES)}")
+  return layers.Compute(dtype=layers.DTYPES[dtype], remat=cfg.get("remat") or "none",
+                        attention=cfg.get("attention") or "xla")

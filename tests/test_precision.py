@@ -1,0 +1,120 @@
+"""Precision and memory options of the shared layers (`layers.Compute`): the attention
+implementations compute the same function, remat leaves gradients unchanged, and a
+bfloat16 model stays within a stated tolerance of its float32 twin.
+
+The references are independent: a naive softmax attention written here in numpy, and the
+float32 / no-remat path of the same parameters.
+"""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from avtext.models import layers
+from avtext.models import registry as models_registry
+
+
+def _numpy_attention(q, k, v, mask):
+  """softmax(q k^T / sqrt(d), masked) v for [B, L, H, d] inputs, in float64."""
+  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+  logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  if mask is not None:
+    logits = np.where(np.broadcast_to(mask, logits.shape), logits, -1e30)
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  return np.einsum("bhqk,bkhd->bqhd", w, v)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal", "prefix"])
+def test_blocked_attention_equals_materialized(monkeypatch, mask_kind):
+  monkeypatch.setattr(layers, "ATTENTION_BLOCK", 4)  # 11 queries -> 3 blocks, one padded
+  rng = np.random.default_rng(0)
+  b, length, h, d = 2, 11, 3, 8
+  q, k, v = (jnp.asarray(rng.normal(size=(b, length, h, d)), jnp.float32) for _ in range(3))
+  mask = {
+      "none": None,
+      "padding": layers.make_padding_mask(jnp.asarray([[1] * 11, [1] * 7 + [0] * 4])),
+      "causal": layers.make_causal_mask(length),
+      "prefix": layers.make_prefix_lm_mask(jnp.asarray([3, 6]), length),
+  }[mask_kind]
+  want = _numpy_attention(q, k, v, mask)
+  for impl in ("xla", "blocked"):
+    got = layers.attention_core(q, k, v, mask, implementation=impl)
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-6, err_msg=impl)
+
+  def loss(impl, q, k, v):
+    return jnp.sum(jnp.sin(layers.attention_core(q, k, v, mask, implementation=impl)))
+  grads = {impl: jax.grad(lambda *a, i=impl: loss(i, *a), argnums=(0, 1, 2))(q, k, v)
+           for impl in ("xla", "blocked")}
+  for a, b_ in zip(grads["xla"], grads["blocked"]):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=1e-6)
+
+
+def test_unknown_choices_are_errors():
+  with pytest.raises(ValueError, match="config.model.remat='sometimes'"):
+    layers.Compute(remat="sometimes")
+  with pytest.raises(ValueError, match="config.model.attention='magic'"):
+    layers.Compute(attention="magic")
+  with pytest.raises(ValueError, match="config.model.dtype='float16'"):
+    models_registry.compute_from_config(ml_collections.ConfigDict({"dtype": "float16"}))
+
+
+class _Stack(nn.Module):
+  remat: str
+  causal: bool = False
+
+  @nn.compact
+  def __call__(self, x, padding_mask, train):
+    for i in range(3):
+      x = layers.EncoderBlock(num_heads=2, mlp_dim=32, dropout_rate=0.1,
+                              attention_dropout_rate=0.1, causal=self.causal,
+                              remat=self.remat, name=f"encoderblock_{i}")(
+                                  x, padding_mask, deterministic=not train)
+    return x
+
+
+@pytest.mark.parametrize("policy", ["full", "dots_with_no_batch_dims_saveable"])
+def test_remat_gradients_equal_plain(policy):
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.normal(size=(2, 6, 16)), jnp.float32)
+  pm = jnp.asarray([[1] * 6, [1] * 4 + [0] * 2])
+  variables = _Stack("none").init(jax.random.PRNGKey(0), x, pm, False)
+
+  def grads(remat):
+    def loss(v):  # dropout on: both passes must draw the same masks
+      y = _Stack(remat).apply(v, x, pm, True, rngs={"dropout": jax.random.PRNGKey(3)})
+      return jnp.sum(y ** 2)
+    return jax.value_and_grad(loss)(variables)
+
+  (l0, g0), (l1, g1) = grads("none"), grads(policy)
+  assert float(l0) == pytest.approx(float(l1), rel=1e-6)
+  # Same parameter names with and without remat (checkpoints are interchangeable).
+  assert jax.tree.structure(g0) == jax.tree.structure(g1)
+  assert relative_difference(g1, g0) <= 1e-6
+
+
+def relative_difference(a, b) -> float:
+  """||a - b|| / ||b|| over whole gradient trees (float32 recomputation reorders sums:
+  single entries whose true value is 0, e.g. attention key biases, are pure rounding)."""
+  diff = optax.global_norm(jax.tree.map(jnp.subtract, a, b))
+  return float(diff / optax.global_norm(b))
+
+
+def test_sub_models_inherit_compute_fields():
+  from avtext.models import dual_encoder  # pylint: disable=unused-import
+  cfg = ml_collections.ConfigDict(dict(
+      name="dual_encoder", embed_dim=8, dtype="bfloat16", remat="full", attention="blocked",
+      video=dict(name="mbt", modalities="rgb", hidden_size=16, num_layers=1, num_heads=2,
+                 mlp_dim=16, rgb_patch=(2, 8, 8), audio_patch=(8, 8), n_bottlenecks=1,
+                 fusion_layer=1, dropout_rate=0.0, attention_dropout_rate=0.0,
+                 remat="none"),
+      text=dict(name="bert", weights=None, vocab_size=50, hidden_size=16, num_layers=1,
+                num_heads=2, intermediate_size=16, max_position_embeddings=16,
+                dropout_rate=0.0)))
+  model = models_registry.build_model(cfg)
+  assert model.video.dtype == jnp.bfloat16 and model.video.attention == "blocked"
+  assert model.video.remat == "none"  # its own setting wins
+  assert model.text.dtype == jnp.bfloat16 and model.text.remat == "full"
