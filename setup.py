@@ -1,8 +1,11 @@
-"""avtext: pip install -e .[dev]
+"""avtext: pip install -e .[dev]   (accelerators: .[tpu] or .[cuda12])
 
 Exact pins live in requirements.lock (the known-good set for CPU machines);
 `make test` / `make demo` install from it. install_requires names the direct
 dependencies with the same pins so `pip install -e .` alone is reproducible.
+The extras read their exact pins from requirements-dev.txt (tests),
+requirements-tpu.txt (libtpu) and requirements-cuda12.txt (the CUDA 12 plugin
+and its NVIDIA wheels), the files `make venv [ACCEL=...]` installs.
 """
 import pathlib
 
@@ -23,13 +26,15 @@ def _pins(path):
   for line in (_HERE / path).read_text().splitlines():
     line = line.split("#", 1)[0].strip()
     if "==" in line:
-      name, version = line.split("==")
-      pins[name.strip().lower().replace("_", "-")] = f"{name.strip()}=={version.strip()}"
+      name, version = (part.strip() for part in line.split("=="))
+      key = name.split("[", 1)[0].lower().replace("_", "-")  # without [extras]
+      pins[key] = f"{name}=={version}"
   return pins
 
 
 _LOCK = _pins("requirements.lock")
-_DEV = _pins("requirements-dev.txt")
+_EXTRAS = {"dev": "requirements-dev.txt", "tpu": "requirements-tpu.txt",
+           "cuda12": "requirements-cuda12.txt"}
 
 setuptools.setup(
     name="avtext",
@@ -38,5 +43,5 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["avtext", "avtext.*"]),
     python_requires=">=3.11",
     install_requires=[_LOCK[n.lower().replace("_", "-")] for n in _DIRECT],
-    extras_require={"dev": list(_DEV.values())},
+    extras_require={extra: list(_pins(path).values()) for extra, path in _EXTRAS.items()},
 )
