@@ -95,6 +95,13 @@ class CaptioningTask(registry.ClipTask):
                                   self.tokenizer, train=train, modalities=self.modalities,
                                   host_fields=() if train else HOST_FIELDS)
 
+  def example_spec(self, *, train: bool):
+    """`clip_spec` (eval: K = eval_num_clips = 1 axis) + the caption's input_ids /
+    target_ids / target_mask int32 [max_caption_len] (eval examples carry them too)."""
+    n = self.config.data.max_caption_len
+    return {**self.clip_spec(train=train),
+            **{k: registry.spec((n,), "int32") for k in ("input_ids", "target_ids", "target_mask")}}
+
   def init_variables(self, rng, batch):
     return self.model.init({"params": rng}, registry.video_inputs(batch), batch["input_ids"])
 
@@ -274,6 +281,21 @@ class MmtCaptioningTask(registry.Task):
               "vid_name": item["vid_name"], "ts": list(item["ts"]),
               "references": list(item["descs"]), "attributes": item["attributes"]}
     return example
+
+  def example_spec(self, *, train: bool):
+    """The context (`context_example`) of N = max_v_len + max_sub_len positions (the
+    context's missing part counts 2): ctx_ids, ctx_mask, token_type_ids int32 [N], video
+    float32 [N, model.video_dim]; train adds the caption's input_ids / target_ids /
+    target_mask int32 [max_cap_len - 1] (`WordVocab.caption`). Every length is fixed."""
+    n = self.max_v_len + self.max_sub_len
+    out = {"ctx_ids": registry.spec((n,), "int32"),
+           "video": registry.spec((n, self.model.video_dim), "float32"),
+           "ctx_mask": registry.spec((n,), "int32"),
+           "token_type_ids": registry.spec((n,), "int32")}
+    if train:
+      out.update({k: registry.spec((self.max_cap_len - 1,), "int32")
+                  for k in ("input_ids", "target_ids", "target_mask")})
+    return out
 
   # ---------------------------------------------------------------- model
   def _context(self, batch):

@@ -83,6 +83,12 @@ class VideoClassificationTask(registry.ClipTask):
                                   label_fn=ClipLabels(len(self.label_names)),
                                   modalities=self.modalities)
 
+  def example_spec(self, *, train: bool):
+    """`clip_spec` (eval: a K = eval_num_clips axis) + labels float32 [num classes]
+    (no K axis; the evaluator reads them from the batch)."""
+    return {**self.clip_spec(train=train),
+            "labels": registry.spec((len(self.label_names),), "float32")}
+
   def init_variables(self, rng, batch):
     return self.model.init({"params": rng}, registry.video_inputs(batch))
 

@@ -45,8 +45,18 @@ from avtext.losses import coot as coot_losses
 from avtext.tasks import registry
 
 
+# Most tokens of a paragraph: `coot_layout.encode_paragraphs` (precompute_text_features)
+# cuts longer ones to its max_len, 512 (BERT's positions). No config field bounds it.
+MAX_PARAGRAPH_TOKENS = 512
+
+
 def _round_up(n: int, multiple: int) -> int:
   return max(multiple, -(-n // multiple) * multiple)
+
+
+def _padded(n: int, multiple: int) -> int:
+  """`features.collate`'s padded length of a batch whose longest row has n."""
+  return max(1, -(-n // multiple)) * multiple
 
 
 @registry.register("coot")
@@ -130,6 +140,59 @@ class CootTask(registry.Task):
   def eval_examples(self, source):
     source = self.check_source(source)
     return lambda i: self.example(source[i], None)
+
+  # ---------------------------------------------------------------- abstract shapes
+  def example_spec(self, *, train: bool):
+    """`example`'s arrays at their largest (train and eval alike; every leading axis
+    varies per video today): video float32 [max_frames, video_dim], clip_frames
+    [max_clips * max_frames, video_dim] (the clips' frames, concatenated), clip_lengths
+    and sentence_lengths int32 [max_clips], paragraph float32 [MAX_PARAGRAPH_TOKENS,
+    text_dim]. Batches are not stacked examples: see `batch_spec`."""
+    del train
+    frames, n = int(self.config.data.max_frames), self.max_clips
+    video_dim, text_dim = int(self.config.model.video_dim), int(self.config.model.text_dim)
+    return {"video": registry.spec((frames, video_dim), "float32"),
+            "clip_frames": registry.spec((n * frames, video_dim), "float32"),
+            "clip_lengths": registry.spec((n,), "int32"),
+            "paragraph": registry.spec((MAX_PARAGRAPH_TOKENS, text_dim), "float32"),
+            "sentence_lengths": registry.spec((n,), "int32")}
+
+  def batch_spec(self, batch_size: int, *, train: bool, predict_fn: str | None = None,
+                 process_count: int = 1):
+    """The largest batch `collate` builds (loss_fn and all three predict fns read it).
+
+    Data-dependent today: `collate` pads video / clips to the batch's longest (at most
+    max_frames) and paragraph / sentences to its longest (at most MAX_PARAGRAPH_TOKENS),
+    each rounded up to data.pad_multiple, and packs the C clips of the batch into
+    round_up(C, data.clip_pad_multiple) rows unless data.max_clips_per_batch fixes
+    them. Here every axis is its maximum: rows = max_clips_per_batch, else
+    round_up(max_clips * batch_size / process_count, clip_pad_multiple), per process.
+    """
+    del train, predict_fn
+    if batch_size % process_count:
+      raise ValueError(f"batch_size={batch_size} is not a multiple of "
+                       f"process_count={process_count}")
+    d = self.config.data
+    mult = int(d.get("pad_multiple", 8))
+    if d.get("max_clips_per_batch"):
+      rows = int(d.max_clips_per_batch)
+    else:
+      rows = _round_up(self.max_clips * batch_size // process_count,
+                       int(d.get("clip_pad_multiple", 32)))
+    rows *= process_count
+    frames = _padded(int(d.max_frames), mult)
+    tokens = _padded(MAX_PARAGRAPH_TOKENS, mult)
+    video_dim, text_dim = int(self.config.model.video_dim), int(self.config.model.text_dim)
+    spec = registry.spec
+    return {"clips": spec((rows, frames, video_dim), "float32"),
+            "clips_mask": spec((rows, frames), "bool"),
+            "sentences": spec((rows, tokens, text_dim), "float32"),
+            "sentences_mask": spec((rows, tokens), "bool"),
+            "clip_slot": spec((rows,), "int32"),
+            "video": spec((batch_size, frames, video_dim), "float32"),
+            "video_mask": spec((batch_size, frames), "bool"),
+            "paragraph": spec((batch_size, tokens, text_dim), "float32"),
+            "paragraph_mask": spec((batch_size, tokens), "bool")}
 
   # ---------------------------------------------------------------- model
   def _global_slots(self, batch) -> jax.Array:

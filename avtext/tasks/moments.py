@@ -157,6 +157,42 @@ class MomentsTask(registry.Task):
               "video_idx": str(idx)}
     return example
 
+  def _feature_dim(self, key: str) -> int:
+    dim = self.config.dataset.get(key)
+    if not dim:
+      raise ValueError(f"config.dataset.{key} is unset; example_spec reads no feature file, "
+                       "so the feature widths must be in the config")
+    return int(dim)
+
+  def example_spec(self, *, train: bool):
+    """Per-example shapes; every length is the model's maximum (the pipeline cuts and
+    zero-pads to it: `pad_rows`), widths from config.dataset.{query,video,sub}_dim.
+
+    train: query float32 [max_query_len, query_dim], query_mask int32 [max_query_len],
+      `context_example` ('video' [max_ctx_len, video_dim] and / or 'sub' [max_ctx_len,
+      sub_dim] float32 per `model.context`, ctx_mask int32 [max_ctx_len]), start, end
+      int32 [] (clip labels) and epoch int32 [] (added per row by `train_data`).
+    eval: keyed by predict-fn name, since the moments evaluator feeds each a different
+      batch: encode_query the query fields (`eval_examples`), encode_context the
+      context fields (`corpus_examples`), span_logits one (query, video) pair of the
+      encoded outputs, q float32 [M, hidden_size] (M = the context streams), h1
+      float32 [M, max_ctx_len, hidden_size] and mask uint8 [max_ctx_len], the corpus
+      store's dtype (`vcmr.search` calls it with leading [Q, N] axes; they broadcast).
+    """
+    lq, lc = self.max_query_len, self.max_ctx_len
+    query = {"query": registry.spec((lq, self._feature_dim("query_dim")), "float32"),
+             "query_mask": registry.spec((lq,), "int32")}
+    ctx = {m: registry.spec((lc, self._feature_dim(f"{m}_dim")), "float32")
+           for m in self.streams}
+    ctx["ctx_mask"] = registry.spec((lc,), "int32")
+    if train:
+      return {**query, **ctx, **{k: registry.spec((), "int32") for k in ("start", "end", "epoch")}}
+    m, hidden = len(self.streams), int(self.model.hidden_size)
+    return {"encode_query": query, "encode_context": ctx,
+            "span_logits": {"q": registry.spec((m, hidden), "float32"),
+                            "h1": registry.spec((m, lc, hidden), "float32"),
+                            "mask": registry.spec((lc,), "uint8")}}
+
   # ---------------------------------------------------------------- model
   def _ctx(self, batch) -> dict:
     return {m: batch[m] for m in self.streams}

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import jax
 import ml_collections
+import numpy as np
 
 from avtext import registry as registry_lib
 from avtext.data import builders
@@ -100,6 +101,61 @@ class Task:
     """
     raise NotImplementedError
 
+  # ------------------------------------------------------------ abstract shapes
+  # What ahead-of-time compilation lowers the train step and the predict functions
+  # with: `jax.jit(fn).lower(abstract_variables, task.batch_spec(B, ...))`, with no
+  # dataset opened and no weights read.
+
+  def example_spec(self, *, train: bool) -> dict[str, Any]:
+    """Shapes/dtypes of ONE example's array fields (no batch axis), from the config alone
+    (no dataset opened, no weights read): train=True what `train_data` batches hold
+    (what loss_fn reads), train=False what `eval_examples` gives the predict functions
+    (array fields only; host-only fields like ids and strings are left out).
+
+    Values are `jax.ShapeDtypeStruct`s. A length that depends on the data is the
+    config's maximum, the length the pipeline pads or cuts to (each task's
+    `example_spec` says which). When the predict functions do not all read
+    `eval_examples`' examples (XML: `encode_context` reads `corpus_examples`,
+    `span_logits` the encoded outputs), the train=False spec is keyed by predict-fn
+    name instead, {fn name: {field: ShapeDtypeStruct}}; `predict_example_spec(name)`
+    reads either form.
+    """
+    raise NotImplementedError
+
+  def predict_example_spec(self, name: str) -> dict[str, jax.ShapeDtypeStruct]:
+    """The example spec predict function `name` reads (`example_spec(train=False)`,
+    or its entry `name` when that spec is keyed by predict-fn name)."""
+    spec = self.example_spec(train=False)
+    if not is_keyed_spec(spec):
+      return spec
+    if name not in spec:
+      raise ValueError(f"task {type(self).__name__}: no example spec for predict function "
+                       f"{name!r}; it has {sorted(spec)}")
+    return spec[name]
+
+  def batch_spec(self, batch_size: int, *, train: bool, predict_fn: str | None = None,
+                 process_count: int = 1) -> dict[str, jax.ShapeDtypeStruct]:
+    """The abstract global batch of `batch_size` examples that `loss_fn` (train=True) or
+    predict function `predict_fn` (train=False) receives: the example spec with a
+    leading batch axis, as `stack_examples` / `pipelines.train_batches` build it from
+    `process_count` processes' shares. Tasks whose batches are not stacked examples
+    (COOT's `collate` packs clips) override it. `predict_fn` may be left None when the
+    eval spec is not keyed by predict-fn name.
+    """
+    if batch_size % process_count:
+      raise ValueError(f"batch_size={batch_size} is not a multiple of "
+                       f"process_count={process_count}")
+    if train:
+      spec = self.example_spec(train=True)
+    elif predict_fn is None:
+      spec = self.example_spec(train=False)
+      if is_keyed_spec(spec):
+        raise ValueError(f"task {type(self).__name__}: its predict functions read different "
+                         f"batches; name one of {sorted(spec)} (predict_fn=)")
+    else:
+      spec = self.predict_example_spec(predict_fn)
+    return {k: jax.ShapeDtypeStruct((batch_size,) + v.shape, v.dtype) for k, v in spec.items()}
+
 
 class ClipTask(Task):
   """A task trained on the clips of `config.dataset`'s train split.
@@ -122,6 +178,10 @@ class ClipTask(Task):
   def eval_examples(self, source) -> Callable[[int], dict]:
     return self.examples(self.check_source(source), train=False)
 
+  def clip_spec(self, *, train: bool) -> dict[str, jax.ShapeDtypeStruct]:
+    """`pipelines.ClipExamples`' frames and audio of `self.modalities` (see `clip_spec`)."""
+    return clip_spec(self.config.data, self.modalities, train=train)
+
   def num_train_examples(self) -> int:
     return len(self.train_source)
 
@@ -131,6 +191,35 @@ class ClipTask(Task):
         len(source), self.examples(source, train=True),
         batch_size=batch_size, seed=seed, process_index=process_index,
         process_count=process_count)
+
+
+def spec(shape, dtype) -> jax.ShapeDtypeStruct:
+  """`jax.ShapeDtypeStruct` of `shape` (ints) and numpy `dtype`."""
+  return jax.ShapeDtypeStruct(tuple(int(n) for n in shape), np.dtype(dtype))
+
+
+def is_keyed_spec(spec: dict) -> bool:
+  """True for an eval spec keyed by predict-fn name ({fn: {field: ShapeDtypeStruct}})."""
+  return bool(spec) and all(isinstance(v, dict) for v in spec.values())
+
+
+def clip_spec(data: ml_collections.ConfigDict, modalities, *, train: bool
+              ) -> dict[str, jax.ShapeDtypeStruct]:
+  """'rgb' / 'audio' / 'has_audio' of `pipelines.ClipExamples` over `config.data`.
+
+  rgb float32 [T, S, S, 3] (T = num_frames, S = image_size); audio float32
+  [spec_segments * spec_segment_frames, num_mel_bins] and has_audio bool []; at eval
+  every field has a leading K = eval_num_clips axis. Only `modalities`' fields.
+  """
+  k = () if train else (int(data.eval_num_clips),)
+  out = {}
+  if "rgb" in modalities:
+    out["rgb"] = spec(k + (data.num_frames, data.image_size, data.image_size, 3), np.float32)
+  if "audio" in modalities:
+    out["audio"] = spec(k + (data.spec_segments * data.spec_segment_frames, data.num_mel_bins),
+                        np.float32)
+    out["has_audio"] = spec(k, np.bool_)
+  return out
 
 
 def video_inputs(batch: dict) -> dict:

@@ -39,6 +39,14 @@ class AVRTask(registry.ClipTask):
     return pipelines.ClipExamples(pipelines.ClipReader(source), self.config.data,
                                   self.tokenizer, train=train, modalities=self.modalities)
 
+  def example_spec(self, *, train: bool):
+    """`clip_spec` (rgb / audio / has_audio; eval: a K = eval_num_clips axis) + the
+    caption's input_ids / attention_mask int32 [max_text_len]; one spec for both
+    predict functions (the retrieval evaluator runs them on the same batch)."""
+    n = self.config.data.max_text_len
+    return {**self.clip_spec(train=train), "input_ids": registry.spec((n,), "int32"),
+            "attention_mask": registry.spec((n,), "int32")}
+
   def init_variables(self, rng, batch):
     return self.model.init({"params": rng}, registry.video_inputs(batch), batch["input_ids"],
                            batch["attention_mask"])

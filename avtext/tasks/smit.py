@@ -170,6 +170,7 @@ class SMiTTask(registry.ClipTask):
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
     self.caption = config.model.get("caption", "language")
+    self._widths = None  # `_feature_widths`, computed on first use
     if config.loss.name not in LOSSES:
       raise ValueError(f"config.loss.name={config.loss.name!r}; expected one of {LOSSES}")
     self.tokenizer = None
@@ -216,6 +217,62 @@ class SMiTTask(registry.ClipTask):
     del batch
     return self.model.init({"params": rng, "sample": rng, "dropout": rng}, self.dummy_batch(),
                            train=False)
+
+  # Datasets of kind 'features' (`smit_features`); every other S-MiT dataset gives clips.
+  FEATURE_DATASETS = ("smit_features",)
+
+  def _feature_widths(self) -> dict[str, int]:
+    """Widths of the phase-1 features: the frozen parts' outputs (what
+    `avtext.tools.smit_features` stores), by `jax.eval_shape` of the model (no weights)."""
+    if self._widths is not None:
+      return self._widths
+    model = self.model
+
+    def outputs(rng):
+      variables = self.init_variables(rng, None)
+      batch = self.dummy_batch()
+      out = model.apply(variables, batch, method=model.backbone_embeddings)
+      if self.caption == "language":
+        out["words"] = model.apply(variables, batch, method=model.caption_words)[0]
+      return out
+    shapes = jax.eval_shape(outputs, jax.random.PRNGKey(0))
+    self._widths = {k: int(v.shape[-1]) for k, v in shapes.items()}
+    return self._widths
+
+  def example_spec(self, *, train: bool):
+    """`SMiTExamples`' arrays (train and eval alike; 'clip_id' is a host field). Every
+    length is fixed by the config (the pipeline pads or cuts to it):
+
+    clips (config.dataset.name not in FEATURE_DATASETS): image_frames / temporal_frames
+      float32 [num_image_frames / num_temporal_frames, image_size, image_size, 3] (those
+      of the backbones config.model.video has); language: input_ids, attention_mask,
+      word_index int32 [max_text_len]; spoken: log_mel float32 [speech_frames,
+      num_mel_bins], log_mel_mask int32 [speech_frames].
+    features: image_embedding / temporal_embedding float32 [backbone width]; language:
+      words float32 [model.max_words, text width], word_mask bool [model.max_words];
+      spoken: log_mel / log_mel_mask as from clips (num_mel_bins: what the features
+      tool computed them with). The widths are the model's (`_feature_widths`).
+    """
+    del train
+    d, spec = self.config.data, registry.spec
+    video = self.config.model.video
+    if self.config.dataset.name in self.FEATURE_DATASETS:
+      widths = self._feature_widths()
+      out = {k: spec((widths[k],), "float32")
+             for k in ("image_embedding", "temporal_embedding") if k in widths}
+      if self.caption == "language":
+        w = int(self.config.model.max_words)
+        return {**out, "words": spec((w, widths["words"]), "float32"),
+                "word_mask": spec((w,), "bool")}
+    else:
+      s = d.image_size
+      out = {f"{k}_frames": spec((d[f"num_{k}_frames"], s, s, 3), "float32")
+             for k in ("image", "temporal") if video.get(k)}
+      if self.caption == "language":
+        return {**out, **{k: spec((d.max_text_len,), "int32")
+                          for k in ("input_ids", "attention_mask", "word_index")}}
+    return {**out, "log_mel": spec((d.speech_frames, d.num_mel_bins), "float32"),
+            "log_mel_mask": spec((d.speech_frames,), "int32")}
 
   def load_pretrained(self, params):
     if self.caption != "language":
