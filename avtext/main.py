@@ -4,10 +4,16 @@
     --mode=train|eval    eval: run every config.evals entry on a checkpoint of --workdir
     --step=N|best        with --mode=eval: which checkpoint (default: the latest)
     --distributed        multi-host: initialize jax.distributed (see launch/)
+    --allow_cpu          train a config with a config.target_topology (a TPU slice
+                         such as v5e:4x4) even when JAX finds only CPU devices
+    --require_backend=tpu|gpu  exit at once unless JAX runs on it (launch/ scripts)
 
 Re-running the same command resumes from the latest checkpoint in --workdir.
 """
+import importlib.util
 import logging as py_logging
+import os
+import re
 
 from absl import app
 from absl import flags
@@ -30,6 +36,12 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "--distributed: this proc
 _LOCAL_DEVICES = flags.DEFINE_list(
     "local_device_ids", None, "--distributed: local accelerator ids this process drives "
     "(e.g. 0 when the scheduler shows each process a single GPU)")
+_ALLOW_CPU = flags.DEFINE_bool(
+    "allow_cpu", False, "--mode=train a config that targets an accelerator "
+    "(config.target_topology) even when JAX finds only CPU devices")
+_REQUIRE_BACKEND = flags.DEFINE_enum(
+    "require_backend", None, ["tpu", "gpu"], "exit at once unless jax.default_backend() "
+    "is this (launch/ scripts pass it, so a missing runtime or device is no CPU run)")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -40,13 +52,66 @@ class _QuietLibraries(py_logging.Filter):
     return record.levelno >= py_logging.WARNING or "/orbax/" not in record.pathname
 
 
+def _log_platform(jax) -> None:
+  """One line: the backend, its devices and the processes sharing them."""
+  devices = jax.devices()
+  logging.info("JAX %s on %s: %d devices (%d on this process), kind %s; process %d of %d",
+               jax.__version__, jax.default_backend(), len(devices),
+               jax.local_device_count(), ", ".join(sorted({d.device_kind for d in devices})),
+               jax.process_index(), jax.process_count())
+
+
+def _why_cpu() -> str:
+  """Why JAX's default backend is the CPU, as far as this process can tell."""
+  if forced := os.environ.get("JAX_PLATFORMS"):
+    return f"JAX_PLATFORMS={forced}"
+  runtimes = {  # installed accelerator runtime -> the devices it drives
+      name: device for name, module, device in (
+          ("libtpu", "libtpu", "TPU"), ("jax-cuda12-plugin", "jax_cuda12_plugin", "GPU"))
+      if importlib.util.find_spec(module) is not None}
+  if runtimes:
+    return (f"{' and '.join(runtimes)} installed but no "
+            f"{' or '.join(runtimes.values())} found here")
+  return "jaxlib without an accelerator runtime"
+
+
+def _check_backend(config, backend: str) -> None:
+  """Exits with one line when the devices JAX found cannot be what the run needs.
+
+  --require_backend names the backend outright. Otherwise a paper config names its
+  slice in config.target_topology ("v5e:4x4"; demo and tiny variants leave it None):
+  without an accelerator runtime (or with JAX_PLATFORMS=cpu) JAX falls back to the
+  CPU, where such a run would take months, so training it there needs --allow_cpu.
+  SystemExit: one line on stderr and exit status 1 (app.UsageError would print the
+  whole flag help around it).
+  """
+  if _REQUIRE_BACKEND.value and backend != _REQUIRE_BACKEND.value:
+    why = f" ({_why_cpu()})" if backend == "cpu" else ""
+    raise SystemExit(
+        f"--require_backend={_REQUIRE_BACKEND.value} but JAX runs on {backend}{why}; "
+        f"install the runtime (make venv ACCEL=tpu|cuda12, README 'Run on a TPU pod' / "
+        f"'Run on GPUs') and check the devices are visible (nvidia-smi; TPU VM)")
+  topology = config.get("target_topology")
+  if not topology or backend != "cpu" or _MODE.value != "train":
+    return
+  target = f"TPU {topology}" if re.match(r"v\d", str(topology)) else str(topology)
+  source = config_flags.get_config_filename(flags.FLAGS["config"])
+  if _ALLOW_CPU.value:
+    logging.warning("%s targets %s (config.target_topology); training on CPU devices "
+                    "anyway (--allow_cpu)", source, target)
+    return
+  raise SystemExit(
+      f"{source} targets {target} (config.target_topology) but JAX finds only CPU "
+      f"devices ({_why_cpu()}); on the accelerator machine install its runtime (make venv "
+      f"ACCEL=tpu|cuda12, README 'Run on a TPU pod' / 'Run on GPUs'), or pass "
+      f"--allow_cpu to train at paper scale on the CPU anyway, or pick the :demo variant")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   # Imported here so --help answers without initializing JAX.
   import jax  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
-  from avtext.train import trainer  # pylint: disable=g-import-not-at-top
   cluster_flags = (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _LOCAL_DEVICES)
   if _DISTRIBUTED.value:
     # Cross-process collectives on the CPU backend (fake-device tests, CPU
@@ -66,6 +131,11 @@ def main(argv):
   if _STEP.value is not None and _MODE.value != "eval":
     raise app.UsageError("--step goes with --mode=eval")
   config = _CONFIG.value
+  _log_platform(jax)
+  _check_backend(config, jax.default_backend())
+  # After the check, so a refused run exits in seconds.
+  from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+  from avtext.train import trainer  # pylint: disable=g-import-not-at-top
   run = trainer.Trainer(config, _WORKDIR.value, registry.build_task(config))
   if _MODE.value == "train":
     run.train()

@@ -14,6 +14,10 @@
 #   checkpoint from all processes, and re-submitting resumes from it.
 # - config.train.batch_size is the global batch; each process feeds
 #   batch_size / (number of processes) of it.
+# - The job first runs `make venv ACCEL=cuda12` (the pinned CUDA 12 runtime of
+#   requirements-cuda12.txt; a no-op once installed) in the shared checkout, and
+#   every process passes --require_backend=gpu, so a node without a usable GPU
+#   fails the job at once instead of training on its CPU.
 #SBATCH --job-name=avtext
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8
@@ -24,9 +28,10 @@
 set -euo pipefail
 config=$1 workdir=$2; shift 2
 cd "${SLURM_SUBMIT_DIR:-.}"
+make venv ACCEL=cuda12
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
 # srun no longer inherits --cpus-per-task from sbatch (SLURM >= 22.05).
 srun --ntasks-per-node="$SLURM_NTASKS_PER_NODE" --gpus-per-task=1 \
   --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \
-  .venv/bin/python -m avtext.main --distributed --local_device_ids=0 \
+  .venv/bin/python -m avtext.main --distributed --local_device_ids=0 --require_backend=gpu \
   --config="$config" --workdir="$workdir" "$@"
