@@ -48,6 +48,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.task = "avr"
   config.seed = 0
   config.num_devices = None  # all visible devices on the 'data' mesh axis
+  # The slice the paper setup is sized for (`python -m avtext.aot` proves it fits; see
+  # BENCHMARKS.md "Paper configs on their TPU topologies"). main refuses to train it on a
+  # CPU-only install without --allow_cpu.
+  config.target_topology = "v5e:4x4"
+  config.partitioning = ml_collections.ConfigDict(dict(
+      rules=(),  # ((param path regex, partition spec), ...) over a 'model' axis
+      fsdp=True,  # params and optimizer state sharded over 'data' (ZeRO-3)
+      fsdp_min_size=2 ** 16))
 
   # ---- data: VideoCC3M, sampled as in VideoCC §5.2 / app. C -------------------
   config.dataset = ml_collections.ConfigDict()
@@ -82,6 +90,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict()
   config.model.name = "dual_encoder"  # avtext/models/registry.py
   config.model.embed_dim = 256  # §4.1 / §5.2: D = 256
+  # Compute dtype (params and optimizer state stay float32), rematerialization and the
+  # attention core for both towers (avtext/models/layers.py, Compute): the 3,137 RGB
+  # tokens of a clip make the materialized softmax the largest activation.
+  config.model.dtype = "bfloat16"
+  config.model.remat = "full"
+  config.model.attention = "blocked"
   config.model.video = ml_collections.ConfigDict()
   config.model.video.name = "mbt"
   config.model.video.modalities = "rgb+audio"
@@ -139,6 +153,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.train = ml_collections.ConfigDict()
   config.train.batch_size = 256
+  # k > 1: the batch of 256 in k sequential micro-batches, the NCE on all 256 (GradCache:
+  # the same loss and gradient, avtext/train/trainer.py).
+  config.train.microbatches = 1
   config.train.num_epochs = 4  # §5.2: 4 pretraining epochs
   config.train.num_steps = None
   config.train.log_every_steps = 50
@@ -199,6 +216,9 @@ def eval_config(batch_size: int) -> ml_collections.ConfigDict:
 
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   """Small MBT + MiniLM-L6 on the synthetic world, sized for a 2-core CPU."""
+  config.target_topology = None
+  config.partitioning.fsdp = False
+  config.model.dtype, config.model.remat, config.model.attention = "float32", "none", "xla"
   config.dataset.name = "synthetic_clips"
   config.dataset.world = ml_collections.ConfigDict(
       dict(height=64, width=64, fps=25, duration_s=10.0, sample_rate=16000))

@@ -428,9 +428,11 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
     raise ValueError(f"attention implementation {implementation!r}: expected one of "
                      f"{ATTENTION_IMPLEMENTATIONS}")
   if implementation == "cudnn" and dropout_rng is None:
-    if mask is not None:
+    if mask is not None:  # cuDNN takes batch and both sequence axes in full
       mask = jnp.asarray(mask, jnp.bool_)
       mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+      mask = jnp.broadcast_to(mask, (query.shape[0], mask.shape[1], query.shape[1],
+                                     key.shape[1]))
     return jax.nn.dot_product_attention(
         query.astype(dtype), key.astype(dtype), value.astype(dtype), mask=mask,
         implementation="cudnn")

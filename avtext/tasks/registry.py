@@ -86,6 +86,15 @@ class Task:
     """
     raise NotImplementedError
 
+  # A loss over in-batch negatives couples the batch's examples, so it cannot be summed
+  # over micro-batches. Such tasks split loss_fn into `encode(variables, batch, rng) ->
+  # (features, updated collections)`, per example, and `combine(features, batch) ->
+  # (loss, metrics)` over the whole batch; `config.train.microbatches` = k then runs the
+  # model on k micro-batches and the loss on the whole batch, with the exact gradient
+  # (GradCache, Gao et al. 2021; see avtext/train/trainer.py). None: loss_fn only.
+  encode = None
+  combine = None
+
   def eval_examples(self, source) -> Callable[[int], dict]:
     """`index -> example` of an evaluation `source` (no augmentation).
 

@@ -68,15 +68,23 @@ class AVRTask(registry.ClipTask):
     logging.info("text tower initialised from %s", weights)
     return params
 
-  def loss_fn(self, variables, batch, rng):
+  def encode(self, variables, batch, rng):
     video, text = self.model.apply(
         variables, registry.video_inputs(batch), batch["input_ids"],
         batch["attention_mask"], train=True, rngs={"dropout": rng})
-    sim = text @ video.T  # [B_text, B_video], global batch
+    return {"video": video.astype(jnp.float32), "text": text.astype(jnp.float32)}, {}
+
+  def combine(self, features, batch):
+    del batch
+    sim = features["text"] @ features["video"].T  # [B_text, B_video], global batch
     loss = contrastive.nce(sim, temperature=self.config.loss.temperature)
     hits = jnp.argmax(sim, axis=1) == jnp.arange(sim.shape[0])
     return loss, {"batch_t2v_r1": 100.0 * jnp.mean(hits),
-                  "positive_sim": jnp.mean(jnp.diagonal(sim))}, {}
+                  "positive_sim": jnp.mean(jnp.diagonal(sim))}
+
+  def loss_fn(self, variables, batch, rng):
+    features, collections = self.encode(variables, batch, rng)
+    return (*self.combine(features, batch), collections)
 
   def predict_fns(self):
     model = self.model

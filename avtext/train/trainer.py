@@ -86,11 +86,12 @@ class Trainer:
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, task,
-               evaluators: dict | None = None):
+               evaluators: dict | None = None, devices=None):
     self.config = config
     self.workdir = pathlib.Path(workdir).absolute()
+    # `devices`: default jax.devices(); avtext.aot passes a TPU topology's devices.
     self.mesh = partitioning.make_mesh(config.get("num_devices"),
-                                       config.get("model_parallel", 1))
+                                       config.get("model_parallel", 1), devices=devices)
     self.task = task
     if evaluators is None:
       from avtext import evals  # pylint: disable=g-import-not-at-top
@@ -117,9 +118,49 @@ class Trainer:
     return dataset, iter(dataset.to_iter_dataset(read))
 
   def _variable_shardings(self, tree: Any) -> Any:
-    """Params and non-param collections alike: `config.partitioning.rules`, else replicated."""
-    rules = tuple(self.config.get("partitioning", {}).get("rules", ()))
-    return {k: partitioning.param_shardings(v, self.mesh, rules) for k, v in tree.items()}
+    """Params and non-param collections alike: `config.partitioning` (model rules,
+    FSDP over `data`), else replicated."""
+    part = self.config.get("partitioning") or {}
+    return {k: partitioning.param_shardings(
+        v, self.mesh, tuple(part.get("rules", ())), fsdp=bool(part.get("fsdp", False)),
+        fsdp_min_size=part.get("fsdp_min_size") or partitioning.FSDP_MIN_SIZE)
+            for k, v in tree.items()}
+
+  def _optimizer(self):
+    return optimizers.make_optimizer(self.config.optimizer, total_steps=self.total_steps,
+                                     steps_per_epoch=self.steps_per_epoch)
+
+  def _opt_state_sharding(self, tx, params, param_sharding):
+    """Optimizer state sharded like the parameters it tracks (FSDP shards it too)."""
+    trainable = optimizers.split_frozen(params, self.frozen)[0]
+    abstract = jax.eval_shape(tx.init, trainable)
+    return partitioning.follow_params(abstract, params, param_sharding, self.mesh)
+
+  def abstract_state(self, batch) -> tuple[TrainState, Any, Any]:
+    """(state of ShapeDtypeStructs with their shardings, tx, schedule) for a global
+    `batch` of arrays or ShapeDtypeStructs: nothing is allocated, no weights are read
+    (the shapes `avtext.aot` compiles the train step for)."""
+    if self.total_steps is None:
+      self.total_steps, self.steps_per_epoch = total_train_steps(self.config, 10 ** 6)
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    abstract = jax.eval_shape(self.task.init_variables, rng, batch)
+    shardings = self._variable_shardings(abstract)
+    variables = dict(jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings))
+    params = variables.pop("params")
+    self.frozen = optimizers.frozen_mask(params, tuple(self.config.optimizer.get("frozen") or ()))
+    tx, schedule = self._optimizer()
+    trainable = optimizers.split_frozen(params, self.frozen)[0]
+    opt_sharding = self._opt_state_sharding(tx, params, shardings["params"])
+    opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                             jax.eval_shape(tx.init, trainable), opt_sharding)
+    replicated = partitioning.replicated(self.mesh)
+    scalar = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
+    state = TrainState(step=scalar(jnp.zeros((), jnp.int32)), params=params,
+                       model_state=variables, opt_state=opt_state,
+                       rng=scalar(jax.random.PRNGKey(0)),
+                       control=jax.tree.map(scalar, control_lib.init(self.config)))
+    return state, tx, schedule
 
   def _init_state(self, example_batch, *, warm_start_params: bool = True
                   ) -> tuple[TrainState, Any]:
@@ -136,15 +177,10 @@ class Trainer:
       variables = jax.device_put(variables, {k: shardings[k] for k in variables})
     params = jax.device_put(params, shardings["params"])
     self.frozen = optimizers.frozen_mask(params, tuple(self.config.optimizer.get("frozen") or ()))
-    tx, schedule = optimizers.make_optimizer(
-        self.config.optimizer, total_steps=self.total_steps,
-        steps_per_epoch=self.steps_per_epoch)
+    tx, schedule = self._optimizer()
     replicated = partitioning.replicated(self.mesh)
-    opt_state = jax.jit(tx.init)(optimizers.split_frozen(params, self.frozen)[0])
-    # Leaves made from nothing (step counts) land on one device: replicate them.
-    opt_state = jax.tree.map(
-        lambda x: x if len(x.sharding.device_set) == self.mesh.size else
-        jax.device_put(x, replicated), opt_state)
+    opt_state = jax.jit(tx.init, out_shardings=self._opt_state_sharding(
+        tx, params, shardings["params"]))(optimizers.split_frozen(params, self.frozen)[0])
     state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated),
                        params=params, model_state=variables, opt_state=opt_state,
                        rng=jax.device_put(state_rng, replicated),
@@ -156,6 +192,22 @@ class Trainer:
 
   # ---- steps -------------------------------------------------------------
 
+  def _microbatches(self) -> int:
+    """`config.train.microbatches` (k), checked: the global batch in k sequential parts."""
+    k = int(self.config.train.get("microbatches") or 1)
+    if k == 1:
+      return 1
+    batch, shards = self.config.train.batch_size, partitioning.num_data_shards(self.mesh)
+    if k < 1 or batch % (k * shards):
+      raise ValueError(f"config.train.microbatches={k}: the batch of {batch} must split into "
+                       f"{k} micro-batches that each divide over the {shards} data shards")
+    if self.task.encode is None or self.task.combine is None:
+      raise ValueError(f"config.train.microbatches={k}: task {self.config.task!r} has no "
+                       "encode/combine split (avtext/tasks/registry.py, Task.encode), so its "
+                       "loss cannot run on micro-batches; use more devices or FSDP instead")
+    return k
+
+
   def _make_train_step(self, tx, schedule, state_sharding):
     task, frozen_mask = self.task, self.frozen
     plateau = control_lib.plateau_enabled(self.config)
@@ -166,12 +218,64 @@ class Trainer:
       loss, metrics, new_model_state = task.loss_fn(variables, batch, rng, **extra)
       return loss, (metrics, new_model_state)
 
+    microbatches = self._microbatches()
+    micro_sharding = jax.sharding.NamedSharding(
+        self.mesh, jax.sharding.PartitionSpec(None, partitioning.DATA_AXIS))
+
+    def split(x):  # [B, ...] -> [k, B/k, ...]; micro-batch i = examples i, i + k, ...
+      x = x.reshape((x.shape[0] // microbatches, microbatches) + x.shape[1:])
+      return jax.lax.with_sharding_constraint(jnp.swapaxes(x, 0, 1), micro_sharding)
+
+    def join(x):  # inverse of split
+      return jnp.swapaxes(x, 0, 1).reshape((-1,) + x.shape[2:])
+
+    def grad_of_microbatches(trainable, frozen, model_state, batch, rng, step):
+      """GradCache: features of k micro-batches (forward only), the loss and its gradient
+      with respect to the features on the whole batch, then each micro-batch's
+      vector-Jacobian product with its slice of that gradient: the full batch's
+      gradient at the activation memory of one micro-batch (the model runs forward twice).
+      Micro-batch i draws its dropout from fold_in(rng, i). Non-param collections
+      (BatchNorm statistics) are updated micro-batch after micro-batch, and BatchNorm
+      normalizes each micro-batch by its own statistics."""
+      extra = {"step": step} if getattr(task, "loss_needs_step", False) else {}
+      micro = jax.tree.map(split, batch)
+      index = jnp.arange(microbatches)
+
+      def features(params, collections, mb, i):
+        variables = _variables(optimizers.merge_frozen(params, frozen), collections)
+        return task.encode(variables, mb, jax.random.fold_in(rng, i), **extra)
+
+      def forward(collections, xs):
+        feats, new = features(trainable, collections, *xs)
+        return {**collections, **new}, feats
+
+      new_model_state, feats = jax.lax.scan(forward, model_state, (micro, index))
+      (loss, aux), dfeats = jax.value_and_grad(
+          lambda f: task.combine(f, batch, **extra), has_aux=True)(jax.tree.map(join, feats))
+
+      def backward(carry, xs):
+        acc, collections = carry
+        mb, i, df = xs
+        _, pull, new = jax.vjp(lambda p: features(p, collections, mb, i), trainable,
+                               has_aux=True)
+        acc = jax.tree.map(jnp.add, acc, pull(df)[0])
+        return (acc, {**collections, **new}), None
+
+      zeros = jax.tree.map(jnp.zeros_like, trainable)
+      (grads, _), _ = jax.lax.scan(backward, (zeros, model_state),
+                                   (micro, index, jax.tree.map(split, dfeats)))
+      return (loss, (aux, new_model_state)), grads
+
     def train_step(state: TrainState, batch):
       rng = jax.random.fold_in(state.rng, state.step)
       trainable, frozen = optimizers.split_frozen(state.params, frozen_mask)
-      (loss, (aux, new_model_state)), grads = jax.value_and_grad(
-          loss_of_trainable, has_aux=True)(trainable, frozen, state.model_state, batch, rng,
-                                           state.step)
+      if microbatches > 1:
+        (loss, (aux, new_model_state)), grads = grad_of_microbatches(
+            trainable, frozen, state.model_state, batch, rng, state.step)
+      else:
+        (loss, (aux, new_model_state)), grads = jax.value_and_grad(
+            loss_of_trainable, has_aux=True)(trainable, frozen, state.model_state, batch,
+                                             rng, state.step)
       updates, opt_state = tx.update(grads, state.opt_state, trainable)
       lr = schedule(state.step)
       if plateau:  # reduce-on-plateau scales every update (control.py)

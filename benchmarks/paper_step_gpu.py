@@ -1,0 +1,146 @@
+r"""The AVR paper model's train step on one accelerator: step time and MFU.
+
+    python benchmarks/paper_step_gpu.py --batch=32 --steps=5 [--dtype=bfloat16]
+        [--remat=full] [--attention=cudnn]
+
+configs/videocc_avr.py's paper model (MBT ViT-B/16 on 32 frames of 224^2 + an 800 x 128
+log-mel spectrogram, BERT-base on 32 tokens, D = 256, NCE at sigma 0.05, SGD with
+momentum) on random inputs of the paper's shapes at a per-device batch that fits one
+chip; the step is the same computation as the trainer's (value_and_grad of the task's
+loss, clipped SGD update), without the input pipeline. MFU = model FLOPs of the step
+(XLA's cost analysis of the same step without remat, counted before optimization) /
+(measured step time x the chip's dense bf16 peak, --peak_tflops).
+
+Needs only jax, flax, optax and ml_collections (no data, no weights, no tokenizer files),
+so it runs on an accelerator machine's own JAX.
+"""
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from avtext.losses import contrastive  # pylint: disable=wrong-import-position
+from avtext.models import registry  # pylint: disable=wrong-import-position
+from configs import videocc_avr  # pylint: disable=wrong-import-position
+
+
+def build(args, abstract=False):
+  config = videocc_avr.get_config()
+  config.model.dtype, config.model.remat, config.model.attention = (
+      args.dtype, args.remat, args.attention)
+  model = registry.build_model(config.model)
+  d = config.data
+  b = args.batch
+  batch = abstract_batch(config, b) if abstract else {
+      "rgb": jnp.asarray(np.random.default_rng(0).normal(
+          size=(b, d.num_frames, d.image_size, d.image_size, 3)), jnp.float32),
+      "audio": jnp.asarray(np.random.default_rng(1).normal(
+          size=(b, d.spec_segments * d.spec_segment_frames, d.num_mel_bins)), jnp.float32),
+      "input_ids": jnp.asarray(np.random.default_rng(2).integers(
+          0, config.model.text.vocab_size, (b, d.max_text_len)), jnp.int32),
+      "attention_mask": jnp.ones((b, d.max_text_len), jnp.int32),
+  }
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9))
+
+  def loss_fn(params, batch, rng):
+    video, text = model.apply({"params": params}, {"rgb": batch["rgb"], "audio": batch["audio"]},
+                              batch["input_ids"], batch["attention_mask"], train=True,
+                              rngs={"dropout": rng})
+    sim = text.astype(jnp.float32) @ video.astype(jnp.float32).T
+    return contrastive.nce(sim, temperature=config.loss.temperature)
+
+  def step(params, opt_state, batch, rng):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch, rng)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  one = {k: jnp.zeros((1,) + v.shape[1:], v.dtype) for k, v in batch.items()}
+
+  def init(rng):
+    return model.init(rng, {"rgb": one["rgb"], "audio": one["audio"]},
+                      one["input_ids"], one["attention_mask"])["params"]
+  return init, tx, batch, step
+
+
+def abstract_batch(config, b):
+  d = config.data
+  f32, i32 = jnp.float32, jnp.int32
+  return {"rgb": jax.ShapeDtypeStruct((b, d.num_frames, d.image_size, d.image_size, 3), f32),
+          "audio": jax.ShapeDtypeStruct((b, d.spec_segments * d.spec_segment_frames,
+                                         d.num_mel_bins), f32),
+          "input_ids": jax.ShapeDtypeStruct((b, d.max_text_len), i32),
+          "attention_mask": jax.ShapeDtypeStruct((b, d.max_text_len), i32)}
+
+
+def model_flops(args) -> float:
+  """FLOPs of one step counted once: the step without remat, lowered from abstract
+  inputs (tracing only), XLA's cost analysis before optimization."""
+  plain = argparse.Namespace(**{**vars(args), "remat": "none", "attention": "xla"})
+  init, tx, batch, step = build(plain, abstract=True)
+  params = jax.eval_shape(init, jax.random.PRNGKey(0))
+  cost = jax.jit(step).lower(params, jax.eval_shape(tx.init, params), batch,
+                             jax.random.PRNGKey(1)).cost_analysis()
+  return float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument("--dtype", default="bfloat16")
+  parser.add_argument("--remat", default="full")
+  parser.add_argument("--attention", default="cudnn")
+  parser.add_argument("--peak_tflops", type=float, default=989.0,
+                      help="dense bf16 peak of the chip (H100 SXM: 989)")
+  parser.add_argument("--model_flops", type=float, default=None,
+                      help="model FLOPs per step if already counted (skips the lowering)")
+  parser.add_argument("--flops_only", action="store_true",
+                      help="print the model FLOPs per step and stop (any machine)")
+  args = parser.parse_args()
+  if args.flops_only:
+    print(json.dumps({"batch": args.batch, "model_flops_per_step": model_flops(args)}))
+    return
+  init, tx, batch, step = build(args)
+  t0 = time.perf_counter()
+  params = jax.jit(init)(jax.random.PRNGKey(0))
+  opt_state = jax.jit(tx.init)(params)
+  print(f"initialized in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+  rng = jax.random.PRNGKey(1)
+  jitted = jax.jit(step, donate_argnums=(0, 1))
+  t0 = time.perf_counter()
+  compiled = jitted.lower(params, opt_state, batch, rng).compile()
+  compile_s = time.perf_counter() - t0
+  print(f"compiled in {compile_s:.0f} s", file=sys.stderr, flush=True)
+  mem = compiled.memory_analysis()
+  flops = args.model_flops or model_flops(args)
+  for _ in range(2):  # warm-up
+    params, opt_state, loss = compiled(params, opt_state, batch, rng)
+  loss.block_until_ready()
+  times = []
+  for _ in range(args.steps):
+    t0 = time.perf_counter()
+    params, opt_state, loss = compiled(params, opt_state, batch, rng)
+    loss.block_until_ready()
+    times.append(time.perf_counter() - t0)
+  step_s = float(np.median(times))
+  print(json.dumps({
+      "device": jax.devices()[0].device_kind, "jax": jax.__version__, "batch": args.batch,
+      "dtype": args.dtype, "remat": args.remat, "attention": args.attention,
+      "compile_s": round(compile_s, 1), "step_s_median": step_s,
+      "step_s_all": [round(t, 4) for t in times], "clips_per_s": args.batch / step_s,
+      "model_tflop_per_step": flops / 1e12,
+      "mfu": flops / (step_s * args.peak_tflops * 1e12),
+      "temp_gib": getattr(mem, "temp_size_in_bytes", 0) / 2 ** 30,
+      "args_gib": getattr(mem, "argument_size_in_bytes", 0) / 2 ** 30,
+      "loss": float(loss)}))
+
+
+if __name__ == "__main__":
+  main()
