@@ -1,6 +1,14 @@
-"""Task heads on top of encoders."""
+"""Task heads on top of encoders.
+
+`dtype` (from `config.model.dtype`, `avtext.models.layers.Compute`) is the computation
+dtype of the heads' Dense layers; parameters stay float32 and the heads return float32
+(logits for the losses, normalized embeddings).
+"""
+from typing import Any
+
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from avtext.models import registry
 
@@ -17,20 +25,25 @@ class VideoClassifier(nn.Module):
   """
   video: nn.Module
   num_classes: int
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, inputs: dict[str, jax.Array], *, train: bool = False) -> jax.Array:
+    """float32 logits [B, num_classes]."""
     embedding = self.video(inputs, train=train)["embedding"]
-    return nn.Dense(self.num_classes, name="head")(embedding)
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="head")(
+        embedding).astype(jnp.float32)
 
 
 @registry.register_model("video_classifier")
 def video_classifier_from_config(cfg) -> VideoClassifier:
-  """`config.model` with a `video` sub-node and `num_classes`."""
+  """`config.model` with a `video` sub-node (which inherits dtype / remat / attention)
+  and `num_classes`."""
   if not cfg.get("num_classes"):
     raise ValueError("config.model.num_classes must be set for the video_classifier")
-  return VideoClassifier(video=registry.build_model(cfg.video, where="config.model.video"),
-                         num_classes=cfg.num_classes)
+  return VideoClassifier(
+      video=registry.build_model(cfg.video, where="config.model.video", parent=cfg),
+      num_classes=cfg.num_classes, dtype=registry.compute_from_config(cfg).dtype)
 
 
 class GatedEmbedding(nn.Module):
@@ -42,15 +55,18 @@ class GatedEmbedding(nn.Module):
 
   then, with `normalize`, y / |y| (dot products become cosines, as in AVLnet; the paper
   only says "dot product", so this is the configurable choice). One module serves the
-  video, language-caption and spoken-caption models.
+  video, language-caption and spoken-caption models. The two Dense layers compute in
+  `dtype`; the output (and the normalization) is float32.
   """
   features: int = 4096
   normalize: bool = True
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    h = nn.Dense(self.features, name="linear1")(x)
-    y = h * jax.nn.sigmoid(nn.Dense(self.features, name="linear2")(h))
+    h = nn.Dense(self.features, dtype=self.dtype, name="linear1")(x)
+    y = h * jax.nn.sigmoid(nn.Dense(self.features, dtype=self.dtype, name="linear2")(h))
+    y = y.astype(jnp.float32)
     if self.normalize:
-      y = y * jax.lax.rsqrt(jax.numpy.maximum(jax.numpy.sum(y * y, -1, keepdims=True), 1e-12))
+      y = y * jax.lax.rsqrt(jnp.maximum(jnp.sum(y * y, -1, keepdims=True), 1e-12))
     return y

@@ -21,13 +21,22 @@ of each residual branch starts at scale 0 with `zero_init_residual` (off by
 default, as torchvision's).
 
 Input: [B, H, W, C] float (images NHWC; a spectrogram [B, time, mel, 1]).
+
+Precision and memory (`config.model.dtype` / `.remat`, `avtext.models.layers.Compute`):
+`dtype` is the computation dtype of every convolution and Dense; parameters and the
+BatchNorm statistics (computed in float32 by flax, "batch_stats" kept float32) stay
+float32, and the outputs ('features', 'embedding', 'logits') are float32. `remat`
+rematerializes each residual block in the backward pass (`layers.remat`: parameter and
+batch_stats names do not change; the running statistics are updated once, by the
+forward pass).
 """
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from avtext.models import layers
 from avtext.models import registry
 
 DEPTHS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),
@@ -36,9 +45,12 @@ DEPTHS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),
 _CONV_INIT = nn.initializers.variance_scaling(2.0, "fan_out", "normal")  # kaiming, fan_out
 
 
-def _norm(train: bool, name: str, zero: bool = False) -> nn.BatchNorm:
+def _norm(train: bool, name: str, zero: bool = False, dtype: Any = jnp.float32
+          ) -> nn.BatchNorm:
+  # flax normalizes in float32 and keeps batch_stats float32; `dtype` is the output's.
   return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, name=name,
-                      scale_init=nn.initializers.zeros if zero else nn.initializers.ones)
+                      scale_init=nn.initializers.zeros if zero else nn.initializers.ones,
+                      dtype=dtype)
 
 
 class _Block(nn.Module):
@@ -46,22 +58,29 @@ class _Block(nn.Module):
   width: int
   stride: int
   zero_init_residual: bool = False
+  dtype: Any = jnp.float32
+  remat: str = "none"
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+    return layers.remat(_Block._body, self.remat, static_argnums=(2,))(self, x, train)
+
+  def _body(self, x: jax.Array, train: bool) -> jax.Array:
     conv = lambda f, k, s, name: nn.Conv(f, (k, k), (s, s), padding=[(k // 2, k // 2)] * 2,
-                                         use_bias=False, kernel_init=_CONV_INIT, name=name)
+                                         use_bias=False, kernel_init=_CONV_INIT,
+                                         dtype=self.dtype, name=name)
+    norm = lambda name, zero=False: _norm(train, name, zero, self.dtype)
     if self.kind == "basic":
       out_ch = self.width
-      y = nn.relu(_norm(train, "bn1")(conv(self.width, 3, self.stride, "conv1")(x)))
-      y = _norm(train, "bn2", self.zero_init_residual)(conv(self.width, 3, 1, "conv2")(y))
+      y = nn.relu(norm("bn1")(conv(self.width, 3, self.stride, "conv1")(x)))
+      y = norm("bn2", self.zero_init_residual)(conv(self.width, 3, 1, "conv2")(y))
     else:
       out_ch = 4 * self.width
-      y = nn.relu(_norm(train, "bn1")(conv(self.width, 1, 1, "conv1")(x)))
-      y = nn.relu(_norm(train, "bn2")(conv(self.width, 3, self.stride, "conv2")(y)))
-      y = _norm(train, "bn3", self.zero_init_residual)(conv(out_ch, 1, 1, "conv3")(y))
+      y = nn.relu(norm("bn1")(conv(self.width, 1, 1, "conv1")(x)))
+      y = nn.relu(norm("bn2")(conv(self.width, 3, self.stride, "conv2")(y)))
+      y = norm("bn3", self.zero_init_residual)(conv(out_ch, 1, 1, "conv3")(y))
     if self.stride != 1 or x.shape[-1] != out_ch:
-      x = _norm(train, "downsample_bn")(conv(out_ch, 1, self.stride, "downsample")(x))
+      x = norm("downsample_bn")(conv(out_ch, 1, self.stride, "downsample")(x))
     return nn.relu(x + y)
 
 
@@ -74,6 +93,8 @@ class ResNet(nn.Module):
   num_classes: int | None = None
   zero_init_residual: bool = False
   stage_sizes: Sequence[int] | None = None  # overrides DEPTHS[depth] (small demo nets)
+  dtype: Any = jnp.float32  # computation dtype (module docstring)
+  remat: str = "none"  # per residual block: "none", "full" or a jax.checkpoint_policies name
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> dict[str, jax.Array]:
@@ -84,27 +105,33 @@ class ResNet(nn.Module):
     kind, sizes = DEPTHS[self.depth]
     sizes = tuple(self.stage_sizes or sizes)
     x = nn.Conv(self.width, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], use_bias=False,
-                kernel_init=_CONV_INIT, name="conv1")(x)
-    x = nn.relu(_norm(train, "bn1")(x))
+                kernel_init=_CONV_INIT, dtype=self.dtype, name="conv1")(x)
+    x = nn.relu(_norm(train, "bn1", dtype=self.dtype)(x))
     x = nn.max_pool(x, (3, 3), (2, 2), padding=[(1, 1), (1, 1)])
     for stage, blocks in enumerate(sizes):
       for b in range(blocks):
         x = _Block(kind, self.width * 2**stage, 2 if stage > 0 and b == 0 else 1,
-                   self.zero_init_residual, name=f"layer{stage + 1}_{b}")(x, train)
+                   self.zero_init_residual, dtype=self.dtype, remat=self.remat,
+                   name=f"layer{stage + 1}_{b}")(x, train)
+    x = x.astype(jnp.float32)
     out = {"features": x, "embedding": jnp.mean(x, axis=(1, 2))}
     if self.num_classes:
-      out["logits"] = nn.Dense(self.num_classes, name="fc")(out["embedding"])
+      out["logits"] = nn.Dense(self.num_classes, dtype=self.dtype, name="fc")(
+          out["embedding"]).astype(jnp.float32)
     return out
 
 
 @registry.register_model("resnet")
 def resnet_from_config(cfg) -> ResNet:
   """config.model: depth (50), width (64), in_channels (3), num_classes (None),
-  zero_init_residual (False), stage_sizes (None: the depth's)."""
+  zero_init_residual (False), stage_sizes (None: the depth's); dtype, remat
+  (`registry.compute_from_config`)."""
+  compute = registry.compute_from_config(cfg)
   return ResNet(depth=cfg.get("depth", 50), width=cfg.get("width", 64),
                 in_channels=cfg.get("in_channels", 3), num_classes=cfg.get("num_classes"),
                 zero_init_residual=cfg.get("zero_init_residual", False),
-                stage_sizes=tuple(cfg.stage_sizes) if cfg.get("stage_sizes") else None)
+                stage_sizes=tuple(cfg.stage_sizes) if cfg.get("stage_sizes") else None,
+                dtype=compute.dtype, remat=compute.remat)
 
 
 class _SpeechBlock(nn.Module):
@@ -112,18 +139,24 @@ class _SpeechBlock(nn.Module):
   features: int
   stride: int
   kernel: int = 9
+  dtype: Any = jnp.float32
+  remat: str = "none"
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+    return layers.remat(_SpeechBlock._body, self.remat, static_argnums=(2,))(self, x, train)
+
+  def _body(self, x: jax.Array, train: bool) -> jax.Array:
     pad = [(self.kernel // 2, self.kernel // 2)]
     conv = lambda s, name: nn.Conv(self.features, (self.kernel,), (s,), padding=pad,
-                                   use_bias=False, kernel_init=_CONV_INIT, name=name)
-    y = nn.relu(_norm(train, "bn1")(conv(self.stride, "conv1")(x)))
-    y = _norm(train, "bn2")(conv(1, "conv2")(y))
+                                   use_bias=False, kernel_init=_CONV_INIT, dtype=self.dtype,
+                                   name=name)
+    y = nn.relu(_norm(train, "bn1", dtype=self.dtype)(conv(self.stride, "conv1")(x)))
+    y = _norm(train, "bn2", dtype=self.dtype)(conv(1, "conv2")(y))
     if self.stride != 1 or x.shape[-1] != self.features:
-      x = _norm(train, "downsample_bn")(
+      x = _norm(train, "downsample_bn", dtype=self.dtype)(
           nn.Conv(self.features, (1,), (self.stride,), use_bias=False, kernel_init=_CONV_INIT,
-                  name="downsample")(x))
+                  dtype=self.dtype, name="downsample")(x))
     return nn.relu(x + y)
 
 
@@ -137,11 +170,13 @@ class ResDAVEnet(nn.Module):
   each stage's first block (1x1 projection shortcut), as in the published model
   (widths 128, 128, 256, 512, 1024; 2 blocks a stage). Returns {'features': [B, T/16,
   C], 'embedding': the mean over the real frames, [B, C]}; `mask` [B, T] marks real
-  frames (padding of a whole test caption).
+  frames (padding of a whole test caption). `dtype`, `remat`: as `ResNet`'s.
   """
   widths: Sequence[int] = (128, 128, 256, 512, 1024)
   blocks: Sequence[int] = (2, 2, 2, 2)
   kernel: int = 9
+  dtype: Any = jnp.float32
+  remat: str = "none"
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array | None = None, *, train: bool = False
@@ -151,13 +186,15 @@ class ResDAVEnet(nn.Module):
     if len(self.widths) != len(self.blocks) + 1:
       raise ValueError(f"ResDAVEnet: widths needs one entry more than blocks, got "
                        f"{self.widths} and {self.blocks}")
-    x = _norm(train, "input_bn")(x[..., None])[..., 0]
-    x = nn.relu(_norm(train, "bn1")(nn.Dense(self.widths[0], use_bias=False,
-                                             kernel_init=_CONV_INIT, name="conv1")(x)))
+    norm = lambda name: _norm(train, name, dtype=self.dtype)
+    x = norm("input_bn")(x[..., None])[..., 0]
+    x = nn.relu(norm("bn1")(nn.Dense(self.widths[0], use_bias=False, kernel_init=_CONV_INIT,
+                                     dtype=self.dtype, name="conv1")(x)))
     for stage, (width, n) in enumerate(zip(self.widths[1:], self.blocks)):
       for b in range(n):
-        x = _SpeechBlock(width, 2 if b == 0 else 1, self.kernel,
-                         name=f"layer{stage + 1}_{b}")(x, train)
+        x = _SpeechBlock(width, 2 if b == 0 else 1, self.kernel, dtype=self.dtype,
+                         remat=self.remat, name=f"layer{stage + 1}_{b}")(x, train)
+    x = x.astype(jnp.float32)
     if mask is None:
       pooled = x.mean(axis=1)
     else:  # a frame of the output covers 2^stages input frames; real if its first is
@@ -169,6 +206,9 @@ class ResDAVEnet(nn.Module):
 
 @registry.register_model("resdavenet")
 def resdavenet_from_config(cfg) -> ResDAVEnet:
-  """config.model: widths ((128, 128, 256, 512, 1024)), blocks ((2, 2, 2, 2)), kernel (9)."""
+  """config.model: widths ((128, 128, 256, 512, 1024)), blocks ((2, 2, 2, 2)), kernel (9);
+  dtype, remat (`registry.compute_from_config`)."""
+  compute = registry.compute_from_config(cfg)
   return ResDAVEnet(widths=tuple(cfg.get("widths", (128, 128, 256, 512, 1024))),
-                    blocks=tuple(cfg.get("blocks", (2, 2, 2, 2))), kernel=cfg.get("kernel", 9))
+                    blocks=tuple(cfg.get("blocks", (2, 2, 2, 2))), kernel=cfg.get("kernel", 9),
+                    dtype=compute.dtype, remat=compute.remat)

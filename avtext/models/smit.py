@@ -34,6 +34,11 @@ a word's WordPieces: `word_features`), and the caption is the mean of
 
 Every function is pure and jittable; shapes are static (W = the most words a
 caption can have, at most the token count).
+
+Precision (`config.model.dtype` / `.remat` / `.attention`, `avtext.models.layers.Compute`):
+every tower (backbones, text, speech) inherits the node's fields unless its own node
+sets them, and the heads compute in `dtype`. What leaves a tower is float32: the pooled
+backbone embeddings, the frozen encoder's word features and both models' outputs.
 """
 import flax.linen as nn
 import jax
@@ -128,6 +133,7 @@ class VideoModel(nn.Module):
     else:
       raise ValueError(f"VideoModel: backbone mode must be 'frames', 'still' or 'clip', "
                        f"got {mode!r}")
+    emb = emb.astype(jnp.float32)
     return emb if self.train_backbones else jax.lax.stop_gradient(emb)
 
   def backbone_embeddings(self, inputs: dict[str, jax.Array], *, train: bool = False
@@ -166,7 +172,7 @@ class LanguageCaptionModel(nn.Module):
   def words(self, input_ids, attention_mask, word_index) -> tuple[jax.Array, jax.Array]:
     """(words [B, W, D], mask [B, W]) of the frozen encoder: what phase 1 may precompute."""
     tokens = jax.lax.stop_gradient(self.text(input_ids, attention_mask, train=False)["sequence"])
-    return word_features(tokens, word_index, self.max_words)
+    return word_features(tokens.astype(jnp.float32), word_index, self.max_words)
 
   def __call__(self, input_ids=None, attention_mask=None, word_index=None, *,
                words=None, word_mask=None, train: bool = False,
@@ -239,11 +245,14 @@ def smit_from_config(cfg) -> SMiTModel:
     caption                   'language' (text: a `bert` node, max_words) or 'spoken'
                               (speech: a `resnet` node with in_channels=1, or `resdavenet`)
   """
+  dtype = registry.compute_from_config(cfg).dtype
+
   def head():
-    return heads.GatedEmbedding(features=cfg.embed_dim, normalize=cfg.get("normalize", True))
+    return heads.GatedEmbedding(features=cfg.embed_dim, normalize=cfg.get("normalize", True),
+                                dtype=dtype)
 
   v = cfg.video
-  backbones = {k: registry.build_model(v[k], where=f"config.model.video.{k}")
+  backbones = {k: registry.build_model(v[k], where=f"config.model.video.{k}", parent=cfg)
                if v.get(k) else None for k in ("image", "temporal")}
   video = VideoModel(image=backbones["image"], temporal=backbones["temporal"], head=head(),
                      image_mode=v.get("image_mode", "frames"),
@@ -253,13 +262,15 @@ def smit_from_config(cfg) -> SMiTModel:
   kind = cfg.get("caption", "language")
   if kind == "language":
     caption = LanguageCaptionModel(
-        text=registry.build_model(cfg.text, where="config.model.text"), head=head(),
+        text=registry.build_model(cfg.text, where="config.model.text", parent=cfg),
+        head=head(),
         max_words=cfg.get("max_words", 32), num_sampled=cfg.get("num_sampled_words",
                                                                 NUM_SAMPLED_WORDS))
   elif kind == "spoken":
     name = cfg.speech.get("name")
     caption = SpokenCaptionModel(
-        encoder=registry.build_model(cfg.speech, where="config.model.speech"), head=head(),
+        encoder=registry.build_model(cfg.speech, where="config.model.speech", parent=cfg),
+        head=head(),
         image_like=name != "resdavenet")
   else:
     raise ValueError(f"config.model.caption={kind!r}; expected 'language' or 'spoken'")
