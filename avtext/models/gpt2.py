@@ -29,6 +29,12 @@ per call at text position t. Both keep shapes fixed, so
 Parameters (GPT-2; `avtext.weights.gpt2` maps HF checkpoints onto them):
   wte {embedding [V, D]}, wpe {embedding [N_pos, D]},
   h_<i> (EncoderBlock), ln_f {scale, bias}.
+
+Precision and memory (`config.model.dtype` / `.remat` / `.attention`, read for the
+captioner's node and inherited by its `video` and `decoder` nodes; `layers.Compute`):
+the blocks, the video projection and the tied output projection compute in `dtype`
+(the KV cache too); parameters stay float32, the token and position embeddings are
+summed in float32, and the logits are returned in float32.
 """
 from typing import Any
 
@@ -52,7 +58,7 @@ class GPT2(nn.Module):
     dropout_rate: embedding and residual dropout [embd_pdrop, resid_pdrop].
     attention_dropout_rate: [attn_pdrop].
     dropout_masks: "jax" or "hash" (layers.dropout).
-    dtype: computation dtype.
+    dtype: computation dtype; remat, attention: see `layers.Compute`.
   """
   vocab_size: int = 50257
   max_positions: int = 1024
@@ -65,6 +71,8 @@ class GPT2(nn.Module):
   attention_dropout_rate: float = 0.1
   dropout_masks: str = "jax"
   dtype: Any = jnp.float32
+  remat: str = "none"
+  attention: str = "xla"
 
   def setup(self):
     init = nn.initializers.normal(0.02)
@@ -78,6 +86,7 @@ class GPT2(nn.Module):
             dropout_rate=self.dropout_rate,
             attention_dropout_rate=self.attention_dropout_rate,
             dropout_masks=self.dropout_masks, kernel_init=init, dtype=self.dtype,
+            remat=self.remat, attention_impl=self.attention,
             name=f"h_{i}") for i in range(self.num_layers)]
     self.ln_f = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="ln_f")
     if self.dropout_masks not in layers.DROPOUT_MASKS:
@@ -130,7 +139,9 @@ class GPT2(nn.Module):
     for block in self.blocks:
       x = block(x, padding_mask, mask=mask, deterministic=not train, decode=decode)
     x = self.ln_f(x[:, num_prefix:])
-    return self.wte.attend(x.astype(jnp.float32))
+    # The tied projection (`wte.attend`) in the compute dtype; float32 logits for the softmax.
+    embedding = self.wte.embedding.astype(self.dtype)
+    return jnp.dot(x.astype(self.dtype), embedding.T).astype(jnp.float32)
 
 
 class VideoCaptioner(nn.Module):
@@ -138,9 +149,11 @@ class VideoCaptioner(nn.Module):
   video: nn.Module
   decoder: GPT2
   context_groups: int | None = None
+  dtype: Any = jnp.float32  # of the video projection; the towers carry their own
 
   def setup(self):
-    self.video_projection = nn.Dense(self.decoder.hidden_size, name="video_projection")
+    self.video_projection = nn.Dense(self.decoder.hidden_size, dtype=self.dtype,
+                                     name="video_projection")
 
   def encode(self, video_inputs: dict[str, Array], *, train: bool = False) -> Array:
     """C: [B, P, D_decoder], the MBT output tokens, projected.
@@ -221,7 +234,13 @@ def gpt2_from_config(cfg) -> GPT2:
       layer_norm_eps=cfg.get("layer_norm_eps", 1e-5),
       dropout_rate=cfg.get("dropout_rate", 0.1),
       attention_dropout_rate=cfg.get("attention_dropout_rate", 0.1),
-      dropout_masks=cfg.get("dropout_masks", "jax"))
+      dropout_masks=cfg.get("dropout_masks", "jax"),
+      **_compute_kwargs(cfg))
+
+
+def _compute_kwargs(cfg) -> dict:
+  compute = registry.compute_from_config(cfg)
+  return dict(dtype=compute.dtype, remat=compute.remat, attention=compute.attention)
 
 
 registry.register_model("gpt2")(gpt2_from_config)
@@ -229,10 +248,13 @@ registry.register_model("gpt2")(gpt2_from_config)
 
 @registry.register_model("video_captioner")
 def video_captioner_from_config(cfg) -> VideoCaptioner:
-  """`config.model` with `video` (name "mbt") and `decoder` (name "gpt2") sub-nodes."""
-  return VideoCaptioner(video=registry.build_model(cfg.video, where="config.model.video"),
-                        decoder=registry.build_model(cfg.decoder, where="config.model.decoder"),
-                        context_groups=cfg.get("context_groups"))
+  """`config.model` with `video` (name "mbt") and `decoder` (name "gpt2") sub-nodes; both
+  inherit the node's dtype / remat / attention unless they set their own."""
+  return VideoCaptioner(
+      video=registry.build_model(cfg.video, where="config.model.video", parent=cfg),
+      decoder=registry.build_model(cfg.decoder, where="config.model.decoder", parent=cfg),
+      context_groups=cfg.get("context_groups"),
+      dtype=registry.compute_from_config(cfg).dtype)
 
 
 def lm_decoding_fns(model: GPT2, params: Any, prompt: Array, max_new_tokens: int):

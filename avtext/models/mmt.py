@@ -43,6 +43,11 @@ Parameters: word_embeddings {embedding [V, 300]}, word_fc, video_fc
 {norm_in, dense, norm_out}, token_type_embeddings {embedding [2, D]},
 embedding_norm, encoder_<i>, decoder_<i> (EncoderBlock), head {transform,
 transform_norm, output {kernel [D, V], bias [V]}}.
+
+Precision and memory (`config.model.dtype` / `.remat` / `.attention`,
+`layers.Compute`): every Dense, LayerNorm output, embedding sum and block (the KV cache
+too) is in `dtype`; parameters stay float32, LayerNorm statistics and the softmax run in
+float32, and the logits are float32.
 """
 from typing import Any
 
@@ -76,14 +81,15 @@ class _Projection(nn.Module):
   features: int
   dropout_rate: float
   layer_norm_eps: float
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
     init = nn.initializers.normal(0.02)
-    x = nn.LayerNorm(epsilon=self.layer_norm_eps, name="norm_in")(x)
+    x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm_in")(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
-    x = nn.relu(nn.Dense(self.features, kernel_init=init, name="dense")(x))
-    return nn.LayerNorm(epsilon=self.layer_norm_eps, name="norm_out")(x)
+    x = nn.relu(nn.Dense(self.features, kernel_init=init, dtype=self.dtype, name="dense")(x))
+    return nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm_out")(x)
 
 
 class MMT(nn.Module):
@@ -100,33 +106,41 @@ class MMT(nn.Module):
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   layer_norm_eps: float = 1e-12
+  dtype: Any = jnp.float32  # computation dtype; remat, attention: see `layers.Compute`
+  remat: str = "none"
+  attention: str = "xla"
 
   def setup(self):
     init = nn.initializers.normal(0.02)
-    self.word_embeddings = nn.Embed(self.vocab_size, self.word_dim, embedding_init=init)
+    dtype = self.dtype
+    self.word_embeddings = nn.Embed(self.vocab_size, self.word_dim, embedding_init=init,
+                                    dtype=dtype)
     proj = dict(features=self.hidden_size, dropout_rate=self.dropout_rate,
-                layer_norm_eps=self.layer_norm_eps)
+                layer_norm_eps=self.layer_norm_eps, dtype=dtype)
     self.word_fc = _Projection(**proj)
     self.video_fc = _Projection(**proj)
     self.token_type_embeddings = nn.Embed(self.type_vocab_size, self.hidden_size,
-                                          embedding_init=init)
-    self.embedding_norm = nn.LayerNorm(epsilon=self.layer_norm_eps)
+                                          embedding_init=init, dtype=dtype)
+    self.embedding_norm = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=dtype)
     self.embedding_dropout = nn.Dropout(self.dropout_rate)
     block = dict(num_heads=self.num_heads, mlp_dim=self.intermediate_size, pre_norm=False,
                  activation="gelu", layer_norm_eps=self.layer_norm_eps,
                  dropout_rate=self.dropout_rate,
-                 attention_dropout_rate=self.attention_dropout_rate, kernel_init=init)
+                 attention_dropout_rate=self.attention_dropout_rate, kernel_init=init,
+                 dtype=dtype, remat=self.remat, attention_impl=self.attention)
     self.encoder = [layers.EncoderBlock(**block, name=f"encoder_{i}")
                     for i in range(self.num_layers)]
     self.decoder = [layers.EncoderBlock(**block, causal=True, cross_attention=True,
                                         name=f"decoder_{i}") for i in range(self.num_layers)]
-    self.head_transform = nn.Dense(self.hidden_size, kernel_init=init, name="head_transform")
-    self.head_norm = nn.LayerNorm(epsilon=self.layer_norm_eps, name="head_norm")
-    self.head_output = nn.Dense(self.vocab_size, kernel_init=init, name="head_output")
+    self.head_transform = nn.Dense(self.hidden_size, kernel_init=init, dtype=dtype,
+                                   name="head_transform")
+    self.head_norm = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=dtype, name="head_norm")
+    self.head_output = nn.Dense(self.vocab_size, kernel_init=init, dtype=dtype,
+                                name="head_output")
 
   def _positions(self, start: Array | int, length: int) -> Array:
     table = jnp.asarray(sinusoidal_positions(self.max_positions, self.hidden_size))
-    return jax.lax.dynamic_slice_in_dim(table, start, length, axis=0)
+    return jax.lax.dynamic_slice_in_dim(table, start, length, axis=0).astype(self.dtype)
 
   def encode(self, ctx_ids: Array, video: Array, ctx_mask: Array, token_type_ids: Array, *,
              train: bool = False) -> Array:
@@ -196,12 +210,14 @@ def mmt_from_config(cfg) -> MMT:
                        "avtext.tools.caption_vocab) or vocab_size")
     from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
     vocab_size = len(preprocessing.WordVocab.load(cfg.vocab))
+  compute = registry.compute_from_config(cfg)
   return MMT(vocab_size=int(vocab_size), video_dim=int(cfg.video_dim),
              hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
              intermediate_size=cfg.intermediate_size, word_dim=cfg.word_dim,
              max_positions=cfg.max_positions, dropout_rate=cfg.dropout_rate,
              attention_dropout_rate=cfg.attention_dropout_rate,
-             layer_norm_eps=cfg.get("layer_norm_eps", 1e-12))
+             layer_norm_eps=cfg.get("layer_norm_eps", 1e-12), dtype=compute.dtype,
+             remat=compute.remat, attention=compute.attention)
 
 
 def captioner_decoding_fns(model: MMT, variables: Any, ctx: dict[str, Array],
