@@ -28,7 +28,14 @@ anet_coot.yaml`). Deliberate differences from the official code:
 Batches pack the clips of all videos in one array (`avtext/tasks/coot.py`);
 `clip_slot[c] = video_row * max_clips + position` (-1: padding) scatters clip
 embeddings back into [B, max_clips, D].
+
+Precision and memory (`config.model.dtype` / `.remat` / `.attention`,
+`layers.Compute`): the input FC, the transformer layers and Attention-FA's two
+projections compute in `dtype`; parameters stay float32, COOT's layer norm computes in
+float32, Attention-FA's softmax and weighted sum run in float32, and every embedding
+the model returns is float32. `remat` rematerializes each transformer layer.
 """
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -70,6 +77,7 @@ class AttentionFA(nn.Module):
   dropout: float = 0.0
   init_std: float = 0.01
   dropout_masks: str = "jax"
+  dtype: Any = jnp.float32  # of the two projections; the softmax and the sum are float32
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, *, deterministic: bool) -> Array:
@@ -83,18 +91,19 @@ class AttentionFA(nn.Module):
     b1 = self.param("b1", nn.initializers.zeros, (h, self.hidden // h))
     w2 = self.param("w2", init, (h, self.hidden // h, d // h))
     b2 = self.param("b2", nn.initializers.zeros, (h, d // h))
-    a = jnp.einsum("btd,hde->bhte", x, w1) + b1[None, :, None]
+    w1, b1, w2, b2 = (p.astype(self.dtype) for p in (w1, b1, w2, b2))
+    a = jnp.einsum("btd,hde->bhte", x.astype(self.dtype), w1) + b1[None, :, None]
     drop = lambda y: layers.dropout(y, self.dropout, deterministic=deterministic,
                                     masks=self.dropout_masks)
     a = nn.gelu(drop(a), approximate=False)
     a = jnp.einsum("bhte,hef->bhtf", a, w2) + b2[None, :, None]
-    a = drop(a)
+    a = drop(a).astype(jnp.float32)
     a = jnp.where(mask[:, None, :, None], a, jnp.finfo(a.dtype).min)
     weights = jax.nn.softmax(a, axis=2)  # over time, per (head, feature)
     weights = jnp.where(mask[:, None, :, None], weights, 0.0)  # all-padding rows -> 0
     weights = drop(weights)
     weights = weights.transpose(0, 2, 1, 3).reshape(b, t, d)
-    return jnp.sum(x * weights, axis=1)
+    return jnp.sum(x.astype(jnp.float32) * weights, axis=1)
 
 
 def masked_pool(x: Array, mask: Array, kind: str) -> Array:
@@ -123,11 +132,15 @@ class TTransformer(nn.Module):
   init_std: float = 0.01
   max_positions: int = 1000
   dropout_masks: str = "jax"
+  dtype: Any = jnp.float32
+  remat: str = "none"
+  attention: str = "xla"
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, context: Array | None = None, *,
                deterministic: bool) -> tuple[Array, Array]:
-    """x [B, L, D_in], mask [B, L] (True = real) -> (pooled [B, D_out], sequence [B, L, H])."""
+    """x [B, L, D_in], mask [B, L] (True = real) -> (pooled [B, D_out], sequence [B, L, H]),
+    both float32."""
     if x.shape[1] > self.max_positions:
       raise ValueError(f"sequence of {x.shape[1]} positions is longer than the sin-cos table "
                        f"(max_positions={self.max_positions})")
@@ -135,33 +148,36 @@ class TTransformer(nn.Module):
       raise ValueError(f"pooler must be one of {POOLERS}, got {self.pooler!r}")
     init = nn.initializers.truncated_normal(self.init_std)
     mask = mask.astype(bool)
-    x = layers.CootLayerNorm(name="norm_input")(x)
+    x = layers.CootLayerNorm(dtype=self.dtype, name="norm_input")(x)
     if self.input_fc:
-      x = nn.gelu(nn.Dense(self.hidden_size, kernel_init=init, name="input_fc")(x),
-                  approximate=False)
+      x = nn.gelu(nn.Dense(self.hidden_size, kernel_init=init, dtype=self.dtype,
+                           name="input_fc")(x), approximate=False)
     elif x.shape[-1] != self.hidden_size:
       raise ValueError(f"input width {x.shape[-1]} != hidden_size {self.hidden_size} and "
                        "input_fc is off")
-    x = x + jnp.asarray(sincos_table(x.shape[1], self.hidden_size))[None]
+    x = x + jnp.asarray(sincos_table(x.shape[1], self.hidden_size), self.dtype)[None]
     block = lambda name, **kw: layers.EncoderBlock(
         num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=False, activation="gelu",
         layer_norm="coot", layer_norm_eps=1e-6, dropout_rate=self.dropout,
         attention_dropout_rate=self.dropout, dropout_masks=self.dropout_masks,
-        kernel_init=init, name=name, **kw)
+        kernel_init=init, dtype=self.dtype, remat=self.remat, attention_impl=self.attention,
+        name=name, **kw)
     for i in range(self.num_layers):
       x = block(f"encoderblock_{i}")(x, mask, deterministic=deterministic)
     if self.pooler == "atn":
       pooled = AttentionFA(self.pool_hidden, self.pool_heads, self.dropout, self.init_std,
-                           self.dropout_masks, name="pooler")(x, mask, deterministic=deterministic)
+                           self.dropout_masks, dtype=self.dtype,
+                           name="pooler")(x, mask, deterministic=deterministic)
     else:
-      pooled = masked_pool(x, mask, self.pooler)
+      pooled = masked_pool(x.astype(jnp.float32), mask, self.pooler)
     if self.use_context:
       if context is None:
         raise ValueError("TTransformer(use_context=True) needs the context vector")
       ctx = block("context", cross_attention=True, self_attention=False)(
-          context[:, None, :], context=x, context_mask=mask, deterministic=deterministic)
-      pooled = jnp.concatenate([pooled, ctx[:, 0]], axis=-1)
-    return pooled, x
+          context[:, None, :].astype(self.dtype), context=x, context_mask=mask,
+          deterministic=deterministic)
+      pooled = jnp.concatenate([pooled, ctx[:, 0].astype(jnp.float32)], axis=-1)
+    return pooled, x.astype(jnp.float32)
 
 
 def _scatter(values: Array, slot: Array, rows: int, slots: int) -> tuple[Array, Array]:
@@ -188,6 +204,9 @@ class COOT(nn.Module):
   init_std: float = 0.01
   max_positions: int = 1000
   dropout_masks: str = "jax"
+  dtype: Any = jnp.float32  # computation dtype; remat, attention: see `layers.Compute`
+  remat: str = "none"
+  attention: str = "xla"
 
   def _net(self, name: str, *, local: bool) -> TTransformer:
     return TTransformer(
@@ -196,7 +215,8 @@ class COOT(nn.Module):
         pooler=self.local_pooler if local else "avg", pool_hidden=self.pool_hidden,
         pool_heads=self.pool_heads, use_context=self.use_context and not local,
         init_std=self.init_std, max_positions=self.max_positions,
-        dropout_masks=self.dropout_masks, name=name)
+        dropout_masks=self.dropout_masks, dtype=self.dtype, remat=self.remat,
+        attention=self.attention, name=name)
 
   def setup(self):
     self.video_local = self._net("video_local", local=True)
@@ -239,9 +259,11 @@ class COOT(nn.Module):
 
 @registry.register_model("coot")
 def coot_from_config(cfg) -> COOT:
+  compute = registry.compute_from_config(cfg)
   return COOT(max_clips=int(cfg.max_clips), hidden_size=cfg.hidden_size,
               num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim, num_layers=cfg.num_layers,
               dropout=cfg.dropout, local_pooler=cfg.local_pooler, pool_hidden=cfg.pool_hidden,
               pool_heads=cfg.pool_heads, use_context=cfg.use_context, init_std=cfg.init_std,
               max_positions=cfg.get("max_positions", 1000),
-              dropout_masks=cfg.get("dropout_masks", "jax"))
+              dropout_masks=cfg.get("dropout_masks", "jax"), dtype=compute.dtype,
+              remat=compute.remat, attention=compute.attention)

@@ -52,6 +52,12 @@ encodings): `__call__` (training: VR scores of every query against every
 video of the batch, and the start/end logits of each query on its own video),
 `encode_query` -> q [B, M, D], `encode_context` -> (H_0, H_1) [B, M, L, D],
 `span_logits(q, h1, mask)` -> start/end logits [..., L].
+
+Precision and memory (`config.model.dtype` / `.remat` / `.attention`, `layers.Compute`):
+the projections, encoders and Linears compute in `dtype`, as does eq. 2's product (with
+float32 accumulation); parameters stay float32, LayerNorm statistics and every softmax
+run in float32, and what the methods return (q, H_0, H_1, scores, logits) is float32.
+ConvSE (two one-channel filters) stays float32. `remat` rematerializes each encoder layer.
 """
 from typing import Any
 
@@ -94,14 +100,15 @@ class _InputProjection(nn.Module):
   dropout_rate: float
   layer_norm_eps: float
   dropout_masks: str = "jax"
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
-    x = nn.LayerNorm(epsilon=self.layer_norm_eps, name="norm")(x)
+    x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm")(x)
     x = layers.dropout(x, self.dropout_rate, deterministic=deterministic,
                        masks=self.dropout_masks)
     return nn.relu(nn.Dense(self.features, kernel_init=nn.initializers.normal(0.02),
-                            name="dense")(x))
+                            dtype=self.dtype, name="dense")(x))
 
 
 class _Positions(nn.Module):
@@ -110,6 +117,7 @@ class _Positions(nn.Module):
   dropout_rate: float
   layer_norm_eps: float
   dropout_masks: str = "jax"
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
@@ -118,7 +126,8 @@ class _Positions(nn.Module):
                        "(config.model.max_ctx_len / max_query_len)")
     table = self.param("embedding", nn.initializers.normal(0.02),
                        (self.max_len, x.shape[-1]), jnp.float32)
-    x = nn.LayerNorm(epsilon=self.layer_norm_eps, name="norm")(x + table[:x.shape[-2]])
+    x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm")(
+        x + table[:x.shape[-2]].astype(x.dtype))
     return layers.dropout(x, self.dropout_rate, deterministic=deterministic,
                           masks=self.dropout_masks)
 
@@ -165,22 +174,27 @@ class XML(nn.Module):
   use_tef: bool = False
   span_head: str = "convse"  # or "sliding": TVR Fig. 6's sliding-window baseline
   dropout_masks: str = "jax"  # or "hash": the same distribution, cheaper on CPUs (layers.dropout)
+  dtype: Any = jnp.float32  # computation dtype; remat, attention: see `layers.Compute`
+  remat: str = "none"
+  attention: str = "xla"
 
   def setup(self):
     self.streams = modalities(self.context)
     init = nn.initializers.normal(0.02)
+    dtype = self.dtype
     proj = dict(features=self.hidden_size, dropout_rate=self.input_dropout_rate,
-                layer_norm_eps=self.layer_norm_eps, dropout_masks=self.dropout_masks)
+                layer_norm_eps=self.layer_norm_eps, dropout_masks=self.dropout_masks,
+                dtype=dtype)
     pos = dict(dropout_rate=self.input_dropout_rate, layer_norm_eps=self.layer_norm_eps,
-               dropout_masks=self.dropout_masks)
+               dropout_masks=self.dropout_masks, dtype=dtype)
     block = dict(num_heads=self.num_heads, mlp_dim=0, pre_norm=False, feed_forward=False,
                  layer_norm_eps=self.layer_norm_eps, dropout_rate=self.dropout_rate,
                  attention_dropout_rate=self.dropout_rate, dropout_masks=self.dropout_masks,
-                 kernel_init=init)
+                 kernel_init=init, dtype=dtype, remat=self.remat, attention_impl=self.attention)
     self.query_proj = _InputProjection(**proj)
     self.query_pos = _Positions(self.max_query_len, **pos)
     self.query_encoder = layers.EncoderBlock(**block)
-    self.modular = nn.Dense(len(self.streams), use_bias=False, kernel_init=init)
+    self.modular = nn.Dense(len(self.streams), use_bias=False, kernel_init=init, dtype=dtype)
     self.ctx_pos = _Positions(self.max_ctx_len, **pos)  # shared by the streams (official)
     self.ctx_proj = {m: _InputProjection(**proj, name=f"{m}_proj") for m in self.streams}
     self.encoder0 = {m: layers.EncoderBlock(**block, name=f"{m}_encoder0") for m in self.streams}
@@ -189,8 +203,8 @@ class XML(nn.Module):
                                            name=f"{m}_cross") for m in self.streams}
     self.encoder1 = {m: layers.EncoderBlock(**block, name=f"{m}_encoder1") for m in self.streams}
     if self.span_query_linear:
-      self.span_query = {m: nn.Dense(self.hidden_size, kernel_init=init, name=f"{m}_span_query")
-                         for m in self.streams}
+      self.span_query = {m: nn.Dense(self.hidden_size, kernel_init=init, dtype=dtype,
+                                     name=f"{m}_span_query") for m in self.streams}
     if self.span_head not in ("convse", "sliding"):
       raise ValueError(f"XML span_head={self.span_head!r}; expected 'convse' or 'sliding'")
     if self.span_head == "convse":
@@ -202,7 +216,9 @@ class XML(nn.Module):
     det = not train
     x = self.query_pos(self.query_proj(query, deterministic=det), deterministic=det)
     h = self.query_encoder(x, query_mask, deterministic=det)  # [B, Lq, D]
-    scores = masked_logits(self.modular(h), query_mask[..., None])  # [B, Lq, M]
+    h = h.astype(jnp.float32)  # the softmax and its weighted sum (small) in float32
+    scores = masked_logits(self.modular(h).astype(jnp.float32),
+                           query_mask[..., None])  # [B, Lq, M]
     attn = jax.nn.softmax(scores, axis=-2)
     return jnp.einsum("blm,bld->bmd", attn, h)
 
@@ -224,7 +240,8 @@ class XML(nn.Module):
         other = h0["sub" if m == "video" else "video"]
         x = self.cross[m](x, context=other, context_mask=ctx_mask, deterministic=det)
       h1[m] = self.encoder1[m](x, ctx_mask, deterministic=det)
-    stack = lambda h: jnp.stack([h[m] for m in self.streams], axis=1)  # noqa: E731
+    stack = lambda h: jnp.stack([h[m] for m in self.streams], axis=1).astype(  # noqa: E731
+        jnp.float32)
     return stack(h0), stack(h1)
 
   def span_logits(self, q: Array, h1: Array, ctx_mask: Array) -> dict[str, Array]:
@@ -238,7 +255,12 @@ class XML(nn.Module):
     if self.span_query_linear:
       q = jnp.stack([self.span_query[m](q[..., i, :]) for i, m in enumerate(self.streams)],
                     axis=-2)
-    sim = jnp.mean(jnp.einsum("...md,...mld->...ml", q, h1), axis=-2)  # eq. 2
+    if self.dtype == jnp.float32:
+      sim = jnp.einsum("...md,...mld->...ml", q, h1)
+    else:  # in the compute dtype, accumulated and returned in float32
+      sim = jnp.einsum("...md,...mld->...ml", q.astype(self.dtype), h1.astype(self.dtype),
+                       preferred_element_type=jnp.float32)
+    sim = jnp.mean(sim, axis=-2)  # eq. 2
     if self.span_head == "sliding":
       return {"clip": masked_logits(sim, ctx_mask)}
     sim = sim * ctx_mask.astype(sim.dtype)
@@ -261,11 +283,14 @@ class XML(nn.Module):
 def xml_from_config(cfg: ml_collections.ConfigDict) -> XML:
   """config.model: context, hidden_size, num_heads, max_ctx_len, max_query_len,
   dropout_rate, input_dropout_rate, layer_norm_eps, conv_kernel_size,
-  span_query_linear, use_tef, span_head, dropout_masks (XML's fields; defaults the official values)."""
-  fields = [f for f in XML.__dataclass_fields__ if f not in ("parent", "name")]
-  unknown = sorted(set(cfg.keys()) - set(fields) - {"name"})
+  span_query_linear, use_tef, span_head, dropout_masks (XML's fields; defaults the official values);
+  dtype, remat, attention (`registry.compute_from_config`)."""
+  fields = [f for f in XML.__dataclass_fields__
+            if f not in ("parent", "name", *registry.COMPUTE_FIELDS)]
+  unknown = sorted(set(cfg.keys()) - set(fields) - {"name", *registry.COMPUTE_FIELDS})
   if unknown:
     raise ValueError(f"config.model: unknown XML field(s) {unknown}; XML takes {fields}")
   kwargs: dict[str, Any] = {k: cfg[k] for k in fields if cfg.get(k) is not None}
   modalities(kwargs.get("context", "video_sub"))
-  return XML(**kwargs)
+  compute = registry.compute_from_config(cfg)
+  return XML(**kwargs, dtype=compute.dtype, remat=compute.remat, attention=compute.attention)
