@@ -7,7 +7,10 @@ remat, attention, micro-batches and partitioning) is lowered from abstract input
 config's global batch (shapes from `Task.example_spec`: no data file is opened and no
 weights are read) onto the devices of `--topology` (default `config.target_topology`),
 which `jax.experimental.topologies` describes from libtpu alone (requirements-tpu.txt),
-and compiled by the TPU compiler. Then, per chip:
+and compiled by the TPU compiler. Then, per chip
+
+(per JAX device: a v5e chip is one device; libtpu describes a v4 or v5p chip as two,
+each with half the chip's HBM and FLOP/s)
 
   HBM needed      arguments + outputs + temporaries - aliased (donated) buffers, from
                   the compiled program's memory analysis, against the chip's HBM
@@ -37,6 +40,7 @@ from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
+import numpy as np
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "configs/<experiment>.py[:variant]", lock_config=True)
@@ -51,7 +55,7 @@ GIB = 2 ** 30
 @dataclasses.dataclass(frozen=True)
 class Chip:
   name: str
-  hbm_gib: float  # usable HBM per chip (one JAX device per chip: megacore on v4 / v5p)
+  hbm_gib: float  # usable HBM per chip
   bf16_flops: float  # peak dense bf16 FLOP/s per chip
   hbm_bytes_per_s: float  # HBM bandwidth per chip
 
@@ -88,8 +92,22 @@ def _quiet_stderr():
     os.close(saved)
 
 
+def per_device(chip: Chip, topology: str, devices: list) -> Chip:
+  """The chip's figures per JAX device: libtpu describes a v4 / v5p chip as two devices
+  (its two TensorCores), each with half the chip's HBM, bandwidth and FLOP/s."""
+  dims = [int(d) for d in topology.split(":")[1].split("x")]
+  per_chip = len(devices) // int(np.prod(dims))
+  if per_chip <= 1:
+    return chip
+  return Chip(f"{chip.name} TensorCore ({per_chip} per chip)", chip.hbm_gib / per_chip,
+              chip.bf16_flops / per_chip, chip.hbm_bytes_per_s / per_chip)
+
+
 def topology_devices(topology: str) -> list:
   """The devices of a TPU slice described by libtpu (no TPU needed)."""
+  # libtpu takes a machine-wide lock file by default; describing a slice needs no chip,
+  # so several checks (and tests) may run at once.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   chip_of(topology)
   try:
@@ -159,7 +177,8 @@ def _train_step(config, devices):
                    partitioning.data_sharding(run.mesh))
   state, tx, schedule = run.abstract_state(batch)
   step = run._make_train_step(tx, schedule, jax.tree.map(lambda x: x.sharding, state))  # pylint: disable=protected-access
-  return run, task, state, step.lower(state, batch)
+  with partitioning.mesh_context(run.mesh, config):
+    return run, task, state, step.lower(state, batch)
 
 
 def model_flops_per_step(config) -> float:
@@ -189,7 +208,8 @@ def _predict_fns(config, run, task, state) -> dict:
       continue
     batch = _sharded(task.batch_spec(batch_size, train=False, predict_fn=name),
                      partitioning.data_sharding(run.mesh))
-    lowered[name] = jax.jit(fns[name]).lower(variables, batch)
+    with partitioning.mesh_context(run.mesh, config):
+      lowered[name] = jax.jit(fns[name]).lower(variables, batch)
   return lowered
 
 
@@ -198,8 +218,7 @@ def analyze(config, topology: str | None = None, *, evals: bool = True) -> dict[
   topology = topology or config.get("target_topology")
   if not topology:
     raise ValueError("no topology: pass --topology=v5e:4x4 (or set config.target_topology)")
-  chip = chip_of(topology)
-  devices = topology_devices(topology)
+  chip = per_device(chip_of(topology), topology, devices := topology_devices(topology))
   t0 = time.perf_counter()
   run, task, state, lowered = _train_step(config, devices)
   lower_s = time.perf_counter() - t0

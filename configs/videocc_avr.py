@@ -48,14 +48,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.task = "avr"
   config.seed = 0
   config.num_devices = None  # all visible devices on the 'data' mesh axis
-  # The slice the paper setup is sized for (`python -m avtext.aot` proves it fits; see
-  # BENCHMARKS.md "Paper configs on their TPU topologies"). main refuses to train it on a
-  # CPU-only install without --allow_cpu.
-  config.target_topology = "v5e:4x4"
-  config.partitioning = ml_collections.ConfigDict(dict(
-      rules=(),  # ((param path regex, partition spec), ...) over a 'model' axis
-      fsdp=True,  # params and optimizer state sharded over 'data' (ZeRO-3)
-      fsdp_min_size=2 ** 16))
 
   # ---- data: VideoCC3M, sampled as in VideoCC §5.2 / app. C -------------------
   config.dataset = ml_collections.ConfigDict()
@@ -90,12 +82,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict()
   config.model.name = "dual_encoder"  # avtext/models/registry.py
   config.model.embed_dim = 256  # §4.1 / §5.2: D = 256
-  # Compute dtype (params and optimizer state stay float32), rematerialization and the
-  # attention core for both towers (avtext/models/layers.py, Compute): the 3,137 RGB
-  # tokens of a clip make the materialized softmax the largest activation.
-  config.model.dtype = "bfloat16"
-  config.model.remat = "full"
-  config.model.attention = "blocked"
   config.model.video = ml_collections.ConfigDict()
   config.model.video.name = "mbt"
   config.model.video.modalities = "rgb+audio"
@@ -112,6 +98,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.video.mlp_dim = 3072
   config.model.video.rgb_patch = (2, 16, 16)  # tubelet (t, h, w), as in MBT
   config.model.video.audio_patch = (16, 16)  # (time, mel), as in AST / MBT
+  # MBT's strided conv stem ("matmul": the same function as one matmul, layers.PatchMatmul;
+  # on v5e it needs 2.7 GiB of temporaries a chip for 16 clips against the conv's 1.7).
+  config.model.video.patch_embed = "conv"
   config.model.video.n_bottlenecks = 4  # §5.2: B = 4 fusion tokens
   config.model.video.fusion_layer = 8  # §5.2: l_f = 8
   config.model.video.dropout_rate = 0.0
@@ -156,6 +145,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # k > 1: the batch of 256 in k sequential micro-batches, the NCE on all 256 (GradCache:
   # the same loss and gradient, avtext/train/trainer.py).
   config.train.microbatches = 1
+  # The slice the paper setup is sized for (BENCHMARKS.md "Paper configs on TPU"): bf16
+  # compute (params and optimizer state float32), each block rematerialized, the Pallas
+  # flash kernel for the 3,137 RGB tokens a clip (a materialized softmax is the largest
+  # activation), params and optimizer state sharded over the 16 chips (FSDP).
+  # main refuses to train it on a CPU-only install without --allow_cpu.
+  paper_scale(config, "v5e:4x4", remat="full", attention="flash_tpu", fsdp=True)
   config.train.num_epochs = 4  # §5.2: 4 pretraining epochs
   config.train.num_steps = None
   config.train.log_every_steps = 50
@@ -197,6 +192,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   return config
 
 
+def paper_scale(config: ml_collections.ConfigDict, topology: str | None, *,
+                dtype: str = "bfloat16", remat: str = "none", attention: str = "xla",
+                fsdp: bool = False) -> None:
+  """The accelerator fields every config has (README "Paper scale"): the TPU slice the
+  paper setup is sized for (`python -m avtext.aot` proves the fit), compute dtype,
+  remat, attention and FSDP. Synthetic variants call it with topology None and the
+  float32 defaults, so their numbers stay as they were."""
+  # A placeholder, not None, so --config.target_topology=v5e:2x2 can still set it.
+  config.target_topology = topology or ml_collections.config_dict.placeholder(str)
+  config.model.dtype, config.model.remat, config.model.attention = dtype, remat, attention
+  config.partitioning = ml_collections.ConfigDict(dict(
+      rules=(), fsdp=fsdp, fsdp_min_size=2 ** 16))
+  config.train.microbatches = config.train.get("microbatches") or 1
+
+
+def synthetic_scale(config: ml_collections.ConfigDict) -> None:
+  """Demo / tiny: CPU-sized, float32, no remat, materialized attention, no FSDP."""
+  paper_scale(config, None, dtype="float32")
+
+
 def eval_config(batch_size: int) -> ml_collections.ConfigDict:
   """`config.eval`: batch size, model selection, plateau and early stopping (all off).
 
@@ -216,9 +231,7 @@ def eval_config(batch_size: int) -> ml_collections.ConfigDict:
 
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   """Small MBT + MiniLM-L6 on the synthetic world, sized for a 2-core CPU."""
-  config.target_topology = None
-  config.partitioning.fsdp = False
-  config.model.dtype, config.model.remat, config.model.attention = "float32", "none", "xla"
+  synthetic_scale(config)
   config.dataset.name = "synthetic_clips"
   config.dataset.world = ml_collections.ConfigDict(
       dict(height=64, width=64, fps=25, duration_s=10.0, sample_rate=16000))

@@ -62,7 +62,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del config.data["max_text_len"], config.data["vocab"]
 
   video = config.model.video
-  config.model = ml_collections.ConfigDict()
+  # Compute dtype / remat / attention for both towers, as videocc_avr.py sets them
+  # (bfloat16 for the paper setup, float32 for demo and tiny).
+  compute = {k: config.model[k] for k in ("dtype", "remat", "attention")}
+  config.model = ml_collections.ConfigDict(compute)
   config.model.name = "video_captioner"  # avtext/models/gpt2.py
   config.model.context_groups = ml_collections.config_dict.placeholder(int)  # None: all tokens
   config.model.video = video

@@ -120,3 +120,15 @@ def test_sub_models_inherit_compute_fields():
   assert model.video.dtype == jnp.bfloat16 and model.video.attention == "blocked"
   assert model.video.remat == "none"  # its own setting wins
   assert model.text.dtype == jnp.bfloat16 and model.text.remat == "full"
+
+
+@pytest.mark.parametrize("shape,patch", [((2, 4, 32, 32, 3), (2, 8, 8)), ((2, 64, 32, 1), (8, 16))])
+def test_patch_matmul_is_the_strided_conv(shape, patch):
+  x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
+  conv = nn.Conv(16, kernel_size=patch, strides=patch, padding="VALID")
+  variables = conv.init(jax.random.PRNGKey(0), x)
+  mm = layers.PatchMatmul(16, kernel_size=patch, strides=patch, padding="VALID")
+  assert jax.tree.map(jnp.shape, mm.init(jax.random.PRNGKey(0), x)) == jax.tree.map(
+      jnp.shape, variables)  # same parameters: checkpoints and ViT imports load unchanged
+  np.testing.assert_allclose(np.asarray(mm.apply(variables, x)),
+                             np.asarray(conv.apply(variables, x)), atol=1e-5)

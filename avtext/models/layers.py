@@ -84,10 +84,16 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 #   rematerialized in the backward pass, so only one block's logits are ever live
 #   (memory-efficient attention in plain JAX; any backend).
 # "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, the fused flash
-#   kernel on NVIDIA GPUs (bfloat16/float16 only); it has no attention dropout, so calls
-#   that drop attention probabilities (training with attention_dropout_rate > 0) use "xla".
-ATTENTION_IMPLEMENTATIONS = ("xla", "blocked", "cudnn")
+#   kernel on NVIDIA GPUs (bfloat16/float16 only).
+# "flash_tpu": the Pallas flash-attention kernel for TPUs
+#   (jax.experimental.pallas.ops.tpu.flash_attention): logits never leave on-chip memory.
+#   Masks must be key-padding masks ([B, 1, 1, L_kv]) or none; others use "xla".
+# The fused kernels have no attention dropout: calls that drop attention probabilities
+# (training with attention_dropout_rate > 0) use "xla". Both pad the sequences to a
+# multiple of `FUSED_PAD` and mask the padded keys.
+ATTENTION_IMPLEMENTATIONS = ("xla", "blocked", "cudnn", "flash_tpu")
 ATTENTION_BLOCK = 512
+FUSED_PAD = 128
 
 
 def remat_policy(name: str) -> Callable | None:
@@ -427,21 +433,69 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
   if implementation not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f"attention implementation {implementation!r}: expected one of "
                      f"{ATTENTION_IMPLEMENTATIONS}")
-  if implementation == "cudnn" and dropout_rng is None:
-    if mask is not None:  # cuDNN takes batch and both sequence axes in full
-      mask = jnp.asarray(mask, jnp.bool_)
-      mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-      mask = jnp.broadcast_to(mask, (query.shape[0], mask.shape[1], query.shape[1],
-                                     key.shape[1]))
-    return jax.nn.dot_product_attention(
-        query.astype(dtype), key.astype(dtype), value.astype(dtype), mask=mask,
-        implementation="cudnn")
+  if mask is not None:
+    mask = jnp.asarray(mask, jnp.bool_)
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+  key_padding = mask is None or mask.shape[1:3] == (1, 1)
+  if dropout_rng is None and (implementation == "cudnn" or
+                              (implementation == "flash_tpu" and key_padding)):
+    return _fused_attention(implementation, query.astype(dtype), key.astype(dtype),
+                            value.astype(dtype), mask)
   xla = functools.partial(
       nn.dot_product_attention, broadcast_dropout=False, dropout_rate=dropout_rate,
       deterministic=dropout_rng is None, dtype=dtype, force_fp32_for_softmax=True)
   if implementation != "blocked" or query.shape[1] <= ATTENTION_BLOCK:
     return xla(query, key, value, mask=mask, dropout_rng=dropout_rng, module=module)
   return _blocked_attention(xla, query, key, value, mask, dropout_rng)
+
+
+def _fused_attention(implementation: str, query: Array, key: Array, value: Array,
+                     mask: Array | None) -> Array:
+  """A fused kernel on sequences padded to a multiple of `FUSED_PAD` (cuDNN's flash
+  attention and the Pallas TPU kernel take no ragged lengths such as ViT's 1 + N)."""
+  batch, length, heads, depth = query.shape
+  kv_length = key.shape[1]
+  pad_q, pad_kv = -length % FUSED_PAD, -kv_length % FUSED_PAD
+  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n), (0, 0), (0, 0)))
+  query, key, value = pad(query, pad_q), pad(key, pad_kv), pad(value, pad_kv)
+  real_key = jnp.arange(kv_length + pad_kv) < kv_length  # [L_kv']
+  if implementation == "cudnn":
+    # Padded query rows may attend anywhere (their outputs are cut off below).
+    keys = jnp.broadcast_to(real_key, (1, 1, 1, kv_length + pad_kv))
+    if mask is not None:
+      mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad_kv)))
+      if mask.shape[2] != 1:
+        mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_q), (0, 0)), constant_values=True)
+      keys = jnp.logical_and(keys, mask)
+    keys = jnp.broadcast_to(keys, (batch, keys.shape[1], length + pad_q, kv_length + pad_kv))
+    out = jax.nn.dot_product_attention(query, key, value, mask=keys, implementation="cudnn")
+    return out[:, :length]
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # pylint: disable=g-import-not-at-top
+  # Segment ids: real keys (and every query) are segment 1, padded or masked keys 0.
+  kv_ids = jnp.broadcast_to(real_key[None], (batch, kv_length + pad_kv))
+  if mask is not None:
+    kv_ids = jnp.logical_and(kv_ids, jnp.pad(
+        jnp.broadcast_to(mask[:, 0, 0, :], (batch, kv_length)), ((0, 0), (0, pad_kv))))
+  segments = pallas_flash.SegmentIds(q=jnp.ones((batch, length + pad_q), jnp.int32),
+                                     kv=kv_ids.astype(jnp.int32))
+  heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, H, L, d], the kernel's layout
+
+  def kernel(q, k, v, q_ids, kv_ids):
+    return pallas_flash.flash_attention(
+        q, k, v, segment_ids=pallas_flash.SegmentIds(q=q_ids, kv=kv_ids),
+        sm_scale=1.0 / math.sqrt(depth))
+
+  # A Mosaic kernel is not partitioned by XLA: under a mesh (the trainer and avtext.aot
+  # set one for flash_tpu, partitioning.mesh_context) each device runs it on its slice
+  # of the batch.
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and "data" in mesh.axis_names:
+    batch_axis = jax.sharding.PartitionSpec("data")
+    kernel = jax.shard_map(kernel, mesh=mesh, in_specs=batch_axis, out_specs=batch_axis,
+                           check_vma=False)
+  out = kernel(heads_first(query), heads_first(key), heads_first(value), segments.q,
+               segments.kv)
+  return heads_first(out)[:, :length]
 
 
 def _blocked_attention(xla: Callable, query: Array, key: Array, value: Array,
@@ -668,6 +722,33 @@ class EncoderBlock(nn.Module):
                   masks=self.dropout_masks, broadcast_dims=(1, 2))
       x = x + y if self.pre_norm else norm(x + y)
     return x
+
+
+class PatchMatmul(nn.Conv):
+  """`nn.Conv` with stride = kernel size (ViT patches, MBT tubelets) computed as a
+  reshape and one matmul: the same parameters (kernel [*patch, C, D], bias [D]) and
+  function, for backends whose convolutions are slow or absent for this shape (measured
+  on TPU v5e, 16 clips of 32 x 224^2: 2.7 GiB of temporaries against the conv's 1.7, so
+  the paper config keeps the conv)."""
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    patch = tuple(self.kernel_size)
+    if tuple(self.strides or ()) != patch or self.padding != "VALID":
+      raise ValueError("PatchMatmul needs strides = kernel_size and padding='VALID'")
+    channels = x.shape[-1]
+    kernel = self.param("kernel", self.kernel_init, patch + (channels, self.features),
+                        self.param_dtype)
+    bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+    batch, spatial, n = x.shape[0], x.shape[1:-1], len(patch)
+    grid = [s // p for s, p in zip(spatial, patch)]
+    x = x.reshape((batch,) + sum(((g, p) for g, p in zip(grid, patch)), ()) + (channels,))
+    # [B, g1, p1, ..., gn, pn, C] -> [B, g1, ..., gn, p1, ..., pn, C]
+    x = x.transpose((0,) + tuple(1 + 2 * i for i in range(n)) +
+                    tuple(2 + 2 * i for i in range(n)) + (2 * n + 1,))
+    x = x.reshape((batch, *grid, -1)).astype(self.dtype)
+    y = x @ kernel.reshape(-1, self.features).astype(self.dtype)
+    return y + bias.astype(self.dtype)
 
 
 class AddPositionEmbedding(nn.Module):

@@ -61,10 +61,12 @@ class ModalityTower(nn.Module):
   dtype: Any
   remat: str = "none"
   attention: str = "xla"
+  patch_embed: str = "conv"
 
   def setup(self):
     # Non-overlapping patches (ViT), tubelets for frames (MBT's 3D-conv stem).
-    self.patch_embedding = nn.Conv(
+    embed = {"conv": nn.Conv, "matmul": layers.PatchMatmul}[self.patch_embed]
+    self.patch_embedding = embed(
         self.hidden_size, kernel_size=self.patch_size, strides=self.patch_size,
         padding="VALID", dtype=self.dtype)
     self.cls = self.param("cls", nn.initializers.zeros,
@@ -131,6 +133,8 @@ class MBT(nn.Module):
     dropout_rate, attention_dropout_rate, stochastic_depth: regularization
       (stochastic depth is the maximum, reached at the last layer).
     dtype: computation dtype; remat, attention: see `layers.Compute`.
+    patch_embed: "conv" (nn.Conv) or "matmul" (`layers.PatchMatmul`: the same
+      parameters and function as one matmul).
   """
   modalities: str | Sequence[str] = ("rgb", "audio")
   hidden_size: int = 768
@@ -149,6 +153,7 @@ class MBT(nn.Module):
   dtype: Any = jnp.float32
   remat: str = "none"
   attention: str = "xla"
+  patch_embed: str = "conv"
 
   @nn.compact
   def __call__(self, inputs: dict[str, Array], *,
@@ -198,6 +203,7 @@ class MBT(nn.Module):
             dtype=self.dtype,
             remat=self.remat,
             attention=self.attention,
+            patch_embed=self.patch_embed,
             name=m) for m in modalities
     }
     x = {m: towers[m].tokens(inputs[m]) for m in modalities}
@@ -251,7 +257,7 @@ def mbt_from_config(cfg) -> MBT:
       n_bottlenecks=cfg.n_bottlenecks, fusion_layer=cfg.fusion_layer,
       dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
       stochastic_depth=cfg.get("stochastic_depth", 0.0),
-      **_compute_kwargs(cfg))
+      patch_embed=cfg.get("patch_embed") or "conv", **_compute_kwargs(cfg))
 
 
 def _compute_kwargs(cfg) -> dict:

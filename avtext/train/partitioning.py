@@ -62,6 +62,17 @@ def make_mesh(num_devices: int | None = None, model_parallel: int = 1,
   return Mesh(grid, (DATA_AXIS, MODEL_AXIS))
 
 
+def mesh_context(mesh: Mesh, config) -> Any:
+  """`jax.set_mesh(mesh)` when the model runs kernels that need the mesh at trace time
+  (attention "flash_tpu": a Pallas kernel under shard_map), else a no-op context."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  model = config.get("model") or {}
+  if "flash_tpu" in (model.get("attention"), *(
+      v.get("attention") for v in model.values() if hasattr(v, "get"))):
+    return jax.set_mesh(mesh)
+  return contextlib.nullcontext()
+
+
 def data_sharding(mesh: Mesh) -> NamedSharding:
   """Leading (batch) dimension split over `data`."""
   return NamedSharding(mesh, P(DATA_AXIS))

@@ -359,7 +359,8 @@ class Trainer:
     step = start
     try:
       while step < self.total_steps:
-        with jax.profiler.StepTraceAnnotation("train", step_num=step):
+        with (jax.profiler.StepTraceAnnotation("train", step_num=step),
+              partitioning.mesh_context(self.mesh, config)):
           batch = partitioning.host_to_global(next(data_iter), self.mesh)
           state, metrics = train_step(state, batch)
         step += 1

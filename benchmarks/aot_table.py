@@ -1,0 +1,80 @@
+r"""Every paper config compiled for its target TPU topology: the BENCHMARKS table.
+
+    python benchmarks/aot_table.py [--configs=videocc_avr,xml_tvr] [--out=FILE.jsonl]
+
+Runs `python -m avtext.aot --config=configs/<name>.py --json` (the paper setup, on
+`config.target_topology`) for each config in its own process, then prints one markdown
+row per config: topology, HBM needed / per chip (headroom), GFLOPs per step per chip
+(compiled, and the model's own without remat), the step-time lower bound (compute or
+HBM bandwidth, whichever is larger), the MFU that bound implies, and compile seconds.
+Rows already in --out (same config) are reused, so an interrupted run resumes.
+"""
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PAPER_CONFIGS = ("videocc_avr", "videocc_caption", "smit_language_amm", "smit_spoken_amm",
+                 "coot_activitynet", "coot_youcook2", "xml_tvr", "mmt_tvc")
+
+
+def run_one(name: str, extra: list[str]) -> dict:
+  t0 = time.perf_counter()
+  out = subprocess.run(
+      [sys.executable, "-m", "avtext.aot", f"--config=configs/{name}.py", "--json", *extra],
+      cwd=REPO, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  if out.returncode:
+    tail = "\n".join(out.stderr.strip().splitlines()[-5:])
+    return {"name": name, "error": tail, "wall_s": time.perf_counter() - t0}
+  return {"name": name, **json.loads(out.stdout), "wall_s": time.perf_counter() - t0}
+
+
+def row(r: dict) -> str:
+  if "error" in r:
+    return f"| {r['name']} | | failed: {r['error'].splitlines()[-1][:120]} | | | | | |"
+  return (f"| {r['name']} | {r['topology']} ({r['chips']} chips) | "
+          f"{r['hbm_needed_gib']:.1f} / {r['hbm_per_chip_gib']:.2f} GiB "
+          f"({100 * r['headroom']:.0f} %) | "
+          f"{r['flops_per_chip'] / 1e9:,.0f} ({r['model_flops_per_chip'] / 1e9:,.0f}) | "
+          f"{1e3 * r['step_time_lower_bound_s']:,.1f} ms "
+          f"({'HBM' if r['memory_bound_s'] > r['compute_bound_s'] else 'compute'}) | "
+          f"{100 * r['mfu_at_bound']:.0f} % | {r['global_batch']} | {r['compile_s']:.0f} s |")
+
+
+HEADER = ("| config | topology | HBM needed / per chip (headroom) | GFLOPs/step/chip compiled "
+          "(model) | step lower bound (by) | MFU at bound | global batch | compile |\n"
+          "|---|---|---|---|---|---|---|---|")
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--configs", default=",".join(PAPER_CONFIGS))
+  parser.add_argument("--out", default=None, help="JSON lines, one report per config")
+  parser.add_argument("--noevals", action="store_true", help="train step only")
+  args = parser.parse_args()
+  done = {}
+  if args.out and pathlib.Path(args.out).exists():
+    for line in pathlib.Path(args.out).read_text().splitlines():
+      r = json.loads(line)
+      if "error" not in r:
+        done[r["name"]] = r
+  rows = []
+  for name in args.configs.split(","):
+    if name not in done:
+      print(f"compiling {name} ...", file=sys.stderr, flush=True)
+      done[name] = run_one(name, ["--noevals"] if args.noevals else [])
+      if args.out:
+        with open(args.out, "a") as f:
+          f.write(json.dumps(done[name]) + "\n")
+    rows.append(row(done[name]))
+    print(rows[-1], file=sys.stderr, flush=True)
+  print(HEADER)
+  print("\n".join(rows))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,83 @@
+"""`python -m avtext.aot`: a config's real train step compiled for a TPU topology on this
+CPU machine (libtpu from requirements-tpu.txt describes the slice), with the compiler's
+memory and cost analyses. The FLOPs are checked against a hand count of the tiny AVR
+model written out below."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from avtext import aot
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from configs import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _layer_flops(tokens: int, width: int, mlp: int) -> int:
+  """Forward FLOPs of one transformer layer: q, k, v, out and the MLP's two matmuls
+  (2 FLOPs a multiply-add), plus q k^T and the weighted sum of values."""
+  return 2 * tokens * (4 * width * width + 2 * width * mlp) + 2 * 2 * tokens * tokens * width
+
+
+def tiny_avr_train_flops() -> int:
+  """FLOPs of one train step of configs/videocc_avr.py:tiny (batch 8), by hand.
+
+  MBT width 32, 2 layers, MLP 64; fusion from layer 1 with 2 bottleneck tokens.
+  RGB: 4 frames of 32^2 in (2, 8, 8) tubelets -> 2*4*4 = 32 patches + [CLS] = 33 tokens
+  (35 with the bottleneck). Audio: 2 x 32 spectrogram frames x 128 mel bins in (8, 16)
+  patches -> 8*8 = 64 + [CLS] = 65 tokens (67). BERT width 32, 2 layers, MLP 64, 16
+  tokens; its embeddings and layer 0 are frozen (forward only, no backward: nothing
+  below them trains). Training = forward + backward ~ 3 x forward for trained parts.
+  """
+  mbt = (2 * 32 * (2 * 8 * 8 * 3) * 32 + 2 * 64 * (8 * 16) * 32  # patch embeddings
+         + _layer_flops(33, 32, 64) + _layer_flops(35, 32, 64)  # rgb layers 0, 1
+         + _layer_flops(65, 32, 64) + _layer_flops(67, 32, 64))  # audio layers 0, 1
+  text_trained, text_frozen = _layer_flops(16, 32, 64), _layer_flops(16, 32, 64)
+  per_example = 3 * (mbt + text_trained) + text_frozen
+  return 8 * per_example
+
+
+def test_tiny_avr_compiles_for_v5e_2x2_with_hand_counted_flops():
+  out = subprocess.run(
+      [sys.executable, "-m", "avtext.aot", "--config=configs/videocc_avr.py:tiny",
+       "--topology=v5e:2x2", "--json"], cwd=REPO, capture_output=True, text=True,
+      timeout=600, env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-3000:]
+  report = json.loads(out.stdout)
+  for key in ("hbm_needed_gib", "hbm_per_chip_gib", "fits", "flops_per_chip",
+              "bytes_per_chip", "step_time_lower_bound_s", "compile_s"):
+    assert key in report, key
+  assert report["chips"] == 4 and report["chip"] == "TPU v5 lite"
+  assert report["hbm_per_chip_gib"] == 15.75 and report["fits"] is True
+  assert 0 < report["hbm_needed_gib"] < 1
+  hand = tiny_avr_train_flops()
+  compiled = report["flops_per_chip"] * report["chips"]
+  model = report["model_flops_per_chip"] * report["chips"]
+  assert 0.5 * hand <= compiled <= 2 * hand, (compiled, hand)
+  assert 0.5 * hand <= model <= 2 * hand, (model, hand)
+  assert report["step_time_lower_bound_s"] == max(report["compute_bound_s"],
+                                                  report["memory_bound_s"]) > 0
+  # The evaluators' predict functions compiled too, at config.eval.batch_size.
+  assert set(report["predict"]) == {"embed_text", "embed_video"}
+
+
+def test_paper_options_compile_for_tpu_and_remat_recomputes():
+  """bf16 + full remat + FSDP + the Pallas flash kernel (under shard_map) lower and
+  compile for a real TPU slice; remat adds recomputed FLOPs over the model's own."""
+  config = videocc_avr.get_config("tiny")
+  config.model.dtype, config.model.remat, config.model.attention = (
+      "bfloat16", "full", "flash_tpu")
+  config.partitioning.fsdp, config.partitioning.fsdp_min_size = True, 1
+  report = aot.analyze(config, "v5e:2x2", evals=False)
+  assert report["fits"] and report["dtype"] == "bfloat16"
+  assert report["flops_per_chip"] > report["model_flops_per_chip"] > 0
+
+
+def test_unknown_topology_and_missing_topology_are_clear_errors():
+  with pytest.raises(ValueError, match="unknown chip 'v9x'"):
+    aot.chip_of("v9x:2x2")
+  with pytest.raises(ValueError, match="no topology"):
+    aot.analyze(videocc_avr.get_config("tiny"), None)
