@@ -30,7 +30,13 @@ Ablations (BENCHMARKS.md, benchmarks/coot_ablation.py) are command-line override
   --config.loss.cycle_weight=0           CMC off
   --config.model.use_context=False       Contextual Transformer off
 """
+import pathlib
+import sys
+
 import ml_collections
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 ANET_VIDEO_FEATURES = "ICEP_V3_global_pool_skip_8_direct_resize"
 ANET_TEXT_FEATURES = "text_feat_activitynet_meta_all_transformers_bert-base-uncased_-2,-1"
@@ -60,6 +66,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.data = ml_collections.ConfigDict()
   config.data.max_frames = 80  # dataset_train.max_frames: frames per clip and per video
   config.data.pad_multiple = 8  # padded frame / token axes are multiples of this
+  # Every batch at its maximum shape, so a TPU run compiles one program (avtext/tasks/coot.py);
+  # the synthetic variants pad to each batch's longest instead.
+  config.data.static_shapes = True
   config.data.clip_pad_multiple = 32  # the packed clip axis of a batch
   config.data.max_clips_per_batch = None  # fixed clip axis (multi-process runs need it)
 
@@ -138,6 +147,9 @@ def base_config() -> ml_collections.ConfigDict:
       # threshold 1e-4 relative (det_best_threshold_*).
       plateau=dict(factor=0.1, patience=2, cooldown=3, min_lr=0.0, threshold=1e-4),
       early_stopping_patience=16))  # det_best_terminate_after
+  # Features in, a few small transformers: one v5e host (4 chips) holds it many times
+  # over (BENCHMARKS.md "Paper configs on TPU"); bf16 compute, params float32.
+  videocc_avr.paper_scale(config, "v5e:2x2")
   return config
 
 
@@ -162,6 +174,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def synthetic(config: ml_collections.ConfigDict, *, tiny: bool) -> None:
   """The synthetic paragraph videos: same model and loss, smaller schedule."""
+  videocc_avr.synthetic_scale(config)
+  config.data.static_shapes = False
   d = config.dataset
   d.path = DEMO_DATA
   d.video_features = "synthetic_tower"  # avtext/tools/coot_synthetic.py's names

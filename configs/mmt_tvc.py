@@ -34,7 +34,13 @@ Variants:
                pretrained video tower; a 256-wide MMT sized for this CPU
   tiny         seconds-long smoke run (tests)
 """
+import pathlib
+import sys
+
 import ml_collections
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 DEMO_DATA = "workdirs/demo/tvr_data"
 
@@ -101,12 +107,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.context = "video"
   if "sub" in variants:
     config.data.context = "sub"
+  # MMT: features in, batch 128: one v5e host (4 chips) holds it many times over
+  # (BENCHMARKS.md "Paper configs on TPU"); bf16 compute, params float32.
+  videocc_avr.paper_scale(config, "v5e:2x2")
   if "demo" in variants or "tiny" in variants:
     _synthetic(config, tiny="tiny" in variants)
   return config
 
 
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
+  videocc_avr.synthetic_scale(config)
   config.dataset.path = DEMO_DATA
   config.dataset.video_features = "synthetic_tower_cl-1.5"
   config.dataset.video_dim = config.model.video_dim = 128  # the RGB tower's width

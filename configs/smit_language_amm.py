@@ -162,12 +162,16 @@ def get_config(arg: str | None = None, caption: str = "language") -> ml_collecti
   config.eval = videocc_avr.eval_config(batch_size=256)
   config.eval.select = ("val/mean_R@1", "max")
 
+  # Batch 2048 of frames through ResNet-152 + ResNet-50 (and BERT for captions) with the
+  # AMM over the whole batch (BENCHMARKS.md "Paper configs on TPU").
+  videocc_avr.paper_scale(config, "v5e:4x4", remat="full", fsdp=True)
   if "demo" in variants or "tiny" in variants:
     _synthetic(config, tiny="tiny" in variants, phase2=phase2)
   return config
 
 
 def _synthetic(config, *, tiny: bool, phase2: bool) -> None:
+  videocc_avr.synthetic_scale(config)
   tower = videocc_avr.get_config("tiny" if tiny else "demo")
   world = dict(tower.dataset.world)
   world["duration_s"] = 3.0  # S-MiT clips are 3 s

@@ -62,10 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del config.data["max_text_len"], config.data["vocab"]
 
   video = config.model.video
-  # Compute dtype / remat / attention for both towers, as videocc_avr.py sets them
-  # (bfloat16 for the paper setup, float32 for demo and tiny).
-  compute = {k: config.model[k] for k in ("dtype", "remat", "attention")}
-  config.model = ml_collections.ConfigDict(compute)
+  config.model = ml_collections.ConfigDict()
   config.model.name = "video_captioner"  # avtext/models/gpt2.py
   config.model.context_groups = ml_collections.config_dict.placeholder(int)  # None: all tokens
   config.model.video = video
@@ -104,6 +101,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.evals.msrvtt.dataset = ml_collections.ConfigDict(dict(name=None, path=None))
     config.evals.msrvtt.every_steps = 250
 
+  # MBT + GPT-2 at batch 512 (BENCHMARKS.md "Paper configs on TPU"): bf16, each block
+  # rematerialized, the flash kernel, params and optimizer state sharded (FSDP).
+  videocc_avr.paper_scale(config, "v5e:8x8", remat="full", attention="flash_tpu", fsdp=True)
   if synthetic:
     _synthetic(config, tiny="tiny" in variants)
   if "mined" in variants:  # train on the mined pairs, test on the world's test split
@@ -113,6 +113,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
+  videocc_avr.synthetic_scale(config)
   d = config.model.decoder
   d.vocab_size = None  # from vocab_subset (python -m avtext.tools.caption_vocab)
   d.hidden_size, d.num_layers, d.num_heads, d.mlp_dim = 256, 4, 4, 1024

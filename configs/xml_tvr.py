@@ -51,7 +51,13 @@ Variants:
   eq2      eq. 2 on q_m itself, as the paper writes it (no per-stream Linear)
   tiny     seconds-long smoke run (tests)
 """
+import pathlib
+import sys
+
 import ml_collections
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 DEMO_DATA = "workdirs/demo/tvr_data"
 VARIANTS = {"demo", "tiny", "video", "sub", "tef", "sliding", "eq2"}
@@ -135,12 +141,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.span_head = "sliding"
   if "eq2" in variants:  # the paper's eq. 2: q_m without the official per-stream Linear
     config.model.span_query_linear = False
+  # XML: features in, 128 queries a batch: one v5e host (4 chips) holds it many times over
+  # (BENCHMARKS.md "Paper configs on TPU"); bf16 compute, params float32.
+  videocc_avr.paper_scale(config, "v5e:2x2")
   if "demo" in variants or "tiny" in variants:
     _synthetic(config, tiny="tiny" in variants)
   return config
 
 
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
+  videocc_avr.synthetic_scale(config)
   d = config.dataset
   d.path = DEMO_DATA
   d.video_features = ("synthetic_tower_cl-1.5",)

@@ -115,6 +115,19 @@ def test_collate_packs_clips_into_slots(tmp_path):
   np.testing.assert_array_equal(batch["sentences_mask"].sum(1)[:4], [1, 2, 4, 0])
   np.testing.assert_array_equal(batch["clips"][1, :4], np.arange(4.0, 12.0).reshape(4, 2))
 
+  # static_shapes: every batch is the task's largest batch (batch_spec), one program a run;
+  # the real rows and masks are those of the dynamic batch.
+  config.data.static_shapes = True
+  config.model.video_dim, config.model.text_dim = 2, 1
+  static = task.collate(ex)
+  spec = task.batch_spec(2, train=True)
+  assert {k: v.shape for k, v in static.items()} == {k: v.shape for k, v in spec.items()}
+  for key in ("clips_mask", "sentences_mask", "video_mask", "paragraph_mask", "clip_slot"):
+    width = batch[key].shape[1] if batch[key].ndim > 1 else None
+    rows = batch[key].shape[0]
+    np.testing.assert_array_equal(static[key][:rows, :width] if width else static[key][:rows],
+                                  batch[key])
+
 
 @pytest.mark.parametrize("config_file", [  # both behind -m slow: default-run budget (session 11)
     pytest.param("configs/coot_activitynet.py", marks=pytest.mark.slow),

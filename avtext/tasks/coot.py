@@ -12,8 +12,10 @@ to the batch's longest, and the clips / sentences of all videos of the batch
 are stacked into one flat array, as the official collate does, so compute
 follows the real clip count rather than the longest video's. Each padded axis
 is rounded up to a multiple (`data.pad_multiple`, `data.clip_pad_multiple`),
-so a run compiles a handful of shapes; a slot index (video row * N +
-position) tells the model where each clip belongs.
+so a run compiles a handful of shapes; with `data.static_shapes` every axis is
+at its maximum (`batch_spec`) and a run compiles one program (the paper
+configs: TPUs). A slot index (video row * N + position) tells the model where
+each clip belongs.
 
 Loss, eq. 9 with the official weights (`config.loss`):
   L = w_H L^H_align + w_L L^L_align + w_g L^g_align + w_Hc L^H_cluster
@@ -115,7 +117,9 @@ class CootTask(registry.Task):
       sentences = np.split(ex["paragraph"], np.cumsum(ex["sentence_lengths"])[:-1])
       rows += [{"clips": c, "sentences": t, "clip_slot": np.int32(row * n_max + k)}
                for k, (c, t) in enumerate(zip(clips, sentences))]
-    num = _round_up(len(rows), int(data.get("clip_pad_multiple", 32)))
+    static = bool(data.get("static_shapes", False))
+    num = _round_up((n_max if static else 1) * (len(examples) if static else len(rows)),
+                    int(data.get("clip_pad_multiple", 32)))
     if data.get("max_clips_per_batch"):
       num = int(data.max_clips_per_batch)
       if len(rows) > num:
@@ -123,11 +127,15 @@ class CootTask(registry.Task):
                          f"config.data.max_clips_per_batch={num}")
     empty = {"clips": rows[0]["clips"][:0], "sentences": rows[0]["sentences"][:0],
              "clip_slot": np.int32(-1)}
-    variable = {"clips": None, "sentences": None}
-    batch = features.collate(rows + [empty] * (num - len(rows)), max_len=variable,
-                             pad_multiple=mult)
+    # data.static_shapes: every axis at its maximum (`batch_spec`), one program per run
+    # (TPUs); else the batch's longest, rounded up to pad_multiple (a few programs).
+    frames = _padded(int(data.max_frames), mult) if static else None
+    tokens = _padded(MAX_PARAGRAPH_TOKENS, mult) if static else None
+    batch = features.collate(rows + [empty] * (num - len(rows)),
+                             max_len={"clips": frames, "sentences": tokens}, pad_multiple=mult)
     batch.update(features.collate(examples, keys=("video", "paragraph"),
-                                  max_len={"video": None, "paragraph": None}, pad_multiple=mult))
+                                  max_len={"video": frames, "paragraph": tokens},
+                                  pad_multiple=mult))
     return batch
 
   def train_data(self, *, batch_size, seed, process_index, process_count):
