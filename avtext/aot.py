@@ -172,7 +172,10 @@ def _train_step(config, devices):
   import jax  # pylint: disable=g-import-not-at-top
   task = registry.build_task(config)
   with tempfile.TemporaryDirectory() as workdir:
-    run = trainer_lib.Trainer(config, workdir, task, evaluators={}, devices=devices)
+    # The evaluators' names only (config.eval.select is checked against them); their
+    # predict functions are compiled separately (`_predict_fns`), no split is opened.
+    run = trainer_lib.Trainer(config, workdir, task, devices=devices,
+                              evaluators={name: None for name in config.get("evals", {})})
   batch = _sharded(task.batch_spec(config.train.batch_size, train=True),
                    partitioning.data_sharding(run.mesh))
   state, tx, schedule = run.abstract_state(batch)

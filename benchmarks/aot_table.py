@@ -18,6 +18,10 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# What a config reads from your files that its shapes depend on, set here for the check:
+# MMT's vocabulary size comes from the word2idx file; 57,100 is TVR's whole vocabulary
+# (TVR paper, Table 1), an upper bound on TVCaption's word2idx (words seen >= 5 times).
+SHAPE_FLAGS = {"mmt_tvc": ["--config.model.vocab_size=57100"]}
 PAPER_CONFIGS = ("videocc_avr", "videocc_caption", "smit_language_amm", "smit_spoken_amm",
                  "coot_activitynet", "coot_youcook2", "xml_tvr", "mmt_tvc")
 
@@ -66,7 +70,8 @@ def main():
   for name in args.configs.split(","):
     if name not in done:
       print(f"compiling {name} ...", file=sys.stderr, flush=True)
-      done[name] = run_one(name, ["--noevals"] if args.noevals else [])
+      done[name] = run_one(name, SHAPE_FLAGS.get(name, []) +
+                           (["--noevals"] if args.noevals else []))
       if args.out:
         with open(args.out, "a") as f:
           f.write(json.dumps(done[name]) + "\n")

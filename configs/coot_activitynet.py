@@ -69,6 +69,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Every batch at its maximum shape, so a TPU run compiles one program (avtext/tasks/coot.py);
   # the synthetic variants pad to each batch's longest instead.
   config.data.static_shapes = True
+  # Every sentence padded to this many tokens under static_shapes (a longer one stops the
+  # run naming this field); the paragraph's cap is coot_layout's 512.
+  config.data.max_sentence_tokens = 96
   config.data.clip_pad_multiple = 32  # the packed clip axis of a batch
   config.data.max_clips_per_batch = None  # fixed clip axis (multi-process runs need it)
 

@@ -68,6 +68,10 @@ class CootTask(registry.Task):
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
     self.max_clips = int(config.model.max_clips)
+    # A sentence's tokens: at most the paragraph's, or data.max_sentence_tokens (the
+    # static shape of data.static_shapes).
+    self.max_sentence_tokens = int(config.data.get("max_sentence_tokens") or
+                                   MAX_PARAGRAPH_TOKENS)
 
   # ---------------------------------------------------------------- data
   def check_source(self, source):
@@ -131,8 +135,16 @@ class CootTask(registry.Task):
     # (TPUs); else the batch's longest, rounded up to pad_multiple (a few programs).
     frames = _padded(int(data.max_frames), mult) if static else None
     tokens = _padded(MAX_PARAGRAPH_TOKENS, mult) if static else None
+    sentence_tokens = _padded(self.max_sentence_tokens, mult) if static else None
+    if static:
+      longest = max(len(r["sentences"]) for r in rows)
+      if longest > sentence_tokens:
+        raise ValueError(f"a sentence of {longest} tokens is longer than "
+                         f"config.data.max_sentence_tokens={self.max_sentence_tokens} "
+                         "(data.static_shapes pads every sentence to it); raise it")
     batch = features.collate(rows + [empty] * (num - len(rows)),
-                             max_len={"clips": frames, "sentences": tokens}, pad_multiple=mult)
+                             max_len={"clips": frames, "sentences": sentence_tokens},
+                             pad_multiple=mult)
     batch.update(features.collate(examples, keys=("video", "paragraph"),
                                   max_len={"video": frames, "paragraph": tokens},
                                   pad_multiple=mult))
@@ -190,12 +202,13 @@ class CootTask(registry.Task):
     rows *= process_count
     frames = _padded(int(d.max_frames), mult)
     tokens = _padded(MAX_PARAGRAPH_TOKENS, mult)
+    sentence_tokens = _padded(self.max_sentence_tokens, mult)
     video_dim, text_dim = int(self.config.model.video_dim), int(self.config.model.text_dim)
     spec = registry.spec
     return {"clips": spec((rows, frames, video_dim), "float32"),
             "clips_mask": spec((rows, frames), "bool"),
-            "sentences": spec((rows, tokens, text_dim), "float32"),
-            "sentences_mask": spec((rows, tokens), "bool"),
+            "sentences": spec((rows, sentence_tokens, text_dim), "float32"),
+            "sentences_mask": spec((rows, sentence_tokens), "bool"),
             "clip_slot": spec((rows,), "int32"),
             "video": spec((batch_size, frames, video_dim), "float32"),
             "video_mask": spec((batch_size, frames), "bool"),
