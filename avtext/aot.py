@@ -192,6 +192,26 @@ def model_flops_per_step(config) -> float:
   return float(_cost(lowered.cost_analysis()).get("flops", 0.0))
 
 
+# The predict functions each evaluator type calls: {config key: default name}
+# (avtext/evals/*.py read `cfg.get(key, default)`); None keys are fixed names.
+EVALUATOR_FNS = {
+    "retrieval": {"text_fn": "embed_text", "video_fn": "embed_video"},
+    "captioning": {"captions_fn": "captions"},
+    "classification": {"logits_fn": "logits"},
+    "hierarchical": {"embed_fn": "embed"},
+    "moments": {None: ("encode_query", "encode_context", "span_logits")},
+}
+
+
+def evaluator_fns(config) -> list[str]:
+  """The predict functions `config.evals` calls (tools' own predict functions aside)."""
+  names = set()
+  for cfg in (config.get("evals") or {}).values():
+    for key, default in EVALUATOR_FNS.get(cfg.get("type"), {}).items():
+      names.update(default if key is None else (cfg.get(key, default),))
+  return sorted(names)
+
+
 def _predict_fns(config, run, task, state) -> dict:
   """{name: lowered predict function} for the evaluators' predict functions."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -199,7 +219,8 @@ def _predict_fns(config, run, task, state) -> dict:
   from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
   spec = task.example_spec(train=False)
   fns = task.predict_fns()
-  names = sorted(spec) if registry.is_keyed_spec(spec) else sorted(fns)
+  del registry, spec
+  names = evaluator_fns(config)
   variables = {"params": state.params, **state.model_state}
   shardings = jax.tree.map(lambda x: x.sharding, variables)
   batch_size = config.eval.get("batch_size") or config.train.batch_size

@@ -15,13 +15,27 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# What a config reads from your files that its shapes depend on, set here for the check:
-# MMT's vocabulary size comes from the word2idx file; 57,100 is TVR's whole vocabulary
-# (TVR paper, Table 1), an upper bound on TVCaption's word2idx (words seen >= 5 times).
-SHAPE_FLAGS = {"mmt_tvc": ["--config.model.vocab_size=57100"]}
+sys.path.insert(0, str(REPO))
+# What a config reads from your files that its shapes depend on, stood in for here:
+# MMT's vocabulary is the word2idx file; a stand-in of 57,100 words, TVR's whole
+# vocabulary (TVR paper, Table 1), an upper bound on TVCaption's word2idx (words seen
+# more than 5 times).
+TVC_VOCAB_WORDS = 57_100
+
+
+def shape_flags(name: str, tmp: pathlib.Path) -> list[str]:
+  if name != "mmt_tvc":
+    return []
+  from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
+  words = [f"word{i}" for i in range(TVC_VOCAB_WORDS - len(preprocessing.WordVocab.SPECIAL))]
+  vocab = preprocessing.WordVocab({w: i for i, w in enumerate(
+      list(preprocessing.WordVocab.SPECIAL) + words)})
+  vocab.save(tmp / "tvc_word2idx.json")
+  return [f"--config.model.vocab={tmp / 'tvc_word2idx.json'}"]
 PAPER_CONFIGS = ("videocc_avr", "videocc_caption", "smit_language_amm", "smit_spoken_amm",
                  "coot_activitynet", "coot_youcook2", "xml_tvr", "mmt_tvc")
 
@@ -70,8 +84,9 @@ def main():
   for name in args.configs.split(","):
     if name not in done:
       print(f"compiling {name} ...", file=sys.stderr, flush=True)
-      done[name] = run_one(name, SHAPE_FLAGS.get(name, []) +
-                           (["--noevals"] if args.noevals else []))
+      with tempfile.TemporaryDirectory() as tmp:
+        done[name] = run_one(name, shape_flags(name, pathlib.Path(tmp)) +
+                             (["--noevals"] if args.noevals else []))
       if args.out:
         with open(args.out, "a") as f:
           f.write(json.dumps(done[name]) + "\n")
