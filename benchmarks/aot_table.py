@@ -28,7 +28,7 @@ TVC_VOCAB_WORDS = 57_100
 
 
 def shape_flags(name: str, tmp: pathlib.Path) -> list[str]:
-  if name != "mmt_tvc":
+  if name.split(":")[0] != "mmt_tvc":
     return []
   from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
   words = [f"word{i}" for i in range(TVC_VOCAB_WORDS - len(preprocessing.WordVocab.SPECIAL))]
@@ -37,13 +37,20 @@ def shape_flags(name: str, tmp: pathlib.Path) -> list[str]:
   vocab.save(tmp / "tvc_word2idx.json")
   return [f"--config.model.vocab={tmp / 'tvc_word2idx.json'}"]
 PAPER_CONFIGS = ("videocc_avr", "videocc_caption", "smit_language_amm", "smit_spoken_amm",
-                 "coot_activitynet", "coot_youcook2", "xml_tvr", "mmt_tvc")
+                 "smit_language_amm:phase2", "smit_spoken_amm:phase2", "coot_activitynet",
+                 "coot_youcook2", "xml_tvr", "mmt_tvc")
+
+
+def config_flag(name: str) -> str:
+  """"smit_language_amm:phase2" -> --config=configs/smit_language_amm.py:phase2"""
+  base, _, variant = name.partition(":")
+  return f"--config=configs/{base}.py" + (f":{variant}" if variant else "")
 
 
 def run_one(name: str, extra: list[str]) -> dict:
   t0 = time.perf_counter()
   out = subprocess.run(
-      [sys.executable, "-m", "avtext.aot", f"--config=configs/{name}.py", "--json", *extra],
+      [sys.executable, "-m", "avtext.aot", config_flag(name), "--json", *extra],
       cwd=REPO, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   if out.returncode:
     tail = "\n".join(out.stderr.strip().splitlines()[-5:])
