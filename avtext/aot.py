@@ -42,12 +42,23 @@ from absl import logging
 from ml_collections import config_flags
 import numpy as np
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "configs/<experiment>.py[:variant]", lock_config=True)
-_TOPOLOGY = flags.DEFINE_string(
-    "topology", None, "TPU slice, e.g. v5e:4x4 or v4:2x2x4 (default: config.target_topology)")
-_JSON = flags.DEFINE_bool("json", False, "print one JSON object instead of the report")
-_EVALS = flags.DEFINE_bool("evals", True, "also compile the evaluators' predict functions")
+
+def _define_flags() -> dict:
+  """The CLI's flags, defined only when run as a program: a library import (tests,
+  notebooks) must not claim absl's global --config."""
+  return {
+      "config": config_flags.DEFINE_config_file(
+          "config", None, "configs/<experiment>.py[:variant]", lock_config=True),
+      "topology": flags.DEFINE_string(
+          "topology", None,
+          "TPU slice, e.g. v5e:4x4 or v4:2x2x4 (default: config.target_topology)"),
+      "json": flags.DEFINE_bool("json", False, "print one JSON object instead of the report"),
+      "evals": flags.DEFINE_bool("evals", True,
+                                 "also compile the evaluators' predict functions"),
+  }
+
+
+_FLAGS: dict = {}
 
 GIB = 2 ** 30
 
@@ -339,12 +350,15 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
   try:
-    report = analyze(_CONFIG.value, _TOPOLOGY.value, evals=_EVALS.value)
+    report = analyze(_FLAGS["config"].value, _FLAGS["topology"].value,
+                     evals=_FLAGS["evals"].value)
   except (ValueError, RuntimeError) as e:
     raise app.UsageError(str(e)) from None
-  print(json.dumps(report, indent=2, sort_keys=True) if _JSON.value else format_report(report))
+  print(json.dumps(report, indent=2, sort_keys=True) if _FLAGS["json"].value
+        else format_report(report))
 
 
 if __name__ == "__main__":
+  _FLAGS.update(_define_flags())
   flags.mark_flags_as_required(["config"])
   app.run(main)
