@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-# Files whose tests take minutes (measured with --durations on a fresh clone, session 10),
+# Files whose tests take minutes (measured with --durations on a fresh clone),
 # longest first. `make test` runs two xdist workers with --dist loadfile, which hands out
 # files in collection order; starting these first keeps one worker from running
 # test_trainer.py (~4 min, last alphabetically) alone at the end: 12 min 19 s before.

@@ -85,7 +85,7 @@ def test_paper_config_says_what_to_prepare(tmp_path):
   assert videocc_caption.get_config("finetune").train.num_steps == 1000
 
 
-@pytest.mark.slow  # default-run budget (BENCHMARKS.md, session 9); `make test-slow`
+@pytest.mark.slow  # default-run budget (BENCHMARKS.md, "Default test run"); `make test-slow`
 def test_tiny_run_trains_evaluates_and_writes_predictions(tmp_path):
   """AVR tiny run -> vocab subset -> captioner warm-started from it, with both baselines."""
   avr_config = videocc_avr.get_config("tiny")

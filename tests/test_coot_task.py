@@ -129,7 +129,7 @@ def test_collate_packs_clips_into_slots(tmp_path):
                                   batch[key])
 
 
-@pytest.mark.parametrize("config_file", [  # both behind -m slow: default-run budget (session 11)
+@pytest.mark.parametrize("config_file", [  # both behind -m slow: default-run budget
     pytest.param("configs/coot_activitynet.py", marks=pytest.mark.slow),
     pytest.param("configs/coot_youcook2.py", marks=pytest.mark.slow)])
 def test_tiny_run_trains_evaluates_and_exports(tmp_path, config_file):

@@ -286,7 +286,7 @@ def test_context_example_layout(tvc_dir, tmp_path):
   assert task.num_train_examples() == 2 * len(src)  # every (moment, description) pair
 
 
-@pytest.mark.slow  # default-run budget (BENCHMARKS.md, session 11); `make test-slow`
+@pytest.mark.slow  # default-run budget (BENCHMARKS.md, "Default test run"); `make test-slow`
 def test_tiny_mmt_run_writes_a_tvc_submission_scored_like_the_official_eval(tvc_dir, tmp_path):
   config = _tiny_config(tvc_dir, tmp_path / "w.json")
   src = builders.get_source(_dataset_config(tvc_dir), "train")

@@ -52,7 +52,7 @@ def _losses(config, workdir, steps):
   return np.array(out), state
 
 
-@pytest.mark.slow  # default-run budget (BENCHMARKS.md, session 9); `make test-slow`
+@pytest.mark.slow  # default-run budget (BENCHMARKS.md, "Default test run"); `make test-slow`
 def test_one_vs_eight_devices_same_losses(tmp_path):
   assert jax.device_count() == 8, "tests/conftest.py must configure 8 fake devices"
   l1, s1 = _losses(tiny_config(num_devices=1), tmp_path / "one", 5)

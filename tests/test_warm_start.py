@@ -67,7 +67,7 @@ def test_missing_source_run_names_the_field(tmp_path):
     warm_start.apply({"video": {}}, config)
 
 
-@pytest.mark.slow  # default-run budget (BENCHMARKS.md, session 9); `make test-slow`
+@pytest.mark.slow  # default-run budget (BENCHMARKS.md, "Default test run"); `make test-slow`
 def test_pretrained_rgb_tower_reaches_avr_and_resume_does_not_reread(tmp_path):
   """The demo's two stages: video_cls pretraining -> AVR with init_from (tiny sizes)."""
   source_dir, run_dir = tmp_path / "pretrain", tmp_path / "avr"

@@ -382,7 +382,7 @@ def test_tvr_source_errors_name_the_file_and_field(tvr_dir, tmp_path):
 # ---------------------------------------------------------------- end to end
 
 
-@pytest.mark.slow  # default-run budget (BENCHMARKS.md, session 11); `make test-slow`
+@pytest.mark.slow  # default-run budget (BENCHMARKS.md, "Default test run"); `make test-slow`
 def test_tiny_xml_run_writes_a_submission_scored_like_the_official_eval(tvr_dir, tmp_path):
   config = xml_tvr.get_config("tiny")
   config.dataset = _dataset_config(tvr_dir)
