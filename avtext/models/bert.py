@@ -41,7 +41,8 @@ class Bert(nn.Module):
     add_pooler: also return `pooled` = tanh(Dense(cls)), BERT's NSP pooler.
     return_hidden_states: also return every layer's output (COOT's text
       features are BERT's last two layers).
-    dtype: computation dtype; remat, attention: see `layers.Compute`.
+    dtype: computation dtype; remat, attention, scan_layers: see `layers.Compute`
+      (scan_layers runs the layers as one `layers.scan_layers`; same parameters).
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -60,6 +61,7 @@ class Bert(nn.Module):
   dtype: Any = jnp.float32
   remat: str = "none"
   attention: str = "xla"
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, input_ids: Array, attention_mask: Array,
@@ -100,23 +102,37 @@ class Bert(nn.Module):
              jnp.arange(length)[None]))
     x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
                      name="embeddings_norm")(x)
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
-    hidden = [x]
-    for i in range(self.num_layers):
-      x = layers.EncoderBlock(
-          num_heads=self.num_heads,
-          mlp_dim=self.mlp_dim,
-          pre_norm=False,
-          activation=self.activation,
-          layer_norm_eps=self.layer_norm_eps,
-          dropout_rate=self.dropout_rate,
-          attention_dropout_rate=self.attention_dropout_rate,
-          kernel_init=init,
-          dtype=self.dtype,
-          remat=self.remat,
-          attention_impl=self.attention,
-          name=f"encoderblock_{i}")(x, attention_mask, deterministic=not train)
-      hidden.append(x)
+    x = hidden_0 = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    block = dict(
+        num_heads=self.num_heads,
+        mlp_dim=self.mlp_dim,
+        pre_norm=False,
+        activation=self.activation,
+        layer_norm_eps=self.layer_norm_eps,
+        dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate,
+        kernel_init=init,
+        dtype=self.dtype,
+        remat=self.remat,
+        attention_impl=self.attention)
+    names = [f"encoderblock_{i}" for i in range(self.num_layers)]
+    if self.scan_layers and not self.is_initializing():
+      layer = layers.EncoderBlock(**block, parent=None)
+
+      def step(h, params, rng):
+        return layer.apply({"params": params}, h, attention_mask, deterministic=not train,
+                           rngs=None if rng is None else {"dropout": rng})
+
+      x, stacked = layers.scan_layers(
+          self.variables["params"], names, step, x, collect=True,
+          rng=layers.dropout_rng(self, not train, self.dropout_rate,
+                                 self.attention_dropout_rate))
+      hidden = [hidden_0] + [stacked[i] for i in range(self.num_layers)]
+    else:
+      hidden = [x]
+      for name in names:
+        x = layers.EncoderBlock(**block, name=name)(x, attention_mask, deterministic=not train)
+        hidden.append(x)
     outputs = {"sequence": x, "cls": x[:, 0]}
     if self.return_hidden_states:
       outputs["hidden_states"] = tuple(hidden)
@@ -149,4 +165,5 @@ def bert_from_config(cfg) -> Bert:
                   max_position_embeddings=cfg.max_position_embeddings)
   kwargs["dropout_rate"] = kwargs["attention_dropout_rate"] = cfg.dropout_rate
   compute = registry.compute_from_config(cfg)
-  return Bert(**kwargs, dtype=compute.dtype, remat=compute.remat, attention=compute.attention)
+  return Bert(**kwargs, dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
+              scan_layers=compute.scan_layers)

@@ -58,7 +58,9 @@ class GPT2(nn.Module):
     dropout_rate: embedding and residual dropout [embd_pdrop, resid_pdrop].
     attention_dropout_rate: [attn_pdrop].
     dropout_masks: "jax" or "hash" (layers.dropout).
-    dtype: computation dtype; remat, attention: see `layers.Compute`.
+    dtype: computation dtype; remat, attention, scan_layers: see `layers.Compute`
+      (scan_layers runs the layers as one `layers.scan_layers` in full-sequence
+      calls; decoding with the cache runs them one by one; same parameters).
   """
   vocab_size: int = 50257
   max_positions: int = 1024
@@ -73,27 +75,30 @@ class GPT2(nn.Module):
   dtype: Any = jnp.float32
   remat: str = "none"
   attention: str = "xla"
+  scan_layers: bool = False
 
   def setup(self):
     init = nn.initializers.normal(0.02)
     self.wte = nn.Embed(self.vocab_size, self.hidden_size, embedding_init=init, name="wte")
     self.wpe = nn.Embed(self.max_positions, self.hidden_size, embedding_init=init,
                         name="wpe")
-    self.blocks = [
-        layers.EncoderBlock(
-            num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=True,
-            activation="gelu_tanh", layer_norm_eps=self.layer_norm_eps,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            dropout_masks=self.dropout_masks, kernel_init=init, dtype=self.dtype,
-            remat=self.remat, attention_impl=self.attention,
-            name=f"h_{i}") for i in range(self.num_layers)]
+    self.blocks = [layers.EncoderBlock(**self._block_kwargs(), name=f"h_{i}")
+                   for i in range(self.num_layers)]
     self.ln_f = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="ln_f")
     if self.dropout_masks not in layers.DROPOUT_MASKS:
       raise ValueError(f"dropout_masks must be one of {layers.DROPOUT_MASKS}, got "
                        f"{self.dropout_masks!r}")
     self.embedding_dropout = (layers.HashDropout(self.dropout_rate)
                               if self.dropout_masks == "hash" else nn.Dropout(self.dropout_rate))
+
+  def _block_kwargs(self) -> dict[str, Any]:
+    return dict(
+        num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=True,
+        activation="gelu_tanh", layer_norm_eps=self.layer_norm_eps,
+        dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate,
+        dropout_masks=self.dropout_masks, kernel_init=nn.initializers.normal(0.02),
+        dtype=self.dtype, remat=self.remat, attention_impl=self.attention)
 
   def __call__(self, input_ids: Array, *, positions: Array | None = None,
                prefix: Array | None = None, mask: Array | None = None,
@@ -136,8 +141,21 @@ class GPT2(nn.Module):
                          "layers.make_causal_mask(cache length)")
       mask = layers.make_causal_mask(x.shape[1])
     x = self.embedding_dropout(x, deterministic=not train)
-    for block in self.blocks:
-      x = block(x, padding_mask, mask=mask, deterministic=not train, decode=decode)
+    if self.scan_layers and not decode and not self.is_initializing():
+      block = layers.EncoderBlock(**self._block_kwargs(), parent=None)
+
+      def step(h, params, rng):
+        return block.apply({"params": params}, h, padding_mask, mask=mask,
+                           deterministic=not train,
+                           rngs=None if rng is None else {"dropout": rng})
+
+      x = layers.scan_layers(
+          self.variables["params"], [f"h_{i}" for i in range(self.num_layers)], step, x,
+          rng=layers.dropout_rng(self, not train, self.dropout_rate,
+                                 self.attention_dropout_rate))
+    else:
+      for block in self.blocks:
+        x = block(x, padding_mask, mask=mask, deterministic=not train, decode=decode)
     x = self.ln_f(x[:, num_prefix:])
     # The tied projection (`wte.attend`) in the compute dtype; float32 logits for the softmax.
     embedding = self.wte.embedding.astype(self.dtype)
@@ -240,7 +258,8 @@ def gpt2_from_config(cfg) -> GPT2:
 
 def _compute_kwargs(cfg) -> dict:
   compute = registry.compute_from_config(cfg)
-  return dict(dtype=compute.dtype, remat=compute.remat, attention=compute.attention)
+  return dict(dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
+              scan_layers=compute.scan_layers)
 
 
 registry.register_model("gpt2")(gpt2_from_config)

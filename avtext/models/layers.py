@@ -62,11 +62,14 @@ run in float32. `remat` rematerializes each `EncoderBlock` in the backward pass
 "dots_with_no_batch_dims_saveable", which keeps the matmul outputs and
 recomputes the rest). `attention` picks the implementation of the attention
 core, all computing the same function (`ATTENTION_IMPLEMENTATIONS`).
+`scan_layers` runs a stack of identical layers as one `jax.lax.scan`
+(`scan_layers`), so the compiled program holds one layer instead of N: compile
+time and program size stop growing with depth.
 """
 import dataclasses
 import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -122,6 +125,7 @@ class Compute:
   dtype: Any = jnp.float32
   remat: str = "none"
   attention: str = "xla"
+  scan_layers: bool = False
 
   def __post_init__(self):
     remat_policy(self.remat)
@@ -144,6 +148,60 @@ def remat(fn: Callable, name: str, static_argnums: tuple[int, ...] = ()) -> Call
   if policy is None:
     return fn
   return nn.remat(fn, policy=policy, static_argnums=static_argnums)
+
+def scan_layers(params: Any, names: Sequence[str], step: Callable, carry: Any, *,
+                rng: Array | None = None, collect: bool = False) -> Any:
+  """`carry = step(carry, params[name], rng_i)` for each layer name, as one `lax.scan`.
+
+  The layers keep their own parameters under their own names (`encoderblock_<i>`):
+  checkpoints, weight importers and the unscanned path see the same tree, and a run
+  may switch `config.model.scan_layers` on or off between restarts. The parameters
+  are stacked here, inside the step, into [N, ...] arrays the scan slices; the
+  gradient flows back through the stack to each layer's own arrays. `step` applies
+  a detached module (`module.apply({"params": p}, ...)`, built with parent=None),
+  never a bound one, since it runs inside a jax transformation.
+
+  Args:
+    params: the enclosing module's parameters (`self.variables["params"]`).
+    names: the layers, in order; their parameter trees must have equal structure,
+      shapes and dtypes.
+    step: (carry, layer_params, rng or None) -> carry.
+    carry: the first layer's input (any pytree).
+    rng: split into one key per layer (dropout); None for deterministic calls.
+    collect: also return every layer's output carry, stacked on a new leading axis.
+
+  Returns:
+    The last layer's output, or (output, stacked outputs) with collect=True.
+  """
+  if not names:
+    return (carry, None) if collect else carry
+  trees = [params[n] for n in names]
+  structure = jax.tree.structure(trees[0])
+  for name, tree in zip(names, trees):
+    if (jax.tree.structure(tree) != structure or
+        [jnp.shape(a) for a in jax.tree.leaves(tree)] !=
+        [jnp.shape(a) for a in jax.tree.leaves(trees[0])]):
+      raise ValueError(f"scan_layers: the parameters of {name!r} differ in structure or "
+                       f"shape from those of {names[0]!r}; only identical layers scan")
+  stacked = jax.tree.map(lambda *a: jnp.stack(a), *trees)
+  keys = None if rng is None else jax.random.split(rng, len(names))
+
+  def body(c, xs):
+    layer_params, key = xs
+    c = step(c, layer_params, key)
+    return c, (c if collect else None)
+
+  carry, outputs = jax.lax.scan(body, carry, (stacked, keys))
+  return (carry, outputs) if collect else carry
+
+
+def dropout_rng(module: nn.Module, deterministic: bool, *rates: float) -> Array | None:
+  """The "dropout" key a scanned stack needs (`scan_layers`), or None when no layer
+  drops anything (deterministic, or every rate 0)."""
+  if deterministic or not any(rates):
+    return None
+  return module.make_rng("dropout")
+
 
 # BERT's `gelu` is the exact erf form; ViT (big_vision, scenic) and GPT-2
 # (`gelu_new`) use the tanh approximation. The difference (~1e-3) matters when

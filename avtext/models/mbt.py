@@ -40,6 +40,18 @@ def _check_divisible(name: str, shape: Sequence[int],
         f"size {tuple(patch)}; crop or pad the input or change the patch size")
 
 
+def _block_kwargs(module: nn.Module, index: int) -> dict[str, Any]:
+  """`EncoderBlock` arguments of layer `index` of a tower (`module`: MBT or its tower)."""
+  # Stochastic depth grows linearly with depth, 0 at the first layer (MBT).
+  return dict(
+      num_heads=module.num_heads, mlp_dim=module.mlp_dim, pre_norm=True,
+      activation=module.activation, layer_norm_eps=module.layer_norm_eps,
+      dropout_rate=module.dropout_rate,
+      attention_dropout_rate=module.attention_dropout_rate,
+      stochastic_depth=module.stochastic_depth * index / max(module.num_layers - 1, 1),
+      dtype=module.dtype, remat=module.remat, attention_impl=module.attention)
+
+
 class ModalityTower(nn.Module):
   """One modality's ViT: tokenizer, [CLS], positions, layers, final norm.
 
@@ -73,20 +85,8 @@ class ModalityTower(nn.Module):
                           (1, 1, self.hidden_size), jnp.float32)
     self.posembed = layers.AddPositionEmbedding()
     # Stochastic depth grows linearly with depth, 0 at the first layer (MBT).
-    self.encoderblock = [
-        layers.EncoderBlock(
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            pre_norm=True,
-            activation=self.activation,
-            layer_norm_eps=self.layer_norm_eps,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            stochastic_depth=(
-                self.stochastic_depth * i / max(self.num_layers - 1, 1)),
-            dtype=self.dtype, remat=self.remat, attention_impl=self.attention)
-        for i in range(self.num_layers)
-    ]
+    self.encoderblock = [layers.EncoderBlock(**_block_kwargs(self, i))
+                         for i in range(self.num_layers)]
     self.encoder_norm = nn.LayerNorm(epsilon=self.layer_norm_eps,
                                      dtype=self.dtype)
 
@@ -132,7 +132,10 @@ class MBT(nn.Module):
     activation, layer_norm_eps: ViT's tanh-GELU and 1e-6.
     dropout_rate, attention_dropout_rate, stochastic_depth: regularization
       (stochastic depth is the maximum, reached at the last layer).
-    dtype: computation dtype; remat, attention: see `layers.Compute`.
+    dtype: computation dtype; remat, attention, scan_layers: see `layers.Compute`
+      (scan_layers runs the unimodal layers of each tower as one `layers.scan_layers`
+      and the fusion layers as another; same parameters; training with
+      stochastic_depth > 0 needs the unscanned layers, whose rates differ).
     patch_embed: "conv" (nn.Conv) or "matmul" (`layers.PatchMatmul`: the same
       parameters and function as one matmul).
   """
@@ -154,6 +157,7 @@ class MBT(nn.Module):
   remat: str = "none"
   attention: str = "xla"
   patch_embed: str = "conv"
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, inputs: dict[str, Array], *,
@@ -220,20 +224,17 @@ class MBT(nn.Module):
           (batch, self.n_bottlenecks, self.hidden_size))
 
     deterministic = not train
-    for i in range(self.num_layers):
-      if not fuses or i < self.fusion_layer:
-        x = {m: towers[m].layer(i, x[m], deterministic) for m in modalities}
-        continue
-      # MBT eq. 8: each modality updates its tokens and its own copy of the
-      # bottleneck; eq. 9: the copies are averaged.
-      updated = []
-      for m in modalities:
-        n = x[m].shape[1]
-        y = towers[m].layer(i, jnp.concatenate([x[m], bottleneck], axis=1),
-                            deterministic)
-        x[m] = y[:, :n]
-        updated.append(y[:, n:])
-      bottleneck = jnp.mean(jnp.stack(updated), axis=0)
+    first_fusion = self.fusion_layer if fuses else self.num_layers
+    if self.scan_layers and not self.is_initializing():
+      x, bottleneck = self._scanned_layers(x, bottleneck, modalities, first_fusion,
+                                           deterministic)
+    else:
+      for i in range(self.num_layers):
+        if i < first_fusion:
+          x = {m: towers[m].layer(i, x[m], deterministic) for m in modalities}
+        else:
+          x, bottleneck = _fuse(
+              x, bottleneck, lambda m, y: towers[m].layer(i, y, deterministic))
 
     tokens = {m: towers[m].final(x[m]) for m in modalities}
     cls = {m: tokens[m][:, 0] for m in modalities}
@@ -245,6 +246,53 @@ class MBT(nn.Module):
     if fuses:
       outputs["bottleneck"] = bottleneck
     return outputs
+
+
+  def _scanned_layers(self, x, bottleneck, modalities, first_fusion, deterministic):
+    """The layers as `layers.scan_layers`: each tower's unimodal layers, then the
+    fusion layers (both towers and the bottleneck in one carry)."""
+    if not deterministic and self.stochastic_depth > 0:
+      raise ValueError(
+          "config.model.video.scan_layers needs stochastic_depth = 0 in training: MBT's "
+          "rate grows with depth, so its layers are not identical; unset scan_layers")
+    params = self.variables["params"]
+    block = layers.EncoderBlock(**_block_kwargs(self, 0), parent=None)
+    rng = layers.dropout_rng(self, deterministic, self.dropout_rate,
+                             self.attention_dropout_rate)
+
+    def apply(layer_params, y, key):
+      return block.apply({"params": layer_params}, y, deterministic=deterministic,
+                         rngs=None if key is None else {"dropout": key})
+
+    def key_of(key, n):
+      return None if key is None else jax.random.fold_in(key, n)
+
+    for n, m in enumerate(modalities):
+      x[m] = layers.scan_layers(
+          params[m], [f"encoderblock_{i}" for i in range(first_fusion)],
+          lambda y, p, key: apply(p, y, key), x[m], rng=key_of(rng, n))
+    if first_fusion < self.num_layers:
+      fusion = {f"layer_{i}": {m: params[m][f"encoderblock_{i}"] for m in modalities}
+                for i in range(first_fusion, self.num_layers)}
+
+      def step(carry, p, key):
+        return _fuse(*carry, lambda m, y: apply(p[m], y, key_of(key, modalities.index(m))))
+
+      x, bottleneck = layers.scan_layers(fusion, list(fusion), step, (x, bottleneck),
+                                         rng=key_of(rng, len(modalities)))
+    return x, bottleneck
+
+
+def _fuse(x: dict[str, Array], bottleneck: Array, layer) -> tuple[dict[str, Array], Array]:
+  """One fusion layer: `layer(m, [tokens ; bottleneck])` per modality m (MBT eq. 8),
+  then the modalities' bottleneck copies averaged (eq. 9)."""
+  x, updated = dict(x), []
+  for m in x:
+    n = x[m].shape[1]
+    y = layer(m, jnp.concatenate([x[m], bottleneck], axis=1))
+    x[m] = y[:, :n]
+    updated.append(y[:, n:])
+  return x, jnp.mean(jnp.stack(updated), axis=0)
 
 
 @registry.register_model("mbt")
@@ -262,4 +310,5 @@ def mbt_from_config(cfg) -> MBT:
 
 def _compute_kwargs(cfg) -> dict:
   compute = registry.compute_from_config(cfg)
-  return dict(dtype=compute.dtype, remat=compute.remat, attention=compute.attention)
+  return dict(dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
+              scan_layers=compute.scan_layers)

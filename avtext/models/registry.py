@@ -16,7 +16,7 @@ imported on first lookup (the list in `_MODELS`), so `config.model.name` alone s
 model. Adding a model: write the module, decorate a factory, add its module to
 the list in `_MODELS`.
 
-Precision and memory (`config.model.dtype`, `.remat`, `.attention`; see
+Precision and memory (`config.model.dtype`, `.remat`, `.attention`, `.scan_layers`; see
 `avtext.models.layers.Compute`) are read by `compute_from_config`. A sub-node
 inherits the fields it does not set from the node that builds it
 (`build_model(cfg.video, parent=cfg)`), so one `config.model.dtype` sets every tower.
@@ -39,7 +39,7 @@ register_model = _MODELS.register
 registered = _MODELS.names
 
 
-COMPUTE_FIELDS = ("dtype", "remat", "attention")
+COMPUTE_FIELDS = ("dtype", "remat", "attention", "scan_layers")
 
 
 def build_model(cfg: ml_collections.ConfigDict, *, where: str = "config.model",
@@ -59,10 +59,11 @@ def build_model(cfg: ml_collections.ConfigDict, *, where: str = "config.model",
 
 
 def compute_from_config(cfg: ml_collections.ConfigDict) -> layers.Compute:
-  """`layers.Compute` from a model node's dtype / remat / attention (defaults: today's
-  float32, no remat, "xla" attention)."""
+  """`layers.Compute` from a model node's dtype / remat / attention / scan_layers
+  (defaults: today's float32, no remat, "xla" attention, unscanned layers)."""
   dtype = cfg.get("dtype") or "float32"
   if dtype not in layers.DTYPES:
     raise ValueError(f"config.model.dtype={dtype!r}: expected one of {sorted(layers.DTYPES)}")
   return layers.Compute(dtype=layers.DTYPES[dtype], remat=cfg.get("remat") or "none",
-                        attention=cfg.get("attention") or "xla")
+                        attention=cfg.get("attention") or "xla",
+                        scan_layers=bool(cfg.get("scan_layers") or False))
