@@ -14,7 +14,8 @@ each with half the chip's HBM and FLOP/s)
 
   HBM needed      arguments + outputs + temporaries - aliased (donated) buffers, from
                   the compiled program's memory analysis, against the chip's HBM
-  FLOPs           the compiled program's cost analysis (rematerialized work included)
+  FLOPs           the compiled program's cost analysis (rematerialized work included);
+                  with scan_layers scaled by `loop_factors` (XLA counts a loop body once)
   bytes accessed  likewise; / the chip's HBM bandwidth = the memory-bandwidth bound
   step bound      max(FLOPs / bf16 peak, bytes / bandwidth): no step can be faster
   MFU at bound    model FLOPs (the same step lowered without remat, before the
@@ -154,17 +155,50 @@ def _sharded(batch: dict, sharding) -> dict:
           for k, s in batch.items()}
 
 
-def _without_remat(config):
-  """The config with remat off and the materialized attention: its un-optimized program
-  counts the model's FLOPs once (no recomputation)."""
+def _variant(config, *, remat: bool, scan: bool):
+  """The config for a CPU lowering: the materialized attention (the TPU kernel lowers only
+  for TPUs; same FLOPs), remat kept or off, layers scanned as configured or unrolled."""
   plain = config.copy_and_resolve_references()
   with plain.unlocked():
     for node in _model_nodes(plain.model):
-      if "remat" in node:
+      if "remat" in node and not remat:
         node.remat = "none"
       if "attention" in node:
         node.attention = "xla"
+      if "scan_layers" in node and not scan:
+        node.scan_layers = False
   return plain
+
+
+def _without_remat(config):
+  """The config with remat off, unrolled layers and the materialized attention: its
+  un-optimized program counts the model's FLOPs once (no recomputation)."""
+  return _variant(config, remat=False, scan=False)
+
+
+def scans_layers(config) -> bool:
+  return any(node.get("scan_layers") for node in _model_nodes(config.model))
+
+
+def loop_factors(config) -> tuple[float, float]:
+  """(FLOPs, bytes accessed) of the unrolled step / those of the scanned step.
+
+  XLA's cost analysis counts a while loop's body once, whatever its trip count, so a
+  program with `scan_layers` reports about one layer per stack. Both steps are lowered
+  on one CPU device (tracing only) and their un-optimized HLO costed; the compiled
+  program's figures are scaled by these ratios. FLOPs scale exactly up to the attention
+  kernel; bytes are a ratio of un-fused costs, an estimate (tests/test_aot.py compares
+  it with the unrolled compile)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if not scans_layers(config):
+    return 1.0, 1.0
+  costs = []
+  for scan in (False, True):
+    lowered = _train_step(_variant(config, remat=True, scan=scan), jax.devices("cpu")[:1])[3]
+    costs.append(_cost(lowered.cost_analysis()))
+  (unrolled, scanned) = costs
+  return tuple(float(unrolled.get(k, 0.0)) / max(float(scanned.get(k, 0.0)), 1.0)
+               for k in ("flops", "bytes accessed"))
 
 
 def _model_nodes(node):
@@ -262,8 +296,9 @@ def analyze(config, topology: str | None = None, *, evals: bool = True) -> dict[
   compile_s = time.perf_counter() - t0
   mem = _memory(compiled)
   cost = _cost(compiled.cost_analysis())
-  flops = float(cost.get("flops", 0.0))
-  bytes_accessed = float(cost.get("bytes accessed", 0.0))
+  flops_factor, bytes_factor = loop_factors(config)
+  flops = float(cost.get("flops", 0.0)) * flops_factor
+  bytes_accessed = float(cost.get("bytes accessed", 0.0)) * bytes_factor
   chips = run.mesh.size
   model_flops = model_flops_per_step(config) / chips
   compute_s = flops / chip.bf16_flops
@@ -277,6 +312,8 @@ def analyze(config, topology: str | None = None, *, evals: bool = True) -> dict[
       "microbatches": int(config.train.get("microbatches") or 1),
       "dtype": config.model.get("dtype") or "float32",
       "remat": config.model.get("remat") or "none",
+      "scan_layers": scans_layers(config),
+      "loop_factors": {"flops": flops_factor, "bytes": bytes_factor},
       "fsdp": bool((config.get("partitioning") or {}).get("fsdp", False)),
       "hbm_needed_gib": needed / GIB, "hbm_per_chip_gib": chip.hbm_gib,
       "headroom": 1.0 - needed / GIB / chip.hbm_gib,
@@ -321,14 +358,17 @@ def format_report(r: dict) -> str:
   lines = [
       f"{r['topology']} ({r['chips']} x {r['chip']}, mesh {r['mesh']}), global batch "
       f"{r['global_batch']} in {r['microbatches']} micro-batch(es), {r['dtype']} compute, "
-      f"remat {r['remat']}, FSDP {'on' if r['fsdp'] else 'off'}",
+      f"remat {r['remat']}, FSDP {'on' if r['fsdp'] else 'off'}"
+      f"{', layers scanned' if r.get('scan_layers') else ''}",
       f"  HBM per chip     {r['hbm_needed_gib']:.2f} GiB needed of {r['hbm_per_chip_gib']} GiB "
       f"({100 * r['headroom']:.0f} % headroom): args {r['memory_gib']['argument']:.2f}, "
       f"outputs {r['memory_gib']['output']:.2f}, temporaries {r['memory_gib']['temp']:.2f}, "
       f"aliased {r['memory_gib']['alias']:.2f}",
       f"  FLOPs per chip   {r['flops_per_chip'] / 1e9:.4g} GFLOP per step "
       f"(model {r['model_flops_per_chip'] / 1e9:.4g} without remat)",
-      f"  bytes per chip   {r['bytes_per_chip'] / 1e9:.4g} GB per step",
+      f"  bytes per chip   {r['bytes_per_chip'] / 1e9:.4g} GB per step"
+      + (f" (loop factors: FLOPs x{r['loop_factors']['flops']:.3g}, bytes "
+         f"x{r['loop_factors']['bytes']:.3g})" if r.get("scan_layers") else ""),
       f"  step bound       {1e3 * r['step_time_lower_bound_s']:.4g} ms = max(compute "
       f"{1e3 * r['compute_bound_s']:.4g} ms, HBM bandwidth {1e3 * r['memory_bound_s']:.4g} ms);"
       f" MFU at the bound {100 * r['mfu_at_bound']:.0f} %",

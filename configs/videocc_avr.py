@@ -194,14 +194,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def paper_scale(config: ml_collections.ConfigDict, topology: str | None, *,
                 dtype: str = "bfloat16", remat: str = "none", attention: str = "xla",
-                fsdp: bool = False) -> None:
+                fsdp: bool = False, scan_layers: bool = False) -> None:
   """The accelerator fields every config has (README "Paper scale"): the TPU slice the
   paper setup is sized for (`python -m avtext.aot` proves the fit), compute dtype,
-  remat, attention and FSDP. Synthetic variants call it with topology None and the
+  remat, attention, scanned layers and FSDP. Synthetic variants call it with topology None and the
   float32 defaults, so their numbers stay as they were."""
   # A placeholder, not None, so --config.target_topology=v5e:2x2 can still set it.
   config.target_topology = topology or ml_collections.config_dict.placeholder(str)
   config.model.dtype, config.model.remat, config.model.attention = dtype, remat, attention
+  config.model.scan_layers = scan_layers
   config.partitioning = ml_collections.ConfigDict(dict(
       rules=(), fsdp=fsdp, fsdp_min_size=2 ** 16))
   config.train.microbatches = config.train.get("microbatches") or 1
