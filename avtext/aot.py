@@ -14,9 +14,13 @@ each with half the chip's HBM and FLOP/s)
 
   HBM needed      arguments + outputs + temporaries - aliased (donated) buffers, from
                   the compiled program's memory analysis, against the chip's HBM
-  FLOPs           the compiled program's cost analysis (rematerialized work included);
-                  with scan_layers scaled by `loop_factors` (XLA counts a loop body once)
-  bytes accessed  likewise; / the chip's HBM bandwidth = the memory-bandwidth bound
+  FLOPs           the step's HLO cost analysis, rematerialized work included, from the
+                  unrolled step lowered on a CPU device (`lowered_costs`: the compiled
+                  program's own count sees no FLOPs inside Pallas kernels and counts a
+                  scanned loop's body once); the compiled count is in the JSON too
+  bytes accessed  the compiled program's cost analysis (with scan_layers scaled by the
+                  loops' trip counts, `lowered_costs`); / the chip's HBM bandwidth =
+                  the memory-bandwidth bound
   step bound      max(FLOPs / bf16 peak, bytes / bandwidth): no step can be faster
   MFU at bound    model FLOPs (the same step lowered without remat, before the
                   compiler) / (step bound x peak): the best utilization this program
@@ -180,25 +184,27 @@ def scans_layers(config) -> bool:
   return any(node.get("scan_layers") for node in _model_nodes(config.model))
 
 
-def loop_factors(config) -> tuple[float, float]:
-  """(FLOPs, bytes accessed) of the unrolled step / those of the scanned step.
+def lowered_costs(config) -> dict[str, dict[str, float]]:
+  """HLO cost analyses of the config's train step lowered on one CPU device (tracing
+  only, no compilation), remat as configured, the materialized attention:
+  {"unrolled": ..., "scanned": ... (only with scan_layers)}, each {"flops", "bytes"}.
 
-  XLA's cost analysis counts a while loop's body once, whatever its trip count, so a
-  program with `scan_layers` reports about one layer per stack. Both steps are lowered
-  on one CPU device (tracing only) and their un-optimized HLO costed; the compiled
-  program's figures are scaled by these ratios. FLOPs scale exactly up to the attention
-  kernel; bytes are a ratio of un-fused costs, an estimate (tests/test_aot.py compares
-  it with the unrolled compile)."""
+  The compiled TPU program's own count misses two things: XLA counts a while loop's
+  body once, whatever its trip count (`scan_layers`), and sees no FLOPs inside a Pallas
+  kernel (`flash_tpu`). The unrolled lowering has neither problem, so it gives the
+  step's FLOPs (remat's recomputation included); the ratio unrolled / scanned scales
+  the compiled program's bytes accessed (an estimate: a ratio of un-fused costs,
+  compared with the unrolled compile in tests/test_aot.py)."""
   import jax  # pylint: disable=g-import-not-at-top
-  if not scans_layers(config):
-    return 1.0, 1.0
-  costs = []
-  for scan in (False, True):
+  costs = {}
+  for name, scan in (("unrolled", False), ("scanned", True)):
+    if scan and not scans_layers(config):
+      continue
     lowered = _train_step(_variant(config, remat=True, scan=scan), jax.devices("cpu")[:1])[3]
-    costs.append(_cost(lowered.cost_analysis()))
-  (unrolled, scanned) = costs
-  return tuple(float(unrolled.get(k, 0.0)) / max(float(scanned.get(k, 0.0)), 1.0)
-               for k in ("flops", "bytes accessed"))
+    cost = _cost(lowered.cost_analysis())
+    costs[name] = {"flops": float(cost.get("flops", 0.0)),
+                   "bytes": float(cost.get("bytes accessed", 0.0))}
+  return costs
 
 
 def _model_nodes(node):
@@ -296,10 +302,12 @@ def analyze(config, topology: str | None = None, *, evals: bool = True) -> dict[
   compile_s = time.perf_counter() - t0
   mem = _memory(compiled)
   cost = _cost(compiled.cost_analysis())
-  flops_factor, bytes_factor = loop_factors(config)
-  flops = float(cost.get("flops", 0.0)) * flops_factor
-  bytes_accessed = float(cost.get("bytes accessed", 0.0)) * bytes_factor
   chips = run.mesh.size
+  lowered_cost = lowered_costs(config)
+  flops = lowered_cost["unrolled"]["flops"] / chips
+  bytes_factor = (lowered_cost["unrolled"]["bytes"] / max(lowered_cost["scanned"]["bytes"], 1.0)
+                  if "scanned" in lowered_cost else 1.0)
+  bytes_accessed = float(cost.get("bytes accessed", 0.0)) * bytes_factor
   model_flops = model_flops_per_step(config) / chips
   compute_s = flops / chip.bf16_flops
   memory_s = bytes_accessed / chip.hbm_bytes_per_s
@@ -313,13 +321,14 @@ def analyze(config, topology: str | None = None, *, evals: bool = True) -> dict[
       "dtype": config.model.get("dtype") or "float32",
       "remat": config.model.get("remat") or "none",
       "scan_layers": scans_layers(config),
-      "loop_factors": {"flops": flops_factor, "bytes": bytes_factor},
+      "bytes_loop_factor": bytes_factor,
       "fsdp": bool((config.get("partitioning") or {}).get("fsdp", False)),
       "hbm_needed_gib": needed / GIB, "hbm_per_chip_gib": chip.hbm_gib,
       "headroom": 1.0 - needed / GIB / chip.hbm_gib,
       "fits": needed / GIB <= chip.hbm_gib,
       "memory_gib": {k: v / GIB for k, v in mem.items()},
       "flops_per_chip": flops, "model_flops_per_chip": model_flops,
+      "compiled_flops_per_chip": float(cost.get("flops", 0.0)),
       "bytes_per_chip": bytes_accessed,
       "compute_bound_s": compute_s, "memory_bound_s": memory_s,
       "step_time_lower_bound_s": bound,
@@ -367,8 +376,8 @@ def format_report(r: dict) -> str:
       f"  FLOPs per chip   {r['flops_per_chip'] / 1e9:.4g} GFLOP per step "
       f"(model {r['model_flops_per_chip'] / 1e9:.4g} without remat)",
       f"  bytes per chip   {r['bytes_per_chip'] / 1e9:.4g} GB per step"
-      + (f" (loop factors: FLOPs x{r['loop_factors']['flops']:.3g}, bytes "
-         f"x{r['loop_factors']['bytes']:.3g})" if r.get("scan_layers") else ""),
+      + (f" (the scanned program's x{r['bytes_loop_factor']:.3g}, `lowered_costs`)"
+         if r.get("scan_layers") else ""),
       f"  step bound       {1e3 * r['step_time_lower_bound_s']:.4g} ms = max(compute "
       f"{1e3 * r['compute_bound_s']:.4g} ms, HBM bandwidth {1e3 * r['memory_bound_s']:.4g} ms);"
       f" MFU at the bound {100 * r['mfu_at_bound']:.0f} %",

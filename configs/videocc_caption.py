@@ -102,8 +102,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.evals.msrvtt.every_steps = 250
 
   # MBT + GPT-2 at batch 512 (BENCHMARKS.md "Paper configs on TPU"): bf16, each block
-  # rematerialized, the flash kernel, params and optimizer state sharded (FSDP).
-  videocc_avr.paper_scale(config, "v5e:8x8", remat="full", attention="flash_tpu", fsdp=True)
+  # rematerialized, the flash kernel, params and optimizer state sharded (FSDP), layers
+  # scanned.
+  videocc_avr.paper_scale(config, "v5e:8x8", remat="full", attention="flash_tpu", fsdp=True,
+                          scan_layers=True)
   if synthetic:
     _synthetic(config, tiny="tiny" in variants)
   if "mined" in variants:  # train on the mined pairs, test on the world's test split

@@ -84,11 +84,14 @@ def test_unknown_topology_and_missing_topology_are_clear_errors():
 
 
 def test_scanned_layers_cost_like_the_unrolled_program():
-  """XLA's cost analysis counts a loop body once; `aot.loop_factors` scales the scanned
-  program's figures back. Against the unrolled program compiled for the same slice (the
-  independent figure): FLOPs within 5 %; bytes, an estimate from un-fused costs, within
-  +-50 % (measured +37 %: conservative, the bound it gives is slower). The scanned
-  program needs no more memory than the unrolled one."""
+  """XLA's cost analysis counts a loop body once (and sees no FLOPs inside a Pallas
+  kernel), so the report takes FLOPs from the unrolled step's lowering
+  (`aot.lowered_costs`) and scales the scanned program's bytes by the loops' trip counts.
+  Against the unrolled program compiled for the same slice (the independent figure):
+  the lowered FLOPs within 15 % of its compiled count (measured 9 % below: the TPU
+  compiler's count includes its own rewrites); the scanned program's bytes, an
+  estimate, within +-50 % (measured +37 %: conservative, its bound is slower). The
+  scanned program needs no more memory than the unrolled one."""
   reports = {}
   for scan in (False, True):
     config = videocc_avr.get_config("tiny")
@@ -97,9 +100,12 @@ def test_scanned_layers_cost_like_the_unrolled_program():
     config.model.video.num_layers, config.model.video.fusion_layer = 4, 2
     reports[scan] = aot.analyze(config, "v5e:2x2", evals=False)
   unrolled, scanned = reports[False], reports[True]
-  assert unrolled["loop_factors"] == {"flops": 1.0, "bytes": 1.0}
-  assert scanned["scan_layers"] and scanned["loop_factors"]["flops"] > 1.5
-  assert abs(scanned["flops_per_chip"] / unrolled["flops_per_chip"] - 1) < 0.05
+  assert unrolled["bytes_loop_factor"] == 1.0 and not unrolled["scan_layers"]
+  assert abs(unrolled["flops_per_chip"] / unrolled["compiled_flops_per_chip"] - 1) < 0.15
+  # The scanned program's own count holds about one layer per stack.
+  assert scanned["compiled_flops_per_chip"] < 0.7 * unrolled["compiled_flops_per_chip"]
+  assert scanned["scan_layers"] and scanned["bytes_loop_factor"] > 1.5
+  assert scanned["flops_per_chip"] == unrolled["flops_per_chip"]
   assert 0.5 < scanned["bytes_per_chip"] / unrolled["bytes_per_chip"] < 1.5
   assert scanned["model_flops_per_chip"] == unrolled["model_flops_per_chip"]
   assert scanned["hbm_needed_gib"] <= unrolled["hbm_needed_gib"] * 1.05
