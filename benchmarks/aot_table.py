@@ -5,7 +5,7 @@ r"""Every paper config compiled for its target TPU topology: the BENCHMARKS tabl
 Runs `python -m avtext.aot --config=configs/<name>.py --json` (the paper setup, on
 `config.target_topology`) for each config in its own process, then prints one markdown
 row per config: topology, HBM needed / per chip (headroom), GFLOPs per step per chip
-(compiled, and the model's own without remat), the step-time lower bound (compute or
+(with remat, and the model's own without), the step-time lower bound (compute or
 HBM bandwidth, whichever is larger), the MFU that bound implies, and compile seconds.
 Rows already in --out (same config) are reused, so an interrupted run resumes.
 """
@@ -70,7 +70,7 @@ def row(r: dict) -> str:
           f"{100 * r['mfu_at_bound']:.0f} % | {r['global_batch']} | {r['compile_s']:.0f} s |")
 
 
-HEADER = ("| config | topology | HBM needed / per chip (headroom) | GFLOPs/step/chip compiled "
+HEADER = ("| config | topology | HBM needed / per chip (headroom) | GFLOPs/step/chip with remat "
           "(model) | step lower bound (by) | MFU at bound | global batch | compile |\n"
           "|---|---|---|---|---|---|---|---|")
 
