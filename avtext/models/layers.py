@@ -90,10 +90,11 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 #   kernel on NVIDIA GPUs (bfloat16/float16 only).
 # "flash_tpu": the Pallas flash-attention kernel for TPUs
 #   (jax.experimental.pallas.ops.tpu.flash_attention): logits never leave on-chip memory.
-#   Masks must be key-padding masks ([B, 1, 1, L_kv]) or none; others use "xla".
-# The fused kernels have no attention dropout: calls that drop attention probabilities
-# (training with attention_dropout_rate > 0) use "xla". Both pad the sequences to a
-# multiple of `FUSED_PAD` and mask the padded keys.
+#   Masks must be key-padding masks ([B, 1, 1, L_kv]) or none.
+# The fused kernels have no attention dropout and the TPU one takes no per-query masks
+# (causal, prefix-LM; cuDNN takes any mask): those calls use "blocked", the same
+# function in bounded memory.
+# Both pad the sequences to a multiple of `FUSED_PAD` and mask the padded keys.
 ATTENTION_IMPLEMENTATIONS = ("xla", "blocked", "cudnn", "flash_tpu")
 ATTENTION_BLOCK = 512
 FUSED_PAD = 128
@@ -481,7 +482,8 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
   Args:
     query: [B, L_q, H, d]; key, value: [B, L_kv, H, d].
     mask: bool broadcastable to [B, H, L_q, L_kv], True = may attend; None: all.
-    implementation: "xla" | "blocked" | "cudnn" (`ATTENTION_IMPLEMENTATIONS`).
+    implementation: `ATTENTION_IMPLEMENTATIONS`; the fused kernels fall back to
+      "blocked" for dropout and for masks they cannot take.
     dropout_rng: drops probabilities with `dropout_rate` when given.
     module: sow the probabilities there (the "xla" path only).
 
@@ -502,6 +504,8 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
   xla = functools.partial(
       nn.dot_product_attention, broadcast_dropout=False, dropout_rate=dropout_rate,
       deterministic=dropout_rng is None, dtype=dtype, force_fp32_for_softmax=True)
+  if implementation in ("cudnn", "flash_tpu"):  # dropout or a mask the kernel cannot take
+    implementation = "blocked"
   if implementation != "blocked" or query.shape[1] <= ATTENTION_BLOCK:
     return xla(query, key, value, mask=mask, dropout_rng=dropout_rng, module=module)
   return _blocked_attention(xla, query, key, value, mask, dropout_rng)
