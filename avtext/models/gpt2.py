@@ -197,7 +197,10 @@ class VideoCaptioner(nn.Module):
     return self.video_projection(jnp.concatenate(tokens, axis=1))
 
   def _mask(self, batch: int, num_prefix: int, length: int) -> Array:
-    return layers.make_prefix_lm_mask(jnp.full((batch,), num_prefix), num_prefix + length)
+    # Every example has the same prefix: one [1, 1, S, S] mask broadcast over the batch
+    # (a [B, 1, S, S] one is B times the memory, and unsharded under a mesh).
+    del batch
+    return layers.make_prefix_lm_mask(jnp.full((1,), num_prefix), num_prefix + length)
 
   def __call__(self, video_inputs: dict[str, Array], input_ids: Array, *,
                train: bool = False) -> Array:
