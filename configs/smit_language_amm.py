@@ -165,8 +165,8 @@ def get_config(arg: str | None = None, caption: str = "language") -> ml_collecti
   # Phase 1 trains the heads on precomputed backbone features (batch 2048, AMM over the
   # whole batch): one v5e host holds it (BENCHMARKS.md "Paper configs on their TPU
   # slices"). Phase 2 runs ResNet-152 + ResNet-50 on 2048 clips' frames with their
-  # backward pass: on 16 chips it needs 24.7 GiB of temporaries a chip even with each
-  # block rematerialized, so 64 chips, FSDP.
+  # backward pass, each block rematerialized, FSDP: 24.7 GiB of temporaries a chip on
+  # 16 chips, 15.96 GiB a chip on v5e:4x8 (just over its 15.75), 8.5 GiB on v5e:8x8.
   # The spoken model's phase 1 also trains its speech ResNet on 2048 log-mels: remat
   # (without it 14.7 GiB of v5e's 15.75 a chip).
   if phase2:
