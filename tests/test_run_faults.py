@@ -8,7 +8,6 @@ import shutil
 
 import jax
 import numpy as np
-import optax
 import pytest
 
 from avtext import inspect
@@ -25,6 +24,10 @@ def _trainer(config, workdir, evaluators=None):
 
 def _steps(directory):
   return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def _norm(tree):
+  return np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(tree)))
 
 
 def _warnings(caplog, text):
@@ -55,10 +58,10 @@ def test_blown_up_params_are_never_checkpointed_and_the_rerun_finishes(recovered
   assert kept == [1]
   assert ("the parameters after step 2 have a non-finite global norm (inf); training "
           f"stopped, the last finite checkpoint, {workdir}/checkpoints/1, is kept") in message
-  assert np.isfinite(float(optax.global_norm(kept_state[1]["params"])))
+  assert np.isfinite(_norm(kept_state[1]["params"]))
   assert int(state.step) == 6
   assert _steps(workdir / "checkpoints") == [1, 2, 3, 4, 5, 6]
-  assert np.isfinite(float(optax.global_norm(state.params)))
+  assert np.isfinite(_norm(state.params))
 
 
 # ---------------------------------------------------------------- best at eval-only steps

@@ -7,13 +7,14 @@ it when complete, so a process killed mid-save leaves the previous checkpoint as
 the latest one; `keep` bounds how many are kept.
 
 Once a save is on disk (checked at the next `save` or `wait`), `checksums.json`
-in its step directory records the size and CRC-32 of every file. Restoring
-without a step takes the newest intact checkpoint (`problem`: a missing item,
-an iterator state that does not parse, a file truncated or changed since it was
-written), logging one line for each newer one it passes over; a resumed run
-(`restore`) deletes those, so their steps can be saved again. A checkpoint
-without checksums (killed between its commit and theirs) is checked for
-structure only.
+in its step directory records the size and CRC-32 of every file (process 0
+reads the files once more for it). Restoring without a step takes the newest
+intact checkpoint, or in a best-N directory the best intact one (`problem`: an
+empty step directory, a missing item, an iterator state that does not parse, a
+file truncated or changed since it was written), logging one line for each one
+it passes over; a resumed run (`restore`) deletes those, so their steps can be
+saved again. A checkpoint without checksums (killed between its commit and
+theirs) is checked for structure only.
 
 A run directory holds the latest-N checkpoints in `checkpoints/` and, when
 `config.eval.select` names a metric, the best-N in `best_checkpoints/` (each

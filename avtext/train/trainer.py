@@ -310,7 +310,8 @@ class Trainer:
           async_save=async_save, best_mode=self.select[1])
 
   def restore_or_init(self):
-    """(state, optimizer pieces, data iterator); resumes when possible."""
+    """(state, optimizer pieces, data iterator); resumes from the newest intact
+    checkpoint when there is one (a corrupt newer one is logged and deleted)."""
     if self.checkpointer is None:
       self._open_checkpointers()
     self.total_steps, self.steps_per_epoch = total_train_steps(
