@@ -17,7 +17,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # longest first. `make test` runs two xdist workers with --dist loadfile, which hands out
 # files in collection order; starting these first keeps one worker from running
 # test_trainer.py (~4 min, last alphabetically) alone at the end: 12 min 19 s before.
-_LONG_FILES = ("test_trainer.py", "test_aot.py", "test_fsdp_microbatches.py",
+_LONG_FILES = ("test_trainer.py", "test_aot.py", "test_fsdp_microbatches.py", "test_run_faults.py",
                "test_precision_families.py", "test_example_spec.py", "test_mmt.py", "test_coot_task.py", "test_core.py",
                "test_xml.py", "test_smit_task.py", "test_models_coot.py", "test_generate.py",
                "test_models_gpt2.py")

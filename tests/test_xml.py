@@ -406,6 +406,27 @@ def test_tiny_xml_run_writes_a_submission_scored_like_the_official_eval(tvr_dir,
   assert len(stored) == 4 and stored.streams == ("video", "sub")
 
 
+def test_early_stopped_xml_run_writes_the_test_submission(tvr_dir, tmp_path):
+  config = xml_tvr.get_config("tiny")
+  config.dataset = _dataset_config(tvr_dir)
+  config.model.max_ctx_len = 40
+  config.train.num_steps = 6
+  config.evals.val.every_steps = 1
+  # A metric that never changes: step 1 is the best, steps 2 and 3 are stale, and with
+  # patience 1 the run stops at 3 of 6, whatever the model learns.
+  config.eval.select = ("val/num_queries", "max")
+  config.eval.early_stopping_patience = 1
+  workdir = tmp_path / "run"
+  state = trainer_lib.Trainer(config, str(workdir), registry.build_task(config)).train()
+  assert bool(state.control.stopped) and int(state.step) == 3
+  results = json.loads((workdir / "results.json").read_text())
+  # Every evaluator ran at the last step, as in a re-run of the finished run.
+  assert {key.split("/")[0] for key in results["3"]} == set(config.evals) == {"val", "test"}
+  sub_path = workdir / "moments" / "test_step3.json"
+  assert results["3"]["test/submission"] == str(sub_path)
+  assert set(json.loads(sub_path.read_text())) == {"video2idx", "VCMR", "SVMR", "VR"}
+
+
 def test_default_config_says_what_to_prepare():
   config = xml_tvr.get_config()
   assert (config.model.hidden_size, config.model.max_ctx_len, config.loss.span_weight,

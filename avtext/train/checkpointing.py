@@ -6,6 +6,16 @@ iterator's state as JSON). Orbax writes into a temporary directory and renames
 it when complete, so a process killed mid-save leaves the previous checkpoint as
 the latest one; `keep` bounds how many are kept.
 
+Once a save is on disk (checked at the next `save` or `wait`), `checksums.json`
+in its step directory records the size and CRC-32 of every file (process 0
+reads the files once more for it). Restoring without a step takes the newest
+intact checkpoint, or in a best-N directory the best intact one (`problem`: an
+empty step directory, a missing item, an iterator state that does not parse, a
+file truncated or changed since it was written), logging one line for each one
+it passes over; a resumed run (`restore`) deletes those, so their steps can be
+saved again. A checkpoint without checksums (killed between its commit and
+theirs) is checked for structure only.
+
 A run directory holds the latest-N checkpoints in `checkpoints/` and, when
 `config.eval.select` names a metric, the best-N in `best_checkpoints/` (each
 saved with its metric value; orbax keeps the N best). `step="best"` anywhere a
@@ -13,16 +23,26 @@ step is asked for (`--mode=eval --step=best`, `init_from.step="best"`,
 `inspect.load_run(..., step="best")`) means the best one.
 """
 import json
+import os
 import pathlib
 from typing import Any
+import zlib
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
+import numpy as np
 import orbax.checkpoint as ocp
 
 
 LATEST_DIR = "checkpoints"
 BEST_DIR = "best_checkpoints"
+CHECKSUMS = "checksums.json"
+_DATA_FILE = "data/metadata"  # where ocp.JsonCheckpointHandler puts the iterator state
+
+
+class CorruptCheckpointError(ValueError):
+  """A checkpoint asked for, or every checkpoint of a directory, is incomplete or corrupt."""
 
 
 class Checkpointer:
@@ -33,6 +53,7 @@ class Checkpointer:
     """best_mode "max"/"min": keep the `keep` checkpoints of best metric (see `save`)."""
     self.directory = pathlib.Path(directory).absolute()
     self.best_mode = best_mode
+    self._unsealed: list[int] = []  # saves started whose checksums are not written yet
     best = {}
     if best_mode is not None:
       best = dict(best_fn=lambda metrics: metrics["value"], best_mode=best_mode,
@@ -66,6 +87,7 @@ class Checkpointer:
 
     `metric`: the selected metric's value, for a best-N checkpointer.
     """
+    self._seal()
     if step in self.all_steps():
       return False
     saved = self._manager.save(
@@ -77,15 +99,67 @@ class Checkpointer:
         force=True)
     if saved:
       logging.info("checkpoint for step %d being written to %s", step, self.directory)
+      self._unsealed.append(step)
     return saved
+
+  def step_dir(self, step: int) -> pathlib.Path:
+    return self.directory / str(step)
+
+  def metric(self, step: int) -> float | None:
+    """The metric checkpoint `step` was saved with (best-N checkpointers), else None."""
+    metrics = self._manager.metrics(step)
+    return None if not metrics else float(metrics["value"])
+
+  def problem(self, step: int) -> str | None:
+    """What makes checkpoint `step` unusable, or None when it is intact."""
+    path = self.step_dir(step)
+    if not path.is_dir() or not any(path.iterdir()):
+      return "the step directory is empty"
+    for item in ("state", "data"):
+      if not (path / item).is_dir():
+        return f"{item}/ is missing"
+    for name, what in (("state/_METADATA", "the state's tree metadata"),
+                       (_DATA_FILE, "the input iterator's state")):
+      try:
+        json.loads((path / name).read_text())
+      except (OSError, ValueError) as e:
+        return f"{name} ({what}) does not read as JSON: {e}"
+    sums = path / CHECKSUMS
+    if not sums.exists():
+      return None
+    try:
+      files = json.loads(sums.read_text())["files"]
+    except (OSError, ValueError, KeyError) as e:
+      return f"{CHECKSUMS} does not read: {e!r}"
+    for name, (size, crc) in sorted(files.items()):
+      f = path / name
+      if not f.is_file():
+        return f"{name} is missing"
+      if f.stat().st_size != size:
+        return f"{name} has {f.stat().st_size} bytes, {size} when written"
+      if _crc32(f) != crc:
+        return f"{name} fails its CRC-32 ({CHECKSUMS}): its bytes changed since written"
+    return None
 
   def restore(self, template: Any, step: int | None = None) -> tuple[Any, dict, int]:
     """Restores into the structure, dtypes and shardings of `template`.
 
-    Returns (state, data_state, step). Raises FileNotFoundError when there is
-    no checkpoint (or not the requested step).
+    Returns (state, data_state, step). Without `step`: the newest intact
+    checkpoint; newer corrupt ones are deleted (the run resumes before them and
+    saves their steps again). Raises FileNotFoundError when there is no
+    checkpoint (or not the requested step), CorruptCheckpointError when none
+    (or not the requested one) is intact.
     """
-    step = self._resolve(step)
+    step, skipped = self._resolve(step)
+    if not self.best_mode:  # the latest-N: what a resumed run reads
+      self._log_skipped(skipped, step, "resuming from")
+      for corrupt, _ in skipped:
+        self._manager.delete(corrupt)
+      if not (self.step_dir(step) / CHECKSUMS).exists():
+        self._unsealed.append(step)  # committed, but killed before its checksums
+        self._seal()
+    else:
+      self._log_skipped(skipped, step, "restoring")
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     restored = self._manager.restore(
         step,
@@ -97,9 +171,11 @@ class Checkpointer:
   def restore_raw(self, step: int | None = None) -> tuple[Any, int]:
     """The saved state as nested dicts of numpy arrays, without a template.
 
-    For notebooks and evaluation jobs that need only the parameters.
+    For notebooks and evaluation jobs that need only the parameters. Without
+    `step`: the newest (best) intact checkpoint; nothing is written.
     """
-    step = self._resolve(step)
+    step, skipped = self._resolve(step)
+    self._log_skipped(skipped, step, "reading")
     # Onto this process's first device, whatever mesh wrote it: without a target
     # orbax would place arrays on the saving run's devices, which a run with
     # another topology (a 2-process checkpoint opened in a notebook) lacks.
@@ -110,20 +186,73 @@ class Checkpointer:
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
     return jax.device_get(restored.state), step
 
-  def _resolve(self, step: int | None) -> int:
+  def _resolve(self, step: int | None) -> tuple[int, list[tuple[int, str]]]:
+    """(step, [(newer or better step, its problem)]): `step` checked to be intact, or
+    (None) the first intact checkpoint, the newest or for a best-N checkpointer the best,
+    with the corrupt ones passed over."""
     steps = self.all_steps()
     if not steps:
       raise FileNotFoundError(f"{self.directory}: no checkpoint found")
-    if step is None:
-      return self.best_step() if self.best_mode else max(steps)
-    if step not in steps:
-      raise FileNotFoundError(
-          f"{self.directory}: no checkpoint for step {step}; available: {sorted(steps)}")
-    return step
+    if step is not None:
+      if step not in steps:
+        raise FileNotFoundError(
+            f"{self.directory}: no checkpoint for step {step}; available: {sorted(steps)}")
+      if problem := self.problem(step):
+        raise CorruptCheckpointError(f"{self.step_dir(step)}: {problem}")
+      return step, []
+    if self.best_mode:
+      # Orbax's order: ascending metric (descending for "min"), stable over steps.
+      sign = -1.0 if self.best_mode == "min" else 1.0
+      values = {s: self.metric(s) for s in steps}
+      order = sorted((s for s in steps if values[s] is not None),
+                     key=lambda s: sign * values[s])[::-1]
+    else:
+      order = sorted(steps, reverse=True)
+    chosen, skipped = -1, []
+    if jax.process_index() == 0:  # one reader decides, so every process restores the same
+      for s in order:
+        problem = self.problem(s)
+        if problem is None:
+          chosen = s
+          break
+        skipped.append((s, problem))
+    if jax.process_count() > 1:
+      chosen = int(multihost_utils.broadcast_one_to_all(np.int32(chosen)))
+      if jax.process_index() > 0 and chosen >= 0:
+        skipped = [(s, "found by process 0") for s in order[:order.index(chosen)]]
+    if chosen < 0:
+      found = "; ".join(f"{s}: {problem}" for s, problem in skipped) or "see process 0"
+      raise CorruptCheckpointError(
+          f"{self.directory}: no intact checkpoint ({found}); move the directory away to "
+          "start over")
+    return chosen, skipped
+
+  def _log_skipped(self, skipped: list[tuple[int, str]], chosen: int, action: str) -> None:
+    for step, problem in skipped:
+      logging.warning("checkpoint %s is incomplete or corrupt (%s); %s step %d instead%s",
+                      self.step_dir(step), problem, action, chosen,
+                      ", and it is deleted" if action == "resuming from" else "")
+
+  def _seal(self) -> None:
+    """Writes `checksums.json` into each finished save's step directory."""
+    if not self._unsealed:
+      return
+    self._manager.wait_until_finished()
+    if jax.process_index() == 0:
+      for step in self._unsealed:
+        path = self.step_dir(step)
+        if path.is_dir():  # else already pruned
+          files = {str(f.relative_to(path)): [f.stat().st_size, _crc32(f)]
+                   for f in sorted(path.rglob("*")) if f.is_file() and f.name != CHECKSUMS}
+          tmp = path / f"{CHECKSUMS}.tmp"
+          tmp.write_text(json.dumps({"files": files}))
+          os.replace(tmp, path / CHECKSUMS)
+    self._unsealed = []
 
   def wait(self) -> None:
-    """Blocks until asynchronous saves are on disk."""
+    """Blocks until asynchronous saves are on disk (and their checksums written)."""
     self._manager.wait_until_finished()
+    self._seal()
 
   def close(self) -> None:
     self._manager.close()
@@ -157,6 +286,14 @@ def restore_raw(workdir: str | pathlib.Path, step: int | str | None = None
     return ckpt.restore_raw(step)
   finally:
     ckpt.close()
+
+
+def _crc32(path: pathlib.Path) -> int:
+  crc = 0
+  with path.open("rb") as f:
+    while chunk := f.read(1 << 20):
+      crc = zlib.crc32(chunk, crc)
+  return crc
 
 
 def _stored_best_mode(workdir: pathlib.Path) -> str:

@@ -4,8 +4,10 @@
     for step in range(resumed_step, total_steps):
       batch = host_to_global(next(data_iterator))          # sharded on 'data'
       state, metrics = train_step(state, batch)             # jit, state donated
+      before an evaluation or a save: the losses and the params' norm are finite
       evaluators due at this step -> results.json, TensorBoard, state.control
-      checkpoint (latest-N; best-N when config.eval.select improves)
+      checkpoint (best-N when config.eval.select improves, on disk first; latest-N)
+    early stop or the last step: every evaluator has run at the final step
 
 Everything task-specific comes from the task (`avtext.tasks.registry.Task`:
 model, loss, data, predict functions) and the evaluators (`avtext.evals`,
@@ -51,8 +53,8 @@ class TrainState:
   control: control_lib.EvalControl  # best metric, plateau and early-stopping counters
 
 
-class NonFiniteLossError(FloatingPointError):
-  pass
+class NonFiniteError(FloatingPointError):
+  """A training loss, or the parameters about to be evaluated or saved, are not finite."""
 
 
 def total_train_steps(config: ml_collections.ConfigDict, num_examples: int) -> tuple[int, int]:
@@ -308,7 +310,8 @@ class Trainer:
           async_save=async_save, best_mode=self.select[1])
 
   def restore_or_init(self):
-    """(state, optimizer pieces, data iterator); resumes when possible."""
+    """(state, optimizer pieces, data iterator); resumes from the newest intact
+    checkpoint when there is one (a corrupt newer one is logged and deleted)."""
     if self.checkpointer is None:
       self._open_checkpointers()
     self.total_steps, self.steps_per_epoch = total_train_steps(
@@ -321,7 +324,31 @@ class Trainer:
       state, data_state, step = self.checkpointer.restore(state)
       data_iter.set_state(data_state)
       logging.info("resumed from %s at step %d", self.checkpointer.directory, step)
+    self._reconcile_best()
     return state, opt_pieces, data_iter
+
+  def _reconcile_best(self) -> None:
+    """Makes results.json's `best` name a checkpoint in best_checkpoints/: a run killed
+    after a best save and before its record (or, before this order, the other way
+    round) leaves them apart. The best one on disk wins; with none, `best` goes."""
+    if (self.best_checkpointer is None or jax.process_index() != 0
+        or not (self.workdir / "results.json").exists()):
+      return
+    on_disk = self.best_checkpointer.all_steps()
+
+    def reconcile(results):
+      recorded = (results.get("best") or {}).get("step")
+      if recorded in on_disk or (recorded is None and not on_disk):
+        return
+      step = self.best_checkpointer.best_step()
+      if step is None:
+        results.pop("best", None)
+      else:
+        results["best"] = {"metric": self.select[0], "step": step,
+                           "value": self.best_checkpointer.metric(step)}
+      logging.warning("results.json named best step %s, %s holds %s; best is now %s",
+                      recorded, self.best_checkpointer.directory, sorted(on_disk), step)
+    self._update_results(reconcile)
 
   def _writer(self):
     return metric_writers.create_default_writer(
@@ -355,6 +382,7 @@ class Trainer:
 
     pending: list[tuple[int, dict]] = []  # metrics not yet checked on host
     last_saved = self.checkpointer.latest_step()
+    params_norm = jax.jit(optax.global_norm)
     window_start, window_steps, window_sum = time.perf_counter(), 0, None
     step = start
     try:
@@ -368,11 +396,11 @@ class Trainer:
         window_sum = metrics if window_sum is None else jax.tree.map(jnp.add, window_sum, metrics)
         pending.append((step, metrics))
         # Host checks lag one step so the device is never idle waiting for them.
-        _check_finite(pending[:-1], last_saved)
+        self._check_finite(pending[:-1], last_saved)
         del pending[:-1]
         report(step)
         if step % log_every == 0 or step == self.total_steps:
-          _check_finite(pending, last_saved)
+          self._check_finite(pending, last_saved)
           elapsed = time.perf_counter() - window_start
           # Means over the steps since the last log line; lr is the current one.
           scalars = {k: float(v) / window_steps for k, v in jax.device_get(window_sum).items()}
@@ -383,25 +411,30 @@ class Trainer:
           window_start, window_steps, window_sum = time.perf_counter(), 0, None
         due = [name for name, every in periods.items()
                if step == self.total_steps or (every and step % every == 0)]
+        save_due = step % ckpt_every == 0 or step == self.total_steps
+        if due or save_due:
+          # The params evaluated and saved here are the step's output, which its loss
+          # (computed from the previous params) does not vouch for: a step can blow
+          # them up to 1e29, finite, and NaN only at the next step.
+          self._check_finite(pending, last_saved, params_norm=params_norm(state.params))
         if due:
-          _check_finite(pending, last_saved)
           state = self._evaluate(state, step, writer, due, data_iter=data_iter)
         stopped = bool(state.control.stopped) if due else False
-        if step % ckpt_every == 0 or step == self.total_steps or stopped:
-          _check_finite(pending, last_saved)
-          if due and self.best_checkpointer is not None:
-            # The step's best checkpoint must be durable before its regular one: a run
-            # killed in between resumes from this step with control saying it was the
-            # best, and would not evaluate it again (both saves are asynchronous).
-            self.best_checkpointer.wait()
+        if save_due or stopped:
           self.checkpointer.save(step, state, data_iter.get_state())
           last_saved = step
         if stopped:
           logging.info("early stopping at step %d: %s did not improve for more than %d "
                        "evaluations", step, self.select[0],
                        config.eval.early_stopping_patience)
+          # What the last step would have run: the evaluators not due now (those only
+          # run at the end included), so a stopped run ends as its re-run does.
+          rest = [name for name in self.evaluators if name not in due]
+          if rest:
+            self._run_evaluators(_variables(state.params, state.model_state), step, writer,
+                                 rest)
           break
-      _check_finite(pending, last_saved)
+      self._check_finite(pending, last_saved)
     finally:
       self.checkpointer.wait()
       if self.best_checkpointer is not None:
@@ -414,6 +447,25 @@ class Trainer:
           "examples": self.task.num_train_examples(), "skipped": skips}))
     writer.flush()
     return state
+
+  def _check_finite(self, pending: list[tuple[int, dict]], last_saved: int | None, *,
+                    params_norm: jax.Array | None = None) -> None:
+    """Raises NonFiniteError at the first non-finite loss of `pending` ([(step, metrics)]),
+    else if `params_norm`, the global norm of the params after pending's last step, is
+    not finite (float32: it overflows once entries reach ~1e19, which no trained model
+    has and which the next step turns into NaN)."""
+    problem = next((f"loss is {float(m['loss'])} at step {step}" for step, m in pending
+                    if not np.isfinite(float(m["loss"]))), None)
+    if problem is None and params_norm is not None and not np.isfinite(float(params_norm)):
+      problem = (f"the parameters after step {pending[-1][0]} have a non-finite global "
+                 f"norm ({float(params_norm)})")
+    if problem is None:
+      return
+    kept = (f"the last finite checkpoint, {self.checkpointer.step_dir(last_saved)}, is kept "
+            "and re-running resumes from it" if last_saved is not None
+            else "no checkpoint was written yet")
+    raise NonFiniteError(f"{problem}; training stopped, {kept}. Lower "
+                         "optimizer.learning_rate or set optimizer.grad_clip_norm.")
 
   def _train_skips(self) -> dict[str, int]:
     """{reason: count} of the train split's entries put aside (files that are missing or
@@ -438,6 +490,9 @@ class Trainer:
     if events["improved"] or self.config.eval.get("keep_best", 1) > 1:
       # With keep_best > 1 every evaluation is offered; orbax keeps the N best.
       self.best_checkpointer.save(step, state, data_iter.get_state(), metric=results[key])
+      # On disk before the record below and before this step's regular checkpoint (whose
+      # control says this step was the best; a resumed run would not evaluate it again).
+      self.best_checkpointer.wait()
     if events["improved"] and jax.process_index() == 0:
       self._update_results(lambda r: r.update(
           best={"metric": key, "step": step, "value": float(results[key])}))
@@ -502,17 +557,6 @@ class report_time:  # pylint: disable=invalid-name
   def __exit__(self, *exc):
     self.seconds = time.perf_counter() - self._t0
     logging.info("%s took %.1f s", self.name, self.seconds)
-
-
-def _check_finite(pending: list[tuple[int, dict]], last_saved: int | None) -> None:
-  for step, metrics in pending:
-    loss = float(metrics["loss"])
-    if not np.isfinite(loss):
-      kept = (f"the last good checkpoint (step {last_saved}) is kept and re-running "
-              "resumes from it" if last_saved is not None else "no checkpoint was written yet")
-      raise NonFiniteLossError(
-          f"loss is {loss} at step {step}; training stopped, {kept}. Lower "
-          "optimizer.learning_rate or set optimizer.grad_clip_norm.")
 
 
 def _flat_hparams(config: ml_collections.ConfigDict) -> dict:
