@@ -15,7 +15,8 @@ stopping are in `control.py`; their counters are part of the checkpointed
 state. Run state lives in `workdir`: re-running the same command resumes from
 the latest checkpoint (params, non-param collections, optimizer state, step,
 RNG, eval control and the input iterator's position), so a resumed run is
-bit-identical to an uninterrupted one.
+bit-identical to an uninterrupted one. Training holds the workdir's writer lock
+and replaces its small files atomically (`rundir.py`).
 """
 import contextlib
 import math
