@@ -20,6 +20,7 @@ import importlib.util
 import logging as py_logging
 import os
 import re
+import sys
 
 from absl import app
 from absl import flags
@@ -66,6 +67,21 @@ class _QuietLibraries(py_logging.Filter):
     if "/orbax/" in record.pathname:
       return record.levelno >= py_logging.WARNING and not record.exc_info
     return not (record.name == "asyncio" and record.levelno >= py_logging.ERROR)
+
+
+def _quiet_closed_loops(hook):
+  """`hook` (sys.unraisablehook) less "RuntimeError: Event loop is closed".
+
+  After a failed save, tensorstore reports every array write that completes after
+  orbax closed the save's event loop with a traceback of its own (thousands of lines
+  on a full disk), while the failure itself is reported once (CheckpointSaveError).
+  """
+
+  def unraisablehook(unraisable):
+    value = unraisable.exc_value
+    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+      hook(unraisable)
+  return unraisablehook
 
 
 def _log_platform(jax) -> None:
@@ -144,6 +160,7 @@ def main(argv):
                          "--local_device_ids need --distributed")
   logging.set_verbosity(logging.INFO)
   logging.get_absl_handler().addFilter(_QuietLibraries())
+  sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
   for flag in (_STEP, _EVAL_DIR):
     if flag.value is not None and _MODE.value != "eval":
       raise app.UsageError(f"--{flag.name} goes with --mode=eval")

@@ -21,6 +21,7 @@ from avtext.tasks import registry
 from avtext.train import checkpointing
 from avtext.train import trainer as trainer_lib
 from avtext.train import warm_start
+from tests.test_rundir import hold_lock
 from tests.test_trainer import REPO
 from tests.test_trainer import make_trainer
 from tests.test_trainer import tiny_config
@@ -174,12 +175,8 @@ def test_eval_writes_to_eval_dir_while_another_process_writes_the_run(selected_r
   shutil.copytree(workdir, run)
   stored = json.loads((run / "results.json").read_text())
   before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-  trainer = subprocess.Popen(  # stands in for a training run holding the lock
-      [sys.executable, "-c", "import sys, time; from avtext.train import rundir\n"
-       "with rundir.lock(sys.argv[1]):\n  print('locked', flush=True); time.sleep(600)",
-       str(run)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+  trainer = hold_lock(run)  # stands in for a training run
   try:
-    assert trainer.stdout.readline().strip() == "locked"
     results = make_trainer(config, run).evaluate("best", eval_dir=tmp_path / "eval")
   finally:
     trainer.kill()
