@@ -8,11 +8,11 @@
 
 The model is rebuilt from the run's `config.json` alone (`config.model` through
 the model registry): no dataset is opened, so a run trained on data you do not
-have can still be inspected. Nothing is trained or written; the optimizer state
-is not loaded.
+have can still be inspected. Nothing is trained or written, no lock is taken
+(a run being trained can be opened) and no write access is needed; the optimizer
+state is not loaded.
 """
 import dataclasses
-import json
 import pathlib
 from typing import Any
 
@@ -20,6 +20,7 @@ import ml_collections
 
 from avtext.models import registry as models_registry
 from avtext.train import checkpointing
+from avtext.train import rundir
 
 
 @dataclasses.dataclass
@@ -39,8 +40,11 @@ class Run:
   @property
   def results(self) -> dict:
     """Contents of workdir/results.json ({} if no evaluation ran yet)."""
-    path = self.workdir / "results.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    path = self.workdir / rundir.RESULTS_FILE
+    if not path.exists():
+      return {}
+    return rundir.read_json(path, fix="re-running the run's training command rebuilds it "
+                            "from the checkpoints")
 
   def task(self):
     """The run's task (tokenizer, example pipeline, predict functions); opens no data."""
@@ -49,10 +53,11 @@ class Run:
 
 
 def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
-  path = pathlib.Path(workdir) / "config.json"
+  path = pathlib.Path(workdir) / rundir.CONFIG_FILE
   if not path.exists():
     raise FileNotFoundError(f"{path}: not found; is {workdir} an avtext run directory?")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  return ml_collections.ConfigDict(rundir.read_json(
+      path, fix="re-running the run's training command rewrites it"))
 
 
 def load_run(workdir: str | pathlib.Path, step: int | str | None = None) -> Run:

@@ -3,17 +3,24 @@
     --config.key=value   overrides any config field
     --mode=train|eval    eval: run every config.evals entry on a checkpoint of --workdir
     --step=N|best        with --mode=eval: which checkpoint (default: the latest)
+    --eval_dir=DIR       with --mode=eval: where its results and exports go (default:
+                         the run itself when nothing else writes it and it is writable,
+                         else nowhere: the numbers are only logged)
     --distributed        multi-host: initialize jax.distributed (see launch/)
     --allow_cpu          train a config with a config.target_topology (a TPU slice
                          such as v5e:4x4) even when JAX finds only CPU devices
     --require_backend=tpu|gpu  exit at once unless JAX runs on it (launch/ scripts)
 
 Re-running the same command resumes from the latest checkpoint in --workdir.
+One process trains a workdir at a time (avtext/train/rundir.py): a second launch on
+it exits at once with one line naming the running one.
 """
+import contextlib
 import importlib.util
 import logging as py_logging
 import os
 import re
+import sys
 
 from absl import app
 from absl import flags
@@ -26,6 +33,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, met
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"], "what to run")
 _STEP = flags.DEFINE_string("step", None, "--mode=eval: checkpoint step N or 'best' "
                             "(default: latest)")
+_EVAL_DIR = flags.DEFINE_string(
+    "eval_dir", None, "--mode=eval: directory for results.json, TensorBoard events and "
+    "the evaluators' exports (default: the run, when it is writable and not in use)")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "call jax.distributed.initialize() first (multi-host TPU/GPU)")
 # Without these, jax.distributed reads the cluster environment (TPU VM, SLURM, Open MPI).
@@ -46,10 +56,32 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 class _QuietLibraries(py_logging.Filter):
-  """Drops INFO chatter of checkpointing internals; warnings still pass."""
+  """Drops INFO chatter of checkpointing internals; warnings still pass.
+
+  A failed save is reported once, by the trainer (checkpointing.CheckpointSaveError):
+  the tracebacks orbax's save threads log for it, and asyncio's for each array write
+  they leave unfinished (thousands of lines on a full disk), are dropped.
+  """
 
   def filter(self, record):
-    return record.levelno >= py_logging.WARNING or "/orbax/" not in record.pathname
+    if "/orbax/" in record.pathname:
+      return record.levelno >= py_logging.WARNING and not record.exc_info
+    return not (record.name == "asyncio" and record.levelno >= py_logging.ERROR)
+
+
+def _quiet_closed_loops(hook):
+  """`hook` (sys.unraisablehook) less "RuntimeError: Event loop is closed".
+
+  After a failed save, tensorstore reports every array write that completes after
+  orbax closed the save's event loop with a traceback of its own (thousands of lines
+  on a full disk), while the failure itself is reported once (CheckpointSaveError).
+  """
+
+  def unraisablehook(unraisable):
+    value = unraisable.exc_value
+    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+      hook(unraisable)
+  return unraisablehook
 
 
 def _log_platform(jax) -> None:
@@ -128,19 +160,32 @@ def main(argv):
                          "--local_device_ids need --distributed")
   logging.set_verbosity(logging.INFO)
   logging.get_absl_handler().addFilter(_QuietLibraries())
-  if _STEP.value is not None and _MODE.value != "eval":
-    raise app.UsageError("--step goes with --mode=eval")
+  sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
+  for flag in (_STEP, _EVAL_DIR):
+    if flag.value is not None and _MODE.value != "eval":
+      raise app.UsageError(f"--{flag.name} goes with --mode=eval")
   config = _CONFIG.value
   _log_platform(jax)
   _check_backend(config, jax.default_backend())
-  # After the check, so a refused run exits in seconds.
-  from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
-  from avtext.train import trainer  # pylint: disable=g-import-not-at-top
-  run = trainer.Trainer(config, _WORKDIR.value, registry.build_task(config))
-  if _MODE.value == "train":
-    run.train()
-  else:
-    run.evaluate(_STEP.value)
+  from avtext.train import rundir  # pylint: disable=g-import-not-at-top
+  with contextlib.ExitStack() as stack:
+    if _MODE.value == "train":
+      try:  # before anything else is built, so a second launch exits in seconds
+        stack.enter_context(rundir.lock(_WORKDIR.value, process_index=jax.process_index()))
+      except rundir.RunLockedError as e:
+        raise SystemExit(str(e)) from None
+    # After the checks, so a refused run exits in seconds.
+    from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+    from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top
+    from avtext.train import trainer  # pylint: disable=g-import-not-at-top
+    run = trainer.Trainer(config, _WORKDIR.value, registry.build_task(config))
+    try:
+      if _MODE.value == "train":
+        run.train()
+      else:
+        run.evaluate(_STEP.value, eval_dir=_EVAL_DIR.value)
+    except (rundir.RunLockedError, checkpointing.CheckpointSaveError) as e:
+      raise SystemExit(str(e)) from None  # one line, as the messages are
 
 
 if __name__ == "__main__":

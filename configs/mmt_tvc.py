@@ -149,4 +149,5 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
     config.evals.val.every_epochs = None
     config.evals.val.every_steps = 3
     config.evals.val.batch_size = config.evals.test.batch_size = config.eval.batch_size = 8
-    config.eval.early_stopping_patience = None
+    # Off, yet overridable from the flags (a None field takes no --config value).
+    config.eval.early_stopping_patience = ml_collections.config_dict.placeholder(int)

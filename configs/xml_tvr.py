@@ -164,7 +164,8 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   config.train.log_every_steps = 50
   config.train.checkpoint_every_steps = 500
   config.evals.val.every_epochs = 5
-  config.eval.early_stopping_patience = None
+  # Off, yet overridable from the flags (a None field takes no --config value).
+  config.eval.early_stopping_patience = ml_collections.config_dict.placeholder(int)
   del config.evals["test_public"]  # the synthetic test_public has ground truth: scored below
   config.evals.test = ml_collections.ConfigDict(dict(
       type="moments", every_steps=0, split="test_public", batch_size=200,

@@ -19,7 +19,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # test_trainer.py (~4 min, last alphabetically) alone at the end: 12 min 19 s before.
 _LONG_FILES = ("test_trainer.py", "test_aot.py", "test_fsdp_microbatches.py", "test_run_faults.py",
                "test_precision_families.py", "test_example_spec.py", "test_mmt.py", "test_coot_task.py", "test_core.py",
-               "test_xml.py", "test_smit_task.py", "test_models_coot.py", "test_generate.py",
+               "test_rundir.py", "test_xml.py", "test_smit_task.py", "test_models_coot.py", "test_generate.py",
                "test_models_gpt2.py")
 
 

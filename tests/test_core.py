@@ -1,6 +1,8 @@
 """The core contracts: eval-driven training, eval without training data, the
 model registry, non-parameter collections in the train state, and layering."""
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -19,6 +21,7 @@ from avtext.tasks import registry
 from avtext.train import checkpointing
 from avtext.train import trainer as trainer_lib
 from avtext.train import warm_start
+from tests.test_rundir import hold_lock
 from tests.test_trainer import REPO
 from tests.test_trainer import make_trainer
 from tests.test_trainer import tiny_config
@@ -106,6 +109,83 @@ def test_eval_and_inspect_never_open_the_train_split(selected_run, monkeypatch):
   run = inspect.load_run(workdir)
   assert run.step == 6 and isinstance(run.model, nn.Module)
   assert set(run.params) == {"video", "text", "video_projection", "text_projection"}
+
+
+def test_lost_or_half_written_results_json_is_rebuilt_from_the_checkpoints(
+    selected_run, tmp_path):
+  config, workdir, _ = selected_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  path = run / "results.json"
+  stored = json.loads(path.read_text())
+  timing = "test/eval_seconds"
+  without_timing = lambda r: {k: v for k, v in r.items() if k != timing}
+  path.write_text(path.read_text()[:200])  # what a writer killed mid-write left
+  rerun = make_trainer(config, run)
+  rerun.train()  # the run is complete: it evaluates again
+  rebuilt = json.loads(path.read_text())
+  assert rebuilt["best"] == stored["best"]
+  best = str(stored["best"]["step"])
+  assert rebuilt[best]["test/v2t_mAP"] == stored[best]["test/v2t_mAP"]
+  # The complete run's last step evaluated again, to the same numbers.
+  assert rebuilt["latest"]["step"] == 6
+  assert without_timing(rebuilt["6"]) == without_timing(stored["6"])
+  path.unlink()
+  rerun.train()
+  assert json.loads(path.read_text())["best"] == stored["best"]
+
+
+def _unwritable(directory, cmd: list[str]) -> list[str]:
+  """`cmd` run so that it cannot write `directory`: the directory made read-only, or
+  for root (whom permissions do not stop) a read-only bind mount of it."""
+  if os.geteuid() != 0:
+    for p in (directory, *directory.rglob("*")):
+      p.chmod(p.stat().st_mode & ~0o222)
+    return cmd
+  if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+    pytest.skip("root without mount namespaces: no way to make a read-only run here")
+  return ["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"',
+          str(directory), *cmd]
+
+
+def test_eval_and_inspect_need_no_write_access_to_the_run(selected_run, tmp_path):
+  _, workdir, _ = selected_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  stored = json.loads((run / "results.json").read_text())
+  best = stored["best"]["step"]
+  script = (f"{sys.executable} -m avtext.main --config=configs/videocc_avr.py:tiny "
+            f"--workdir={run} --mode=eval --step=best && {sys.executable} -c "
+            f"'from avtext import inspect; r = inspect.load_run(\"{run}\", step=\"best\"); "
+            "print(\"loaded step\", r.step, r.results[\"best\"][\"step\"])'")
+  done = subprocess.run(_unwritable(run, ["sh", "-c", script]), cwd=REPO, capture_output=True,
+                        text=True, timeout=600)
+  out = done.stdout + done.stderr
+  assert done.returncode == 0, out
+  assert f"--mode=eval writes nothing into {run} (" in out
+  # The evaluators ran on the best checkpoint: its numbers, as logged (%g).
+  logged = out.split(f"[{best}] ")[1].splitlines()[0]
+  assert f"test/v2t_mAP={stored[str(best)]['test/v2t_mAP']:g}" in logged.split(", ")
+  assert f"loaded step {best} {best}" in out
+
+
+def test_eval_writes_to_eval_dir_while_another_process_writes_the_run(selected_run, tmp_path):
+  config, workdir, _ = selected_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  stored = json.loads((run / "results.json").read_text())
+  before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+  trainer = hold_lock(run)  # stands in for a training run
+  try:
+    results = make_trainer(config, run).evaluate("best", eval_dir=tmp_path / "eval")
+  finally:
+    trainer.kill()
+    trainer.wait()
+  best = str(stored["best"]["step"])
+  written = json.loads((tmp_path / "eval" / "results.json").read_text())
+  assert written[best]["test/v2t_mAP"] == results["test/v2t_mAP"] == stored[best]["test/v2t_mAP"]
+  after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "run.lock"}
+  assert after == {p: b for p, b in before.items() if p.name != "run.lock"}
 
 
 def test_model_registry_builds_from_config_alone():

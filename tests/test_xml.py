@@ -6,10 +6,12 @@ import math
 import pathlib
 import sys
 
+from absl import flags
 import h5py
 import jax
 import jax.numpy as jnp
 import ml_collections
+from ml_collections import config_flags
 import numpy as np
 import pytest
 
@@ -27,7 +29,8 @@ from avtext.tools import tvr_synthetic
 from avtext.tools import tvr_text_features
 from avtext.train import trainer as trainer_lib
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+sys.path.insert(0, str(CONFIGS))
 import xml_tvr  # pylint: disable=g-import-not-at-top,wrong-import-position
 from test_data_coot import ID, _hf_states, tiny_bert  # noqa: F401  (a fixture)  pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -434,6 +437,15 @@ def test_default_config_says_what_to_prepare():
   with pytest.raises(ValueError, match=r"config.dataset.path is not set: the TVR directory"):
     registry.build_task(config).num_train_examples()
 
+
+@pytest.mark.parametrize("config", ["xml_tvr.py:tiny", "xml_tvr.py:demo", "mmt_tvc.py:tiny"])
+def test_early_stopping_off_in_a_variant_is_still_set_from_the_flags(config, monkeypatch):
+  argv = ["main", f"--config={CONFIGS / config}", "--config.eval.early_stopping_patience=2"]
+  monkeypatch.setattr(sys, "argv", argv)  # config_flags reads its overrides from sys.argv
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True)
+  values(argv)
+  assert values.config.eval.early_stopping_patience == 2
 
 def test_text_features_tool_writes_layer_states_without_special_tokens(tiny_bert, tmp_path):
   directory, model = tiny_bert

@@ -59,7 +59,8 @@ class Evaluator:
                config: ml_collections.ConfigDict, task, cache: PredictCache,
                workdir: Any = None):
     self.name = name
-    self.workdir = workdir  # the run's directory (None outside a run): exports go here
+    # Where exports go: the run's directory, --mode=eval's --eval_dir, or None (nowhere).
+    self.workdir = workdir
     self.cfg = cfg
     self.config = config
     self.task = task

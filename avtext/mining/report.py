@@ -7,10 +7,13 @@ import argparse
 import json
 import pathlib
 
+from avtext.train import rundir
+
 
 def test_metrics(workdir: str) -> tuple[int, dict]:
   """(step, test metrics) of a run's last evaluated step."""
-  results = json.loads((pathlib.Path(workdir) / 'results.json').read_text())
+  results = rundir.read_json(pathlib.Path(workdir) / rundir.RESULTS_FILE,
+                            fix="re-running the run's training command rebuilds it")
   steps = sorted((int(k) for k in results if k.isdigit() and any(
       m.startswith('test/') for m in results[k])), reverse=True)
   if not steps:

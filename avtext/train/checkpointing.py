@@ -21,10 +21,16 @@ A run directory holds the latest-N checkpoints in `checkpoints/` and, when
 saved with its metric value; orbax keeps the N best). `step="best"` anywhere a
 step is asked for (`--mode=eval --step=best`, `init_from.step="best"`,
 `inspect.load_run(..., step="best")`) means the best one.
+
+A save that fails (a full disk, a lost mount) raises CheckpointSaveError, one line
+naming the directory and the cause, from `save` or `wait`, wherever orbax's
+background threads report it.
 """
+import functools
 import json
 import os
 import pathlib
+import re
 from typing import Any
 import zlib
 
@@ -33,6 +39,8 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
+
+from avtext.train import rundir
 
 
 LATEST_DIR = "checkpoints"
@@ -43,6 +51,38 @@ _DATA_FILE = "data/metadata"  # where ocp.JsonCheckpointHandler puts the iterato
 
 class CorruptCheckpointError(ValueError):
   """A checkpoint asked for, or every checkpoint of a directory, is incomplete or corrupt."""
+
+
+class CheckpointSaveError(OSError):
+  """Writing a checkpoint failed; the ones already on disk are intact."""
+
+
+def _save_errors(method):
+  """Turns a failed save, raised by `method` however orbax wraps it, into one line."""
+
+  @functools.wraps(method)
+  def wrapper(self, *args, **kwargs):
+    try:
+      return method(self, *args, **kwargs)
+    except CheckpointSaveError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointSaveError(
+          f"{self.directory}: writing a checkpoint failed: {_cause(e)}; the checkpoints "
+          "already there are intact and re-running resumes from the latest") from e
+  return wrapper
+
+
+def _cause(e: BaseException) -> str:
+  """The innermost error of `e`'s chain, in a few words."""
+  while e.__cause__ is not None or e.__context__ is not None:
+    e = e.__cause__ or e.__context__
+  if isinstance(e, OSError) and e.errno:
+    return f"{e.strerror} ({e.filename})" if e.filename else e.strerror
+  text = str(e)
+  if code := re.search(r"os_error_code='?(\d+)", text):  # tensorstore's I/O errors
+    return os.strerror(int(code.group(1)))
+  return text.splitlines()[0] if text else type(e).__name__
 
 
 class Checkpointer:
@@ -81,6 +121,12 @@ class Checkpointer:
   def best_step(self) -> int | None:
     return self._manager.best_step() if self.best_mode else None
 
+  def stored_metrics(self) -> dict[int, float]:
+    """{step: metric} as saved with each checkpoint (a best-N checkpointer's)."""
+    stored = {step: self.metric(step) for step in self.all_steps()}
+    return {step: value for step, value in stored.items() if value is not None}
+
+  @_save_errors
   def save(self, step: int, state: Any, data_state: dict | None,
            metric: float | None = None) -> bool:
     """Starts writing checkpoint `step` (the caller decides the cadence).
@@ -108,7 +154,7 @@ class Checkpointer:
   def metric(self, step: int) -> float | None:
     """The metric checkpoint `step` was saved with (best-N checkpointers), else None."""
     metrics = self._manager.metrics(step)
-    return None if not metrics else float(metrics["value"])
+    return None if not metrics or "value" not in metrics else float(metrics["value"])
 
   def problem(self, step: int) -> str | None:
     """What makes checkpoint `step` unusable, or None when it is intact."""
@@ -249,6 +295,7 @@ class Checkpointer:
           os.replace(tmp, path / CHECKSUMS)
     self._unsealed = []
 
+  @_save_errors
   def wait(self) -> None:
     """Blocks until asynchronous saves are on disk (and their checksums written)."""
     self._manager.wait_until_finished()
@@ -297,6 +344,9 @@ def _crc32(path: pathlib.Path) -> int:
 
 
 def _stored_best_mode(workdir: pathlib.Path) -> str:
-  config = workdir / "config.json"
-  select = json.loads(config.read_text()).get("eval", {}).get("select") if config.exists() else None
+  config = workdir / rundir.CONFIG_FILE
+  if not config.exists():
+    return "max"
+  select = rundir.read_json(config, fix="re-running the training command rewrites it"
+                            ).get("eval", {}).get("select")
   return select[1] if select else "max"

@@ -17,9 +17,10 @@ stopping are in `control.py`; their counters are part of the checkpointed
 state. Run state lives in `workdir`: re-running the same command resumes from
 the latest checkpoint (params, non-param collections, optimizer state, step,
 RNG, eval control and the input iterator's position), so a resumed run is
-bit-identical to an uninterrupted one.
+bit-identical to an uninterrupted one. Training holds the workdir's writer lock
+and replaces its small files atomically (`rundir.py`).
 """
-import json
+import contextlib
 import math
 import pathlib
 import time
@@ -40,6 +41,7 @@ from avtext.train import checkpointing
 from avtext.train import control as control_lib
 from avtext.train import optimizers
 from avtext.train import partitioning
+from avtext.train import rundir
 from avtext.train import warm_start
 
 
@@ -68,13 +70,13 @@ def total_train_steps(config: ml_collections.ConfigDict, num_examples: int) -> t
 
 
 def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
-  path = workdir / "config.json"
+  path = workdir / rundir.CONFIG_FILE
   text = config.to_json_best_effort(indent=2, sort_keys=True)
   if path.exists() and path.read_text() != text:
     logging.warning("%s differs from the current config; the run resumes with the "
                     "current config and the file is overwritten", path)
   if jax.process_index() == 0:
-    path.write_text(text)
+    rundir.write_text(path, text)
 
 
 def _variables(params, model_state) -> dict:
@@ -105,6 +107,8 @@ class Trainer:
                        f"config.evals has {sorted(evaluators)}")
     # Training creates these (and the workdir); --mode=eval only reads checkpoints.
     self.checkpointer = self.best_checkpointer = None
+    # Where results.json and TensorBoard events go (None: nowhere; see `evaluate`).
+    self.results_dir = self.workdir
     self.total_steps = self.steps_per_epoch = None  # known once training opens its data
 
   # ---- state -------------------------------------------------------------
@@ -332,7 +336,7 @@ class Trainer:
     after a best save and before its record (or, before this order, the other way
     round) leaves them apart. The best one on disk wins; with none, `best` goes."""
     if (self.best_checkpointer is None or jax.process_index() != 0
-        or not (self.workdir / "results.json").exists()):
+        or not (self.workdir / rundir.RESULTS_FILE).exists()):
       return
     on_disk = self.best_checkpointer.all_steps()
 
@@ -351,10 +355,16 @@ class Trainer:
     self._update_results(reconcile)
 
   def _writer(self):
+    quiet = self.results_dir is None or jax.process_index() > 0
     return metric_writers.create_default_writer(
-        str(self.workdir), just_logging=jax.process_index() > 0)
+        None if quiet else str(self.results_dir), just_logging=quiet)
 
   def train(self) -> TrainState:
+    """Trains (or resumes) to the end, holding the run's writer lock (`rundir.lock`)."""
+    with rundir.lock(self.workdir, process_index=jax.process_index()):
+      return self._train()
+
+  def _train(self) -> TrainState:
     config = self.config
     state, (tx, schedule), data_iter = self.restore_or_init()
     _write_config(config, self.workdir)
@@ -512,7 +522,7 @@ class Trainer:
       flat.update({f"{name}/{k}": v for k, v in results.items()})
     writer.write_scalars(step, {k: v for k, v in flat.items()
                                 if isinstance(v, (int, float)) and not isinstance(v, bool)})
-    if jax.process_index() == 0:
+    if jax.process_index() == 0 and self.results_dir is not None:
       def add(all_results):
         all_results.setdefault(str(step), {}).update(flat)
         all_results["latest"] = {"step": step, **all_results[str(step)]}
@@ -520,15 +530,54 @@ class Trainer:
     return flat
 
   def _update_results(self, change) -> None:
-    path = self.workdir / "results.json"
-    all_results = json.loads(path.read_text()) if path.exists() else {}
+    """Applies `change` to results.json; a lost or unreadable one is rebuilt first."""
+    path = self.results_dir / rundir.RESULTS_FILE
+    if not path.exists():
+      all_results = self._rebuilt_results()
+    else:
+      try:
+        all_results = rundir.read_json(path, fix="rebuilt from the checkpoints")
+      except rundir.RunFileError as e:
+        logging.warning("%s", e)
+        all_results = self._rebuilt_results()
     change(all_results)
-    path.write_text(json.dumps(all_results, indent=2, sort_keys=True))
+    rundir.write_json(path, all_results)
 
-  def evaluate(self, step: int | str | None = None) -> dict[str, Any]:
+  def _rebuilt_results(self) -> dict:
+    """What the checkpoints record of results.json: the selected metric of each kept
+    best checkpoint (orbax stores it with the checkpoint) and `best`. The other numbers
+    of past evaluations stay in the TensorBoard events; later ones are added as usual."""
+    directory = self.workdir / checkpointing.BEST_DIR
+    if not self.select or self.results_dir != self.workdir or not directory.is_dir():
+      return {}
+    ckpt = self.best_checkpointer or checkpointing.Checkpointer(
+        directory, async_save=False, best_mode=self.select[1])
+    try:
+      values = ckpt.stored_metrics()
+    finally:
+      if ckpt is not self.best_checkpointer:
+        ckpt.close()
+    if not values:
+      return {}
+    key, mode = self.select
+    sign = -1 if mode == "max" else 1
+    best = min(values, key=lambda s: (sign * values[s], s))  # the first of equal values
+    logging.info("%s rebuilt from %s: %s at steps %s, best %g at step %d",
+                 self.results_dir / rundir.RESULTS_FILE, directory, key, sorted(values),
+                 values[best], best)
+    return {**{str(s): {key: v} for s, v in values.items()},
+            "best": {"metric": key, "step": best, "value": values[best]}}
+
+  def evaluate(self, step: int | str | None = None,
+               eval_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
     """--mode=eval: every evaluator on checkpoint `step` (None: latest, "best", or N).
 
-    Reads only the checkpoint and the evaluators' splits, never the train split.
+    Reads only the checkpoint and the evaluators' splits, never the train split, and
+    needs neither the run's lock nor write access to read them. The results
+    (results.json, TensorBoard events, the evaluators' exports) go to `eval_dir`, under
+    its own writer lock; without one, into the run when this process can take the run's
+    lock (the run is writable and nothing else writes it), else nowhere: the numbers
+    are logged and one warning says why nothing was written.
     """
     try:
       saved, step = checkpointing.restore_raw(self.workdir, step)
@@ -537,9 +586,22 @@ class Trainer:
                               f"({e}); train first or fix --workdir") from e
     variables = {"params": saved["params"], **(saved.get("model_state") or {})}
     variables = jax.device_put(variables, self._variable_shardings(variables))
-    writer = self._writer()
-    results = self._run_evaluators(variables, step, writer, list(self.evaluators))
-    writer.flush()
+    out = pathlib.Path(eval_dir).absolute() if eval_dir else self.workdir
+    with contextlib.ExitStack() as stack:
+      try:
+        stack.enter_context(rundir.lock(out, process_index=jax.process_index()))
+      except (rundir.RunLockedError, OSError) as e:
+        if eval_dir:
+          raise
+        logging.warning("--mode=eval writes nothing into %s (%s); pass --eval_dir=DIR to "
+                        "keep the results and the evaluators' exports", self.workdir, e)
+        out = None
+      self.results_dir = out
+      for evaluator in self.evaluators.values():
+        evaluator.workdir = out
+      writer = self._writer()
+      results = self._run_evaluators(variables, step, writer, list(self.evaluators))
+      writer.flush()
     return results
 
 

@@ -1,0 +1,161 @@
+"""A run directory's one writer and its small files.
+
+One process writes a run directory (`--workdir`) at a time: training, or
+`--mode=eval` writing its results into the run. The writer holds `lock(workdir)`,
+an exclusive `flock` on `workdir/run.lock`, taken before anything is written; the
+file names the owner (host, pid, start time, command). A second writer stops at
+once with `RunLockedError`, one line naming that owner. The OS drops a flock when
+its process dies, however it dies, so a killed run never leaves its directory
+locked: the next writer finds the dead owner's name still in the file, logs that it
+takes over, and writes its own. Readers (`avtext.inspect`, notebooks, `--mode=eval`
+into another directory) take no lock and need no write access.
+
+Small state files (`results.json`, `config.json`) are replaced whole: written to a
+temporary file beside them, fsync'd, then renamed over the old one (atomic on
+POSIX), so a reader, a killed writer or a full disk leaves the old file or the new
+one, never half of one. `read_json` names the file when it cannot be parsed.
+"""
+import contextlib
+import datetime
+import errno
+import fcntl
+import json
+import os
+import pathlib
+import socket
+import sys
+from typing import Any, Iterator
+
+from absl import logging
+
+LOCK_FILE = "run.lock"
+RESULTS_FILE = "results.json"
+CONFIG_FILE = "config.json"
+
+_held: dict[str, int] = {}  # locked directory -> nesting depth, in this process
+_fds: dict[str, int] = {}  # locked directory -> the open lock file holding the flock
+
+
+class RunLockedError(RuntimeError):
+  """Another live process is writing the run directory."""
+
+
+class RunFileError(ValueError):
+  """A run file exists but cannot be parsed (its message names the file and the fix)."""
+
+
+@contextlib.contextmanager
+def lock(workdir: str | pathlib.Path, *, process_index: int = 0) -> Iterator[None]:
+  """Holds `workdir`'s writer lock for the `with` block; creates `workdir`.
+
+  Re-entrant within a process (`main` and `Trainer.train` both take it). In a
+  multi-process run only process 0 writes run files, so only it locks; the others
+  get a no-op. Raises RunLockedError (one line naming the owner) when another live
+  process holds it, OSError when `workdir` cannot be written.
+  """
+  if process_index != 0:
+    yield
+    return
+  workdir = pathlib.Path(workdir).absolute()
+  workdir.mkdir(parents=True, exist_ok=True)
+  key = os.path.realpath(workdir)
+  if key not in _held:
+    _fds[key] = _acquire(workdir / LOCK_FILE)
+  _held[key] = _held.get(key, 0) + 1
+  try:
+    yield
+  finally:
+    _held[key] -= 1
+    if not _held[key]:
+      del _held[key]
+      _release(workdir / LOCK_FILE, _fds.pop(key))
+
+
+def _acquire(path: pathlib.Path) -> int:
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      owner = _read_owner(fd)
+      os.close(fd)
+      raise RunLockedError(
+          f"{path.parent} is in use by {_describe(owner, path)}; only one run may write it: "
+          "wait for that one to finish or stop it, then re-run") from None
+    except OSError as e:
+      if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+        os.close(fd)
+        raise
+      logging.warning("%s: this filesystem refuses file locks (%s); nothing stops a second "
+                      "launch from writing the same run", path, e.strerror)
+      break
+    # The previous owner removes the file when it releases it: a flock taken on a file
+    # it removed in between (no longer at `path`) locks nothing.
+    with contextlib.suppress(FileNotFoundError):
+      if os.fstat(fd).st_ino == os.stat(path).st_ino:
+        break
+    os.close(fd)
+  if previous := _read_owner(fd):
+    logging.warning("%s: taking over from %s, which is no longer running", path,
+                    _describe(previous, path))
+  me = {"host": socket.gethostname(), "pid": os.getpid(),
+        "since": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv)}
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+  os.fsync(fd)
+  return fd
+
+
+def _release(path: pathlib.Path, fd: int) -> None:
+  with contextlib.suppress(FileNotFoundError):
+    path.unlink()  # while still locked, so no one takes the lock on a file about to go
+  os.close(fd)  # drops the flock
+
+
+def _read_owner(fd: int) -> dict:
+  try:
+    return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+  except ValueError:  # cut off by a crash while it was being written
+    return {}
+
+
+def _describe(owner: dict, path: pathlib.Path) -> str:
+  if not owner:
+    return f"a process that has not yet written its name into {path}"
+  return f"pid {owner.get('pid')} on {owner.get('host')} since {owner.get('since')}"
+
+
+def write_text(path: str | pathlib.Path, text: str) -> None:
+  """Replaces `path` with `text` atomically (temporary file, fsync, rename)."""
+  path = pathlib.Path(path)
+  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except OSError as e:
+    with contextlib.suppress(OSError):
+      tmp.unlink()
+    raise OSError(e.errno, f"{path}: not written ({e.strerror}); the previous version is "
+                  "unchanged") from e
+  directory = os.open(path.parent, os.O_RDONLY)
+  try:
+    os.fsync(directory)  # the rename itself survives a power cut
+  finally:
+    os.close(directory)
+
+
+def write_json(path: str | pathlib.Path, value: Any) -> None:
+  write_text(path, json.dumps(value, indent=2, sort_keys=True))
+
+
+def read_json(path: str | pathlib.Path, *, fix: str) -> Any:
+  """The parsed contents of `path`; RunFileError naming it and `fix` when unparseable."""
+  path = pathlib.Path(path)
+  try:
+    return json.loads(path.read_text(encoding="utf-8"))
+  except (ValueError, UnicodeDecodeError) as e:
+    raise RunFileError(f"{path}: not valid JSON ({e}); {fix}") from None
