@@ -134,7 +134,7 @@ class GPT2(nn.Module):
                          f"{self.hidden_size}; project it first")
       num_prefix = prefix.shape[1]
       x = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
-    x = x.astype(self.dtype)
+    x = layers.shard_batch(x.astype(self.dtype))
     if mask is None:
       if decode:
         raise ValueError("GPT2(decode=True) needs the whole cache's mask, e.g. "
@@ -194,7 +194,8 @@ class VideoCaptioner(nn.Module):
       tokens.append(x)
     if "bottleneck" in out:
       tokens.append(out["bottleneck"])
-    return self.video_projection(jnp.concatenate(tokens, axis=1))
+    tokens = layers.shard_batch(jnp.concatenate(tokens, axis=1))
+    return layers.shard_batch(self.video_projection(tokens))
 
   def _mask(self, batch: int, num_prefix: int, length: int) -> Array:
     # Every example has the same prefix: one [1, 1, S, S] mask broadcast over the batch
