@@ -57,7 +57,10 @@ def test_bert_scan_equals_unrolled():
   _check(make, (ids, mask), lambda o: (o["sequence"], o["hidden_states"]))
 
 
-@pytest.mark.parametrize("fusion_layer", [2, 0, 4])  # mixed, all fusion, none
+@pytest.mark.parametrize("fusion_layer", [
+    2,  # unimodal layers 0-1 and fusion layers 2-3: both scans
+    pytest.param(0, marks=pytest.mark.slow),  # all fusion
+    pytest.param(4, marks=pytest.mark.slow)])  # no fusion
 def test_mbt_scan_equals_unrolled(fusion_layer):
   rng = np.random.default_rng(1)
   inputs = {"rgb": jnp.asarray(rng.normal(size=(2, 4, 8, 8, 3)), jnp.float32),
