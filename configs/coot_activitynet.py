@@ -151,7 +151,7 @@ def base_config() -> ml_collections.ConfigDict:
       plateau=dict(factor=0.1, patience=2, cooldown=3, min_lr=0.0, threshold=1e-4),
       early_stopping_patience=16))  # det_best_terminate_after
   # Features in, a few small transformers: one v5e host (4 chips) holds it many times
-  # over (BENCHMARKS.md "Paper configs on TPU"); bf16 compute, params float32.
+  # over (BENCHMARKS.md "Paper configs on their TPU slices"); bf16 compute, params float32.
   videocc_avr.paper_scale(config, "v5e:2x2")
   return config
 

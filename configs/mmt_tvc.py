@@ -108,7 +108,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if "sub" in variants:
     config.data.context = "sub"
   # MMT: features in, batch 128: one v5e host (4 chips) holds it many times over
-  # (BENCHMARKS.md "Paper configs on TPU"); bf16 compute, params float32.
+  # (BENCHMARKS.md "Paper configs on their TPU slices"); bf16 compute, params float32.
   videocc_avr.paper_scale(config, "v5e:2x2")
   if "demo" in variants or "tiny" in variants:
     _synthetic(config, tiny="tiny" in variants)

@@ -145,7 +145,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # k > 1: the batch of 256 in k sequential micro-batches, the NCE on all 256 (GradCache:
   # the same loss and gradient, avtext/train/trainer.py).
   config.train.microbatches = 1
-  # The slice the paper setup is sized for (BENCHMARKS.md "Paper configs on TPU"): bf16
+  # The slice the paper setup is sized for (BENCHMARKS.md "Paper configs on their TPU slices"): bf16
   # compute (params and optimizer state float32), each block rematerialized, the Pallas
   # flash kernel for the 3,137 RGB tokens a clip (a materialized softmax is the largest
   # activation), params and optimizer state sharded over the 16 chips (FSDP), each tower's

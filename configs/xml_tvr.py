@@ -142,7 +142,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if "eq2" in variants:  # the paper's eq. 2: q_m without the official per-stream Linear
     config.model.span_query_linear = False
   # XML: features in, 128 queries a batch: one v5e host (4 chips) holds it many times over
-  # (BENCHMARKS.md "Paper configs on TPU"); bf16 compute, params float32.
+  # (BENCHMARKS.md "Paper configs on their TPU slices"); bf16 compute, params float32.
   videocc_avr.paper_scale(config, "v5e:2x2")
   if "demo" in variants or "tiny" in variants:
     _synthetic(config, tiny="tiny" in variants)
