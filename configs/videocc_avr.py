@@ -145,11 +145,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # k > 1: the batch of 256 in k sequential micro-batches, the NCE on all 256 (GradCache:
   # the same loss and gradient, avtext/train/trainer.py).
   config.train.microbatches = 1
-  # The slice the paper setup is sized for (BENCHMARKS.md "Paper configs on their TPU slices"): bf16
-  # compute (params and optimizer state float32), each block rematerialized, the Pallas
-  # flash kernel for the 3,137 RGB tokens a clip (a materialized softmax is the largest
-  # activation), params and optimizer state sharded over the 16 chips (FSDP), each tower's
-  # identical layers as one scan (the TPU compile: 101 s instead of 1,537 s, and less HBM).
+  # The slice the paper setup is sized for (BENCHMARKS.md "Paper configs on their TPU
+  # slices": 9.4 of 15.75 GiB a chip): bf16 compute (params and optimizer state float32),
+  # each block rematerialized, the Pallas flash kernel for the 3,137 RGB tokens a clip (a
+  # materialized softmax is the largest activation), params and optimizer state sharded
+  # over the 16 chips (FSDP), each tower's identical layers as one scan (the TPU compile:
+  # 104 s instead of 1,537 s, and 4 GiB less a chip).
   # main refuses to train it on a CPU-only install without --allow_cpu.
   paper_scale(config, "v5e:4x4", remat="full", attention="flash_tpu", fsdp=True,
               scan_layers=True)
