@@ -83,6 +83,7 @@ def test_unknown_topology_and_missing_topology_are_clear_errors():
     aot.analyze(videocc_avr.get_config("tiny"), None)
 
 
+@pytest.mark.slow  # two TPU compiles and four CPU lowerings: ~70 s beside the other tests
 def test_scanned_layers_cost_like_the_unrolled_program():
   """XLA's cost analysis counts a loop body once (and sees no FLOPs inside a Pallas
   kernel), so the report takes FLOPs from the unrolled step's lowering

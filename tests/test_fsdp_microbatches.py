@@ -54,7 +54,7 @@ def test_fsdp_checkpoint_opens_replicated_and_resumes_replicated(tmp_path):
                                      ["dense_in"]["kernel"]))
 
 
-@pytest.mark.parametrize("microbatches", [2, 4])
+@pytest.mark.parametrize("microbatches", [pytest.param(2, marks=pytest.mark.slow), 4])
 def test_microbatches_give_the_full_batch_step(tmp_path, microbatches):
   # Batch 8 on 2 devices: micro-batches of 4 or 2, each split over both devices. The tiny
   # config has no dropout, so the micro-batches' dropout keys do not matter.
