@@ -280,6 +280,7 @@ def test_mined_dataset_reads_the_clips_by_decoding_or_rendering(mined):
     mined_lib.MinedClips(out / 'plots')
 
 
+@pytest.mark.slow  # an end-to-end training run (~28 s); `make demo-mining` runs it at demo size
 def test_avr_trains_on_the_mined_dataset_and_tests_on_the_world(mined, tmp_path):
   """configs/videocc_avr.py:tiny,mined reads the mining output directly (the one trainer)."""
   import importlib.util  # pylint: disable=g-import-not-at-top
