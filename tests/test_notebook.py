@@ -4,6 +4,7 @@ import sys
 
 import nbclient
 import nbformat
+import pytest
 
 from tests.test_trainer import REPO
 from tests.test_trainer import make_trainer
@@ -14,6 +15,7 @@ def _text(cell) -> str:
   return ''.join(o.get('text', '') for o in cell.get('outputs', ()) if o.output_type == 'stream')
 
 
+@pytest.mark.slow  # a tiny training run and a notebook kernel, end to end (~22 s)
 def test_inspect_run_notebook_executes_on_a_tiny_run(tmp_path):
   # One device: the 8-device step compiles ~15 s longer on 2 cores, and the kernel has one.
   config = tiny_config(**{'num_devices': 1, 'train.num_steps': 2, 'train.log_every_steps': 1,
