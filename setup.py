@@ -1,4 +1,5 @@
-"""avtext: pip install -e .[dev]   (accelerators: .[tpu] or .[cuda12])
+"""avtext: pip install -e .[dev]   (accelerators: .[tpu] or .[cuda12];
+official PyTorch checkpoint import: .[convert])
 
 Exact pins live in requirements.lock (the known-good set for CPU machines);
 `make test` / `make demo` install from it. install_requires names the direct
@@ -34,7 +35,9 @@ def _pins(path):
 
 _LOCK = _pins("requirements.lock")
 _EXTRAS = {"dev": "requirements-dev.txt", "tpu": "requirements-tpu.txt",
-           "cuda12": "requirements-cuda12.txt"}
+           "cuda12": "requirements-cuda12.txt",
+           # torch for avtext.tools.import_checkpoint (official PyTorch checkpoints) only
+           "convert": "requirements-convert.txt"}
 
 setuptools.setup(
     name="avtext",

@@ -52,6 +52,18 @@ class Run:
     return registry.build_task(self.config)
 
 
+def config_file(spec: str) -> ml_collections.ConfigDict:
+  """The config of "configs/<x>.py[:variant]", as `--config=` reads it (get_config(variant))."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path, _, variant = str(spec).partition(":")
+  if not pathlib.Path(path).is_file():
+    raise FileNotFoundError(f"config {spec!r}: no file {path}")
+  module_spec = importlib.util.spec_from_file_location("avtext_config_file", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(variant) if variant else module.get_config()
+
+
 def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
   path = pathlib.Path(workdir) / rundir.CONFIG_FILE
   if not path.exists():
