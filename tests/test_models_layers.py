@@ -460,3 +460,59 @@ def test_hash_attention_dropout_is_unbiased_and_eval_unchanged():
   # The output is linear in the dropped probabilities: its mean is the eval output.
   stderr = np.asarray(draws.std(0)) / np.sqrt(len(draws))
   assert (np.abs(np.asarray(draws.mean(0)) - det) < 5 * stderr + 1e-6).mean() > 0.999
+
+
+def _np_layer_norm(x, scale, bias, eps):
+  mu = x.mean(-1, keepdims=True)
+  var = ((x - mu) ** 2).mean(-1, keepdims=True)
+  return (x - mu) / np.sqrt(var + eps) * scale + bias
+
+
+def _np_heads(x, p, heads):  # DenseGeneral [D, H, Dh] applied -> [B, L, H, Dh]
+  return np.einsum("bld,dhk->blhk", x, np.asarray(p["kernel"])) + np.asarray(p["bias"])
+
+
+def _np_attention(q_in, kv_in, p, heads, kv_mask):
+  q, k, v = (_np_heads(a, p[n], heads) for a, n in
+             ((q_in, "query"), (kv_in, "key"), (kv_in, "value")))
+  logits = np.einsum("bqhd,bkhd->bhqk", q / np.sqrt(q.shape[-1]), k)
+  logits = np.where(kv_mask[:, None, None, :] > 0, logits, np.finfo(np.float32).min)
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  return np.einsum("bhqk,bkhd->bqhd", w, v).reshape(q_in.shape)
+
+
+def test_block_without_attention_output_and_with_linear_feed_forward_matches_numpy():
+  """attention_output="none" + feed_forward_kind="linear" is the official TVC decoder layer:
+  LN1(x + SelfAttn(x)), LN2(h + CrossAttn(h, c)), LN3(h + Linear(h)) (no output Linear)."""
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+  ctx = rng.standard_normal((2, 7, 8)).astype(np.float32)
+  ctx_mask = np.array([[1] * 7, [1] * 4 + [0] * 3], np.float32)
+  block = layers.EncoderBlock(num_heads=2, mlp_dim=0, pre_norm=False, cross_attention=True,
+                              attention_output="none", feed_forward_kind="linear",
+                              layer_norm_eps=1e-12, dropout_rate=0.1)
+  variables = block.init(jax.random.PRNGKey(0), x, context=ctx, context_mask=ctx_mask,
+                         deterministic=True)
+  p = jax.tree.map(np.asarray, variables["params"])
+  assert "out" not in p["attention"] and "out" not in p["cross_attention"]
+  assert set(p["mlp"]) == {"kernel", "bias"} and p["mlp"]["kernel"].shape == (8, 8)
+  got = block.apply(variables, x, context=ctx, context_mask=ctx_mask, deterministic=True)
+  ln = lambda y, n: _np_layer_norm(y, p[n]["scale"], p[n]["bias"], 1e-12)  # noqa: E731
+  h = ln(x + _np_attention(x, x, p["attention"], 2, np.ones((2, 5))), "attention_norm")
+  h = ln(h + _np_attention(h, ctx, p["cross_attention"], 2, ctx_mask), "cross_attention_norm")
+  want = ln(h + h @ p["mlp"]["kernel"] + p["mlp"]["bias"], "mlp_norm")
+  np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
+  # Training: no hidden dropout on an unprojected attention branch (the official
+  # cross-encoder), so without attention-probability dropout it equals eval.
+  cross = layers.EncoderBlock(num_heads=2, mlp_dim=0, pre_norm=False, self_attention=False,
+                              cross_attention=True, feed_forward=False,
+                              attention_output="none", dropout_rate=0.5)
+  cv = cross.init(jax.random.PRNGKey(2), x, context=ctx, deterministic=True)
+  train = cross.apply(cv, x, context=ctx, deterministic=False,
+                      rngs={"dropout": jax.random.PRNGKey(1)})
+  np.testing.assert_array_equal(np.asarray(train),
+                                np.asarray(cross.apply(cv, x, context=ctx, deterministic=True)))
+  with pytest.raises(ValueError, match="attention_output"):
+    layers.EncoderBlock(num_heads=2, mlp_dim=4, attention_output="linear").init(
+        jax.random.PRNGKey(0), x, deterministic=True)

@@ -372,6 +372,9 @@ class Attention(nn.Module):
     implementation: the attention core, one of `ATTENTION_IMPLEMENTATIONS`
       (sow_weights and hash dropout masks always use "xla", which materializes
       the probabilities).
+    output_projection: False returns the heads concatenated [B, L_q, D] without
+      the output Linear ("out" has no parameters then): the official TVR
+      cross-encoder's and TVC decoder's attentions (BertSelfAttention alone).
   """
   num_heads: int
   dropout_rate: float = 0.0
@@ -379,6 +382,7 @@ class Attention(nn.Module):
   kernel_init: Initializer = nn.initializers.lecun_normal()
   dtype: Any = jnp.float32
   implementation: str = "xla"
+  output_projection: bool = True
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array | None = None, *,
@@ -446,6 +450,8 @@ class Attention(nn.Module):
       x = attention_core(query, key, value, mask, implementation=implementation,
                          dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
                          dtype=self.dtype, module=self if sow_weights else None)
+    if not self.output_projection:
+      return x.reshape(*x.shape[:-2], features)
     return nn.DenseGeneral(features, axis=(-2, -1),
                            kernel_init=self.kernel_init, dtype=self.dtype,
                            name="out")(x)
@@ -684,6 +690,14 @@ class EncoderBlock(nn.Module):
       "TransformerDecoder" (the global context as the query over the clips).
     feed_forward: False drops the MLP sublayer (`mlp_dim` unused): XML's
       Self-Encoder, attention -> linear -> residual -> LayerNorm (TVR sec. 4.1).
+    feed_forward_kind: "mlp" (Dense(mlp_dim) -> activation -> Dense(D)) or
+      "linear": one Dense(D) without activation (`mlp_dim` unused; the official
+      TVC decoder layer's BertOutput, LN(x + dropout(Linear(x)))).
+    attention_output: "dense" (the attention's output Linear, then dropout on the
+      branch) or "none": the concatenated heads go straight into the residual,
+      no output Linear and no branch dropout (attention-probability dropout
+      stays): the official TVR cross-encoder (LN(x + CrossAttn(x, c))) and TVC
+      decoder layer. Applies to every attention sublayer of the block.
     layer_norm: "standard" (nn.LayerNorm) or "coot" (`CootLayerNorm`).
     dropout_rate: dropout on every branch output.
     attention_dropout_rate: dropout on attention probabilities.
@@ -705,6 +719,8 @@ class EncoderBlock(nn.Module):
   cross_attention: bool = False
   self_attention: bool = True
   feed_forward: bool = True
+  feed_forward_kind: str = "mlp"
+  attention_output: str = "dense"
   layer_norm: str = "standard"
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
@@ -761,12 +777,19 @@ class EncoderBlock(nn.Module):
   def _sublayers(self, x: Array, mask: Array | None, context: Array | None,
                  context_mask: Array | None, deterministic: bool,
                  decode: bool) -> Array:
+    if self.attention_output not in ("dense", "none"):
+      raise ValueError(f"EncoderBlock attention_output={self.attention_output!r}; expected "
+                       "'dense' or 'none'")
+    if self.feed_forward_kind not in ("mlp", "linear"):
+      raise ValueError(f"EncoderBlock feed_forward_kind={self.feed_forward_kind!r}; "
+                       "expected 'mlp' or 'linear'")
+    projected = self.attention_output == "dense"
     attention = functools.partial(
         Attention, num_heads=self.num_heads,
         dropout_rate=self.attention_dropout_rate,
         dropout_masks=self.dropout_masks,
         kernel_init=self.kernel_init, dtype=self.dtype,
-        implementation=self.attention_impl)
+        implementation=self.attention_impl, output_projection=projected)
     branches = []
     if self.self_attention:
       branches.append(("attention", lambda y: attention(name="attention")(
@@ -780,7 +803,10 @@ class EncoderBlock(nn.Module):
                        lambda y: attention(name="cross_attention")(
                            y, context, mask=context_keys,
                            deterministic=deterministic)))
-    if self.feed_forward:
+    if self.feed_forward and self.feed_forward_kind == "linear":
+      branches.append(("mlp", nn.Dense(x.shape[-1], kernel_init=self.kernel_init,
+                                       dtype=self.dtype, name="mlp")))
+    elif self.feed_forward:
       branches.append(("mlp", Mlp(
           mlp_dim=self.mlp_dim, activation=self.activation,
           kernel_init=self.kernel_init, dtype=self.dtype, name="mlp")))
@@ -788,8 +814,9 @@ class EncoderBlock(nn.Module):
       norm = make_layer_norm(self.layer_norm, self.layer_norm_eps, self.dtype,
                              f"{name}_norm")
       y = branch(norm(x) if self.pre_norm else x)
-      y = dropout(y, self.dropout_rate, deterministic=deterministic,
-                  masks=self.dropout_masks)
+      if name == "mlp" or projected:
+        y = dropout(y, self.dropout_rate, deterministic=deterministic,
+                    masks=self.dropout_masks)
       # One keep/drop decision per example: broadcast over tokens and width.
       y = dropout(y, self.stochastic_depth, deterministic=deterministic,
                   masks=self.dropout_masks, broadcast_dims=(1, 2))
