@@ -202,7 +202,8 @@ def convert(checkpoint: official.Checkpoint, porter: official.Porter, config) ->
     if local:
       _linear(porter, f"{net}.input_fc.mlp.0", f"{base}/input_fc")
     pe = porter.take(f"{net}.embedding.pe")
-    if pe.ndim == 2 and not np.allclose(pe, coot.sincos_table(*pe.shape), atol=1e-5):
+    # float32 torch arithmetic: ~1e-4 from the float64 table at position 999
+    if pe.ndim == 2 and not np.allclose(pe, coot.sincos_table(*pe.shape), atol=1e-3):
       porter.errors.append(f"official tensor {net}.embedding.pe is not the sin-cos table "
                            "avtext recomputes (coot.sincos_table)")
     for i in range(int(m.num_layers)):
