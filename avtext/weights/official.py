@@ -118,20 +118,20 @@ def split_state_dict(obj: Any, path: pathlib.Path,
                      keys: Iterable[str] = ("model", "state_dict", "model_state_dict")
                      ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """(flat state dict, the other entries) of a loaded checkpoint object: the object itself
-  when it is a state dict; a dict (or list) of state dicts, one per network, flattened as
-  "<network key or index>.<tensor>"; else its first entry under `keys` that is one."""
+  when it is a state dict, else its first entry under `keys` that is one, else (a dict or
+  list of state dicts, one per network) all of them as "<network key or index>.<tensor>"."""
   if _is_state_dict(obj):
     return dict(obj), {}
+  if isinstance(obj, dict):
+    for key in keys:
+      if _is_state_dict(obj.get(key)):
+        return dict(obj[key]), {k: v for k, v in obj.items() if k != key}
   nested = (list(obj.items()) if isinstance(obj, dict) else
             [(str(i), v) for i, v in enumerate(obj)] if isinstance(obj, list) else [])
   if nested and all(isinstance(k, str) and _is_state_dict(v) for k, v in nested):
     # One state dict per network (COOT's nntrainer: {"net_video_local": {...}, ...}; the
     # first coot-videotext release: a list of them): flattened as "<network>.<tensor>".
     return {f"{k}.{name}": t for k, v in nested for name, t in v.items()}, {}
-  if isinstance(obj, dict):
-    for key in keys:
-      if _is_state_dict(obj.get(key)):
-        return dict(obj[key]), {k: v for k, v in obj.items() if k != key}
   found = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
   raise ImportCheckpointError(
       f"{path}: no state dict found (top level: {found}); expected a state dict or a dict "
