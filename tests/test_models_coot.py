@@ -1,5 +1,7 @@
 """COOT model: Attention-FA, the Contextual Transformer and the official global mean by hand,
 padding invariance of the masked_pool option."""
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -159,3 +161,18 @@ def test_ablation_switches_and_official_parameter_count():
                           jnp.array([0, 1]))
   count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
   assert round(count / 1e6, 1) == 7.6
+
+
+def test_configs_default_to_the_official_pool_and_name_the_masked_variant():
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
+  import coot_activitynet  # pylint: disable=g-import-not-at-top
+  import coot_youcook2  # pylint: disable=g-import-not-at-top
+  for module in (coot_activitynet, coot_youcook2):
+    for variant in ("", "demo", "tiny"):
+      assert module.get_config(variant).model.masked_pool is False
+    config = module.get_config("demo,masked_pool")
+    assert config.model.masked_pool is True and config.model.hidden_size == 128
+    assert coot.coot_from_config(config.model).masked_pool
+    with pytest.raises(ValueError, match="unknown variant.*masked"):
+      module.get_config("masked")

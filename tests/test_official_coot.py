@@ -132,3 +132,15 @@ def test_missing_extra_and_misfit_tensors_are_named(imported):
   with pytest.raises(ValueError, match="config.dataset.video_dim=16"):
     tool.import_checkpoint("coot", str(tmp / "wide.npz"), str(tmp / "wide_run"),
                            config=inspect.config_file(CONFIG))
+
+
+def test_a_checkpoint_of_one_state_dict_per_network_is_flattened(tmp_path):
+  """nntrainer's models file is {network: state_dict} (trainer_base._save_checkpoint)."""
+  w = np.ones((2, 3), np.float32)
+  tensors, meta = official.split_state_dict(
+      {"net_video_local": {"a.weight": w}, "net_text_local": {"b.bias": w[0]}}, tmp_path)
+  assert sorted(tensors) == ["net_text_local.b.bias", "net_video_local.a.weight"] and not meta
+  tensors, _ = official.split_state_dict([{"a.weight": w}, {"a.weight": w}], tmp_path)
+  assert sorted(tensors) == ["0.a.weight", "1.a.weight"]
+  # a "model" entry still wins (other systems' checkpoints)
+  assert list(official.split_state_dict({"model": {"a": w}, "x": {"b": w}}, tmp_path)[0]) == ["a"]
