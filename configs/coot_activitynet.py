@@ -25,6 +25,13 @@ Variants:
            this layout to workdirs/demo/coot_data): per-frame features of the demo's
            pretrained video tower, MiniLM-L6's last two layers for the text
   tiny     seconds-long smoke run on a small synthetic dataset (tests)
+  masked_pool  our masked global mean instead of the official `avg_special`
+           (composes with demo / tiny: `:demo,masked_pool`). The official pooler sums
+           the global transformer's outputs at the padded clip slots too (up to the
+           batch's longest video) and divides by the real count, so an embedding
+           depends on the other videos of its batch; the masked mean averages the
+           real clips only (avtext/models/coot.py). Default: official, so imported
+           official checkpoints (avtext.tools.import_checkpoint) compute their function.
 Ablations (BENCHMARKS.md, benchmarks/coot_ablation.py) are command-line overrides:
   --config.model.local_pooler=max|avg   Attention-FA off
   --config.loss.cycle_weight=0           CMC off
@@ -88,6 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.pool_hidden = 768  # pooler_config.hidden_dim
   config.model.pool_heads = 2  # pooler_config.num_heads
   config.model.use_context = True  # net_*_global.use_context: Contextual Transformer (eq. 5)
+  # net_*_global.pooler_config avg_special: sums the padded clip slots too (official);
+  # True (variant masked_pool): our masked mean, padding-invariant (avtext/models/coot.py).
+  config.model.masked_pool = False
   config.model.init_std = 0.01  # weight_init_type truncnorm, weight_init_std
   # Dropout keep-masks from a counter hash (`avtext.ops.hash_bernoulli`): threefry masks
   # were ~25% of a CPU train step (BENCHMARKS.md); "jax" restores flax's own masks.
@@ -156,11 +166,28 @@ def base_config() -> ml_collections.ConfigDict:
   return config
 
 
-def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+VARIANTS = ("demo", "tiny", "masked_pool")
+
+
+def parse_variants(arg: str | None, config_file: str) -> set[str]:
+  """The comma-separated variants of `arg`, checked against VARIANTS."""
   variants = set(filter(None, (arg or "").split(",")))
-  if variants - {"demo", "tiny"}:
-    raise ValueError(f"configs/coot_activitynet.py: unknown variant(s) "
-                     f"{sorted(variants - {'demo', 'tiny'})}; expected demo or tiny")
+  if variants - set(VARIANTS):
+    raise ValueError(f"{config_file}: unknown variant(s) {sorted(variants - set(VARIANTS))}; "
+                     f"expected a comma-separated subset of {list(VARIANTS)}")
+  return variants
+
+
+def apply_variants(config: ml_collections.ConfigDict, variants: set[str]) -> None:
+  """demo / tiny: the synthetic data; masked_pool: our padding-invariant global mean."""
+  if "masked_pool" in variants:
+    config.model.masked_pool = True
+  if variants & {"demo", "tiny"}:
+    synthetic(config, tiny="tiny" in variants)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  variants = parse_variants(arg, "configs/coot_activitynet.py")
   config = base_config()
   d = config.dataset
   d.video_features = ANET_VIDEO_FEATURES  # dataset_train.vid_feat_name
@@ -170,8 +197,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   d.add_stop_frame = 1  # add_stop_frame
   d.expand_segments = 10  # expand_segments: clips of at least 10 frames
   config.model.video_dim = d.video_dim
-  if variants:
-    synthetic(config, tiny="tiny" in variants)
+  apply_variants(config, variants)
   return config
 
 

@@ -12,8 +12,9 @@ Data (`config.dataset`, layout in avtext/data/coot_layout.py):
   <path>/text_feat_youcook2_meta_all_transformers_bert-base-uncased_-2,-1.h5
        (+ _sentence_splits.json)             build with avtext.tools.precompute_text_features
 
-Variants: demo, tiny as in configs/coot_activitynet.py (the synthetic data
-with this file's optimizer and selection rule).
+Variants: demo, tiny, masked_pool as in configs/coot_activitynet.py (the
+synthetic data with this file's optimizer and selection rule; masked_pool: our
+padding-invariant global mean instead of the official avg_special).
 """
 import pathlib
 import sys
@@ -25,10 +26,7 @@ import coot_activitynet  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = set(filter(None, (arg or "").split(",")))
-  if variants - {"demo", "tiny"}:
-    raise ValueError(f"configs/coot_youcook2.py: unknown variant(s) "
-                     f"{sorted(variants - {'demo', 'tiny'})}; expected demo or tiny")
+  variants = coot_activitynet.parse_variants(arg, "configs/coot_youcook2.py")
   config = coot_activitynet.base_config()
   d = config.dataset
   d.video_features = "video_feat_100m"  # vid_feat_name
@@ -54,6 +52,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # det_best_field val_clip_sent_score_at_1: clip-sentence R@1 of both directions.
   config.eval.select = ("val/cs_R@1_mean", "max")
   config.eval.plateau.patience = 5  # rop_patience
-  if variants:
-    coot_activitynet.synthetic(config, tiny="tiny" in variants)
+  coot_activitynet.apply_variants(config, variants)
   return config

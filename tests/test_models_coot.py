@@ -1,4 +1,7 @@
-"""COOT model: Attention-FA and the Contextual Transformer by hand, padding invariance."""
+"""COOT model: Attention-FA, the Contextual Transformer and the official global mean by hand,
+padding invariance of the masked_pool option."""
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,11 +75,36 @@ def test_contextual_transformer_layer_by_hand():
   np.testing.assert_allclose(got[0], ln(y + z, params["mlp_norm"]), rtol=1e-4, atol=1e-5)
 
 
+def test_official_global_mean_sums_padded_slots_up_to_the_batch_longest():
+  """avg_special (official default): sum of the transformer outputs over the positions below
+  the batch's longest real sequence, padded ones included, / the row's real length; any
+  further padding of ours changes nothing. masked_pool=True: the mean of the real ones."""
+  rng = np.random.default_rng(3)
+  lengths = np.array([2, 4, 0])
+  x = np.zeros((3, 7, 8), np.float32)
+  for b, n in enumerate(lengths):
+    x[b, :n] = rng.normal(size=(n, 8))
+  mask = np.arange(7)[None] < lengths[:, None]
+  net = coot.TTransformer(hidden_size=8, num_heads=2, mlp_dim=8, input_fc=False, pooler="avg")
+  variables = net.init(jax.random.PRNGKey(0), x, mask, deterministic=True)
+  pooled, seq = net.apply(variables, x, mask, deterministic=True)
+  seq = np.asarray(seq)
+  assert np.abs(seq[0, 2:4]).min() > 0  # padded slots hold transformer outputs, not zeros
+  np.testing.assert_allclose(pooled[0], seq[0, :4].sum(0) / 2, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(pooled[1], seq[1, :4].sum(0) / 4, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(pooled[2], 0.0)  # an empty row (eval padding) gives 0
+  shorter, _ = net.apply(variables, x[:, :4], mask[:, :4], deterministic=True)
+  np.testing.assert_allclose(shorter, pooled, rtol=1e-5, atol=1e-6)  # official padding: 4
+  masked = net.clone(masked_pool=True)
+  pooled_m, _ = masked.apply(variables, x, mask, deterministic=True)
+  np.testing.assert_allclose(pooled_m[0], seq[0, :2].mean(0), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("pooler", ["atn", "max", "avg"])
-def test_padding_never_changes_embeddings(pooler):
+def test_masked_pool_padding_never_changes_embeddings(pooler):
   rng = np.random.default_rng(2)
   model = coot.COOT(max_clips=4, hidden_size=16, num_heads=2, mlp_dim=16, pool_hidden=16,
-                    pool_heads=2, local_pooler=pooler)
+                    pool_heads=2, local_pooler=pooler, masked_pool=True)
   def batch(extra_frames, extra_clips, extra_videos):
     video = rng_v[:, :6]
     v = np.zeros((1 + extra_videos, 6 + extra_frames, 8), np.float32)
@@ -133,3 +161,18 @@ def test_ablation_switches_and_official_parameter_count():
                           jnp.array([0, 1]))
   count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
   assert round(count / 1e6, 1) == 7.6
+
+
+def test_configs_default_to_the_official_pool_and_name_the_masked_variant():
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
+  import coot_activitynet  # pylint: disable=g-import-not-at-top
+  import coot_youcook2  # pylint: disable=g-import-not-at-top
+  for module in (coot_activitynet, coot_youcook2):
+    for variant in ("", "demo", "tiny"):
+      assert module.get_config(variant).model.masked_pool is False
+    config = module.get_config("demo,masked_pool")
+    assert config.model.masked_pool is True and config.model.hidden_size == 128
+    assert coot.coot_from_config(config.model).masked_pool
+    with pytest.raises(ValueError, match="unknown variant.*masked"):
+      module.get_config("masked")

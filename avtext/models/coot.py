@@ -10,17 +10,36 @@ Four T-Transformers (`TTransformer`), as the official `RetrievalModelManager`:
 A local T-Transformer is: COOT layer norm of the input features, Dense to the
 hidden size + GELU (official `input_fc`), sin-cos positions, one post-norm
 transformer layer (the shared `layers.EncoderBlock` with COOT's layer norm),
-then a pooler: Attention-FA (eq. 4, official `GenPool`), or masked max / mean
-for the ablation. A global one has no input FC; its Contextual Transformer
+then a pooler: Attention-FA (eq. 4, official `GenPool`), or max / mean for
+the ablation. A global one has no input FC; its Contextual Transformer
 (eq. 5) is one cross-attention-only `EncoderBlock` with the local context as
 the single query over the clip sequence, whose output is concatenated to the
-masked mean of the clip sequence: theta = [mean_i h_i, CoT(g, h)]
+mean of the clip sequence (official `avg_special`, below): theta =
+[mean_i h_i, CoT(g, h)]
 (768 = 384 + 384 with the official sizes).
 
 Defaults are the official ActivityNet config (`config/retrieval/paper2020/
-anet_coot.yaml`). Deliberate differences from the official code:
-- the global mean is masked (official `avg_special` sums padded positions too,
-  then divides by the real length), so padding never changes an embedding;
+anet_coot.yaml`) and compute the official function (benchmarks/parity_coot.py:
+every intermediate and the loss within 1e-4 of the official code on padded
+batches), including the official global mean, `avg_special`
+(`nntrainer/models/poolers.py` TemporalAvgPool): the sum over every position of
+the batch's padded clip axis divided by the video's real clip count. The
+padded slots hold the global transformer's outputs at those positions (the
+zero-filled slots go through the input layer norm, which maps them to its
+bias, the sin-cos positions and the transformer layer, whose self-attention
+reads the real clips only), so a video's embedding depends on the longest
+video of its batch. `official_avg_pool` reproduces it: the official collate
+pads to the batch's longest, so the positions below the batch's largest real
+count are summed, whatever our own padding (`max_clips` slots, static shapes).
+
+Named option kept (our improvement, `masked_pool=True`, config variant
+`:masked_pool` of configs/coot_activitynet.py and coot_youcook2.py): every
+mean pooler (the global one and the `local_pooler=avg` ablation) averages the
+real positions only, so padding and batch composition never change an
+embedding; retrieval embeddings are then a function of the video alone.
+
+Deliberate differences from the official code that remain (training only; the
+imported function and the eval-mode loss are the official ones):
 - biases start at zero (official: truncated normal like the weights);
 - dropout sits after each sublayer branch (`EncoderBlock`), the official layer
   also drops inside the feed-forward and after the first sublayer's norm.
@@ -106,6 +125,22 @@ class AttentionFA(nn.Module):
     return jnp.sum(x.astype(jnp.float32) * weights, axis=1)
 
 
+def official_avg_pool(x: Array, mask: Array) -> Array:
+  """Official `avg_special` (TemporalAvgPool): sum over the padded axis / real count.
+
+  The official collate pads each batch to its longest sequence, and the pooler sums
+  every position of that padded axis (padded ones included) before dividing by the
+  row's real length. Here the axis may be padded further (slots, static shapes), so
+  the positions below the batch's largest real length are summed: the same result
+  for any padding of ours. Rows without real positions give 0 (the official code
+  divides by zero there; such rows only pad our eval batches).
+  """
+  lengths = jnp.sum(mask, axis=1)
+  summed = jnp.arange(x.shape[1])[None, :] < jnp.max(lengths)
+  total = jnp.sum(jnp.where(summed[..., None], x, 0.0), axis=1)
+  return jnp.where(lengths[:, None] > 0, total / jnp.maximum(lengths, 1)[:, None], 0.0)
+
+
 def masked_pool(x: Array, mask: Array, kind: str) -> Array:
   """Masked mean or max over axis 1 (rows without real positions give 0)."""
   m = mask[..., None]
@@ -128,6 +163,7 @@ class TTransformer(nn.Module):
   pooler: str = "atn"
   pool_hidden: int = 768
   pool_heads: int = 2
+  masked_pool: bool = False  # "avg": masked mean (ours) instead of official avg_special
   use_context: bool = False
   init_std: float = 0.01
   max_positions: int = 1000
@@ -168,6 +204,8 @@ class TTransformer(nn.Module):
       pooled = AttentionFA(self.pool_hidden, self.pool_heads, self.dropout, self.init_std,
                            self.dropout_masks, dtype=self.dtype,
                            name="pooler")(x, mask, deterministic=deterministic)
+    elif self.pooler == "avg" and not self.masked_pool:
+      pooled = official_avg_pool(x.astype(jnp.float32), mask)
     else:
       pooled = masked_pool(x.astype(jnp.float32), mask, self.pooler)
     if self.use_context:
@@ -200,6 +238,7 @@ class COOT(nn.Module):
   local_pooler: str = "atn"
   pool_hidden: int = 768
   pool_heads: int = 2
+  masked_pool: bool = False  # module docstring: False = official avg_special
   use_context: bool = True
   init_std: float = 0.01
   max_positions: int = 1000
@@ -213,7 +252,8 @@ class COOT(nn.Module):
         hidden_size=self.hidden_size, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
         num_layers=self.num_layers, dropout=self.dropout, input_fc=local,
         pooler=self.local_pooler if local else "avg", pool_hidden=self.pool_hidden,
-        pool_heads=self.pool_heads, use_context=self.use_context and not local,
+        pool_heads=self.pool_heads, masked_pool=self.masked_pool,
+        use_context=self.use_context and not local,
         init_std=self.init_std, max_positions=self.max_positions,
         dropout_masks=self.dropout_masks, dtype=self.dtype, remat=self.remat,
         attention=self.attention, name=name)
@@ -263,7 +303,8 @@ def coot_from_config(cfg) -> COOT:
   return COOT(max_clips=int(cfg.max_clips), hidden_size=cfg.hidden_size,
               num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim, num_layers=cfg.num_layers,
               dropout=cfg.dropout, local_pooler=cfg.local_pooler, pool_hidden=cfg.pool_hidden,
-              pool_heads=cfg.pool_heads, use_context=cfg.use_context, init_std=cfg.init_std,
+              pool_heads=cfg.pool_heads, masked_pool=bool(cfg.get("masked_pool", False)),
+              use_context=cfg.use_context, init_std=cfg.init_std,
               max_positions=cfg.get("max_positions", 1000),
               dropout_masks=cfg.get("dropout_masks", "jax"), dtype=compute.dtype,
               remat=compute.remat, attention=compute.attention)

@@ -118,13 +118,20 @@ def split_state_dict(obj: Any, path: pathlib.Path,
                      keys: Iterable[str] = ("model", "state_dict", "model_state_dict")
                      ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """(flat state dict, the other entries) of a loaded checkpoint object: the object itself
-  when it is a state dict, else its first entry under `keys` that is one."""
+  when it is a state dict, else its first entry under `keys` that is one, else (a dict or
+  list of state dicts, one per network) all of them as "<network key or index>.<tensor>"."""
   if _is_state_dict(obj):
     return dict(obj), {}
   if isinstance(obj, dict):
     for key in keys:
       if _is_state_dict(obj.get(key)):
         return dict(obj[key]), {k: v for k, v in obj.items() if k != key}
+  nested = (list(obj.items()) if isinstance(obj, dict) else
+            [(str(i), v) for i, v in enumerate(obj)] if isinstance(obj, list) else [])
+  if nested and all(isinstance(k, str) and _is_state_dict(v) for k, v in nested):
+    # One state dict per network (COOT's nntrainer: {"net_video_local": {...}, ...}; the
+    # first coot-videotext release: a list of them): flattened as "<network>.<tensor>".
+    return {f"{k}.{name}": t for k, v in nested for name, t in v.items()}, {}
   found = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
   raise ImportCheckpointError(
       f"{path}: no state dict found (top level: {found}); expected a state dict or a dict "
@@ -296,9 +303,13 @@ def heads_out(w: np.ndarray, num_heads: int) -> np.ndarray:
 def abstract_run(config, workdir: pathlib.Path):
   """(Trainer, abstract TrainState) for `config`: shapes only, no data opened."""
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
+  from avtext.train import control as control_lib  # pylint: disable=g-import-not-at-top
   from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   task = tasks.build_task(config)
-  run = trainer_lib.Trainer(config, workdir, task, evaluators={})
+  # No evaluators are built (they may open data); a stand-in answers config.eval.select.
+  select = control_lib.selection(config)
+  stand_ins = {select[0].split("/")[0]: None} if select else {}
+  run = trainer_lib.Trainer(config, workdir, task, evaluators=stand_ins)
   batch = task.batch_spec(int(config.train.batch_size), train=True)
   state, tx, _ = run.abstract_state(batch)
   return run, state, tx
