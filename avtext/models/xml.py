@@ -174,6 +174,48 @@ class ConvSE(nn.Module):
     return start.reshape(*lead, -1), end.reshape(*lead, -1)
 
 
+class _OfficialCrossAttention(nn.Module):
+  """The official cross-attention (BertSelfAttention with the cross mask), to the float.
+
+  Parameters as `layers.Attention` (query/key/value DenseGeneral [D, H, D/H], "out"
+  with output_projection). Logits: q k^T / sqrt(D/H) + (1 - m_q m_k) * -10000 in
+  float32, as the official additive mask: real rows give padded keys zero weight; a
+  padded row is shifted by -10000 everywhere, so it attends to every context position
+  (padded ones too) with the softmax of its logits rounded to float32's grid near -1e4
+  (spacing ~1e-3), which a boolean mask would not reproduce (2e-4 apart at random
+  init, benchmarks/parity_xml.py). Then dropout on the probabilities.
+  """
+  num_heads: int
+  dropout_rate: float
+  dropout_masks: str
+  dtype: Any
+  output_projection: bool
+
+  @nn.compact
+  def __call__(self, x: Array, context: Array, mask: Array, *, deterministic: bool) -> Array:
+    features = x.shape[-1]
+    if features % self.num_heads:
+      raise ValueError(f"XML hidden_size {features} is not divisible by num_heads="
+                       f"{self.num_heads}")
+    head = features // self.num_heads
+    dense = lambda name: nn.DenseGeneral(  # noqa: E731
+        features=(self.num_heads, head), kernel_init=nn.initializers.normal(0.02),
+        dtype=self.dtype, name=name)
+    q, k, v = dense("query")(x), dense("key")(context), dense("value")(context)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    logits = logits.astype(jnp.float32) / jnp.sqrt(jnp.float32(head))
+    m = mask.astype(jnp.float32)
+    logits = logits + ((1.0 - m[:, None, :, None] * m[:, None, None, :]) * -10000.0)
+    weights = jax.nn.softmax(logits, axis=-1)
+    weights = layers.dropout(weights, self.dropout_rate, deterministic=deterministic,
+                             masks=self.dropout_masks)
+    y = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(self.dtype), v.astype(self.dtype))
+    if not self.output_projection:
+      return y.reshape(*y.shape[:-2], features)
+    return nn.DenseGeneral(features, axis=(-2, -1), kernel_init=nn.initializers.normal(0.02),
+                           dtype=self.dtype, name="out")(y)
+
+
 class _CrossEncoder(nn.Module):
   """LN(x + CrossAttn(x -> c)) (official), or with `output_linear` LN(x +
   dropout(Linear(CrossAttn(x -> c)))) (the paper's "linear layer").
@@ -182,10 +224,12 @@ class _CrossEncoder(nn.Module):
   feed_forward=False)` names them (cross_attention/{query,key,value[,out]},
   cross_attention_norm), so runs of either kind keep their layout.
 
-  `official_rows`: a padded query position x[l] attends to every context position,
-  padded ones included, as the official mask does (its cross mask is the outer
-  product of the two padding masks, so a padded row is -10000 everywhere: a shift that
-  leaves the plain softmax). Real rows attend to the real context positions only.
+  `official_rows`: the official additive cross mask (`_OfficialCrossAttention`): a
+  padded query position x[l] attends to every context position, padded ones
+  included (its cross mask is the outer product of the two padding masks, so a padded
+  row is shifted by -10000 everywhere). Real rows attend to the real context positions
+  only. Without it (masked_convse, where padded positions never reach an output)
+  `layers.Attention` with a key-padding mask, any attention implementation.
   """
   num_heads: int
   dropout_rate: float
@@ -203,15 +247,16 @@ class _CrossEncoder(nn.Module):
     return body(self, x, context, mask, deterministic)
 
   def _body(self, x: Array, context: Array, mask: Array, deterministic: bool) -> Array:
-    keys = (mask > 0)[:, None, None, :]  # [B, 1, 1, Lc]
+    attention = dict(num_heads=self.num_heads, dropout_rate=self.dropout_rate,
+                     dropout_masks=self.dropout_masks, dtype=self.dtype,
+                     output_projection=self.output_linear, name="cross_attention")
     if self.official_rows:
-      keys = jnp.logical_or(keys, (mask <= 0)[:, None, :, None])  # [B, 1, L, Lc]
-    y = layers.Attention(
-        num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-        dropout_masks=self.dropout_masks, kernel_init=nn.initializers.normal(0.02),
-        dtype=self.dtype, implementation=self.attention,
-        output_projection=self.output_linear, name="cross_attention")(
-            x, context, mask=keys, deterministic=deterministic)
+      y = _OfficialCrossAttention(**attention)(x, context, mask, deterministic=deterministic)
+    else:
+      y = layers.Attention(**attention, kernel_init=nn.initializers.normal(0.02),
+                           implementation=self.attention)(
+                               x, context, mask=(mask > 0)[:, None, None, :],
+                               deterministic=deterministic)
     if self.output_linear:
       y = layers.dropout(y, self.dropout_rate, deterministic=deterministic,
                          masks=self.dropout_masks)
