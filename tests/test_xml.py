@@ -267,6 +267,25 @@ def test_vcmr_equals_a_brute_force_loop_over_videos_and_spans(tmp_path):
   assert len(sub["SVMR"]) == 3 and sub["SVMR"][1]["predictions"] == []
 
 
+def test_store_keeps_padded_h1_where_the_official_convse_reads_it(tmp_path):
+  """Official default (masked_convse False): the evaluator keeps H_1 at padded clips, so
+  the span logits over the store are the model's own (padded to max_ctx_len)."""
+  import types  # pylint: disable=g-import-not-at-top
+  from avtext.evals import moments as moments_eval  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  h0, h1 = (rng.normal(size=(2, 2, 6, 4)).astype(np.float32) for _ in range(2))
+  mask = np.asarray([[1] * 6, [1] * 4 + [0] * 2], np.int32)
+  for keep in (False, True):
+    w = vcmr.CorpusWriter(tmp_path / str(keep), num_videos=2, streams=("video", "sub"), dim=4,
+                          max_len=6, keep_padded_h1=keep)
+    w.add(["a", "b"], [0, 1], h0, h1, mask)
+    got = w.close().read("h1", slice(0, 2))
+    np.testing.assert_array_equal(got, h1 if keep else h1 * mask[:, None, :, None])
+  reads = lambda variant: moments_eval.MomentsEvaluator._convse_reads_padding(  # noqa: E731  pylint: disable=protected-access
+      types.SimpleNamespace(task=types.SimpleNamespace(config=xml_tvr.get_config(variant))))
+  assert reads("tiny") and not reads("tiny,masked_convse") and not reads("tiny,sliding")
+
+
 def test_sliding_windows_average_clip_scores():
   from avtext.inference import spans  # pylint: disable=g-import-not-at-top
   x = jnp.asarray([0.1, 0.9, 0.8, 0.2, 0.6])

@@ -54,9 +54,17 @@ Choices where the paper and the official code differ (paper followed unless said
   Padded length: our pipeline always pads to max_ctx_len (fixed shapes), in
   training and in the corpus store, so under the official default a video's
   logits are still one function of the video (the official model padded to
-  max_ctx_len); corpus encodings are stored once and VCMR over them equals a
-  brute-force loop over videos (tests/test_xml.py). The official code pads to the
-  longest video of each batch, so its own logits vary with the batch.
+  max_ctx_len); the corpus store keeps H_1 at padded clips for it
+  (`vcmr.CorpusWriter(keep_padded_h1=True)`, set by the moments evaluator), so
+  corpus encodings are stored once, VCMR over them equals a brute-force loop over
+  videos (tests/test_xml.py) and scores the model's own span logits. The official
+  code pads to the longest video of each batch (and its inference zero-fills the
+  encodings beyond each encoding batch's longest), so its own logits vary with the
+  batch.
+- Single stream (context "video" or "sub"): the official model then has three
+  self-encoders (<m>_encoder1..3, no cross-attention) and per-stream filters; ours
+  has two (encoder0, encoder1) and the shared ConvSE, so the `video` / `sub` variants
+  are not the official single-stream model and their checkpoints do not import.
 - LayerNorm eps 1e-5 (PyTorch's default, which the official code uses); every
   Linear and embedding N(0, 0.02), biases 0; the ConvSE filters PyTorch's
   default U(-1/sqrt(k), 1/sqrt(k)).
