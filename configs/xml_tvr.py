@@ -33,9 +33,16 @@ because its rule and the inclusive labels agree: a model that reproduces
 its labels predicts the annotated span, and 2-clip moments stay reachable
 (the synthetic scenes are 2-5 clips long).
 
-Differences from the official code (avtext/models/xml.py): the Cross-Encoder keeps
-the paper's linear layer after cross-attention; padded clips are zeroed before
-ConvSE; optax AdamW (bias-corrected) in place of BertAdam. Eq. 2 takes the official
+The model computes the official function (official checkpoints import with
+`python -m avtext.tools.import_checkpoint --system=xml`): the Cross-Encoder is
+LN(x + CrossAttn(x, c)) without the paper's linear layer, and ConvSE reads S at
+padded clips as the official code does (the last k//2 real clips' logits depend on
+the padding; our pipeline always pads to max_ctx_len, so they are one function of
+the video). Two choices of ours stay available as variants (avtext/models/xml.py):
+`cross_linear` (the paper's "linear layer" after cross-attention) and
+`masked_convse` (S zeroed at padded clips before ConvSE, so a video's logits do not
+depend on how far it is padded, whatever the padding). Training differs from the
+official code in optax AdamW (bias-corrected) in place of BertAdam. Eq. 2 takes the official
 per-stream Linear on q_m (model.span_query_linear=True): with q_m itself, as the paper
 writes it, one of three demo seeds collapsed (span loss stuck at uniform), with the
 Linear none did and VCMR R@1 rose from 11.2 +- 8.0 to 16.3 +- 1.2 (BENCHMARKS.md;
@@ -49,6 +56,10 @@ Variants:
   tef      add the temporal endpoint features
   sliding  the sliding-window baseline of Fig. 6 in place of ConvSE (BENCHMARKS.md)
   eq2      eq. 2 on q_m itself, as the paper writes it (no per-stream Linear)
+  cross_linear   ours: the paper's Linear (+ dropout) after cross-attention
+                 (model.cross_output_linear); official checkpoints do not import
+  masked_convse  ours: padded clips of S zeroed before ConvSE (model.masked_convse),
+                 logits independent of the padded length
   tiny     seconds-long smoke run (tests)
 """
 import pathlib
@@ -60,7 +71,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 DEMO_DATA = "workdirs/demo/tvr_data"
-VARIANTS = {"demo", "tiny", "video", "sub", "tef", "sliding", "eq2"}
+VARIANTS = {"demo", "tiny", "video", "sub", "tef", "sliding", "eq2", "cross_linear",
+            "masked_convse"}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -93,7 +105,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict(dict(
       name="xml", context="video_sub", hidden_size=256, num_heads=4, max_ctx_len=100,
       max_query_len=30, dropout_rate=0.1, input_dropout_rate=0.1, layer_norm_eps=1e-5,
-      conv_kernel_size=5, span_query_linear=True, use_tef=False, span_head="convse",
+      conv_kernel_size=5, span_query_linear=True, cross_output_linear=False,
+      masked_convse=False, use_tef=False, span_head="convse",
       dropout_masks="hash"))  # cheap dropout masks (avtext.models.layers.dropout)
 
   config.loss = ml_collections.ConfigDict(dict(
@@ -141,6 +154,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.span_head = "sliding"
   if "eq2" in variants:  # the paper's eq. 2: q_m without the official per-stream Linear
     config.model.span_query_linear = False
+  if "cross_linear" in variants:  # ours: the paper's Linear after cross-attention
+    config.model.cross_output_linear = True
+  if "masked_convse" in variants:  # ours: logits independent of the padding
+    config.model.masked_convse = True
   # XML: features in, 128 queries a batch: one v5e host (4 chips) holds it many times over
   # (BENCHMARKS.md "Paper configs on their TPU slices"); bf16 compute, params float32.
   videocc_avr.paper_scale(config, "v5e:2x2")

@@ -85,7 +85,7 @@ def test_modular_query_is_a_masked_softmax_over_the_encoded_tokens():
 
 
 def test_span_logits_are_convse_of_the_mean_stream_similarity():
-  model = _tiny_xml()
+  model = _tiny_xml(masked_convse=True)  # ours; the official default: the test below
   q, qm, ctx, cm = _inputs(np.random.default_rng(1))
   v = model.init(jax.random.PRNGKey(0), q, qm, ctx, cm)
   qv = model.apply(v, q, qm, method=model.encode_query)
@@ -97,14 +97,14 @@ def test_span_logits_are_convse_of_the_mean_stream_similarity():
     n = int(cm[b].sum())
     sim = 0.5 * (np.asarray(h1[b, 0]) @ np.asarray(qv[b, 0])
                  + np.asarray(h1[b, 1]) @ np.asarray(qv[b, 1]))  # eq. 2
-    sim[n:] = 0.0  # padded clips are zeroed before the filters
+    sim[n:] = 0.0  # masked_convse: padded clips are zeroed before the filters
     padded = np.pad(sim, 2)
     for name, got in (("start", start), ("end", end)):
       want = np.asarray([padded[l:l + 5] @ ks[name] for l in range(6)])
       np.testing.assert_allclose(got[b, :n], want[:n], rtol=1e-5, atol=1e-5)
       assert np.all(np.asarray(got[b, n:]) == xml.NEG_INF)
   # The official per-stream Linear (configs/xml_tvr.py's default) maps q_m first.
-  lin = _tiny_xml(span_query_linear=True)
+  lin = _tiny_xml(span_query_linear=True, masked_convse=True)
   vl = lin.init(jax.random.PRNGKey(0), q, qm, ctx, cm)
   qv_l = lin.apply(vl, q, qm, method=lin.encode_query)
   _, h1_l = lin.apply(vl, ctx, cm, method=lin.encode_context)
@@ -133,6 +133,61 @@ def test_span_logits_are_convse_of_the_mean_stream_similarity():
   np.testing.assert_allclose(h1s[0], h1[1, :, :4], rtol=1e-5, atol=1e-6)
   s2 = model.apply(v, qv[1:], h1s, cm[1:, :4], method=model.span_logits)["start"]
   np.testing.assert_allclose(s2[0], start[1, :4], rtol=1e-5, atol=1e-5)
+
+
+def test_official_default_convse_reads_the_padded_clips():
+  """Official: ConvSE filters S as computed at padded clips too (only the output is
+  masked), and a padded position's cross-attention attends to every context position;
+  so the last k//2 real clips' logits depend on the padded length."""
+  model = _tiny_xml()
+  assert not model.masked_convse and not model.cross_output_linear
+  q, qm, ctx, cm = _inputs(np.random.default_rng(2))
+  v = model.init(jax.random.PRNGKey(0), q, qm, ctx, cm)
+  assert "out" not in v["params"]["video_cross"]["cross_attention"]  # no Linear (official)
+  qv = model.apply(v, q, qm, method=model.encode_query)
+  _, h1 = model.apply(v, ctx, cm, method=model.encode_context)
+  start = model.apply(v, qv, h1, cm, method=model.span_logits)["start"]
+  k = np.asarray(v["params"]["convse"]["start"]["kernel"])[:, 0, 0]
+  n = int(cm[1].sum())  # item 1: 4 real clips of 6
+  sim = 0.5 * (np.asarray(h1[1, 0]) @ np.asarray(qv[1, 0])
+               + np.asarray(h1[1, 1]) @ np.asarray(qv[1, 1]))  # raw at padded clips
+  assert np.all(np.abs(sim[n:]) > 1e-6)
+  want = np.asarray([np.pad(sim, 2)[l:l + 5] @ k for l in range(6)])
+  np.testing.assert_allclose(start[1, :n], want[:n], rtol=1e-5, atol=1e-5)
+  assert np.all(np.asarray(start[1, n:]) == xml.NEG_INF)
+
+  # The cross-attention of a padded position: softmax over all 6 context positions.
+  def cross_scores(module):
+    x = {m: module.ctx_pos(module.ctx_proj[m](ctx[m], deterministic=True),
+                           deterministic=True) for m in ("video", "sub")}
+    h0 = {m: module.encoder0[m](x[m], cm, deterministic=True) for m in x}
+    return h0, module.cross["video"](h0["video"], h0["sub"], cm, deterministic=True)
+  (h0, crossed) = model.apply(v, method=cross_scores)
+  p = v["params"]["video_cross"]["cross_attention"]
+  hv, hs = np.asarray(h0["video"][1]), np.asarray(h0["sub"][1])
+  proj = lambda x, n: np.einsum("ld,dhk->lhk", x, np.asarray(p[n]["kernel"])) + np.asarray(  # noqa: E731
+      p[n]["bias"])
+  qh, kh, vh = proj(hv, "query"), proj(hs, "key"), proj(hs, "value")
+  logits = np.einsum("qhk,lhk->hql", qh, kh) / math.sqrt(2)
+  logits[:, :n, n:] = -np.inf  # real rows: real keys only; padded rows: all keys
+  a = np.exp(logits - logits.max(-1, keepdims=True))
+  a /= a.sum(-1, keepdims=True)
+  y = hv + np.einsum("hql,lhk->qhk", a, vh).reshape(6, 4)
+  norm = v["params"]["video_cross"]["cross_attention_norm"]
+  y = (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-5)
+  y = y * np.asarray(norm["scale"]) + np.asarray(norm["bias"])
+  np.testing.assert_allclose(crossed[1], y, rtol=1e-4, atol=1e-5)
+
+  # Hence the last k//2 = 2 real clips change with the padded length; the rest do not.
+  short = {m: x[1:, :4] for m, x in ctx.items()}
+  _, h1s = model.apply(v, short, cm[1:, :4], method=model.encode_context)
+  s2 = model.apply(v, qv[1:], h1s, cm[1:, :4], method=model.span_logits)["start"]
+  np.testing.assert_allclose(s2[0, :2], start[1, :2], rtol=1e-5, atol=1e-5)
+  assert np.max(np.abs(np.asarray(s2[0, 2:4]) - np.asarray(start[1, 2:4]))) > 1e-6
+  # Ours (cross_linear): the paper's Linear after cross-attention, the block's "out".
+  lin = _tiny_xml(cross_output_linear=True)
+  assert "out" in lin.init(jax.random.PRNGKey(0), q, qm, ctx, cm)["params"]["sub_cross"][
+      "cross_attention"]
 
 
 def test_clip_labels_inclusive_and_official():
@@ -210,6 +265,25 @@ def test_vcmr_equals_a_brute_force_loop_over_videos_and_spans(tmp_path):
   assert first == [100 + v, a * 1.5, (b + 1) * 1.5, s]  # end inclusive: (end + 1) * 1.5 s
   assert sub["video2idx"] == {f"v{i}": 100 + i for i in range(7)}
   assert len(sub["SVMR"]) == 3 and sub["SVMR"][1]["predictions"] == []
+
+
+def test_store_keeps_padded_h1_where_the_official_convse_reads_it(tmp_path):
+  """Official default (masked_convse False): the evaluator keeps H_1 at padded clips, so
+  the span logits over the store are the model's own (padded to max_ctx_len)."""
+  import types  # pylint: disable=g-import-not-at-top
+  from avtext.evals import moments as moments_eval  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  h0, h1 = (rng.normal(size=(2, 2, 6, 4)).astype(np.float32) for _ in range(2))
+  mask = np.asarray([[1] * 6, [1] * 4 + [0] * 2], np.int32)
+  for keep in (False, True):
+    w = vcmr.CorpusWriter(tmp_path / str(keep), num_videos=2, streams=("video", "sub"), dim=4,
+                          max_len=6, keep_padded_h1=keep)
+    w.add(["a", "b"], [0, 1], h0, h1, mask)
+    got = w.close().read("h1", slice(0, 2))
+    np.testing.assert_array_equal(got, h1 if keep else h1 * mask[:, None, :, None])
+  reads = lambda variant: moments_eval.MomentsEvaluator._convse_reads_padding(  # noqa: E731  pylint: disable=protected-access
+      types.SimpleNamespace(task=types.SimpleNamespace(config=xml_tvr.get_config(variant))))
+  assert reads("tiny") and not reads("tiny,masked_convse") and not reads("tiny,sliding")
 
 
 def test_sliding_windows_average_clip_scores():

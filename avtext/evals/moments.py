@@ -89,6 +89,12 @@ class MomentsEvaluator(base.Evaluator):
     self._baselines = None
     self._span_fn = None
 
+  def _convse_reads_padding(self) -> bool:
+    """XML's official ConvSE (model.masked_convse False) reads H_1 at padded clips: the
+    store keeps them, so VCMR scores the model's own span logits (avtext/models/xml.py)."""
+    model = self.task.config.model
+    return (model.get("span_head") or "convse") == "convse" and not model.get("masked_convse")
+
   def encode_corpus(self, variables, *, mesh, directory) -> vcmr.CorpusStore:
     """The split's corpus through `encode_context`, stored in `directory`."""
     source = self.source
@@ -102,7 +108,8 @@ class MomentsEvaluator(base.Evaluator):
                                streams=self.task.streams, dim=out["h0"].shape[-1],
                                max_len=out["h0"].shape[-2],
                                dtype=self.cfg.get("corpus_dtype", "float32"),
-                               clip_length=source.clip_length)
+                               clip_length=source.clip_length,
+                               keep_padded_h1=self._convse_reads_padding())
     writer.add(host["vid_name"], [int(i) for i in host["video_idx"]], np.asarray(out["h0"]),
                np.asarray(out["h1"]), np.asarray(out["mask"]))
     return writer.close()

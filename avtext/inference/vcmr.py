@@ -10,7 +10,9 @@ eq. 4), and the Cross-Encoder outputs H^m_1 (for ConvSE), on a fixed grid of
                "dtype": "float32" | "bfloat16" | "int8", "clip_length": 1.5, ...}
   h0.bin, h1.bin   [V, M, L, D] in `dtype` (raw, C order; np.memmap); a padded clip of
                    h0 repeats the video's first clip, so the max of eq. 4 needs no mask;
-                   padded clips of h1 are zero
+                   padded clips of h1 are zero, or with `keep_padded_h1` the encoder's
+                   values there (XML's official ConvSE reads them, model.masked_convse
+                   False: the span logits over the store are then the model's own)
   h0_scale.bin, h1_scale.bin   float32 [V, M, L], int8 only: x = q * scale
   mask.bin    uint8 [V, L], 1 for real clips
 
@@ -68,10 +70,12 @@ class CorpusWriter:
   """Writes a corpus store chunk by chunk (memory stays one chunk); `close` writes meta.json."""
 
   def __init__(self, directory, *, num_videos: int, streams: Sequence[str], dim: int,
-               max_len: int, dtype: str = "float32", clip_length: float = 1.5):
+               max_len: int, dtype: str = "float32", clip_length: float = 1.5,
+               keep_padded_h1: bool = False):
     if dtype not in DTYPES:
       raise ValueError(f"corpus dtype {dtype!r}; expected one of {sorted(DTYPES)}")
     self.dir = pathlib.Path(directory)
+    self.keep_padded_h1 = bool(keep_padded_h1)
     self.dir.mkdir(parents=True, exist_ok=True)
     (self.dir / "meta.json").unlink(missing_ok=True)  # incomplete until close()
     self.meta = dict(streams=list(streams), dim=int(dim), max_len=int(max_len), dtype=dtype,
@@ -100,7 +104,9 @@ class CorpusWriter:
       raise ValueError(f"corpus store {self.dir}: every video needs a first real clip")
     h0 = l2_normalize(np.asarray(h0, np.float32))
     h0 = np.where(mask[:, None, :, None], h0, h0[:, :, :1])  # padding = clip 0 (max unchanged)
-    h1 = np.asarray(h1, np.float32) * mask[:, None, :, None]
+    h1 = np.asarray(h1, np.float32)
+    if not self.keep_padded_h1:
+      h1 = h1 * mask[:, None, :, None]
     for name, x in (("h0", h0), ("h1", h1)):
       if self.scale is not None:
         x, s = quantize_int8(x)

@@ -17,13 +17,16 @@ Backbone (sec. 4.1; names of the official code, jayleicn/TVRetrieval
   query             H_q = SelfEnc(E_q); modular attention a_m = softmax_r(w_m . h_r)
                     over the real tokens, q_m = sum_r a_mr h_r, m in {v, s}   (eq. 1)
   context           H^m_0 = SelfEnc_m(E_m); Cross-Encoder: LN(H^m_0 +
-                    Linear(CrossAttn(H^m_0 -> H^other_0))) then another
-                    Self-Encoder -> H^m_1                   (cross_context_encoder)
+                    CrossAttn(H^m_0 -> H^other_0)) (no output Linear, no dropout on
+                    the branch) then another Self-Encoder -> H^m_1
+                                                            (cross_context_encoder)
   VR score          s_vr = mean_m max_l cos(H^m_0[l], q_m)  (eq. 4)
   query-clip        S = mean_m H^m_1 q_m                    (eq. 2)
   ConvSE            S_st = Conv1D_st(S), S_ed = Conv1D_ed(S): one input and one
                     output channel, kernel `conv_kernel_size` (5), 'same' padding,
-                    no bias (eq. 3); P_st, P_ed = softmax over the real clips.
+                    no bias (eq. 3), over S as computed at every position, padded
+                    clips included (official); P_st, P_ed = softmax over the real
+                    clips.
   sliding windows    `span_head="sliding"`: TVR Fig. 6's baseline in place of ConvSE, the
                     clip logits S trained with BCE (inside / outside the moment) and
                     every span of the length prior scored by the mean of sigmoid(S)
@@ -35,14 +38,33 @@ Choices where the paper and the official code differ (paper followed unless said
   through a Linear per stream (video_query_linear / sub_query_linear):
   `span_query_linear=True`, which configs/xml_tvr.py turns on: without it one of three
   demo seeds collapsed (BENCHMARKS.md, ConvSE vs the sliding window).
-- The paper's Cross-Encoder has "a linear layer" after cross-attention; the
-  official one has none. We keep the linear (the shared attention block's
-  output projection).
-- S is zeroed at padded clips before the convolution, so a video's scores do
-  not depend on how it was padded (the official conv sees encoder outputs at
-  padded positions, so its results depend on the batch's longest video).
-  Consequently the corpus encodings can be stored once and VCMR over them
-  equals a brute-force loop over videos (tests/test_xml.py).
+- The defaults compute the official function, so that official checkpoints import
+  (`avtext.weights.official_xml`) and give the official outputs. Two choices of
+  ours are named options (configs/xml_tvr.py variants `cross_linear`,
+  `masked_convse`):
+  `cross_output_linear=True`: the paper's Cross-Encoder has "a linear layer" after
+    cross-attention (then dropout), the official one has none; ours keeps it.
+  `masked_convse=True`: S is zeroed at padded clips before the convolution, so a
+    video's logits do not depend on how far it was padded. Officially (default)
+    the filters read S at padded positions, where the encoders' outputs are not
+    zero: the last k//2 real clips' start/end logits depend on the padded length.
+    The official cross mask (outer product of the two padding masks) also lets
+    a padded position attend to every context position, padded ones included; the
+    default reproduces that, since those positions reach the logits.
+  Padded length: our pipeline always pads to max_ctx_len (fixed shapes), in
+  training and in the corpus store, so under the official default a video's
+  logits are still one function of the video (the official model padded to
+  max_ctx_len); the corpus store keeps H_1 at padded clips for it
+  (`vcmr.CorpusWriter(keep_padded_h1=True)`, set by the moments evaluator), so
+  corpus encodings are stored once, VCMR over them equals a brute-force loop over
+  videos (tests/test_xml.py) and scores the model's own span logits. The official
+  code pads to the longest video of each batch (and its inference zero-fills the
+  encodings beyond each encoding batch's longest), so its own logits vary with the
+  batch.
+- Single stream (context "video" or "sub"): the official model then has three
+  self-encoders (<m>_encoder1..3, no cross-attention) and per-stream filters; ours
+  has two (encoder0, encoder1) and the shared ConvSE, so the `video` / `sub` variants
+  are not the official single-stream model and their checkpoints do not import.
 - LayerNorm eps 1e-5 (PyTorch's default, which the official code uses); every
   Linear and embedding N(0, 0.02), biases 0; the ConvSE filters PyTorch's
   default U(-1/sqrt(k), 1/sqrt(k)).
@@ -140,9 +162,10 @@ def _conv_init(key, shape, dtype=jnp.float32):
 class ConvSE(nn.Module):
   """Start and end filters over the query-clip similarity S [..., L] (TVR eq. 3).
 
-  Parameters: start_kernel, end_kernel [k, 1, 1] (flax Conv layout). Padded
-  clips of S must be zero (the caller masks them); the outputs are logits
-  before the masked softmax.
+  Parameters: start_kernel, end_kernel [k, 1, 1] (flax Conv layout). S is
+  read as given at every position ('same' zero padding beyond the ends; with
+  XML(masked_convse=True) the caller zeroes padded clips first); the outputs are
+  logits before the masked softmax.
   """
   kernel_size: int = 5
 
@@ -159,6 +182,96 @@ class ConvSE(nn.Module):
     return start.reshape(*lead, -1), end.reshape(*lead, -1)
 
 
+class _OfficialCrossAttention(nn.Module):
+  """The official cross-attention (BertSelfAttention with the cross mask), to the float.
+
+  Parameters as `layers.Attention` (query/key/value DenseGeneral [D, H, D/H], "out"
+  with output_projection). Logits: q k^T / sqrt(D/H) + (1 - m_q m_k) * -10000 in
+  float32, as the official additive mask: real rows give padded keys zero weight; a
+  padded row is shifted by -10000 everywhere, so it attends to every context position
+  (padded ones too) with the softmax of its logits rounded to float32's grid near -1e4
+  (spacing ~1e-3), which a boolean mask would not reproduce (2e-4 apart at random
+  init, benchmarks/parity_xml.py). Then dropout on the probabilities.
+  """
+  num_heads: int
+  dropout_rate: float
+  dropout_masks: str
+  dtype: Any
+  output_projection: bool
+
+  @nn.compact
+  def __call__(self, x: Array, context: Array, mask: Array, *, deterministic: bool) -> Array:
+    features = x.shape[-1]
+    if features % self.num_heads:
+      raise ValueError(f"XML hidden_size {features} is not divisible by num_heads="
+                       f"{self.num_heads}")
+    head = features // self.num_heads
+    dense = lambda name: nn.DenseGeneral(  # noqa: E731
+        features=(self.num_heads, head), kernel_init=nn.initializers.normal(0.02),
+        dtype=self.dtype, name=name)
+    q, k, v = dense("query")(x), dense("key")(context), dense("value")(context)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    logits = logits.astype(jnp.float32) / jnp.sqrt(jnp.float32(head))
+    m = mask.astype(jnp.float32)
+    logits = logits + ((1.0 - m[:, None, :, None] * m[:, None, None, :]) * -10000.0)
+    weights = jax.nn.softmax(logits, axis=-1)
+    weights = layers.dropout(weights, self.dropout_rate, deterministic=deterministic,
+                             masks=self.dropout_masks)
+    y = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(self.dtype), v.astype(self.dtype))
+    if not self.output_projection:
+      return y.reshape(*y.shape[:-2], features)
+    return nn.DenseGeneral(features, axis=(-2, -1), kernel_init=nn.initializers.normal(0.02),
+                           dtype=self.dtype, name="out")(y)
+
+
+class _CrossEncoder(nn.Module):
+  """LN(x + CrossAttn(x -> c)) (official), or with `output_linear` LN(x +
+  dropout(Linear(CrossAttn(x -> c)))) (the paper's "linear layer").
+
+  Parameters as `layers.EncoderBlock(self_attention=False, cross_attention=True,
+  feed_forward=False)` names them (cross_attention/{query,key,value[,out]},
+  cross_attention_norm), so runs of either kind keep their layout.
+
+  `official_rows`: the official additive cross mask (`_OfficialCrossAttention`): a
+  padded query position x[l] attends to every context position, padded ones
+  included (its cross mask is the outer product of the two padding masks, so a padded
+  row is shifted by -10000 everywhere). Real rows attend to the real context positions
+  only. Without it (masked_convse, where padded positions never reach an output)
+  `layers.Attention` with a key-padding mask, any attention implementation.
+  """
+  num_heads: int
+  dropout_rate: float
+  layer_norm_eps: float
+  output_linear: bool
+  official_rows: bool
+  dropout_masks: str = "jax"
+  dtype: Any = jnp.float32
+  remat: str = "none"
+  attention: str = "xla"
+
+  @nn.compact
+  def __call__(self, x: Array, context: Array, mask: Array, *, deterministic: bool) -> Array:
+    body = layers.remat(_CrossEncoder._body, self.remat, static_argnums=(4,))
+    return body(self, x, context, mask, deterministic)
+
+  def _body(self, x: Array, context: Array, mask: Array, deterministic: bool) -> Array:
+    attention = dict(num_heads=self.num_heads, dropout_rate=self.dropout_rate,
+                     dropout_masks=self.dropout_masks, dtype=self.dtype,
+                     output_projection=self.output_linear, name="cross_attention")
+    if self.official_rows:
+      y = _OfficialCrossAttention(**attention)(x, context, mask, deterministic=deterministic)
+    else:
+      y = layers.Attention(**attention, kernel_init=nn.initializers.normal(0.02),
+                           implementation=self.attention)(
+                               x, context, mask=(mask > 0)[:, None, None, :],
+                               deterministic=deterministic)
+    if self.output_linear:
+      y = layers.dropout(y, self.dropout_rate, deterministic=deterministic,
+                         masks=self.dropout_masks)
+    return nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
+                        name="cross_attention_norm")(x + y)
+
+
 class XML(nn.Module):
   """XML (module docstring). Defaults: the official TVR ones."""
   context: str = "video_sub"
@@ -171,6 +284,8 @@ class XML(nn.Module):
   layer_norm_eps: float = 1e-5
   conv_kernel_size: int = 5
   span_query_linear: bool = False
+  cross_output_linear: bool = False  # ours: the paper's Linear after cross-attention
+  masked_convse: bool = False  # ours: S zeroed at padded clips before ConvSE
   use_tef: bool = False
   span_head: str = "convse"  # or "sliding": TVR Fig. 6's sliding-window baseline
   dropout_masks: str = "jax"  # or "hash": the same distribution, cheaper on CPUs (layers.dropout)
@@ -199,8 +314,12 @@ class XML(nn.Module):
     self.ctx_proj = {m: _InputProjection(**proj, name=f"{m}_proj") for m in self.streams}
     self.encoder0 = {m: layers.EncoderBlock(**block, name=f"{m}_encoder0") for m in self.streams}
     if len(self.streams) == 2:
-      self.cross = {m: layers.EncoderBlock(**block, self_attention=False, cross_attention=True,
-                                           name=f"{m}_cross") for m in self.streams}
+      self.cross = {m: _CrossEncoder(
+          num_heads=self.num_heads, dropout_rate=self.dropout_rate,
+          layer_norm_eps=self.layer_norm_eps, output_linear=self.cross_output_linear,
+          official_rows=not self.masked_convse, dropout_masks=self.dropout_masks, dtype=dtype,
+          remat=self.remat, attention=self.attention, name=f"{m}_cross")
+                    for m in self.streams}
     self.encoder1 = {m: layers.EncoderBlock(**block, name=f"{m}_encoder1") for m in self.streams}
     if self.span_query_linear:
       self.span_query = {m: nn.Dense(self.hidden_size, kernel_init=init, dtype=dtype,
@@ -238,7 +357,7 @@ class XML(nn.Module):
       x = h0[m]
       if len(self.streams) == 2:
         other = h0["sub" if m == "video" else "video"]
-        x = self.cross[m](x, context=other, context_mask=ctx_mask, deterministic=det)
+        x = self.cross[m](x, other, ctx_mask, deterministic=det)
       h1[m] = self.encoder1[m](x, ctx_mask, deterministic=det)
     stack = lambda h: jnp.stack([h[m] for m in self.streams], axis=1).astype(  # noqa: E731
         jnp.float32)
@@ -263,7 +382,8 @@ class XML(nn.Module):
     sim = jnp.mean(sim, axis=-2)  # eq. 2
     if self.span_head == "sliding":
       return {"clip": masked_logits(sim, ctx_mask)}
-    sim = sim * ctx_mask.astype(sim.dtype)
+    if self.masked_convse:
+      sim = sim * ctx_mask.astype(sim.dtype)
     start, end = self.convse(sim)
     return {"start": masked_logits(start, ctx_mask), "end": masked_logits(end, ctx_mask)}
 
@@ -283,7 +403,8 @@ class XML(nn.Module):
 def xml_from_config(cfg: ml_collections.ConfigDict) -> XML:
   """config.model: context, hidden_size, num_heads, max_ctx_len, max_query_len,
   dropout_rate, input_dropout_rate, layer_norm_eps, conv_kernel_size,
-  span_query_linear, use_tef, span_head, dropout_masks (XML's fields; defaults the official values);
+  span_query_linear, cross_output_linear, masked_convse, use_tef, span_head, dropout_masks
+  (XML's fields; defaults the official values);
   dtype, remat, attention (`registry.compute_from_config`)."""
   fields = [f for f in XML.__dataclass_fields__
             if f not in ("parent", "name", *registry.COMPUTE_FIELDS)]
