@@ -296,9 +296,13 @@ def heads_out(w: np.ndarray, num_heads: int) -> np.ndarray:
 def abstract_run(config, workdir: pathlib.Path):
   """(Trainer, abstract TrainState) for `config`: shapes only, no data opened."""
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
+  from avtext.train import control as control_lib  # pylint: disable=g-import-not-at-top
   from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   task = tasks.build_task(config)
-  run = trainer_lib.Trainer(config, workdir, task, evaluators={})
+  # No evaluators are built (they may open data); a stand-in answers config.eval.select.
+  select = control_lib.selection(config)
+  stand_ins = {select[0].split("/")[0]: None} if select else {}
+  run = trainer_lib.Trainer(config, workdir, task, evaluators=stand_ins)
   batch = task.batch_spec(int(config.train.batch_size), train=True)
   state, tx, _ = run.abstract_state(batch)
   return run, state, tx
