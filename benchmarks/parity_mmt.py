@@ -55,9 +55,10 @@ def _official_modules(official_dir: pathlib.Path):
   # transformer/beam_search.py (imported by translator.py) does `from decode_strategy import`:
   # the official scripts run with that folder importable.
   sys.path.insert(1, str(official_dir / "baselines/multimodal_transformer/transformer"))
-  from baselines.multimodal_transformer.transformer import model as model_lib  # pylint: disable=g-import-not-at-top
-  from baselines.multimodal_transformer.transformer import tvc_dataset  # pylint: disable=g-import-not-at-top
-  from baselines.multimodal_transformer import translator  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from baselines.multimodal_transformer.transformer import model as model_lib
+  from baselines.multimodal_transformer.transformer import tvc_dataset
+  from baselines.multimodal_transformer import translator
   return model_lib, tvc_dataset, translator
 
 
@@ -232,9 +233,10 @@ def run(official_dir: pathlib.Path, seed: int = 0):
   steps = np.array(net.apply(variables, *ctx, path))
   steps[..., tvc_dataset.TVCaptionDataset.UNK] = -np.inf
   top2 = np.sort(steps, -1)[..., -2:]
+  margin = float(np.min(top2[..., 1] - top2[..., 0]))
   rows.append(("greedy captions: rows not token-identical", float(mismatched),
                f"{len(theirs)} captions"))
   extra = ["", f"Greedy captions (official Translator vs avtext predict fn, {len(theirs)} "
-           f"moments; smallest top-2 logit margin along the greedy paths {np.min(top2[..., 1] - top2[..., 0]):.2e}):",
+           f"moments; smallest top-2 logit margin along the greedy paths {margin:.2e}):",
            *lines, f"Official loss {float(loss):.6f} over {n_words} words; checkpoint {ckpt}"]
   return rows, extra

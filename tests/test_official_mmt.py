@@ -23,7 +23,8 @@ HEADS = 2
 
 
 def _vocab(path: pathlib.Path) -> pathlib.Path:
-  preprocessing.WordVocab.build(["a b c d e f g h i j"], min_count=0).save(path)  # 7 special + 10 words
+  # 7 special tokens + 10 words
+  preprocessing.WordVocab.build(["a b c d e f g h i j"], min_count=0).save(path)
   return path
 
 

@@ -38,11 +38,14 @@ Decoder: `num_layers` decoder layers, the shared `layers.EncoderBlock(causal=Tru
     weights (avtext/weights/official_mmt.py).
   "standard": the paper's "standard design [40]" (TVR app. D.2), the transformer
     decoder layer every other avtext model shares: an output Linear + dropout after
-    each attention and a GELU MLP of width `intermediate_size`. Kept as our
-    improvement (configs/mmt_tvc.py:standard_decoder): the official layer has no
-    nonlinearity between attention sublayers apart from the LayerNorms, so its
-    decoder is a much weaker function per layer than what the paper describes; the
-    standard layer costs 2 D^2 + 2 D * intermediate parameters more per layer.
+    each attention and a GELU MLP of width `intermediate_size`. Kept as an
+    option (configs/mmt_tvc.py:standard_decoder) because it is the layer the paper
+    describes and the block every avtext transformer shares, and because the
+    official feed-forward part has no nonlinearity (only the LayerNorms separate
+    the decoder's Linears); it costs 2 D^2 + 2 D * intermediate parameters more per
+    layer. Which one captions TVC better has not been measured here. Runs written
+    before this option existed (no model.decoder_layer in their config.json) used
+    it, so `mmt_from_config` builds it when the field is absent.
   The self-attention keys are the causal ones, intersected with `caption_mask`
   when given (the official decoder masks padded caption keys too; for the real
   positions, which precede every pad, this changes nothing, so training and
@@ -251,7 +254,8 @@ def mmt_from_config(cfg) -> MMT:
              max_positions=cfg.max_positions, dropout_rate=cfg.dropout_rate,
              attention_dropout_rate=cfg.attention_dropout_rate,
              layer_norm_eps=cfg.get("layer_norm_eps", 1e-12),
-             decoder_layer=cfg.get("decoder_layer", "official"), dtype=compute.dtype,
+             # Absent: a run from before the option, trained with the standard layer.
+             decoder_layer=cfg.get("decoder_layer", "standard"), dtype=compute.dtype,
              remat=compute.remat, attention=compute.attention)
 
 
