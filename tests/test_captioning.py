@@ -38,6 +38,40 @@ def test_sequence_nll_hand_computed():
   np.testing.assert_allclose(smooth, want, rtol=1e-6)
 
 
+def test_tvc_label_smoothing_loss_is_the_official_kl_sum():
+  """TVCaption's LabelSmoothingLoss: q = 1 - eps on the target, eps / (V - 1) on each other
+  word; sum over the real tokens of sum_w q_w (log q_w - log p_w); eps 0: mean CE."""
+  logits = jnp.array([[[2.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.5], [5.0, 5.0, 5.0, 5.0]],
+                      [[1.0, -1.0, 0.0, 3.0], [0.0, 0.0, 0.0, 0.0], [0.3, 0.2, 0.1, 0.0]]])
+  targets = jnp.array([[0, 2, 1], [3, 1, 0]])
+  mask = jnp.array([[1, 1, 0], [1, 1, 1]])  # one padded position (official label -1)
+  real = [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+  v = 4
+  logp = np.asarray(logits, np.float64)
+  logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+
+  def official(eps):
+    total = 0.0
+    for b, i in real:
+      q = np.full(v, eps / (v - 1))
+      q[int(targets[b, i])] = 1 - eps
+      kept = q > 0  # torch's kl_div: 0 * log 0 = 0
+      total += np.sum(q[kept] * (np.log(q[kept]) - logp[b, i][kept]))
+    return total
+
+  loss, per_word, acc = captioning.tvc_label_smoothing_loss(logits, targets, mask, 0.3)
+  np.testing.assert_allclose([loss, per_word], [official(0.3), official(0.3) / 5], rtol=1e-6)
+  assert float(acc) == pytest.approx(100 * 3 / 5)  # right at (0,0), (1,0), (1,2)
+  np.testing.assert_allclose(captioning.tvc_label_smoothing_loss(logits, targets, mask, 1.0)[0],
+                             official(1.0), rtol=1e-6)  # no mass on the target
+  # eps = 0: the official nn.CrossEntropyLoss(ignore_index=-1), a mean over the real tokens.
+  ce = -np.mean([logp[b, i, int(targets[b, i])] for b, i in real])
+  loss0, per_word0, _ = captioning.tvc_label_smoothing_loss(logits, targets, mask, 0.0)
+  np.testing.assert_allclose([loss0, per_word0], [ce, ce], rtol=1e-6)
+  with pytest.raises(ValueError, match="label_smoothing=1.5"):
+    captioning.tvc_label_smoothing_loss(logits, targets, mask, 1.5)
+
+
 def test_parse_statements_recovers_every_generated_mention():
   """Every synonym and template the generator uses parses back to its mention dict."""
   src = clips.ClipCaptionSource("train", num_examples=3000, seed=7, spec=world.WorldSpec())

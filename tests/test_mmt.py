@@ -127,8 +127,9 @@ def test_embedding_stage_is_the_sum_of_its_streams():
   np.testing.assert_allclose(got, ln(want, p["embedding_norm"]), rtol=1e-4, atol=1e-4)
 
 
-def test_cached_decoding_equals_teacher_forcing_and_ignores_masked_context():
-  model = _tiny_model()
+@pytest.mark.parametrize("decoder_layer", ["official", "standard"])
+def test_cached_decoding_equals_teacher_forcing_and_ignores_masked_context(decoder_layer):
+  model = _tiny_model(decoder_layer=decoder_layer)
   rng = np.random.default_rng(0)
   ids, video, mask, types = _context(rng)
   caption = rng.integers(4, 23, size=(3, 7)).astype(np.int32)
@@ -148,6 +149,67 @@ def test_cached_decoding_equals_teacher_forcing_and_ignores_masked_context():
   ids2[0, 4:6], video2[1, 9:] = 8, 5.0
   np.testing.assert_allclose(model.apply(variables, ids2, video2, mask, types, caption), full,
                              rtol=1e-5, atol=1e-5)
+
+
+def test_official_decoder_layer_is_the_default_and_standard_is_kept():
+  """Official (default): no output Linear after either attention, one Linear(D, D) as the
+  feed-forward part; "standard": output Linears and the GELU MLP (intermediate_size)."""
+  ids, video, mask, types = _context(np.random.default_rng(0))
+
+  def decoder_params(**kw):
+    model = mmt.MMT(vocab_size=23, video_dim=6, hidden_size=16, num_layers=2, num_heads=2,
+                    intermediate_size=24, word_dim=8, max_positions=24, **kw)
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(0), ids, video, mask, types,
+                            ids[:, :3])["params"]
+    return jax.tree.map(lambda x: x.shape, params["decoder_0"])
+
+  official = decoder_params()
+  assert official == decoder_params(decoder_layer="official")
+  assert "out" not in official["attention"] and "out" not in official["cross_attention"]
+  assert official["mlp"] == {"kernel": (16, 16), "bias": (16,)}
+  standard = decoder_params(decoder_layer="standard")
+  assert standard["attention"]["out"]["kernel"] == (2, 8, 16)
+  assert standard["mlp"]["dense_in"]["kernel"] == (16, 24)
+  with pytest.raises(ValueError, match="decoder_layer='ours'"):
+    decoder_params(decoder_layer="ours")
+
+
+def test_caption_mask_changes_only_the_padded_positions():
+  """The official decoder also masks padded caption keys: real positions (all before the
+  pads) are unchanged, the padded ones now see only the real tokens."""
+  model = _tiny_model()
+  rng = np.random.default_rng(4)
+  ids, video, mask, types = _context(rng)
+  caption = rng.integers(4, 23, size=(3, 7)).astype(np.int32)
+  cap_mask = np.ones_like(caption)
+  cap_mask[0, 4:] = 0
+  cap_mask[2, 2:] = 0
+  variables = model.init(jax.random.PRNGKey(1), ids, video, mask, types, caption)
+  free = np.asarray(model.apply(variables, ids, video, mask, types, caption))
+  masked = np.asarray(model.apply(variables, ids, video, mask, types, caption,
+                                  caption_mask=cap_mask))
+  real = cap_mask.astype(bool)
+  np.testing.assert_allclose(masked[real], free[real], rtol=1e-5, atol=1e-5)
+  assert np.abs(masked[~real] - free[~real]).max() > 1e-3
+  # A padded position no longer depends on the other padded tokens.
+  caption2 = caption.copy()
+  caption2[0, 4:6] = 5
+  np.testing.assert_allclose(masked[0, 6], np.asarray(model.apply(
+      variables, ids, video, mask, types, caption2, caption_mask=cap_mask))[0, 6],
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_config_defaults_are_official_and_variants_name_ours():
+  config = mmt_tvc.get_config()
+  assert (config.model.decoder_layer, config.loss.name) == ("official", "kl_sum")
+  for variant in ("demo", "tiny", "video,tiny"):
+    tiny = mmt_tvc.get_config(variant)
+    assert (tiny.model.decoder_layer, tiny.loss.name) == ("official", "kl_sum"), variant
+    assert tiny.model.intermediate_size == tiny.model.hidden_size  # the official layer's need
+  ours = mmt_tvc.get_config("tiny,standard_decoder,mean_nll")
+  assert (ours.model.decoder_layer, ours.loss.name) == ("standard", "nll")
+  with pytest.raises(ValueError, match="unknown variant"):
+    mmt_tvc.get_config("ours")
 
 
 def test_greedy_generation_equals_a_full_recompute_loop_with_unk_banned():

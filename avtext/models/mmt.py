@@ -23,14 +23,33 @@ Encoder: `num_layers` post-LN BERT layers (`layers.EncoderBlock`,
   eps 1e-12), bidirectional over the real context positions.
 Decoder input: word_fc(E[caption ids]) + PE (the embedding shared with the
   encoder), no token type.
-Decoder: `num_layers` transformer decoder layers (`EncoderBlock(causal=True,
-  cross_attention=True)`: causal self-attention, cross-attention to the
-  encoder output over the real context positions, MLP), each sublayer
-  post-LN with dropout, as the paper's "standard design [40]". The official
-  decoder layer departs from it: no output projection after either
-  attention, no residual dropout on them, and a single Linear (no GELU) as
-  its feed-forward part; we keep the standard layer, the one block every
-  avtext model shares.
+Decoder: `num_layers` decoder layers, the shared `layers.EncoderBlock(causal=True,
+  cross_attention=True, pre_norm=False)`: causal self-attention, cross-attention to
+  the encoder output over the real context positions, a feed-forward part, each
+  sublayer LN(x + f(x)). `decoder_layer` picks its form:
+  "official" (default): the official BertDecoderLayerNoMemoryUntied. Neither
+    attention has an output Linear (the concatenated heads go straight into the
+    residual, no dropout on that branch; attention-probability dropout stays) and
+    the feed-forward part is one Linear(D -> D) without activation, with dropout
+    (BertOutput on the cross-attention output): `attention_output="none",
+    feed_forward_kind="linear"`. `intermediate_size` is unused here (the official
+    code needs it equal to hidden_size, its BertOutput being Linear(intermediate ->
+    hidden) applied to a hidden-wide input). This is what imports the released
+    weights (avtext/weights/official_mmt.py).
+  "standard": the paper's "standard design [40]" (TVR app. D.2), the transformer
+    decoder layer every other avtext model shares: an output Linear + dropout after
+    each attention and a GELU MLP of width `intermediate_size`. Kept as an
+    option (configs/mmt_tvc.py:standard_decoder) because it is the layer the paper
+    describes and the block every avtext transformer shares, and because the
+    official feed-forward part has no nonlinearity (only the LayerNorms separate
+    the decoder's Linears); it costs 2 D^2 + 2 D * intermediate parameters more per
+    layer. Which one captions TVC better has not been measured here. Runs written
+    before this option existed (no model.decoder_layer in their config.json) used
+    it, so `mmt_from_config` builds it when the field is absent.
+  The self-attention keys are the causal ones, intersected with `caption_mask`
+  when given (the official decoder masks padded caption keys too; for the real
+  positions, which precede every pad, this changes nothing, so training and
+  decoding leave it out).
 Output: Dense(D) -> GELU -> LN, then Linear(D -> V) with bias, not tied to
   the word embedding [share_wd_cls_weight=False].
 Init: N(0, 0.02) for every kernel and embedding, zero biases [init_bert_weights].
@@ -41,8 +60,9 @@ feeds one caption token per call; `captioner_decoding_fns` wraps them for
 
 Parameters: word_embeddings {embedding [V, 300]}, word_fc, video_fc
 {norm_in, dense, norm_out}, token_type_embeddings {embedding [2, D]},
-embedding_norm, encoder_<i>, decoder_<i> (EncoderBlock), head {transform,
-transform_norm, output {kernel [D, V], bias [V]}}.
+embedding_norm, encoder_<i>, decoder_<i> (EncoderBlock; "official": attention /
+cross_attention {query, key, value}, mlp {kernel, bias} and the three norms),
+head_transform, head_norm, head_output {kernel [D, V], bias [V]}.
 
 Precision and memory (`config.model.dtype` / `.remat` / `.attention`,
 `layers.Compute`): every Dense, LayerNorm output, embedding sum and block (the KV cache
@@ -64,6 +84,8 @@ Array = jax.Array
 # Special word ids of the official vocabulary (TVCaption build_vocab.py); the same as
 # `preprocessing.WordVocab`'s, which tests/test_mmt.py checks.
 PAD, CLS, SEP, VID, BOS, EOS, UNK = range(7)
+
+DECODER_LAYERS = ("official", "standard")
 
 
 def sinusoidal_positions(length: int, width: int) -> np.ndarray:
@@ -106,6 +128,7 @@ class MMT(nn.Module):
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   layer_norm_eps: float = 1e-12
+  decoder_layer: str = "official"  # or "standard" (module docstring)
   dtype: Any = jnp.float32  # computation dtype; remat, attention: see `layers.Compute`
   remat: str = "none"
   attention: str = "xla"
@@ -130,8 +153,15 @@ class MMT(nn.Module):
                  dtype=dtype, remat=self.remat, attention_impl=self.attention)
     self.encoder = [layers.EncoderBlock(**block, name=f"encoder_{i}")
                     for i in range(self.num_layers)]
-    self.decoder = [layers.EncoderBlock(**block, causal=True, cross_attention=True,
-                                        name=f"decoder_{i}") for i in range(self.num_layers)]
+    if self.decoder_layer not in DECODER_LAYERS:
+      raise ValueError(f"MMT decoder_layer={self.decoder_layer!r} (config.model.decoder_layer); "
+                       f"expected one of {DECODER_LAYERS}")
+    official = self.decoder_layer == "official"
+    self.decoder = [layers.EncoderBlock(
+        **block, causal=True, cross_attention=True,
+        attention_output="none" if official else "dense",
+        feed_forward_kind="linear" if official else "mlp",
+        name=f"decoder_{i}") for i in range(self.num_layers)]
     self.head_transform = nn.Dense(self.hidden_size, kernel_init=init, dtype=dtype,
                                    name="head_transform")
     self.head_norm = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=dtype, name="head_norm")
@@ -160,28 +190,35 @@ class MMT(nn.Module):
 
   def decode(self, caption_ids: Array, memory: Array, ctx_mask: Array, *,
              start: Array | int = 0, train: bool = False,
-             cache_len: int | None = None) -> Array:
+             cache_len: int | None = None, caption_mask: Array | None = None) -> Array:
     """Logits [B, T, V] of the token after each caption position start .. start + T - 1.
 
     cache_len: decode with the self-attention KV cache of that many positions
     (created by a call on cache_len positions, see `init_cache`).
+    caption_mask: [B, T], nonzero for real caption tokens; masks padded caption keys
+    in self-attention as the official decoder does (module docstring: it changes
+    only the ignored outputs at padded positions). Not with cache_len.
     """
+    if caption_mask is not None and cache_len is not None:
+      raise ValueError("MMT.decode: caption_mask is for teacher forcing, not cached decoding")
     det = not train
     x = (self.word_fc(self.word_embeddings(caption_ids), deterministic=det)
          + self._positions(start, caption_ids.shape[1])[None])
     decode = cache_len is not None
     mask = layers.make_causal_mask(cache_len) if decode else None
     for block in self.decoder:
-      x = block(x, mask=mask, context=memory, context_mask=ctx_mask, deterministic=det,
-                decode=decode)
+      x = block(x, caption_mask, mask=mask, context=memory, context_mask=ctx_mask,
+                deterministic=det, decode=decode)
     h = self.head_norm(nn.gelu(self.head_transform(x), approximate=False))
     return self.head_output(h).astype(jnp.float32)
 
   def __call__(self, ctx_ids: Array, video: Array, ctx_mask: Array, token_type_ids: Array,
-               caption_ids: Array, *, train: bool = False) -> Array:
-    """Teacher forcing: logits [B, L_cap, V]; position i predicts caption token i + 1."""
+               caption_ids: Array, *, train: bool = False,
+               caption_mask: Array | None = None) -> Array:
+    """Teacher forcing: logits [B, L_cap, V]; position i predicts caption token i + 1
+    (caption_mask: see `decode`)."""
     memory = self.encode(ctx_ids, video, ctx_mask, token_type_ids, train=train)
-    return self.decode(caption_ids, memory, ctx_mask, train=train)
+    return self.decode(caption_ids, memory, ctx_mask, train=train, caption_mask=caption_mask)
 
   def init_cache(self, memory: Array, ctx_mask: Array, max_len: int) -> Array:
     """Creates the decoder cache (flax's way: a decode call over max_len positions)."""
@@ -216,7 +253,9 @@ def mmt_from_config(cfg) -> MMT:
              intermediate_size=cfg.intermediate_size, word_dim=cfg.word_dim,
              max_positions=cfg.max_positions, dropout_rate=cfg.dropout_rate,
              attention_dropout_rate=cfg.attention_dropout_rate,
-             layer_norm_eps=cfg.get("layer_norm_eps", 1e-12), dtype=compute.dtype,
+             layer_norm_eps=cfg.get("layer_norm_eps", 1e-12),
+             # Absent: a run from before the option, trained with the standard layer.
+             decoder_layer=cfg.get("decoder_layer", "standard"), dtype=compute.dtype,
              remat=compute.remat, attention=compute.attention)
 
 

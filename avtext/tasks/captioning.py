@@ -1,11 +1,23 @@
 """Video captioning (`config.task = "captioning"`): VideoCC's GPT-2 captioner (§4.2)
 and TVC's MMT (TVR app. D.2), picked by `config.model.name`.
 
-Training: teacher forcing on (clip, caption) pairs, the negative
-log-likelihood of the caption's BPE tokens and EOS (VideoCC §4.2: "We minimise
-the negative log-likelihood of generating the ground-truth caption"),
-averaged over the batch's real target tokens; `config.loss.label_smoothing`
-(0 for VideoCC, 0.1 for MMT) spreads that mass uniformly over the vocabulary.
+Training: teacher forcing on (clip, caption) pairs. `config.loss.name`:
+  "nll": the negative log-likelihood of the caption's tokens and EOS (VideoCC §4.2:
+    "We minimise the negative log-likelihood of generating the ground-truth
+    caption"), averaged over the batch's real target tokens;
+    `config.loss.label_smoothing` (0 for VideoCC) mixes the one-hot target with the
+    uniform distribution, eps/V on every word (`sequence_nll`). The VideoCC
+    captioner's loss, and MMT's with configs/mmt_tvc.py:mean_nll.
+  "kl_sum" (MMT only, its default): the official TVCaption LabelSmoothingLoss
+    (`tvc_label_smoothing_loss`): KL(q || p) with q = 1 - eps on the target word and
+    eps / (V - 1) on each of the V - 1 others, SUMMED over the batch's real target
+    tokens, as the official train.py optimizes it (its logged loss and perplexity
+    are per word: the metric `loss_per_word`). With label_smoothing 0 the official
+    code uses nn.CrossEntropyLoss, the mean over the real tokens, and so does this.
+    Why ours ("nll") is kept: a mean does not scale the gradient with the batch's
+    word count, so the learning rate and the gradient-clip norm (1.0) mean the same
+    at any batch size; with the sum the official clip is active on nearly every
+    step at batch 128.
 
 Prediction: `generate` decodes captions with `avtext.inference.generate`
 (`config.generation`: beam_size, max_new_tokens, min_length,
@@ -57,6 +69,44 @@ def sequence_nll(logits: jax.Array, targets: jax.Array, mask: jax.Array,
   count = jnp.maximum(jnp.sum(mask), 1.0)
   hits = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
   return jnp.sum(nll * mask) / count, 100.0 * jnp.sum(hits * mask) / count
+
+
+def tvc_label_smoothing_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array,
+                             label_smoothing: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The official TVCaption caption loss (module docstring, "kl_sum").
+
+  Args:
+    logits: [B, L, V]; targets, mask: [B, L] (mask nonzero for real target tokens,
+      the official labels other than -1).
+    label_smoothing: eps in [0, 1].
+
+  Returns:
+    (loss, loss per real token, token accuracy %): with eps > 0 the loss is
+    sum over real tokens of KL(q || softmax(logits)), q = 1 - eps on the target and
+    eps / (V - 1) elsewhere (torch's F.kl_div(log_softmax, q, reduction="sum"), the
+    entropy term of q included); with eps = 0 the mean cross-entropy
+    (nn.CrossEntropyLoss(ignore_index=-1)).
+  """
+  if not 0.0 <= label_smoothing <= 1.0:
+    raise ValueError(f"config.loss.label_smoothing={label_smoothing}; expected 0 <= eps <= 1")
+  v = logits.shape[-1]
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  target_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+  mask = mask.astype(jnp.float32)
+  count = jnp.maximum(jnp.sum(mask), 1.0)
+  hits = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+  accuracy = 100.0 * jnp.sum(hits * mask) / count
+  if not label_smoothing:
+    loss = -jnp.sum(target_logp * mask) / count
+    return loss, loss, accuracy
+  eps = float(label_smoothing)
+  other = eps / (v - 1)
+  conf = 1.0 - eps
+  # sum_w q_w log q_w (0 log 0 = 0, as torch's kl_div), then the cross term.
+  entropy = (conf * np.log(conf) if conf > 0 else 0.0) + eps * np.log(other)
+  cross = conf * target_logp + other * (jnp.sum(logp, -1) - target_logp)
+  loss = jnp.sum((entropy - cross) * mask)
+  return loss, loss / count, accuracy
 
 
 def generate_captions(gen: ml_collections.ConfigDict, start, step, max_new: int, eos: int):
@@ -147,6 +197,7 @@ class CaptioningTask(registry.ClipTask):
 # ---------------------------------------------------------------------------- TVC / MMT
 
 CONTEXTS = ("video_sub", "video", "sub")
+MMT_LOSSES = ("kl_sum", "nll")  # the official TVCaption loss; ours (module docstring)
 MMT_HOST_FIELDS = ("clip_id", "vid_name", "ts", "references", "attributes")
 
 
@@ -211,6 +262,10 @@ class MmtCaptioningTask(registry.Task):
       raise ValueError(f"max_v_len + max_sub_len = {self.max_v_len + self.max_sub_len} > "
                        f"config.model.max_positions={self.model.max_positions}")
     self._pairs = None
+    self.loss_name = config.loss.get("name", "nll")
+    if self.loss_name not in MMT_LOSSES:
+      raise ValueError(f"config.loss.name={self.loss_name!r}; MMT captioning expects one of "
+                       f"{MMT_LOSSES} (avtext/tasks/captioning.py)")
 
   # ---------------------------------------------------------------- data
   def check_source(self, source):
@@ -307,8 +362,16 @@ class MmtCaptioningTask(registry.Task):
   def loss_fn(self, variables, batch, rng):
     logits = self.model.apply(variables, *self._context(batch), batch["input_ids"], train=True,
                               rngs={"dropout": rng})
-    loss, accuracy = sequence_nll(logits, batch["target_ids"], batch["target_mask"],
-                                  self.config.loss.get("label_smoothing", 0.0))
+    return self.caption_loss(logits, batch)
+
+  def caption_loss(self, logits, batch):
+    """(loss, metrics, {}) of teacher-forced logits [B, L, V] (`config.loss.name`)."""
+    eps = float(self.config.loss.get("label_smoothing", 0.0))
+    if self.loss_name == "kl_sum":
+      loss, per_word, accuracy = tvc_label_smoothing_loss(
+          logits, batch["target_ids"], batch["target_mask"], eps)
+      return loss, {"token_accuracy": accuracy, "loss_per_word": per_word}, {}
+    loss, accuracy = sequence_nll(logits, batch["target_ids"], batch["target_mask"], eps)
     return loss, {"token_accuracy": accuracy}, {}
 
   def predict_fns(self):
