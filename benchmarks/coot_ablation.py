@@ -13,7 +13,9 @@ writes the data first.
 
 Variants (COOT Table 1): full = AF pooling + CMC + Contextual Transformer;
 max / avg = the local poolers replaced; no_cmc = lambda 0; no_ctx = no
-cross-attention between local and global context.
+cross-attention between local and global context. Every variant computes the official
+function (the global mean sums the padded clip slots, `avg_special`) except
+masked_pool = full with our masked global mean (`config.model.masked_pool`).
 """
 import argparse
 import json
@@ -30,6 +32,8 @@ VARIANTS = {
     "avg": ["--config.model.local_pooler=avg"],
     "no_cmc": ["--config.loss.cycle_weight=0.0"],
     "no_ctx": ["--config.model.use_context=False"],
+    # Ours, not the official function: the global mean over the real clips only.
+    "masked_pool": ["--config.model.masked_pool=True"],
 }
 METRICS = ("p2v_R@1", "p2v_R@5", "p2v_R@50", "v2p_R@1", "v2p_R@5", "v2p_R@50", "c2s_R@1",
            "s2c_R@1")

@@ -24,12 +24,15 @@ import numpy as np
 
 from avtext.metrics import captioning as caption_metrics
 
-VARIANTS = {"video+sub": "demo", "video": "demo,video", "sub": "demo,sub"}
+VARIANTS = {"video+sub": "demo", "video": "demo,video", "sub": "demo,sub",
+            # Ours (the default before issue 29): the shared block's decoder layer (output
+            # Linears, GELU MLP) and the mean label-smoothed NLL; not the official function.
+            "video+sub, ours": "demo,standard_decoder,mean_nll"}
 METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
 
 
 def run(variant: str, seed: int, args) -> pathlib.Path:
-  workdir = pathlib.Path(args.out) / f"{variant.replace('+', '_')}_s{seed}"
+  workdir = pathlib.Path(args.out) / f"{variant.replace('+', '_').replace(', ', '_')}_s{seed}"
   common = [f"--config.dataset.path={args.data}", f"--config.model.vocab={args.vocab}",
             f"--workdir={workdir}", f"--config.seed={seed}"]
   config = f"--config=configs/mmt_tvc.py:{VARIANTS[variant]}"
@@ -63,10 +66,14 @@ def main():
   parser.add_argument("--vocab", default="workdirs/demo/tvc_word2idx.json")
   parser.add_argument("--out", default="workdirs/mmt_ablation")
   parser.add_argument("--seeds", default="0")
+  parser.add_argument("--variants", default="video+sub,video,sub",
+                      help="comma list of " + ", ".join(VARIANTS))
   args = parser.parse_args()
   seeds = [int(s) for s in args.seeds.split(",")]
   rows = {}
-  for variant in VARIANTS:
+  for variant in args.variants.split(","):
+    if variant not in VARIANTS:
+      parser.error(f"--variants: unknown {variant!r}; known: {', '.join(VARIANTS)}")
     per_seed = []
     for seed in seeds:
       workdir = run(variant, seed, args)
