@@ -177,7 +177,8 @@ def run(official_dir: pathlib.Path, seed: int):
     hq = mdl.query_encoder(x, query_mask, deterministic=det)
     q = mdl.encode_query(query, query_mask)
     h0, h1 = mdl.encode_context(ctx, ctx_mask)
-    crossed = {m: mdl.cross[m](h0[:, i], h0[:, 1 - i], ctx_mask, deterministic=det)
+    crossed = {m: mdl.cross[m](h0[:, i], ctx_mask, context=h0[:, 1 - i],
+                               context_mask=ctx_mask, deterministic=det)
                for i, m in enumerate(mdl.streams)}
     qs = jnp.stack([mdl.span_query[m](q[:, i]) for i, m in enumerate(mdl.streams)], axis=1)
     sim_ = jnp.mean(jnp.einsum("bmd,bmld->bml", qs, h1), axis=1)

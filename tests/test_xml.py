@@ -161,7 +161,8 @@ def test_official_default_convse_reads_the_padded_clips():
     x = {m: module.ctx_pos(module.ctx_proj[m](ctx[m], deterministic=True),
                            deterministic=True) for m in ("video", "sub")}
     h0 = {m: module.encoder0[m](x[m], cm, deterministic=True) for m in x}
-    return h0, module.cross["video"](h0["video"], h0["sub"], cm, deterministic=True)
+    return h0, module.cross["video"](h0["video"], cm, context=h0["sub"], context_mask=cm,
+                                     deterministic=True)
   (h0, crossed) = model.apply(v, method=cross_scores)
   p = v["params"]["video_cross"]["cross_attention"]
   hv, hs = np.asarray(h0["video"][1]), np.asarray(h0["sub"][1])

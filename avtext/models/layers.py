@@ -388,7 +388,7 @@ class Attention(nn.Module):
   def __call__(self, inputs_q: Array, inputs_kv: Array | None = None, *,
                mask: Array | None = None, causal: bool = False,
                decode: bool = False, deterministic: bool,
-               sow_weights: bool = False) -> Array:
+               sow_weights: bool = False, bias: Array | None = None) -> Array:
     """Attends from `inputs_q` to `inputs_kv`.
 
     Args:
@@ -402,6 +402,8 @@ class Attention(nn.Module):
       deterministic: disables attention dropout.
       sow_weights: store the probabilities [B, H, L_q, L_kv] as the
         'intermediates' entry 'attention_weights'.
+      bias: float logits term broadcastable to [B, H, L_q, L_kv], added before
+        `mask` (`attention_core`); not with decode.
 
     Returns:
       [B, L_q, D].
@@ -411,6 +413,8 @@ class Attention(nn.Module):
       raise ValueError(f"width {features} is not divisible by num_heads="
                        f"{self.num_heads}")
     is_self = inputs_kv is None
+    if decode and bias is not None:
+      raise ValueError("Attention: bias is not supported with decode=True")
     if not is_self and (causal or decode):
       raise ValueError("causal masking and decode=True apply to "
                        "self-attention only (inputs_kv=None)")
@@ -437,7 +441,7 @@ class Attention(nn.Module):
 
     if self.dropout_masks != "jax" and not deterministic and self.dropout_rate > 0:
       weights = nn.dot_product_attention_weights(
-          query, key, mask=mask, deterministic=True, dtype=self.dtype,
+          query, key, bias=bias, mask=mask, deterministic=True, dtype=self.dtype,
           force_fp32_for_softmax=True, module=self if sow_weights else None)
       weights = dropout(weights, self.dropout_rate, deterministic=False,
                         masks=self.dropout_masks)
@@ -449,7 +453,8 @@ class Attention(nn.Module):
       implementation = "xla" if sow_weights else self.implementation
       x = attention_core(query, key, value, mask, implementation=implementation,
                          dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
-                         dtype=self.dtype, module=self if sow_weights else None)
+                         dtype=self.dtype, module=self if sow_weights else None,
+                         bias=bias)
     if not self.output_projection:
       return x.reshape(*x.shape[:-2], features)
     return nn.DenseGeneral(features, axis=(-2, -1),
@@ -493,7 +498,7 @@ class Attention(nn.Module):
 def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *,
                    implementation: str = "xla", dropout_rng: Array | None = None,
                    dropout_rate: float = 0.0, dtype: Any = jnp.float32,
-                   module: nn.Module | None = None) -> Array:
+                   module: nn.Module | None = None, bias: Array | None = None) -> Array:
   """softmax(q k^T / sqrt(d) + mask) v per head, by `implementation`.
 
   Args:
@@ -503,6 +508,9 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
       "blocked" for dropout and for masks they cannot take.
     dropout_rng: drops probabilities with `dropout_rate` when given.
     module: sow the probabilities there (the "xla" path only).
+    bias: float, broadcastable to [B, H, L_q, L_kv], added to the logits before the
+      mask (BERT's "extended attention mask", (1 - m) * -10000, as official PyTorch
+      code writes it); it always takes the materialized "xla" path.
 
   Returns:
     [B, L_q, H, d].
@@ -510,6 +518,11 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
   if implementation not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f"attention implementation {implementation!r}: expected one of "
                      f"{ATTENTION_IMPLEMENTATIONS}")
+  if bias is not None:
+    return nn.dot_product_attention(
+        query, key, value, bias=bias, mask=mask, broadcast_dropout=False,
+        dropout_rate=dropout_rate, deterministic=dropout_rng is None, dtype=dtype,
+        force_fp32_for_softmax=True, dropout_rng=dropout_rng, module=module)
   if mask is not None:
     mask = jnp.asarray(mask, jnp.bool_)
     mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
@@ -693,6 +706,13 @@ class EncoderBlock(nn.Module):
     feed_forward_kind: "mlp" (Dense(mlp_dim) -> activation -> Dense(D)) or
       "linear": one Dense(D) without activation (`mlp_dim` unused; the official
       TVC decoder layer's BertOutput, LN(x + dropout(Linear(x)))).
+    cross_mask: "keys" (a query attends to the real context positions) or
+      "additive": the official TVR / BERT cross mask, (1 - m_q m_k) * -10000 added
+      to the logits in float32 (m_q: the call's padding_mask, m_k: its
+      context_mask): real rows as "keys" up to float rounding, while a padded
+      query row attends to every context position, padded ones included (the
+      official XML cross-encoder, whose padded rows reach ConvSE). Needs
+      padding_mask and context_mask; always the materialized "xla" attention.
     attention_output: "dense" (the attention's output Linear, then dropout on the
       branch) or "none": the concatenated heads go straight into the residual,
       no output Linear and no branch dropout (attention-probability dropout
@@ -721,6 +741,7 @@ class EncoderBlock(nn.Module):
   feed_forward: bool = True
   feed_forward_kind: str = "mlp"
   attention_output: str = "dense"
+  cross_mask: str = "keys"
   layer_norm: str = "standard"
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
@@ -764,6 +785,18 @@ class EncoderBlock(nn.Module):
       raise ValueError("context_mask given without context")
     if not (self.self_attention or self.cross_attention):
       raise ValueError("EncoderBlock(self_attention=False) needs cross_attention=True")
+    cross_bias = None
+    if self.cross_mask not in ("keys", "additive"):
+      raise ValueError(f"EncoderBlock cross_mask={self.cross_mask!r}; expected 'keys' or "
+                       "'additive'")
+    if self.cross_mask == "additive" and self.cross_attention:
+      if padding_mask is None or context_mask is None:
+        raise ValueError("EncoderBlock(cross_mask='additive') needs padding_mask and "
+                         "context_mask (the official cross mask is their outer product)")
+      m_q = padding_mask.astype(jnp.float32)[:, None, :, None]
+      m_k = context_mask.astype(jnp.float32)[:, None, None, :]
+      cross_bias = (1.0 - m_q * m_k) * -10000.0
+      context_mask = None  # the bias masks the keys
     if padding_mask is not None:
       # While decoding the keys are the whole cache, checked by `Attention`.
       mask = combine_masks(
@@ -772,11 +805,11 @@ class EncoderBlock(nn.Module):
     body = EncoderBlock._sublayers
     if not decode:
       body = remat(body, self.remat, static_argnums=(5, 6))
-    return body(self, x, mask, context, context_mask, deterministic, decode)
+    return body(self, x, mask, context, context_mask, deterministic, decode, cross_bias)
 
   def _sublayers(self, x: Array, mask: Array | None, context: Array | None,
                  context_mask: Array | None, deterministic: bool,
-                 decode: bool) -> Array:
+                 decode: bool, cross_bias: Array | None = None) -> Array:
     if self.attention_output not in ("dense", "none"):
       raise ValueError(f"EncoderBlock attention_output={self.attention_output!r}; expected "
                        "'dense' or 'none'")
@@ -801,7 +834,7 @@ class EncoderBlock(nn.Module):
         context_keys = make_padding_mask(context_mask, context.shape[1])
       branches.append(("cross_attention",
                        lambda y: attention(name="cross_attention")(
-                           y, context, mask=context_keys,
+                           y, context, mask=context_keys, bias=cross_bias,
                            deterministic=deterministic)))
     if self.feed_forward and self.feed_forward_kind == "linear":
       branches.append(("mlp", nn.Dense(x.shape[-1], kernel_init=self.kernel_init,

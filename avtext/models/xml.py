@@ -182,96 +182,6 @@ class ConvSE(nn.Module):
     return start.reshape(*lead, -1), end.reshape(*lead, -1)
 
 
-class _OfficialCrossAttention(nn.Module):
-  """The official cross-attention (BertSelfAttention with the cross mask), to the float.
-
-  Parameters as `layers.Attention` (query/key/value DenseGeneral [D, H, D/H], "out"
-  with output_projection). Logits: q k^T / sqrt(D/H) + (1 - m_q m_k) * -10000 in
-  float32, as the official additive mask: real rows give padded keys zero weight; a
-  padded row is shifted by -10000 everywhere, so it attends to every context position
-  (padded ones too) with the softmax of its logits rounded to float32's grid near -1e4
-  (spacing ~1e-3), which a boolean mask would not reproduce (2e-4 apart at random
-  init, benchmarks/parity_xml.py). Then dropout on the probabilities.
-  """
-  num_heads: int
-  dropout_rate: float
-  dropout_masks: str
-  dtype: Any
-  output_projection: bool
-
-  @nn.compact
-  def __call__(self, x: Array, context: Array, mask: Array, *, deterministic: bool) -> Array:
-    features = x.shape[-1]
-    if features % self.num_heads:
-      raise ValueError(f"XML hidden_size {features} is not divisible by num_heads="
-                       f"{self.num_heads}")
-    head = features // self.num_heads
-    dense = lambda name: nn.DenseGeneral(  # noqa: E731
-        features=(self.num_heads, head), kernel_init=nn.initializers.normal(0.02),
-        dtype=self.dtype, name=name)
-    q, k, v = dense("query")(x), dense("key")(context), dense("value")(context)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    logits = logits.astype(jnp.float32) / jnp.sqrt(jnp.float32(head))
-    m = mask.astype(jnp.float32)
-    logits = logits + ((1.0 - m[:, None, :, None] * m[:, None, None, :]) * -10000.0)
-    weights = jax.nn.softmax(logits, axis=-1)
-    weights = layers.dropout(weights, self.dropout_rate, deterministic=deterministic,
-                             masks=self.dropout_masks)
-    y = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(self.dtype), v.astype(self.dtype))
-    if not self.output_projection:
-      return y.reshape(*y.shape[:-2], features)
-    return nn.DenseGeneral(features, axis=(-2, -1), kernel_init=nn.initializers.normal(0.02),
-                           dtype=self.dtype, name="out")(y)
-
-
-class _CrossEncoder(nn.Module):
-  """LN(x + CrossAttn(x -> c)) (official), or with `output_linear` LN(x +
-  dropout(Linear(CrossAttn(x -> c)))) (the paper's "linear layer").
-
-  Parameters as `layers.EncoderBlock(self_attention=False, cross_attention=True,
-  feed_forward=False)` names them (cross_attention/{query,key,value[,out]},
-  cross_attention_norm), so runs of either kind keep their layout.
-
-  `official_rows`: the official additive cross mask (`_OfficialCrossAttention`): a
-  padded query position x[l] attends to every context position, padded ones
-  included (its cross mask is the outer product of the two padding masks, so a padded
-  row is shifted by -10000 everywhere). Real rows attend to the real context positions
-  only. Without it (masked_convse, where padded positions never reach an output)
-  `layers.Attention` with a key-padding mask, any attention implementation.
-  """
-  num_heads: int
-  dropout_rate: float
-  layer_norm_eps: float
-  output_linear: bool
-  official_rows: bool
-  dropout_masks: str = "jax"
-  dtype: Any = jnp.float32
-  remat: str = "none"
-  attention: str = "xla"
-
-  @nn.compact
-  def __call__(self, x: Array, context: Array, mask: Array, *, deterministic: bool) -> Array:
-    body = layers.remat(_CrossEncoder._body, self.remat, static_argnums=(4,))
-    return body(self, x, context, mask, deterministic)
-
-  def _body(self, x: Array, context: Array, mask: Array, deterministic: bool) -> Array:
-    attention = dict(num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-                     dropout_masks=self.dropout_masks, dtype=self.dtype,
-                     output_projection=self.output_linear, name="cross_attention")
-    if self.official_rows:
-      y = _OfficialCrossAttention(**attention)(x, context, mask, deterministic=deterministic)
-    else:
-      y = layers.Attention(**attention, kernel_init=nn.initializers.normal(0.02),
-                           implementation=self.attention)(
-                               x, context, mask=(mask > 0)[:, None, None, :],
-                               deterministic=deterministic)
-    if self.output_linear:
-      y = layers.dropout(y, self.dropout_rate, deterministic=deterministic,
-                         masks=self.dropout_masks)
-    return nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
-                        name="cross_attention_norm")(x + y)
-
-
 class XML(nn.Module):
   """XML (module docstring). Defaults: the official TVR ones."""
   context: str = "video_sub"
@@ -314,11 +224,15 @@ class XML(nn.Module):
     self.ctx_proj = {m: _InputProjection(**proj, name=f"{m}_proj") for m in self.streams}
     self.encoder0 = {m: layers.EncoderBlock(**block, name=f"{m}_encoder0") for m in self.streams}
     if len(self.streams) == 2:
-      self.cross = {m: _CrossEncoder(
-          num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-          layer_norm_eps=self.layer_norm_eps, output_linear=self.cross_output_linear,
-          official_rows=not self.masked_convse, dropout_masks=self.dropout_masks, dtype=dtype,
-          remat=self.remat, attention=self.attention, name=f"{m}_cross")
+      # Official: LN(x + CrossAttn(x -> c)), no output Linear and no dropout on the
+      # branch, with the official additive cross mask (a padded row attends to every
+      # context position, to the float; its outputs reach ConvSE). Ours
+      # (cross_output_linear): the paper's Linear + dropout; masked_convse: padded rows
+      # never reach an output, so a key-padding mask (any attention implementation).
+      self.cross = {m: layers.EncoderBlock(
+          **block, self_attention=False, cross_attention=True,
+          attention_output="dense" if self.cross_output_linear else "none",
+          cross_mask="keys" if self.masked_convse else "additive", name=f"{m}_cross")
                     for m in self.streams}
     self.encoder1 = {m: layers.EncoderBlock(**block, name=f"{m}_encoder1") for m in self.streams}
     if self.span_query_linear:
@@ -357,7 +271,8 @@ class XML(nn.Module):
       x = h0[m]
       if len(self.streams) == 2:
         other = h0["sub" if m == "video" else "video"]
-        x = self.cross[m](x, other, ctx_mask, deterministic=det)
+        x = self.cross[m](x, ctx_mask, context=other, context_mask=ctx_mask,
+                          deterministic=det)
       h1[m] = self.encoder1[m](x, ctx_mask, deterministic=det)
     stack = lambda h: jnp.stack([h[m] for m in self.streams], axis=1).astype(  # noqa: E731
         jnp.float32)
