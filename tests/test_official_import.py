@@ -118,3 +118,17 @@ def test_head_layouts_match_a_torch_linear():
   w_out = rng.standard_normal((4, 6))
   np.testing.assert_allclose(np.einsum("lhk,hko->lo", heads, official.heads_out(w_out, 3)),
                              torch_out @ w_out.T)
+
+
+def test_cli_stops_with_one_line_naming_the_file(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  missing = tmp_path / "model.ckpt"
+  proc = subprocess.run(
+      [sys.executable, "-m", "avtext.tools.import_checkpoint", "--system=xml",
+       f"--checkpoint={missing}", f"--out={tmp_path / 'run'}"],
+      capture_output=True, text=True, check=False, timeout=120)
+  assert proc.returncode == 1, proc.stderr
+  assert proc.stderr.strip().splitlines()[-1] == (
+      f"import_checkpoint: --checkpoint={missing}: no such file")
+  assert not (tmp_path / "run").exists()

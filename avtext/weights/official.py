@@ -382,3 +382,32 @@ def import_variables(checkpoint: Checkpoint, config, converter) -> dict:
   porter = Porter(checkpoint, template)
   converter.convert(checkpoint, porter, config)
   return porter.finish()
+
+
+SYSTEMS = ("coot", "xml", "mmt")
+
+
+def converter(system: str):
+  """The converter module of `system` (avtext/weights/official_<system>.py)."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  if system not in SYSTEMS:
+    raise ValueError(f"--system={system!r}; expected one of {SYSTEMS}")
+  return importlib.import_module(f"avtext.weights.official_{system}")
+
+
+def import_checkpoint(system: str, checkpoint_path: str | pathlib.Path,
+                      out: str | pathlib.Path, config=None) -> pathlib.Path:
+  """Official checkpoint -> run directory `out` (`avtext.tools.import_checkpoint`):
+  reads it, maps the official hyper-parameters onto `config` (default: the system's
+  paper config), converts every tensor (all checked) and writes the run; returns it."""
+  conv = converter(system)
+  if config is None:
+    from avtext import inspect  # pylint: disable=g-import-not-at-top
+    default = pathlib.Path(conv.DEFAULT_CONFIG)
+    if not default.exists():  # run from elsewhere than the repository root
+      default = pathlib.Path(__file__).resolve().parents[2] / default
+    config = inspect.config_file(str(default))
+  checkpoint = read_checkpoint(checkpoint_path)
+  config = conv.configure(config, checkpoint)
+  variables = import_variables(checkpoint, config, conv)
+  return write_run(out, config, variables, checkpoint=checkpoint, system=system)
