@@ -504,6 +504,25 @@ def test_early_stopped_xml_run_writes_the_test_submission(tvr_dir, tmp_path):
   assert results["3"]["test/submission"] == str(sub_path)
   assert set(json.loads(sub_path.read_text())) == {"video2idx", "VCMR", "SVMR", "VR"}
 
+  # The trained weights written as an official TVR checkpoint (state dict + model_cfg,
+  # .npz), imported, and evaluated with --mode=eval: the same numbers as the run itself.
+  from avtext import inspect  # pylint: disable=g-import-not-at-top
+  from avtext.weights import official  # pylint: disable=g-import-not-at-top
+  from avtext.weights import official_xml  # pylint: disable=g-import-not-at-top
+  run = inspect.load_run(workdir, step=3)
+  m = config.model
+  official.save_npz(tmp_path / "model.npz", official_xml.to_official(run.params),
+                    {"model_cfg": {"hidden_size": m.hidden_size, "n_heads": m.num_heads,
+                                   "max_ctx_l": m.max_ctx_len, "max_desc_l": m.max_query_len,
+                                   "ctx_mode": "video_sub"}})
+  imported = official.import_checkpoint("xml", tmp_path / "model.npz", tmp_path / "imported",
+                                        config)
+  again = trainer_lib.Trainer(config, str(imported), registry.build_task(config)).evaluate(
+      eval_dir=tmp_path / "eval")
+  for key in ("test/VCMR/0.5-r1", "test/VCMR/0.7-r5", "test/SVMR/0.5-r1", "test/VR/r5",
+              "val/VR/r1"):
+    assert again[key] == results["3"][key], key
+
 
 def test_default_config_says_what_to_prepare():
   config = xml_tvr.get_config()
