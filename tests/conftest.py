@@ -20,7 +20,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 _LONG_FILES = ("test_trainer.py", "test_aot.py", "test_fsdp_microbatches.py", "test_run_faults.py",
                "test_precision_families.py", "test_example_spec.py", "test_mmt.py", "test_coot_task.py", "test_core.py",
                "test_rundir.py", "test_xml.py", "test_smit_task.py", "test_models_coot.py", "test_generate.py",
-               "test_models_gpt2.py")
+               "test_models_gpt2.py", "test_official_mmt.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
