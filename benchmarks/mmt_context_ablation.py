@@ -27,12 +27,12 @@ from avtext.metrics import captioning as caption_metrics
 VARIANTS = {"video+sub": "demo", "video": "demo,video", "sub": "demo,sub",
             # Ours (the default before issue 29): the shared block's decoder layer (output
             # Linears, GELU MLP) and the mean label-smoothed NLL; not the official function.
-            "video+sub, ours": "demo,standard_decoder,mean_nll"}
+            "video+sub ours": "demo,standard_decoder,mean_nll"}
 METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
 
 
 def run(variant: str, seed: int, args) -> pathlib.Path:
-  workdir = pathlib.Path(args.out) / f"{variant.replace('+', '_').replace(', ', '_')}_s{seed}"
+  workdir = pathlib.Path(args.out) / f"{variant.replace('+', '_').replace(' ', '_')}_s{seed}"
   common = [f"--config.dataset.path={args.data}", f"--config.model.vocab={args.vocab}",
             f"--workdir={workdir}", f"--config.seed={seed}"]
   config = f"--config=configs/mmt_tvc.py:{VARIANTS[variant]}"

@@ -28,7 +28,7 @@ VARIANTS = {"ConvSE (eq. 2)": ("demo,eq2", "ConvSE"),
             "sliding window": ("demo,sliding,eq2", "sliding_window"),
             # Ours on top of the official default: the paper's Linear after cross-attention
             # and S zeroed at padded clips before ConvSE (the default before issue 29).
-            "ConvSE + span-query Linear, ours (cross Linear, masked ConvSE)":
+            "ConvSE ours (cross Linear + masked ConvSE)":
                 ("demo,cross_linear,masked_convse", "ConvSE_ours")}
 METRICS = ("VCMR/0.5-r1", "VCMR/0.5-r5", "VCMR/0.7-r1", "VCMR/0.7-r5", "SVMR/0.5-r1",
            "SVMR/0.7-r1")
