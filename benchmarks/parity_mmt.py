@@ -13,7 +13,7 @@ past its gap to the best word at ~4 % of the batch's positions, so greedy captio
 at different lengths. It is saved as the official
 train.py saves it (torch.save of {"model": state_dict, "model_cfg": EasyDict, "opt":
 argparse.Namespace, "epoch"}) beside a word2idx.json, imported with
-`avtext.weights.official.import_checkpoint("mmt", ...)` into the default paper
+`avtext.tools.import_checkpoint.import_checkpoint("mmt", ...)` into the default paper
 config (computed in float32, the paper config's bfloat16 aside) and loaded with
 `avtext.inspect.load_run`.
 
@@ -116,7 +116,8 @@ def run(official_dir: pathlib.Path, seed: int = 0):
   import jax  # pylint: disable=g-import-not-at-top
   from avtext import inspect  # pylint: disable=g-import-not-at-top
   from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
-  from avtext.weights import official  # pylint: disable=g-import-not-at-top
+  from avtext.tools import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
+
 
   torch.set_grad_enabled(False)
   model_lib, tvc_dataset, translator = _official_modules(official_dir)
@@ -141,7 +142,7 @@ def run(official_dir: pathlib.Path, seed: int = 0):
   config = inspect.config_file(str(pathlib.Path(__file__).resolve().parents[1] /
                                    "configs/mmt_tvc.py"))
   config.model.dtype = "float32"
-  run_dir = official.import_checkpoint("mmt", str(ckpt), str(tmp / "run"), config)
+  run_dir = import_tool.import_checkpoint("mmt", str(ckpt), str(tmp / "run"), config)
   ours = inspect.load_run(run_dir)
   net, variables = ours.model, {"params": ours.params}
   task = ours.task()

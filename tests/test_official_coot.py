@@ -6,6 +6,7 @@ import pytest
 
 from avtext import inspect
 from avtext.models import coot
+from avtext.tools import import_checkpoint as import_tool
 from avtext.weights import official
 
 CONFIG = "configs/coot_activitynet.py:tiny"
@@ -92,7 +93,7 @@ def imported(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("official_coot")
   tensors = official_state(params, m.hidden_size)
   official.save_npz(tmp / "model_0.npz", tensors)
-  run_dir = official.import_checkpoint("coot", str(tmp / "model_0.npz"), str(tmp / "run"),
+  run_dir = import_tool.import_checkpoint("coot", str(tmp / "model_0.npz"), str(tmp / "run"),
                                    config=config)
   return model, params, tensors, batch, run_dir, tmp
 
@@ -120,7 +121,7 @@ def test_missing_extra_and_misfit_tensors_are_named(imported):
   bad["net_video_local.surplus"] = np.zeros(3, np.float32)
   official.save_npz(tmp / "bad.npz", bad)
   with pytest.raises(official.ImportCheckpointError) as err:
-    official.import_checkpoint("coot", str(tmp / "bad.npz"), str(tmp / "bad_run"),
+    import_tool.import_checkpoint("coot", str(tmp / "bad.npz"), str(tmp / "bad_run"),
                            config=inspect.config_file(CONFIG))
   assert "tf_context.encoder_layers.0.self_attention_layer.sublayer.key_projection.bias" in str(
       err.value) and "net_video_local.surplus" in str(err.value)
@@ -129,7 +130,7 @@ def test_missing_extra_and_misfit_tensors_are_named(imported):
   wide["net_video_local.norm_input.gain"] = np.ones(7, np.float32)
   official.save_npz(tmp / "wide.npz", wide)
   with pytest.raises(ValueError, match="config.dataset.video_dim=16"):
-    official.import_checkpoint("coot", str(tmp / "wide.npz"), str(tmp / "wide_run"),
+    import_tool.import_checkpoint("coot", str(tmp / "wide.npz"), str(tmp / "wide_run"),
                            config=inspect.config_file(CONFIG))
 
 

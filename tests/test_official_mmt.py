@@ -13,6 +13,7 @@ from avtext import inspect
 from avtext.data import preprocessing
 from avtext.models import mmt
 from avtext.models import registry as models_registry
+from avtext.tools import import_checkpoint as import_tool
 from avtext.weights import official
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
@@ -126,7 +127,7 @@ def test_npz_round_trip_imports_evaluates_and_equals_the_direct_forward(tiny, tm
   (tmp_path / "tvc_word2idx.json").write_text(pathlib.Path(config.model.vocab).read_text())
   paper = mmt_tvc.get_config()  # 768 wide, 12 heads: all replaced by the checkpoint's
   paper.model.dtype = "float32"  # (the paper config computes in bfloat16)
-  run_dir = official.import_checkpoint("mmt", str(ckpt), str(tmp_path / "run"), paper)
+  run_dir = import_tool.import_checkpoint("mmt", str(ckpt), str(tmp_path / "run"), paper)
   run = inspect.load_run(run_dir)
   # The paper config took the checkpoint's sizes, heads, smoothing and lengths, and the
   # vocabulary beside the checkpoint (named as opt.word2idx_path names it).
@@ -159,7 +160,7 @@ def test_missing_and_extra_tensors_are_named(tiny, tmp_path):
   ckpt = tmp_path / "bad.npz"
   official.save_npz(ckpt, bad, meta)
   with pytest.raises(official.ImportCheckpointError) as e:
-    official.import_checkpoint("mmt", str(ckpt), str(tmp_path / "run"), config=config)
+    import_tool.import_checkpoint("mmt", str(ckpt), str(tmp_path / "run"), config=config)
   assert "'decoder.layer.1.norm2.bias' missing" in str(e.value)
   assert "decoder.layer.0.output.extra" in str(e.value)
 
@@ -170,8 +171,8 @@ def test_unmappable_official_settings_stop_the_import(tiny, tmp_path):
   official.save_npz(ckpt, state, {**meta, "model_cfg": {**meta["model_cfg"],
                                                         "share_wd_cls_weight": True}})
   with pytest.raises(ValueError, match="share_wd_cls_weight=True"):
-    official.import_checkpoint("mmt", str(ckpt), str(tmp_path / "run"), config=config)
+    import_tool.import_checkpoint("mmt", str(ckpt), str(tmp_path / "run"), config=config)
   ckpt = tmp_path / "novocab.npz"
   official.save_npz(ckpt, state, meta)
   with pytest.raises(ValueError, match=r"config.model.vocab is not set .* word2idx"):
-    official.import_checkpoint("mmt", str(ckpt), str(tmp_path / "run2"))
+    import_tool.import_checkpoint("mmt", str(ckpt), str(tmp_path / "run2"))

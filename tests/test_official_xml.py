@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from avtext import inspect
+from avtext.tools import import_checkpoint as import_tool
 from avtext.weights import official
 from avtext.weights import official_xml
 
@@ -75,7 +76,7 @@ def test_npz_checkpoint_imports_and_evaluates_as_the_direct_forward(tmp_path):
   tensors = _state_dict(np.random.default_rng(1))
   ckpt = tmp_path / "model.npz"
   official.save_npz(ckpt, tensors, {"model_cfg": MODEL_CFG, "epoch": 3})
-  run_dir = official.import_checkpoint("xml", str(ckpt), str(tmp_path / "run"), _config())
+  run_dir = import_tool.import_checkpoint("xml", str(ckpt), str(tmp_path / "run"), _config())
   run = inspect.load_run(run_dir)
   m = run.config.model
   assert (m.hidden_size, m.num_heads, m.max_ctx_len, m.max_query_len, m.conv_kernel_size,
@@ -121,7 +122,7 @@ def test_missing_extra_and_misshaped_tensors_are_named(tmp_path):
   ckpt = tmp_path / "model.npz"
   official.save_npz(ckpt, tensors, {"model_cfg": MODEL_CFG})
   with pytest.raises(official.ImportCheckpointError) as e:
-    official.import_checkpoint("xml", str(ckpt), str(tmp_path / "run"), _config())
+    import_tool.import_checkpoint("xml", str(ckpt), str(tmp_path / "run"), _config())
   msg = str(e.value)
   assert "'sub_cross_layernorm.bias' missing" in msg
   assert "video_encoder3.self.query.weight" in msg

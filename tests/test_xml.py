@@ -507,6 +507,7 @@ def test_early_stopped_xml_run_writes_the_test_submission(tvr_dir, tmp_path):
   # The trained weights written as an official TVR checkpoint (state dict + model_cfg,
   # .npz), imported, and evaluated with --mode=eval: the same numbers as the run itself.
   from avtext import inspect  # pylint: disable=g-import-not-at-top
+  from avtext.tools import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
   from avtext.weights import official  # pylint: disable=g-import-not-at-top
   from avtext.weights import official_xml  # pylint: disable=g-import-not-at-top
   run = inspect.load_run(workdir, step=3)
@@ -515,7 +516,7 @@ def test_early_stopped_xml_run_writes_the_test_submission(tvr_dir, tmp_path):
                     {"model_cfg": {"hidden_size": m.hidden_size, "n_heads": m.num_heads,
                                    "max_ctx_l": m.max_ctx_len, "max_desc_l": m.max_query_len,
                                    "ctx_mode": "video_sub"}})
-  imported = official.import_checkpoint("xml", tmp_path / "model.npz", tmp_path / "imported",
+  imported = import_tool.import_checkpoint("xml", tmp_path / "model.npz", tmp_path / "imported",
                                         config)
   again = trainer_lib.Trainer(config, str(imported), registry.build_task(config)).evaluate(
       eval_dir=tmp_path / "eval")

@@ -1,11 +1,11 @@
 """Official PyTorch checkpoints -> avtext run directories: the shared part.
 
 `python -m avtext.tools.import_checkpoint --system=S --checkpoint=FILE --out=RUNDIR` reads
-the checkpoint (`read_checkpoint`), lets the system's converter
+the checkpoint (`read_checkpoint`, here), lets the system's converter
 (`avtext/weights/official_<S>.py`) map the official hyper-parameters onto the config and
-the official tensors onto the model's parameters through a `Porter`, and writes a run
-directory (`write_run`) that `--mode=eval`, `avtext.inspect.load_run`, the notebook and
-`config.init_from` open like a trained run.
+the official tensors onto the model's parameters through a `Porter` (here), and writes a
+run directory that `--mode=eval`, `avtext.inspect.load_run`, the notebook and
+`config.init_from` open like a trained run (the tool: it builds the trainer's state).
 
 Formats read (`read_checkpoint`):
 - PyTorch files (`torch.save`: .pt / .pth / .ckpt / .chkpt / .bin): torch is needed
@@ -21,15 +21,14 @@ A converter module provides
     DEFAULT_CONFIG: str                      # configs/<x>.py[:variant]
     configure(config, checkpoint) -> config  # the official hyper-parameters onto config.model
     convert(checkpoint, porter, config)      # porter.take(...) / porter.set(...) per tensor
-and `write_run` checks that every official tensor was used exactly once and every avtext
-leaf set exactly once, naming the ones that were not.
+and `Porter.finish` checks that every official tensor was used exactly once and every
+avtext leaf set exactly once, naming the ones that were not.
 """
 import dataclasses
 import io
 import json
 import pathlib
 import pickle
-import zlib
 from typing import Any, Iterable
 
 import jax
@@ -295,119 +294,3 @@ def heads_out(w: np.ndarray, num_heads: int) -> np.ndarray:
   """torch Linear weight [out, H*Dh] -> DenseGeneral kernel [H, Dh, out] (output proj.)."""
   out, n_in = w.shape
   return np.asarray(w).T.reshape(num_heads, n_in // num_heads, out)
-
-
-# ---------------------------------------------------------------- the run directory
-
-
-def abstract_run(config, workdir: pathlib.Path):
-  """(Trainer, abstract TrainState) for `config`: shapes only, no data opened."""
-  from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
-  from avtext.train import control as control_lib  # pylint: disable=g-import-not-at-top
-  from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  task = tasks.build_task(config)
-  # No evaluators are built (they may open data); a stand-in answers config.eval.select.
-  select = control_lib.selection(config)
-  stand_ins = {select[0].split("/")[0]: None} if select else {}
-  run = trainer_lib.Trainer(config, workdir, task, evaluators=stand_ins)
-  batch = task.batch_spec(int(config.train.batch_size), train=True)
-  state, tx, _ = run.abstract_state(batch)
-  return run, state, tx
-
-
-def write_run(out: str | pathlib.Path, config, variables: dict, *, checkpoint: Checkpoint,
-              system: str) -> pathlib.Path:
-  """Writes run directory `out`: config.json, checkpoint step 0 (the imported variables,
-  a fresh optimizer state) and import.json (where the weights came from)."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top
-  from avtext.train import control as control_lib  # pylint: disable=g-import-not-at-top
-  from avtext.train import optimizers  # pylint: disable=g-import-not-at-top
-  from avtext.train import rundir  # pylint: disable=g-import-not-at-top
-  from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  out = pathlib.Path(out).absolute()
-  if (out / checkpointing.LATEST_DIR).exists() or (out / rundir.CONFIG_FILE).exists():
-    raise FileExistsError(f"--out={out}: already holds a run; pass a new directory")
-  out.mkdir(parents=True, exist_ok=True)
-  with rundir.lock(out):
-    run, abstract, tx = abstract_run(config, out)
-    variables = dict(variables)
-    params = variables.pop("params")
-    frozen = optimizers.frozen_mask(params, tuple(config.optimizer.get("frozen") or ()))
-    opt_state = jax.jit(tx.init)(optimizers.split_frozen(params, frozen)[0])
-    state = trainer_lib.TrainState(
-        step=jnp.zeros((), jnp.int32), params=params,
-        model_state={k: variables[k] for k in abstract.model_state},
-        opt_state=opt_state, rng=jax.random.PRNGKey(int(config.seed)),
-        control=control_lib.init(config))
-    del run
-    ckpt = checkpointing.Checkpointer(out / checkpointing.LATEST_DIR, async_save=False)
-    try:
-      ckpt.save(0, state, {})
-      ckpt.wait()
-    finally:
-      ckpt.close()
-    trainer_lib._write_config(config, out)  # pylint: disable=protected-access
-    crc = 0
-    with checkpoint.path.open("rb") as f:
-      while chunk := f.read(1 << 20):
-        crc = zlib.crc32(chunk, crc)
-    rundir.write_json(out / IMPORT_FILE, {
-        "system": system, "checkpoint": str(checkpoint.path.absolute()),
-        "checkpoint_crc32": crc, "tensors": len(checkpoint.tensors),
-        "meta": _jsonable(checkpoint.meta)})
-  return out
-
-
-def _jsonable(x: Any) -> Any:
-  if isinstance(x, dict):
-    return {str(k): _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
-  if isinstance(x, np.ndarray):
-    return x.tolist() if x.size <= 16 else f"array{list(x.shape)}"
-  if isinstance(x, (str, int, float, bool)) or x is None:
-    return x
-  if isinstance(x, np.generic):
-    return x.item()
-  return repr(x)
-
-
-def import_variables(checkpoint: Checkpoint, config, converter) -> dict:
-  """The model's variables from `checkpoint` through `converter.convert` (all checked)."""
-  import tempfile  # pylint: disable=g-import-not-at-top
-  with tempfile.TemporaryDirectory() as tmp:
-    _, abstract, _ = abstract_run(config, pathlib.Path(tmp))
-  template = {"params": abstract.params, **abstract.model_state}
-  porter = Porter(checkpoint, template)
-  converter.convert(checkpoint, porter, config)
-  return porter.finish()
-
-
-SYSTEMS = ("coot", "xml", "mmt")
-
-
-def converter(system: str):
-  """The converter module of `system` (avtext/weights/official_<system>.py)."""
-  import importlib  # pylint: disable=g-import-not-at-top
-  if system not in SYSTEMS:
-    raise ValueError(f"--system={system!r}; expected one of {SYSTEMS}")
-  return importlib.import_module(f"avtext.weights.official_{system}")
-
-
-def import_checkpoint(system: str, checkpoint_path: str | pathlib.Path,
-                      out: str | pathlib.Path, config=None) -> pathlib.Path:
-  """Official checkpoint -> run directory `out` (`avtext.tools.import_checkpoint`):
-  reads it, maps the official hyper-parameters onto `config` (default: the system's
-  paper config), converts every tensor (all checked) and writes the run; returns it."""
-  conv = converter(system)
-  if config is None:
-    from avtext import inspect  # pylint: disable=g-import-not-at-top
-    default = pathlib.Path(conv.DEFAULT_CONFIG)
-    if not default.exists():  # run from elsewhere than the repository root
-      default = pathlib.Path(__file__).resolve().parents[2] / default
-    config = inspect.config_file(str(default))
-  checkpoint = read_checkpoint(checkpoint_path)
-  config = conv.configure(config, checkpoint)
-  variables = import_variables(checkpoint, config, conv)
-  return write_run(out, config, variables, checkpoint=checkpoint, system=system)

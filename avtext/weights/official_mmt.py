@@ -62,6 +62,7 @@ heads: [H*Dh, D] -> [D, H, Dh]; LayerNorm weight -> scale):
   loss_func.one_hot                           (buffer: the smoothed target row; checked
                                                against loss.label_smoothing)
 """
+import copy
 import pathlib
 import re
 
@@ -187,8 +188,9 @@ def configure(config, checkpoint: official.Checkpoint):
     config.generation.max_new_tokens = int(opt["max_cap_len"]) - 1  # the official greedy loop
 
   vocab = _find_vocab(config, checkpoint, opt)
-  from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
-  words = len(preprocessing.WordVocab.load(str(vocab)))
+  probe = copy.deepcopy(m)  # the model factory sizes the vocabulary as a run will
+  probe.vocab, probe.vocab_size = str(vocab), None
+  words = mmt_lib.mmt_from_config(probe).vocab_size
   if words != vocab_size:
     raise ValueError(f"config.model.vocab={vocab}: {words} words, but the checkpoint's "
                      f"embedding has {vocab_size}")
