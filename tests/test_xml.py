@@ -523,6 +523,11 @@ def test_early_stopped_xml_run_writes_the_test_submission(tvr_dir, tmp_path):
   for key in ("test/VCMR/0.5-r1", "test/VCMR/0.7-r5", "test/SVMR/0.5-r1", "test/VR/r5",
               "val/VR/r1"):
     assert again[key] == results["3"][key], key
+  # Training continues from the imported step 0 (a fresh data order, no data state).
+  config.train.num_steps, config.eval.early_stopping_patience = 1, None
+  state = trainer_lib.Trainer(config, str(imported), registry.build_task(config)).train()
+  assert int(state.step) == 1
+  assert json.loads((imported / "results.json").read_text())["1"]["val/num_queries"] > 0
 
 
 def test_default_config_says_what_to_prepare():
