@@ -180,6 +180,11 @@ def _key(path) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
+def flatten(tree: Any) -> dict[str, Any]:
+  """{"a/b/c": leaf} of a nested tree: the leaf names `Porter.set` takes."""
+  return {_key(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 class Porter:
   """Bookkeeping of one import: each official tensor taken once, each avtext leaf set once.
 
@@ -191,8 +196,7 @@ class Porter:
 
   def __init__(self, checkpoint: Checkpoint, abstract: Any):
     self.checkpoint = checkpoint
-    self._leaves = {_key(p): leaf for p, leaf in
-                    jax.tree_util.tree_flatten_with_path(abstract)[0]}
+    self._leaves = flatten(abstract)
     self._treedef = jax.tree_util.tree_structure(abstract)
     self._order = list(self._leaves)
     self._values: dict[str, np.ndarray] = {}

@@ -204,7 +204,7 @@ def convert(checkpoint: official.Checkpoint, porter: official.Porter, config) ->
 def to_official(params) -> dict[str, np.ndarray]:
   """The inverse of `convert`: avtext XML params (video_sub) -> the official state dict
   names and layouts (tests build official checkpoints from a model with it)."""
-  p = {k: np.asarray(v) for k, v in _flatten(params).items()}
+  p = {k: np.asarray(v) for k, v in official.flatten(params).items()}
   out: dict[str, np.ndarray] = {}
 
   def linear(name, path):
@@ -250,12 +250,3 @@ def to_official(params) -> dict[str, np.ndarray]:
   out["merged_st_predictor.weight"] = p["convse/start/kernel"].transpose(2, 1, 0)
   out["merged_ed_predictor.weight"] = p["convse/end/kernel"].transpose(2, 1, 0)
   return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
-
-
-def _flatten(tree, prefix: str = "") -> dict[str, Any]:
-  if isinstance(tree, dict) or hasattr(tree, "items"):
-    flat = {}
-    for k, v in tree.items():
-      flat.update(_flatten(v, f"{prefix}{k}/"))
-    return flat
-  return {prefix[:-1]: tree}
