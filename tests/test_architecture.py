@@ -1,0 +1,169 @@
+"""The package's floors: every import of `avtext` runs down, none runs in a circle.
+
+The floors, ground first (README "Architecture"). A module may import modules of
+its own package and of any lower floor; packages that share a floor do not import
+each other. Imports inside functions count too: a lazy import that runs back up a
+floor is still a dependency the lower floor cannot be read without.
+"""
+import ast
+import collections
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "avtext"
+
+FLOORS = (
+    ("registry", "ops", "modalities", "assets"),  # tables, array helpers, offline asset paths
+    ("text",),       # tokenizers and vocabularies
+    ("data",),       # reading, decoding and sampling examples; the synthetic world
+    ("metrics",),    # pure numpy/jax scores
+    ("inference",),  # decoding, span search, ANN
+    ("losses",),     # jitted pure loss functions, one name table per family
+    ("models",),     # flax.linen modules
+    ("weights",),    # pretrained and official checkpoints -> model variables
+    ("tasks",),      # model + loss + data contract of each system
+    ("train",),      # the one trainer, checkpoints, meshes
+    ("evals",),      # evaluators over the tasks' declared protocols
+    ("runs",),       # opening a run directory: config + task + variables
+    ("main", "aot"),  # train / eval / compile a config
+    ("features",),   # running a model to write feature files
+    ("tools",),      # one-off converters and CLIs (checkpoint import, vocab, TVR eval)
+    ("mining",),     # the VideoCC mining pipeline
+    ("index",),      # own-video index
+    ("search", "caption"),  # the user-facing query CLIs
+)
+MAX_LINES = 600
+
+
+def _floor_of() -> dict[str, int]:
+  return {name: i for i, names in enumerate(FLOORS) for name in names}
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  out = {}
+  for path in sorted(PACKAGE.rglob("*.py")):
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[-1] == "__init__":
+      parts = parts[:-1]
+    out[".".join(parts)] = path
+  return out
+
+
+def _imports(module: str, path: pathlib.Path, known: set[str]) -> set[str]:
+  """Every avtext module `module` imports, at top level or inside a function."""
+  package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+      # `from a import b`: the submodule a.b where b is one, else a itself.
+      names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+    else:
+      continue
+    for name in names:
+      if name.split(".")[0] != "avtext":
+        continue
+      while name and name not in known:  # `import a.b.func`-style tails -> a.b
+        name = name.rpartition(".")[0]
+      if name and name != module:
+        found.add(name)
+  return found
+
+
+def _graph() -> dict[str, set[str]]:
+  modules = _modules()
+  return {m: _imports(m, p, set(modules)) for m, p in modules.items()}
+
+
+def _room(module: str) -> str:
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_package_has_a_floor():
+  floors = _floor_of()
+  rooms = {_room(m) for m in _modules()} - {""}
+  assert sorted(rooms - set(floors)) == [], "new packages need a floor in FLOORS (and the README)"
+
+
+def test_imports_run_down_the_floors():
+  floors = _floor_of()
+  wrong = []
+  for module, imported in sorted(_graph().items()):
+    here = _room(module)
+    for other in sorted(imported):
+      there = _room(other)
+      if here in ("", there) or there == "":
+        continue
+      if floors.get(there, -1) >= floors.get(here, -1):
+        wrong.append(f"{module} (floor {floors.get(here)}) imports {other} "
+                     f"(floor {floors.get(there)})")
+  assert wrong == []
+
+
+def test_no_import_circles():
+  graph = _graph()
+  # Tarjan's strongly connected components; any component of 2+ modules is a circle.
+  index, low, on_stack, stack, circles = {}, {}, set(), [], []
+  counter = [0]
+
+  def visit(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on_stack.add(v)
+    for w in graph.get(v, ()):
+      if w not in graph:
+        continue
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        circles.append(sorted(component))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  assert circles == []
+
+
+def test_no_module_over_600_lines():
+  long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+          if (n := len(p.read_text().splitlines())) > MAX_LINES}
+  assert long == {}
+
+
+def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
+  """The checker itself: a function-level import and a relative import are edges."""
+  pkg = tmp_path / "avtext" / "a"
+  pkg.mkdir(parents=True)
+  (pkg / "__init__.py").write_text("")
+  (pkg / "x.py").write_text("def f():\n  from avtext.b import y\n")
+  (pkg / "z.py").write_text("from . import x\n")
+  known = {"avtext.a", "avtext.a.x", "avtext.a.z", "avtext.b", "avtext.b.y"}
+  assert _imports("avtext.a.x", pkg / "x.py", known) == {"avtext.b.y"}
+  assert _imports("avtext.a.z", pkg / "z.py", known) == {"avtext.a.x"}
+
+
+@pytest.mark.parametrize("floor", range(len(FLOORS)))
+def test_floors_name_real_packages(floor):
+  modules = _modules()
+  for name in FLOORS[floor]:
+    assert any(m == f"avtext.{name}" or m.startswith(f"avtext.{name}.") for m in modules), (
+        f"FLOORS names avtext.{name}, which does not exist")
