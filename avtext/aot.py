@@ -225,8 +225,8 @@ def _train_step(config, devices):
   with tempfile.TemporaryDirectory() as workdir:
     # The evaluators' names only (config.eval.select is checked against them); their
     # predict functions are compiled separately (`_predict_fns`), no split is opened.
-    run = trainer_lib.Trainer(config, workdir, task, devices=devices,
-                              evaluators={name: None for name in config.get("evals", {})})
+    run = trainer_lib.Trainer(config, workdir, task, {name: None for name in config.get("evals", {})},
+                              devices=devices)
   batch = _sharded(task.batch_spec(config.train.batch_size, train=True),
                    partitioning.data_sharding(run.mesh))
   state, tx, schedule = run.abstract_state(batch)

@@ -7,7 +7,7 @@
 
 A factory reads only its own config node (and, for pretrained towers, the
 architecture in a local checkpoint's `config.json`): no dataset, no task. So
-`avtext.inspect.load_run` and `--mode=eval` rebuild a model from a run's
+`avtext.runs.load_run` and `--mode=eval` rebuild a model from a run's
 `config.json` alone. Composite models name their parts by sub-nodes that carry
 their own `name` (`config.model.video.name = "mbt"`).
 

@@ -17,6 +17,7 @@ import ml_collections
 from avtext.data import pipelines
 from avtext.data import preprocessing
 from avtext.losses import contrastive
+from avtext.models import bert
 from avtext.modalities import parse_modalities
 from avtext.tasks import registry
 from avtext.weights import assets
@@ -29,7 +30,7 @@ class AVRTask(registry.ClipTask):
 
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
-    weights = bert_weights.weights_dir(config.model.text.get("weights"))
+    weights = bert.weights_dir(config.model.text.get("weights"))
     vocab = config.data.get("vocab") or (
         weights / "vocab.txt" if weights is not None else assets.minilm_l6_dir() / "vocab.txt")
     self.tokenizer = preprocessing.Tokenizer(vocab, max_len=config.data.max_text_len)
@@ -54,7 +55,7 @@ class AVRTask(registry.ClipTask):
   def load_pretrained(self, params):
     from avtext.weights import vit  # pylint: disable=g-import-not-at-top
     params = vit.load_into_video(params, self.config)  # model.video.init_from_vit
-    weights = bert_weights.weights_dir(self.config.model.text.get("weights"))
+    weights = bert.weights_dir(self.config.model.text.get("weights"))
     if weights is None:
       return params
     _, text_params = bert_weights.load_hf_bert(weights)

@@ -44,6 +44,7 @@ from avtext.data import builders
 from avtext.data import pipelines
 from avtext.data import preprocessing
 from avtext.losses import contrastive
+from avtext.models import bert
 from avtext.tasks import registry
 from avtext.weights import assets
 from avtext.weights import bert as bert_weights
@@ -175,7 +176,7 @@ class SMiTTask(registry.ClipTask):
       raise ValueError(f"config.loss.name={config.loss.name!r}; expected one of {LOSSES}")
     self.tokenizer = None
     if self.caption == "language":
-      weights = bert_weights.weights_dir(config.model.text.get("weights"))
+      weights = bert.weights_dir(config.model.text.get("weights"))
       vocab = config.data.get("vocab") or (
           weights / "vocab.txt" if weights is not None else assets.minilm_l6_dir() / "vocab.txt")
       self.tokenizer = preprocessing.Tokenizer(vocab, max_len=config.data.max_text_len)
@@ -277,7 +278,7 @@ class SMiTTask(registry.ClipTask):
   def load_pretrained(self, params):
     if self.caption != "language":
       return params
-    weights = bert_weights.weights_dir(self.config.model.text.get("weights"))
+    weights = bert.weights_dir(self.config.model.text.get("weights"))
     if weights is None:
       return params
     _, text_params = bert_weights.load_hf_bert(weights)

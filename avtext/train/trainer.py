@@ -86,20 +86,19 @@ def _variables(params, model_state) -> dict:
 class Trainer:
   """Runs `task` as `config` says in `workdir`: `train()` or `evaluate()`.
 
-  `evaluators`: {name: evaluator} (default: built from `config.evals`).
+  `evaluators`: {name: evaluator}, each with `run(variables, mesh=, step=)` (None
+  stands in for one that is never run, e.g. when only compiling); `avtext.experiment`
+  builds them from `config.evals`.
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, task,
-               evaluators: dict | None = None, devices=None):
+               evaluators: dict, devices=None):
     self.config = config
     self.workdir = pathlib.Path(workdir).absolute()
     # `devices`: default jax.devices(); avtext.aot passes a TPU topology's devices.
     self.mesh = partitioning.make_mesh(config.get("num_devices"),
                                        config.get("model_parallel", 1), devices=devices)
     self.task = task
-    if evaluators is None:
-      from avtext import evals  # pylint: disable=g-import-not-at-top
-      evaluators = evals.build_evaluators(config, task, self.workdir)
     self.evaluators = evaluators
     self.select = control_lib.selection(config)
     if self.select and self.select[0].split("/")[0] not in evaluators:
