@@ -230,7 +230,7 @@ def _train_step(config, devices):
   batch = _sharded(task.batch_spec(config.train.batch_size, train=True),
                    partitioning.data_sharding(run.mesh))
   state, tx, schedule = run.abstract_state(batch)
-  step = run._make_train_step(tx, schedule, jax.tree.map(lambda x: x.sharding, state))  # pylint: disable=protected-access
+  step = run.make_train_step(tx, schedule, jax.tree.map(lambda x: x.sharding, state))
   with partitioning.mesh_context(run.mesh, config):
     return run, task, state, step.lower(state, batch)
 

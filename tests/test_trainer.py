@@ -43,7 +43,7 @@ def _losses(config, workdir, steps):
   """Per-step losses of the trainer's own jitted step on its own data."""
   run = make_trainer(config, workdir)
   state, (tx, schedule), data_iter = run.restore_or_init()
-  step_fn = run._make_train_step(tx, schedule, run._state_sharding(state))  # pylint: disable=protected-access
+  step_fn = run.make_train_step(tx, schedule, run._state_sharding(state))  # pylint: disable=protected-access
   out = []
   for _ in range(steps):
     batch = partitioning.host_to_global(next(data_iter), run.mesh)
