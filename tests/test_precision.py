@@ -30,7 +30,7 @@ def _numpy_attention(q, k, v, mask):
 
 @pytest.mark.parametrize("mask_kind", ["none", "padding", "causal", "prefix"])
 def test_blocked_attention_equals_materialized(monkeypatch, mask_kind):
-  monkeypatch.setattr(layers, "ATTENTION_BLOCK", 4)  # 11 queries -> 3 blocks, one padded
+  monkeypatch.setattr(attention, "ATTENTION_BLOCK", 4)  # 11 queries -> 3 blocks, one padded
   rng = np.random.default_rng(0)
   b, length, h, d = 2, 11, 3, 8
   q, k, v = (jnp.asarray(rng.normal(size=(b, length, h, d)), jnp.float32) for _ in range(3))
