@@ -1,17 +1,20 @@
 """The name -> class or factory tables behind every config string: `config.task`,
 `config.model.name`, `config.evals.<name>.type` and `config.dataset.name`.
 
-Entries register themselves with a decorator in their own module. A registry
-knows which modules hold its entries and imports them on the first lookup, so a
-config string alone selects the code: either all of them (`modules` a sequence:
-tasks, models, evaluators) or only the one a name needs (`modules` a mapping
-name -> module: datasets, so that e.g. TensorFlow is imported only by a config
-that reads TFDS files). A prefix entry (`register(name, prefix=True)`, e.g.
-'tfds:') takes every longer name that starts with it and that no exact entry
-claims.
+An entry registers itself with its registry's decorator in its own module, e.g.
+`@register_model("bert")`; adding one is adding that file. A registry knows its
+package and reads (without importing) the package's modules for the decorator
+calls, so it knows every name a config can use, and imports a module only when
+one of its names is looked up: a config string alone selects the code, and e.g.
+TensorFlow is imported only by a config that reads TFDS files. A prefix entry
+(`register(name, prefix=True)`, e.g. 'tfds:') takes every longer name that
+starts with it and that no exact entry claims.
 """
+import ast
 import importlib
-from typing import Any, Callable, Mapping, Sequence
+import importlib.util
+import pathlib
+from typing import Any, Callable
 
 DEFAULT_MESSAGE = "{where}={name!r}; registered {kind}s: {names}"
 
@@ -21,24 +24,23 @@ class Registry:
 
   Args:
     kind: what an entry is ("task", "model", ...), for messages.
-    modules: the modules whose import registers the entries: a sequence (all
-      imported on the first lookup) or a mapping name -> module (each imported
-      when its name is looked up).
-    prefix_modules: prefix -> module, for prefix entries of a mapping registry.
+    package: the package whose modules register the entries ("avtext.models").
+    decorator: the name the modules call to register ("register_model"); a call
+      `<x>.<decorator>("name", ...)` or `<decorator>("name", ...)` with a string
+      first argument is an entry of that module.
     message: the unknown-name error, formatted with where, name, kind, names
       (a list) and joined (the names, comma-separated).
   """
 
-  def __init__(self, kind: str, modules: Sequence[str] | Mapping[str, str], *,
-               prefix_modules: Mapping[str, str] | None = None,
+  def __init__(self, kind: str, package: str, decorator: str, *,
                message: str = DEFAULT_MESSAGE):
     self.kind = kind
-    self._lazy = dict(modules) if isinstance(modules, Mapping) else None
-    self._modules = () if self._lazy is not None else tuple(modules)
-    self._prefix_modules = dict(prefix_modules or {})
+    self.package = package
+    self.decorator = decorator
     self._message = message
     self._entries: dict[str, Any] = {}
     self._prefixes: dict[str, Any] = {}
+    self._found: tuple[dict[str, str], dict[str, str]] | None = None
 
   def register(self, name: str, *, prefix: bool = False) -> Callable[[Any], Any]:
     """Decorator: `entry` answers `name` (with `prefix`: every longer name after it).
@@ -58,21 +60,18 @@ class Registry:
 
   def names(self) -> list[str]:
     """Every name a config can use; prefix families as '<prefix><name>'."""
-    for module in self._modules:
-      importlib.import_module(module)
-    exact = sorted(set(self._entries) | set(self._lazy or ()))
-    prefixes = set(self._prefixes) | set(self._prefix_modules)
-    return exact + sorted(f"{p}<name>" for p in prefixes)
+    exact, prefixes = self._modules()
+    return (sorted(set(self._entries) | set(exact))
+            + sorted(f"{p}<name>" for p in set(self._prefixes) | set(prefixes)))
 
   def get(self, name: str | None, *, where: str) -> Any:
     """The entry `name`; `where` names the config field in the error."""
-    for module in self._modules:
-      importlib.import_module(module)
-    if name and name not in self._entries and name in (self._lazy or {}):
-      self._import(self._lazy[name], name, self._entries)
+    exact, prefixes = self._modules()
+    if name and name not in self._entries and name in exact:
+      self._import(exact[name], name, self._entries)
     if name in self._entries:
       return self._entries[name]
-    for prefix, module in self._prefix_modules.items():
+    for prefix, module in prefixes.items():
       if name and name.startswith(prefix) and prefix not in self._prefixes:
         self._import(module, prefix, self._prefixes)
     for prefix, entry in self._prefixes.items():
@@ -89,11 +88,39 @@ class Registry:
   def restore(self, snapshot: tuple[dict, dict]) -> None:
     self._entries, self._prefixes = dict(snapshot[0]), dict(snapshot[1])
 
+  def _modules(self) -> tuple[dict[str, str], dict[str, str]]:
+    """({name: module}, {prefix: module}) of the package's register calls, read once."""
+    if self._found is None:
+      spec = importlib.util.find_spec(self.package)
+      exact, prefixes = {}, {}
+      for path in sorted(pathlib.Path(spec.origin).parent.glob("*.py")):
+        module = self.package if path.stem == "__init__" else f"{self.package}.{path.stem}"
+        for name, prefix in _register_calls(path, self.decorator):
+          (prefixes if prefix else exact).setdefault(name, module)
+      self._found = exact, prefixes
+    return self._found
+
   def _import(self, module: str, name: str, table: dict) -> None:
     importlib.import_module(module)
     if name not in table:
       raise ImportError(f"{module} was imported to register {self.kind} {name!r} but did not "
-                        "register it (missing its register decorator?)")
+                        f"register it (its {self.decorator} call did not run)")
+
+
+def _register_calls(path: pathlib.Path, decorator: str) -> list[tuple[str, bool]]:
+  """[(name, prefix)] of the `decorator("name", prefix=...)` calls in `path`."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if not isinstance(node, ast.Call) or not node.args:
+      continue
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    first = node.args[0]
+    if called == decorator and isinstance(first, ast.Constant) and isinstance(first.value, str):
+      prefix = any(k.arg == "prefix" and isinstance(k.value, ast.Constant) and k.value.value
+                   for k in node.keywords)
+      found.append((first.value, prefix))
+  return found
 
 
 def _qualname(entry: Any) -> str:

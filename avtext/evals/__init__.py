@@ -15,17 +15,13 @@ the task's `eval_examples(source)` and named `predict_fns()`, which it jits
 once per mesh in a cache all evaluators of the run share.
 
 Adding an evaluator: subclass `base.Evaluator` in `avtext/evals/<kind>.py`,
-decorate it with `@register_evaluator("<kind>")`, add the module to the list
-in `_EVALUATORS`.
+decorate it with `@register_evaluator("<kind>")`; the registry finds it there.
 """
 import ml_collections
 
 from avtext import registry as registry_lib
 
-_EVALUATORS = registry_lib.Registry(
-    "evaluator", ("avtext.evals.retrieval", "avtext.evals.classification",
-                  "avtext.evals.hierarchical", "avtext.evals.captioning",
-                  "avtext.evals.moments"))
+_EVALUATORS = registry_lib.Registry("evaluator", "avtext.evals", "register_evaluator")
 register_evaluator = _EVALUATORS.register
 
 

@@ -31,10 +31,7 @@ from avtext.models import layers
 
 Factory = Callable[[ml_collections.ConfigDict], nn.Module]
 
-_MODELS = registry_lib.Registry("model", (
-    "avtext.models.mbt", "avtext.models.bert", "avtext.models.dual_encoder",
-    "avtext.models.heads", "avtext.models.coot", "avtext.models.gpt2", "avtext.models.mmt",
-    "avtext.models.xml", "avtext.models.resnet", "avtext.models.smit"))
+_MODELS = registry_lib.Registry("model", "avtext.models", "register_model")
 register_model = _MODELS.register
 registered = _MODELS.names
 

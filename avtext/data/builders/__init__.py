@@ -1,6 +1,6 @@
 """Dataset registry: `config.dataset.name` -> random-access source of examples.
 
-Built-in names (each registered by the module named in `DATASETS`, imported
+Built-in names (each registered by its module in this package, imported
 the first time the name is looked up, so importing this package stays cheap
 and e.g. TensorFlow is imported only by a config that reads TFDS files):
 
@@ -65,26 +65,10 @@ KINDS = (CLIPS, FEATURES)
 
 _SPLIT_ALIASES = {"validation": "val"}
 
-# name (or prefix) -> the module whose import registers it.
+# Every `@register_dataset("<name>")` in avtext/data/builders/; a module is imported
+# when one of its names is looked up.
 DATASETS = registry_lib.Registry(
-    "dataset", {
-        "synthetic_clips": "avtext.data.builders.synthetic",
-        "synthetic_smit": "avtext.data.builders.synthetic",
-        "videocc3m": "avtext.data.builders.videocc3m",
-        "msrvtt": "avtext.data.builders.msrvtt",
-        "audiocaps": "avtext.data.builders.audiocaps",
-        "clotho": "avtext.data.builders.clotho",
-        "coot": "avtext.data.builders.coot",
-        "tvc": "avtext.data.builders.tvc",
-        "tvr": "avtext.data.builders.tvr",
-        "smit_features": "avtext.data.builders.smit",
-        "smit": "avtext.data.builders.smit",
-        "videocc_mined": "avtext.data.builders.mined",
-        "features:hdf5": "avtext.data.builders.precomputed",
-        "features:npz": "avtext.data.builders.precomputed",
-        "features:array_record": "avtext.data.builders.precomputed",
-    },
-    prefix_modules={"tfds:": "avtext.data.builders.tfds_clips"},
+    "dataset", "avtext.data.builders", "register_dataset",
     message="{where}={name!r} is not a registered dataset; registered: {joined}")
 
 Factory = Callable[[ml_collections.ConfigDict, str], Any]
