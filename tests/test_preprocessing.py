@@ -377,7 +377,7 @@ def _ref_wordpieces(text, vocab):
 
 @pytest.fixture(scope="module")
 def bert_vocab_path():
-  from avtext.weights import assets
+  from avtext import assets
   return assets.minilm_l6_dir() / "vocab.txt"
 
 

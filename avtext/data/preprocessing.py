@@ -30,7 +30,7 @@ import scipy.fft
 import scipy.signal
 import scipy.sparse
 
-from avtext.weights import assets
+from avtext import assets
 
 # VideoCC app. C audio front end; the defaults of every audio function below.
 SAMPLE_RATE = 16000

@@ -32,7 +32,7 @@ class TextEncoder:
   def __init__(self, bert_dir=None, layers: Sequence[int] = (-2, -1)):
     from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
     from avtext.models import bert as bert_model  # pylint: disable=g-import-not-at-top
-    from avtext.weights import assets  # pylint: disable=g-import-not-at-top
+    from avtext import assets  # pylint: disable=g-import-not-at-top
     from avtext.weights import bert as bert_weights  # pylint: disable=g-import-not-at-top
 
     self.directory = pathlib.Path(bert_dir) if bert_dir else assets.minilm_l6_dir()

@@ -14,12 +14,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from avtext import assets
 from avtext.data import pipelines
 from avtext.data import preprocessing
 from avtext.losses import contrastive
 from avtext.modalities import parse_modalities
 from avtext.tasks import registry
-from avtext.weights import assets
 from avtext.weights import bert as bert_weights
 
 

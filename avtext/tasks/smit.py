@@ -40,12 +40,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from avtext import assets
 from avtext.data import builders
 from avtext.data import pipelines
 from avtext.data import preprocessing
 from avtext.losses import contrastive
 from avtext.tasks import registry
-from avtext.weights import assets
 from avtext.weights import bert as bert_weights
 
 LOSSES = ("amm", "mms", "nce", "semi_hard_triplet")
