@@ -17,7 +17,7 @@ import pytest
 
 from avtext.data import builders
 from avtext.data import coot_layout
-from avtext.data import preprocessing
+from avtext.data import video as video_lib
 from avtext.data.synthetic import captions
 from avtext.data.synthetic import multiscene
 from avtext.data.synthetic import world
@@ -33,7 +33,7 @@ from avtext.data.synthetic import world
     (3, 6, [0, 0, 1, 1, 2, 2]),  # 0, .5, ..., 2.5 + .25: frames repeat when m > n
 ])
 def test_eval_sampler_takes_bin_centres(n, m, expected):
-  np.testing.assert_array_equal(preprocessing.coot_frame_indices(n, m, None), expected)
+  np.testing.assert_array_equal(video_lib.coot_frame_indices(n, m, None), expected)
 
 
 class _ScriptedRng:
@@ -56,13 +56,13 @@ def test_train_sampler_worked_example():
   # 10 - 7 = 3: s = 3, 2, 2, 3. Bins start at cumsum(s) - s_0 = 0, 2, 4, 7 and are
   # s_1, s_2, s_3, s_0 = 2, 2, 3, 3 long; uniforms 0, .5, .99, .4 -> 0, 3, 6.97, 8.2.
   rng = _ScriptedRng([1, 0, 2], [0.0, 0.5, 0.99, 0.4])
-  np.testing.assert_array_equal(preprocessing.coot_frame_indices(10, 4, rng), [0, 3, 6, 8])
+  np.testing.assert_array_equal(video_lib.coot_frame_indices(10, 4, rng), [0, 3, 6, 8])
   # 4 -> 4: every bin is one frame: identity whatever the draws.
   rng = _ScriptedRng([2, 0, 1], [0.999, 0.0, 0.5, 0.7])
-  np.testing.assert_array_equal(preprocessing.coot_frame_indices(4, 4, rng), [0, 1, 2, 3])
+  np.testing.assert_array_equal(video_lib.coot_frame_indices(4, 4, rng), [0, 1, 2, 3])
   # 1 target: one bin of all n frames.
   np.testing.assert_array_equal(
-      preprocessing.coot_frame_indices(9, 1, _ScriptedRng([], [0.5])), [4])
+      video_lib.coot_frame_indices(9, 1, _ScriptedRng([], [0.5])), [4])
 
 
 class _Recording:
@@ -82,16 +82,16 @@ class _Recording:
 def test_train_sampler_draws_one_frame_inside_each_bin():
   for seed in range(30):
     rec = _Recording(seed)
-    idx = preprocessing.coot_frame_indices(10, 4, rec)
+    idx = video_lib.coot_frame_indices(10, 4, rec)
     assert sorted(rec.sizes) == [2, 2, 3]  # the round-half-down sizes, in some order
     sizes = np.concatenate([rec.sizes, [10 - rec.sizes.sum()]])
     lo = np.concatenate([[0], np.cumsum(sizes[1:])])  # bin k starts at s_1 + .. + s_k
     hi = lo + np.roll(sizes, -1)
     assert hi[-1] == 10 and np.all(lo <= idx) and np.all(idx < hi), (seed, idx, lo, hi)
-  a = preprocessing.coot_frame_indices(123, 80, np.random.default_rng(5))
-  np.testing.assert_array_equal(a, preprocessing.coot_frame_indices(
+  a = video_lib.coot_frame_indices(123, 80, np.random.default_rng(5))
+  np.testing.assert_array_equal(a, video_lib.coot_frame_indices(
       123, 80, np.random.default_rng(5)))
-  assert not np.array_equal(a, preprocessing.coot_frame_indices(
+  assert not np.array_equal(a, video_lib.coot_frame_indices(
       123, 80, np.random.default_rng(6)))
 
 
@@ -112,10 +112,10 @@ def test_train_sampler_matches_the_official_draws(n, m):
   # RandomState(s) replays what np.random.seed(s) gives the official code.
   for seed in range(3):
     np.testing.assert_array_equal(
-        preprocessing.coot_frame_indices(n, m, np.random.RandomState(seed)),
+        video_lib.coot_frame_indices(n, m, np.random.RandomState(seed)),
         _official_compute_indices(n, m, np.random.RandomState(seed)))
     np.testing.assert_array_equal(
-        preprocessing.coot_frame_indices(n, m, np.random.default_rng(seed)),
+        video_lib.coot_frame_indices(n, m, np.random.default_rng(seed)),
         _official_compute_indices(n, m, np.random.default_rng(seed)))
 
 
@@ -130,7 +130,7 @@ def test_train_sampler_matches_the_official_draws(n, m):
     ((20, 10, 23, 20), (10, 20, True)),   # starts past the end: -3 frames, grows left to 10
 ])
 def test_expand_segment_worked_examples(args, expected):
-  assert preprocessing.expand_segment(*args) == expected
+  assert video_lib.expand_segment(*args) == expected
 
 
 # ---------------------------------------------------------------- the coot dataset

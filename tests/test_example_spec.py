@@ -13,11 +13,11 @@ import pytest
 from avtext import evals
 from avtext.data import builders
 from avtext.data import coot_layout
-from avtext.data import preprocessing
 from avtext.evals import base
 from avtext.inference import vcmr
 from avtext.tasks import coot as coot_task
 from avtext.tasks import registry
+from avtext.text import vocab as vocab_lib
 from avtext.tools import smit_features
 from tests.test_trainer import REPO
 
@@ -193,8 +193,8 @@ def test_gpt2_captioning(tmp_path):
 
 def test_mmt_captioning(tmp_path, tvc_dir):  # noqa: F811
   src = builders.get_source(mmt_tiny_config(tvc_dir, tmp_path / "w.json").dataset, "train")
-  preprocessing.WordVocab.build([d for i in range(len(src)) for d in src.describe(i)["descs"]],
-                                min_count=0).save(tmp_path / "w.json")
+  vocab_lib.WordVocab.build([d for i in range(len(src)) for d in src.describe(i)["descs"]],
+                            min_count=0).save(tmp_path / "w.json")
   config = mmt_tiny_config(tvc_dir, tmp_path / "w.json")
   config.evals.test.baselines = {}
   check_task(config, tmp_path)
@@ -263,7 +263,7 @@ def _configs(tmp_path):
   """Every task's paper and tiny configs, dataset paths pointing nowhere."""
   missing = str(tmp_path / "does_not_exist")
   vocab = tmp_path / "w.json"
-  preprocessing.WordVocab.build(["a few words"], min_count=0).save(vocab)
+  vocab_lib.WordVocab.build(["a few words"], min_count=0).save(vocab)
   out = {}
   for name, module, arg in (("avr", videocc_avr, ""), ("avr_tiny", videocc_avr, "tiny"),
                             ("video_cls", synthetic_video_pretrain, ""),

@@ -30,8 +30,8 @@ class TextEncoder:
   """A local BERT with its tokenizer; see the module docstring."""
 
   def __init__(self, bert_dir=None, layers: Sequence[int] = (-2, -1)):
-    from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
     from avtext.models import bert as bert_model  # pylint: disable=g-import-not-at-top
+    from avtext.text import tokenizers  # pylint: disable=g-import-not-at-top
     from avtext import assets  # pylint: disable=g-import-not-at-top
     from avtext.weights import bert as bert_weights  # pylint: disable=g-import-not-at-top
 
@@ -50,7 +50,7 @@ class TextEncoder:
     vocab = self.directory / "vocab.txt"
     if not vocab.is_file():
       raise FileNotFoundError(f"{vocab} not found: the WordPiece vocabulary of {self.directory}")
-    self.tokenizer = preprocessing.Tokenizer(vocab, lowercase=_lowercase(self.directory))
+    self.tokenizer = tokenizers.Tokenizer(vocab, lowercase=_lowercase(self.directory))
     self._fn = None
 
   def sentence_ids(self, text: str, max_len: int) -> list[int]:

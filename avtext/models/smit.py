@@ -57,7 +57,7 @@ def word_features(tokens: jax.Array, word_index: jax.Array, num_words: int
   Args:
     tokens: [B, T, D] the encoder's token outputs.
     word_index: int [B, T], each token's word number (0..W-1), -1 for special tokens
-      and padding (`preprocessing.Tokenizer(..., with_words=True)`).
+      and padding (`tokenizers.Tokenizer(..., with_words=True)`).
     num_words: W; words numbered W or more are dropped.
   """
   onehot = (word_index[..., None] == jnp.arange(num_words)).astype(tokens.dtype)  # [B, T, W]

@@ -13,7 +13,7 @@ over each split of `config.features_source` (a clips dataset):
   words                                  the frozen text encoder's per-word features of
                                          the ASR transcript (language models; float16)
   log_mel                                the whole spoken caption's 40-bin log-mel
-                                         (float16, as `preprocessing.speech_features`;
+                                         (float16, as `audio.speech_features`;
                                          not when the source has no spoken captions)
   transcript, caption, ids
 
@@ -33,8 +33,8 @@ from ml_collections import config_flags
 import numpy as np
 from tqdm import tqdm
 
+from avtext.data import audio
 from avtext.data import builders
-from avtext.data import preprocessing
 from avtext.data.builders import smit as smit_builder
 from avtext.tasks import registry
 from avtext.tools import tower_features
@@ -115,8 +115,8 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
           continue  # real S-MiT opened without its spoken captions (dataset.spoken=False)
         wave = (source.render_speech(i) if hasattr(source, "render_speech")
                 else np.asarray(source[i]["spoken_caption"], np.float32))
-        mel = preprocessing.log_mel_spectrogram(
-            preprocessing.to_mono(wave), num_mel_bins=config.data.num_mel_bins)
+        mel = audio.log_mel_spectrogram(
+            audio.to_mono(wave), num_mel_bins=config.data.num_mel_bins)
         cols["log_mel"].append(mel.astype(np.float16))
     tmp = out / f"{split}.h5.tmp"
     with h5py.File(tmp, "w") as f:

@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from avtext import inspect as inspect_lib
-from avtext.data import preprocessing
+from avtext.data import video as video_lib
 from avtext.data.synthetic import world
 
 
@@ -34,8 +34,8 @@ def tower_from_run(workdir, step=None):
 
   def apply_fn(frames: np.ndarray) -> np.ndarray:
     b, f = frames.shape[:2]
-    flat = preprocessing.resize_crop_normalize(frames.reshape((-1,) + frames.shape[2:]),
-                                               size=size, train=False)
+    flat = video_lib.resize_crop_normalize(frames.reshape((-1,) + frames.shape[2:]),
+                                           size=size, train=False)
     return np.asarray(embed(flat.reshape((b, f) + flat.shape[1:]).astype(np.float32)))
 
   world_cfg = run.config.dataset.get("world")

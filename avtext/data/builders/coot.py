@@ -25,7 +25,7 @@ raw segment texts (a host field)}. Keys keep the meta file's order.
 Segment frames are the official `RetrievalDataset`'s (coot/dataset_retrieval.py):
 fps = T / duration_sec; a segment with stop_sec < start_sec has them swapped;
 start = floor(fps * start_sec); stop = min(T, ceil(fps * stop_sec) +
-add_stop_frame) (exclusive); then `preprocessing.expand_segment` to
+add_stop_frame) (exclusive); then `video.expand_segment` to
 expand_segments frames. A segment left with no frames (it starts at or after
 the video's end and is not expanded) is an error here; officially it yields an
 empty clip.
@@ -47,7 +47,7 @@ import numpy as np
 
 from avtext.data import builders
 from avtext.data import coot_layout
-from avtext.data import preprocessing
+from avtext.data import video as video_lib
 
 _PREPARE = (
     "COOT's setup (github.com/simon-ging/coot-videotext, README 'Prepare datasets') writes "
@@ -69,7 +69,7 @@ def segment_frames(num_frames: int, duration_sec: float, segments, *, add_stop_f
       start_s, stop_s = stop_s, start_s
     start = int(math.floor(fps * start_s))
     stop = min(int(math.ceil(fps * stop_s)) + add_stop_frame, num_frames)
-    start, stop, _ = preprocessing.expand_segment(num_frames, expand_segments, start, stop)
+    start, stop, _ = video_lib.expand_segment(num_frames, expand_segments, start, stop)
     if stop <= start:
       raise ValueError(f"{where}segment {i} ({start_s} s to {stop_s} s) has no frames in a "
                        f"video of {num_frames} frames over {duration_sec} s; raise "
