@@ -120,7 +120,7 @@ demo-xml: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 # phase 1's best checkpoint on the test split, then phase 2 from it (backbones train, from
 # frames); each test report is the S-MiT protocol (5 x 1k subsets) beside chance and oracle.
 demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
-	$(PY) -m avtext.tools.smit_features --config=configs/smit_language_amm.py:demo \
+	$(PY) -m avtext.features.smit --config=configs/smit_language_amm.py:demo \
 	  --config.init_from.workdir=$(WORKDIR)/video_pretrain --out=$(WORKDIR)/smit_features
 	$(PY) -m avtext.main --config=configs/smit_language_amm.py:demo --workdir=$(WORKDIR)/smit_p1 \
 	  --config.dataset.path=$(WORKDIR)/smit_features \

@@ -12,13 +12,13 @@ import pytest
 
 from avtext import evals
 from avtext.data import builders
-from avtext.data import coot_layout
 from avtext.evals import base
+from avtext.features import coot_text
+from avtext.features import smit as smit_features
 from avtext.inference import vcmr
 from avtext.tasks import coot as coot_task
 from avtext.tasks import registry
 from avtext.text import vocab as vocab_lib
-from avtext.tools import smit_features
 from tests.test_trainer import REPO
 
 sys.path.insert(0, str(REPO / "configs"))
@@ -212,7 +212,7 @@ def test_coot(tmp_path):
   config = coot_tiny_config(tmp_path / "coot")
   check_task(config, tmp_path, packed=True)
   # The paragraph bound is the text tool's cut.
-  default = inspect.signature(coot_layout.encode_paragraphs).parameters["max_len"].default
+  default = inspect.signature(coot_text.encode_paragraphs).parameters["max_len"].default
   assert coot_task.MAX_PARAGRAPH_TOKENS == default
   # A fixed clip axis: the rows of every batch are exactly max_clips_per_batch.
   config.data.max_clips_per_batch = 24

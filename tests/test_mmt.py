@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from avtext.data import builders
-from avtext.data import coot_layout
+from avtext.data import feature_layout
 from avtext.data.builders import tvc
 from avtext.data.synthetic import longvideo
 from avtext.data.synthetic import world
@@ -268,8 +268,8 @@ def write_synthetic_tvc(path: pathlib.Path, *, num=(12, 4, 4), dim=8, seed=0) ->
     subs += s
     feats.update({src.video_id(i): rng.normal(size=(src.num_clips(i), dim)) for i in range(n)})
   (path / tvc.DEFAULT_SUBTITLES).write_text("".join(json.dumps(r) + "\n" for r in subs))
-  coot_layout.write_video_features_h5(path / "video_feature", tvr_synthetic.VIDEO_FEATURES,
-                                      feats)
+  feature_layout.write_video_features_h5(path / "video_feature", tvr_synthetic.VIDEO_FEATURES,
+                                         feats)
   return path
 
 

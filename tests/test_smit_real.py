@@ -140,7 +140,7 @@ def test_smit_features_from_the_layout(smit, tmp_path, caption):
   audio and writes words only; the spoken one writes the log-mel of each caption."""
   import h5py  # pylint: disable=g-import-not-at-top
   from avtext.data import audio  # pylint: disable=g-import-not-at-top
-  from avtext.tools import smit_features  # pylint: disable=g-import-not-at-top
+  from avtext.features import smit as smit_features  # pylint: disable=g-import-not-at-top
   module = {'language': smit_language_amm, 'spoken': smit_spoken_amm}[caption]
   config = module.get_config('tiny')
   config.features_source = ml_collections.ConfigDict(dict(

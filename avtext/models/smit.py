@@ -16,7 +16,7 @@ avtext vision model named in config that returns {'embedding'}:
 
 `train_backbones=False` (phase 1) runs them in eval mode under stop_gradient, so
 BatchNorm statistics stay as loaded; their outputs can then be precomputed once
-(`avtext.tools.smit_features`) and fed as 'image_embedding' / 'temporal_embedding',
+(`avtext.features.smit`) and fed as 'image_embedding' / 'temporal_embedding',
 which skips the backbone and gives the same vector.
 
 Spoken caption model (sec. 4.2.2): a speech encoder (`resnet` with in_channels=1 over

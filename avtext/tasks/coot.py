@@ -47,7 +47,7 @@ from avtext.losses import coot as coot_losses
 from avtext.tasks import registry
 
 
-# Most tokens of a paragraph: `coot_layout.encode_paragraphs` (precompute_text_features)
+# Most tokens of a paragraph: `coot_text.encode_paragraphs` (avtext.features.coot_text)
 # cuts longer ones to its max_len, 512 (BERT's positions). No config field bounds it.
 MAX_PARAGRAPH_TOKENS = 512
 

@@ -24,15 +24,16 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from avtext.data import coot_layout
+from avtext.data import feature_layout
 from avtext.data.synthetic import multiscene
-from avtext.tools import tower_features
-from avtext.tools.tower_features import extract_video_features
-from avtext.tools.tower_features import tower_from_run
-from avtext.tools.tower_features import window_frames  # pylint: disable=unused-import
+from avtext.features import coot_text
+from avtext.features import done
+from avtext.features.tower import extract_video_features
+from avtext.features.tower import tower_from_run
+from avtext.features.tower import window_frames  # pylint: disable=unused-import
 
 VIDEO_FEATURES = "synthetic_tower"
-# precompute_text_features.default_name's scheme, so either command finds the other's file.
+# coot_text.default_name's scheme, so either command finds the other's file.
 TEXT_FEATURES = "text_feat_synthetic_meta_all_transformers_minilm-l6_-2,-1"
 
 
@@ -42,7 +43,7 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed:
   args = dict(tower_workdir=str(pathlib.Path(tower_workdir).absolute()), num_train=num_train,
               num_val=num_val, seed=seed, feature_fps=feature_fps,
               files=[VIDEO_FEATURES, TEXT_FEATURES])
-  if tower_features.reuse_finished(out, args, force):
+  if done.reuse_finished(out, args, force):
     return out
   begin = time.time()
   apply_fn, frames_per_window, stride, spec = tower_from_run(tower_workdir)
@@ -59,11 +60,11 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed:
           "segments": [{"start_sec": s["start_s"], "stop_sec": s["stop_s"],
                         "text": s["sentence"]} for s in d["segments"]]}
       paragraphs[d["video_id"]] = d["paragraph"]
-  text, lengths = coot_layout.encode_paragraphs(paragraphs)
-  coot_layout.write_video_features_h5(out, VIDEO_FEATURES, videos)
-  coot_layout.write_text_features(out, TEXT_FEATURES, text, lengths)
-  coot_layout.write_meta(out, meta)
-  tower_features.mark_finished(out, args)
+  text, lengths = coot_text.encode_paragraphs(paragraphs)
+  feature_layout.write_video_features_h5(out, VIDEO_FEATURES, videos)
+  feature_layout.write_text_features(out, TEXT_FEATURES, text, lengths)
+  feature_layout.write_meta(out, meta)
+  done.mark_finished(out, args)
   logging.info("wrote %d videos to %s in %.0f s", len(meta), out, time.time() - begin)
   return out
 

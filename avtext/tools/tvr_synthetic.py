@@ -36,12 +36,13 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from avtext.data import coot_layout
+from avtext.data import feature_layout
 from avtext.data.builders import tvc
 from avtext.data.builders import tvr
 from avtext.data.synthetic import longvideo
-from avtext.tools import tower_features
-from avtext.tools import tvr_text_features
+from avtext.features import done
+from avtext.features import tower as tower_features
+from avtext.features import tvr_text
 
 VIDEO_FEATURES = "synthetic_tower_cl-1.5"
 CLIP_LENGTH = 1.5
@@ -89,7 +90,7 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, num_t
   args = dict(tower_workdir=str(pathlib.Path(tower_workdir).absolute()), num_train=num_train,
               num_val=num_val, num_test=num_test, seed=seed,
               files=[VIDEO_FEATURES, "tvr_queries_v2", "tvr_text_features"])
-  if tower_features.reuse_finished(out, args, force):
+  if done.reuse_finished(out, args, force):
     return out
   (out / "video_feature").mkdir(parents=True, exist_ok=True)
   begin = time.time()
@@ -114,11 +115,11 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, num_t
     _write_jsonl(out / f"tvr_{name}_release.jsonl", tvr_rows)
     all_subs += subs
   _write_jsonl(out / tvc.DEFAULT_SUBTITLES, all_subs)
-  coot_layout.write_video_features_h5(out / "video_feature", VIDEO_FEATURES, videos)
-  coot_layout.write_json(out / tvr.VIDEO2IDX, video2idx)
-  tvr_text_features.write(out, video_features=VIDEO_FEATURES, clip_length=CLIP_LENGTH,
+  feature_layout.write_video_features_h5(out / "video_feature", VIDEO_FEATURES, videos)
+  feature_layout.write_json(out / tvr.VIDEO2IDX, video2idx)
+  tvr_text.write(out, video_features=VIDEO_FEATURES, clip_length=CLIP_LENGTH,
                           force=True)
-  tower_features.mark_finished(out, args)
+  done.mark_finished(out, args)
   logging.info("wrote %d videos to %s in %.0f s", len(videos), out, time.time() - begin)
   return out
 

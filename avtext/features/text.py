@@ -6,8 +6,8 @@ and its WordPiece tokenizer (lower-cased unless tokenizer_config.json says
 do_lower_case=false); `run({key: token ids})` returns {key: float32
 [tokens, len(layers) * D]}, the concatenated hidden states `layers` (HF
 numbering: 0 the embeddings, -1 the last layer) of each sequence, batched by
-length. COOT's paragraphs (`coot_layout.encode_paragraphs`) and TVR's queries
-and subtitles (`avtext.tools.tvr_text_features`) are built on it.
+length. COOT's paragraphs (`coot_text.encode_paragraphs`) and TVR's queries
+and subtitles (`tvr_text`) are built on it.
 """
 import pathlib
 from typing import Mapping, Sequence

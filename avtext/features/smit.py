@@ -1,6 +1,6 @@
 r"""Precomputes what S-MiT's phase 1 keeps frozen, in the `smit_features` layout.
 
-    python -m avtext.tools.smit_features --config=configs/smit_language_amm.py:demo \
+    python -m avtext.features.smit --config=configs/smit_language_amm.py:demo \
         --config.init_from.workdir=workdirs/demo/video_pretrain \
         --out=workdirs/demo/smit_features [--splits=train,val,test] [--batch_size=64]
 
@@ -36,8 +36,8 @@ from tqdm import tqdm
 from avtext.data import audio
 from avtext.data import builders
 from avtext.data.builders import smit as smit_builder
+from avtext.features import done
 from avtext.tasks import registry
-from avtext.tools import tower_features
 from avtext.train import warm_start
 
 
@@ -75,7 +75,7 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
           "init_from": config.init_from.to_dict(), "data": config.data.to_dict(),
           "splits": list(splits)}
   out.mkdir(parents=True, exist_ok=True)
-  if tower_features.reuse_finished(out, json.loads(json.dumps(args, default=list)), force):
+  if done.reuse_finished(out, json.loads(json.dumps(args, default=list)), force):
     return out
   if config.model.video.get("train_backbones"):
     raise ValueError("smit_features: config.model.video.train_backbones is True (phase 2); "
@@ -137,7 +137,7 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
       {"format": smit_builder.FORMAT, "splits": counts, "origin": origin.to_dict(),
        "model": config.model.to_dict(), "init_from": config.init_from.to_dict()},
       indent=1, default=list))
-  tower_features.mark_finished(out, json.loads(json.dumps(args, default=list)))
+  done.mark_finished(out, json.loads(json.dumps(args, default=list)))
   return out
 
 

@@ -1,15 +1,12 @@
 """Clip features from a trained RGB tower: the synthetic datasets' stand-in for I3D / ResNet.
 
-Shared by the synthetic COOT (`coot_synthetic`) and TVR / TVC (`tvr_synthetic`)
-writers. A feature step is the [CLS] embedding of the tower in a run
+The video encoder the synthetic COOT and TVR / TVC writers are given
+(`avtext.tools.coot_synthetic`, `avtext.tools.tvr_synthetic`), and the mining
+embedder's tower. A feature step is the [CLS] embedding of the tower in a run
 directory (`configs/synthetic_video_pretrain.py`) on its own input:
 `data.num_frames` frames `data.frame_stride` apart around the step's centre
 (clamped to the video), normalized as in training.
 """
-import json
-import pathlib
-
-from absl import logging
 import jax
 import numpy as np
 from tqdm import tqdm
@@ -79,16 +76,3 @@ def extract_video_features(source, indices, *, apply_fn, frames_per_window: int,
       out.setdefault(i, []).append(e)
   return {source.video_id(i): np.stack(v).astype(np.float32) for i, v in out.items()}
 
-
-def reuse_finished(out: pathlib.Path, args: dict, force: bool) -> bool:
-  """True when `out` holds a build finished with `args` (its DONE marker); else clears the mark."""
-  done = pathlib.Path(out) / "DONE"
-  if not force and done.is_file() and json.loads(done.read_text()) == args:
-    logging.info("%s is complete; reusing it (--force rebuilds)", out)
-    return True
-  done.unlink(missing_ok=True)
-  return False
-
-
-def mark_finished(out: pathlib.Path, args: dict) -> None:
-  (pathlib.Path(out) / "DONE").write_text(json.dumps(args))
