@@ -142,7 +142,7 @@ MINING_STEPS ?= 100
 MINING_TEST ?= 500
 MINING_TAUS ?= 0.6,0.9,0.95,0.97,0.98,0.99
 demo-mining: $(STAMP) $(WORKDIR)/video_pretrain/results.json
-	$(PY) -m avtext.mining.synthetic --out=$(WORKDIR)/mining/world --num_seeds=$(MINING_SEEDS) \
+	$(PY) -m avtext.data.synthetic.mining_corpus --out=$(WORKDIR)/mining/world --num_seeds=$(MINING_SEEDS) \
 	  --num_videos=$(MINING_VIDEOS) --seed_scene_rate=0.5 \
 	  --faults=truncated,empty,not_video,audio_only,short,no_audio
 	$(PY) -m avtext.mining --seeds=$(WORKDIR)/mining/world/seeds/seeds.tsv \

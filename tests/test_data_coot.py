@@ -538,9 +538,9 @@ def test_multiscene_video_renders_by_owning_scene():
 
 
 def test_feature_windows_are_centred_and_clamped():
-  from avtext.tools import coot_synthetic
-  w = coot_synthetic.window_frames(num_frames=100, fps=25, feature_fps=2, frames_per_window=4,
-                                   stride=8)
+  from avtext.features import tower
+  w = tower.window_frames(num_frames=100, fps=25, feature_fps=2, frames_per_window=4,
+                          stride=8)
   # 4 s -> 8 steps centred at 0.25 s + 0.5 s k = frame 6.25 -> 6, 19 (round half even), ...
   assert w.shape == (8, 4)
   np.testing.assert_array_equal(w[0], [0, 2, 10, 18])  # 6 - 12 clamped to 0
@@ -549,13 +549,13 @@ def test_feature_windows_are_centred_and_clamped():
 
 
 def test_synthetic_text_features_follow_the_precompute_naming(tmp_path):
-  from avtext.tools import coot_synthetic  # pylint: disable=g-import-not-at-top
-  assert coot_synthetic.TEXT_FEATURES == coot_text.default_name(
+  from avtext.data.synthetic import coot_layout  # pylint: disable=g-import-not-at-top
+  assert coot_layout.TEXT_FEATURES == coot_text.default_name(
       tmp_path / "synthetic", "all", None, (-2, -1))
   import importlib.util  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location("coot_cfg", "configs/coot_activitynet.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config("demo")
-  assert config.dataset.text_features == coot_synthetic.TEXT_FEATURES
-  assert config.dataset.video_features == coot_synthetic.VIDEO_FEATURES
+  assert config.dataset.text_features == coot_layout.TEXT_FEATURES
+  assert config.dataset.video_features == coot_layout.VIDEO_FEATURES

@@ -14,6 +14,7 @@ from avtext.data import builders
 from avtext.data import feature_layout
 from avtext.data.builders import tvc
 from avtext.data.synthetic import longvideo
+from avtext.data.synthetic import tvr_layout
 from avtext.data.synthetic import world
 from avtext.inference import generate
 from avtext.metrics import captioning as caption_metrics
@@ -21,7 +22,6 @@ from avtext.models import mmt
 from avtext.tasks import captioning
 from avtext.tasks import registry
 from avtext.text import vocab as vocab_lib
-from avtext.tools import tvr_synthetic
 from avtext.train import optimizers
 from avtext.train import trainer as trainer_lib
 
@@ -261,14 +261,14 @@ def write_synthetic_tvc(path: pathlib.Path, *, num=(12, 4, 4), dim=8, seed=0) ->
   rng = np.random.default_rng(seed)
   feats, subs = {}, []
   (path / "video_feature").mkdir(parents=True, exist_ok=True)
-  for (name, split), n in zip(tvr_synthetic.SPLITS, num):
+  for (name, split), n in zip(tvr_layout.SPLITS, num):
     src = longvideo.LongVideoSource(split, num_examples=n, spec=spec)
-    rows, _, s = tvr_synthetic.annotations(src, range(n), clip_ids, desc_ids)
+    rows, _, s = tvr_layout.annotations(src, range(n), clip_ids, desc_ids)
     (tvc.annotation_path(path, name)).write_text("".join(json.dumps(r) + "\n" for r in rows))
     subs += s
     feats.update({src.video_id(i): rng.normal(size=(src.num_clips(i), dim)) for i in range(n)})
   (path / tvc.DEFAULT_SUBTITLES).write_text("".join(json.dumps(r) + "\n" for r in subs))
-  feature_layout.write_video_features_h5(path / "video_feature", tvr_synthetic.VIDEO_FEATURES,
+  feature_layout.write_video_features_h5(path / "video_feature", tvr_layout.VIDEO_FEATURES,
                                          feats)
   return path
 
@@ -280,7 +280,7 @@ def tvc_dir(tmp_path_factory):
 
 def _dataset_config(path, **kw):
   return ml_collections.ConfigDict({**dict(name="tvc", path=str(path), video_dim=8,
-                                          video_features=tvr_synthetic.VIDEO_FEATURES), **kw})
+                                          video_features=tvr_layout.VIDEO_FEATURES), **kw})
 
 
 def test_tvc_source_reads_the_official_layout(tvc_dir):

@@ -19,6 +19,7 @@ from avtext.data import builders
 from avtext.data import feature_layout
 from avtext.data.builders import tvr
 from avtext.data.synthetic import longvideo
+from avtext.data.synthetic import tvr_layout
 from avtext.data.synthetic import world
 from avtext.features import tvr_text
 from avtext.inference import vcmr
@@ -26,7 +27,6 @@ from avtext.metrics import moments as moment_metrics
 from avtext.models import xml
 from avtext.tasks import moments as moments_task
 from avtext.tasks import registry
-from avtext.tools import tvr_synthetic
 from avtext.train import trainer as trainer_lib
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -388,10 +388,10 @@ def write_synthetic_tvr(path: pathlib.Path, *, num=(10, 4, 4), dims=(8, 6, 6), s
   clip_ids, desc_ids = iter(range(10**6)), iter(range(10**6))
   rng = np.random.default_rng(seed)
   videos, subs, queries, index = {}, {}, {}, {}
-  for (name, split), n in zip(tvr_synthetic.SPLITS, num):
+  for (name, split), n in zip(tvr_layout.SPLITS, num):
     src = longvideo.LongVideoSource(split, num_examples=n, spec=spec)
-    _, rows, _ = tvr_synthetic.annotations(src, range(n), clip_ids, desc_ids,
-                                           all_queries=split == "train")
+    _, rows, _ = tvr_layout.annotations(src, range(n), clip_ids, desc_ids,
+                                        all_queries=split == "train")
     (tvr.annotation_path(path, name)).write_text("".join(json.dumps(r) + "\n" for r in rows))
     index[name] = {}
     for i in range(n):
@@ -401,7 +401,7 @@ def write_synthetic_tvr(path: pathlib.Path, *, num=(10, 4, 4), dims=(8, 6, 6), s
       subs[vid] = rng.normal(size=(src.num_clips(i), dims[1]))
     queries.update({str(r["desc_id"]): rng.normal(size=(rng.integers(3, 9), dims[2]))
                     for r in rows})
-  feature_layout.write_video_features_h5(path / "video_feature", tvr_synthetic.VIDEO_FEATURES,
+  feature_layout.write_video_features_h5(path / "video_feature", tvr_layout.VIDEO_FEATURES,
                                          videos)
   feature_layout.write_h5(path / tvr.DEFAULT_SUB_FEATURES, subs)
   feature_layout.write_h5(path / tvr.DEFAULT_QUERY_FEATURES, queries)
@@ -416,7 +416,7 @@ def tvr_dir(tmp_path_factory):
 
 def _dataset_config(path, **kw):
   return ml_collections.ConfigDict({**dict(
-      name="tvr", path=str(path), video_features=(tvr_synthetic.VIDEO_FEATURES,),
+      name="tvr", path=str(path), video_features=(tvr_layout.VIDEO_FEATURES,),
       sub_features=tvr.DEFAULT_SUB_FEATURES, query_features=tvr.DEFAULT_QUERY_FEATURES,
       video_dim=8, sub_dim=6, query_dim=6), **kw})
 

@@ -7,6 +7,8 @@ directory (`configs/synthetic_video_pretrain.py`) on its own input:
 `data.num_frames` frames `data.frame_stride` apart around the step's centre
 (clamped to the video), normalized as in training.
 """
+import functools
+
 import jax
 import numpy as np
 from tqdm import tqdm
@@ -76,3 +78,13 @@ def extract_video_features(source, indices, *, apply_fn, frames_per_window: int,
       out.setdefault(i, []).append(e)
   return {source.video_id(i): np.stack(v).astype(np.float32) for i, v in out.items()}
 
+
+def tower_encoder(workdir, step=None):
+  """(video_features, world spec) of the run's tower: the encoder the synthetic writers take.
+
+  video_features(source, indices, *, feature_fps, num_steps=None) is
+  `extract_video_features` with the tower's apply_fn, window and stride.
+  """
+  apply_fn, frames_per_window, stride, spec = tower_from_run(workdir, step)
+  return functools.partial(extract_video_features, apply_fn=apply_fn,
+                           frames_per_window=frames_per_window, frame_stride=stride), spec
