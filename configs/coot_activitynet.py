@@ -207,7 +207,7 @@ def synthetic(config: ml_collections.ConfigDict, *, tiny: bool) -> None:
   config.data.static_shapes = False
   d = config.dataset
   d.path = DEMO_DATA
-  d.video_features = "synthetic_tower"  # avtext/tools/coot_synthetic.py's names
+  d.video_features = "synthetic_tower"  # avtext/data/synthetic/coot_layout.py's names
   d.video_source = "h5"
   d.video_dim = 128  # the demo video tower's width (configs/videocc_avr.py:demo)
   d.text_features = "text_feat_synthetic_meta_all_transformers_minilm-l6_-2,-1"
