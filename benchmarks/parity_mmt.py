@@ -115,7 +115,7 @@ def run(official_dir: pathlib.Path, seed: int = 0):
   import torch  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from avtext import runs  # pylint: disable=g-import-not-at-top
-  from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
+  from avtext.text import vocab  # pylint: disable=g-import-not-at-top
   from avtext.tools import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
 
 
@@ -138,7 +138,7 @@ def run(official_dir: pathlib.Path, seed: int = 0):
   ckpt = tmp / "model.chkpt"
   torch.save({"model": model.state_dict(), "model_cfg": model.config, "opt": opt, "epoch": 0},
              ckpt)
-  preprocessing.WordVocab.build([" ".join(WORDS)], min_count=0).save(tmp / "word2idx.json")
+  vocab.WordVocab.build([" ".join(WORDS)], min_count=0).save(tmp / "word2idx.json")
   config = runs.config_file(str(pathlib.Path(__file__).resolve().parents[1] /
                                    "configs/mmt_tvc.py"))
   config.model.dtype = "float32"

@@ -8,7 +8,7 @@ Every default is the official `config/retrieval/paper2020/anet_coot.yaml` of
 simon-ging/coot-videotext (cited field by field below); the paper gives the
 same values in §4 and appendix A.
 
-Data (`config.dataset`, the `coot` dataset, layout in avtext/data/coot_layout.py):
+Data (`config.dataset`, the `coot` dataset, layout in avtext/data/feature_layout.py):
   <path>/meta_all.json                           segments and captions per video
   <path>/features/ICEP_V3_global_pool_skip_8_direct_resize/v_<id>.npz
                                                  2048-d Inception-V3 frame features
@@ -16,7 +16,7 @@ Data (`config.dataset`, the `coot` dataset, layout in avtext/data/coot_layout.py
        (+ _sentence_splits.json)                 BERT last two layers per token, 1536-d
 The official setup (README of coot-videotext) downloads the first two; the text
 features can be built with
-    python -m avtext.tools.precompute_text_features --dataset_dir=<path> \
+    python -m avtext.features.coot_text --dataset_dir=<path> \
         --bert_dir=<HF bert-base-uncased dir>
 Without them training stops with what to prepare.
 
@@ -77,7 +77,7 @@ def base_config() -> ml_collections.ConfigDict:
   # the synthetic variants pad to each batch's longest instead.
   config.data.static_shapes = True
   # Every sentence padded to this many tokens under static_shapes (a longer one stops the
-  # run naming this field); the paragraph's cap is coot_layout's 512.
+  # run naming this field); the paragraph's cap is coot_text's 512.
   config.data.max_sentence_tokens = 96
   config.data.clip_pad_multiple = 32  # the packed clip axis of a batch
   config.data.max_clips_per_batch = None  # fixed clip axis (multi-process runs need it)
@@ -207,7 +207,7 @@ def synthetic(config: ml_collections.ConfigDict, *, tiny: bool) -> None:
   config.data.static_shapes = False
   d = config.dataset
   d.path = DEMO_DATA
-  d.video_features = "synthetic_tower"  # avtext/tools/coot_synthetic.py's names
+  d.video_features = "synthetic_tower"  # avtext/data/synthetic/coot_layout.py's names
   d.video_source = "h5"
   d.video_dim = 128  # the demo video tower's width (configs/videocc_avr.py:demo)
   d.text_features = "text_feat_synthetic_meta_all_transformers_minilm-l6_-2,-1"

@@ -27,7 +27,8 @@ FLOORS = (
     ("train",),      # the one trainer, checkpoints, meshes
     ("runs",),       # opening a run directory: config + model + variables
     ("evals",),      # evaluators over the tasks' declared protocols
-    ("experiment", "main", "aot"),  # task + evaluators + trainer; train / eval / compile
+    ("experiment",),  # one config -> task + evaluators + trainer
+    ("main", "aot"),  # train / eval / compile a config
     ("features",),   # running a model to write feature files
     ("tools",),      # one-off converters and CLIs (checkpoint import, vocab, TVR eval)
     ("mining",),     # the VideoCC mining pipeline

@@ -11,10 +11,10 @@ import pytest
 from avtext import experiment
 from avtext.data import builders
 from avtext.data import pipelines
-from avtext.data import preprocessing
 from avtext.data.synthetic import captions, clips, world
 from avtext.metrics import captioning as caption_metrics
 from avtext.tasks import captioning
+from avtext.text import tokenizers
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
 import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -102,7 +102,7 @@ def test_statement_precision_recall_hand_computed():
 
 def test_task_rejects_mismatched_vocab(tmp_path):
   config = videocc_caption.get_config("tiny")
-  preprocessing.write_vocab_subset(["a red circle."], tmp_path / "v.json")
+  tokenizers.write_vocab_subset(["a red circle."], tmp_path / "v.json")
   config.model.decoder.vocab_subset = str(tmp_path / "v.json")
   config.model.decoder.vocab_size = 50257
   with pytest.raises(ValueError, match="vocab_size=50257 but the tokenizer has"):
@@ -127,7 +127,7 @@ def test_tiny_run_trains_evaluates_and_writes_predictions(tmp_path):
   config = videocc_caption.get_config("tiny")
   train = builders.get_source(config.dataset, "train")
   train_captions = pipelines.source_captions(train)
-  preprocessing.write_vocab_subset(train_captions, tmp_path / "vocab.json")
+  tokenizers.write_vocab_subset(train_captions, tmp_path / "vocab.json")
   config.model.decoder.vocab_subset = str(tmp_path / "vocab.json")
   config.init_from.workdir = str(tmp_path / "avr")
   config.evals.test.baselines.nearest_neighbour.run = str(tmp_path / "avr")

@@ -37,7 +37,7 @@ def test_hierarchical_metrics_by_hand():
 
 def write_tiny_dataset(path, *, num_train=24, num_val=8, video_dim=16, text_dim=24, seed=0):
   """A small COOT-layout dataset: each segment's frames and sentence share a random code."""
-  from avtext.data import coot_layout
+  from avtext.data import feature_layout
   rng = np.random.default_rng(seed)
   meta, videos, texts, lengths = {}, {}, {}, {}
   project_v = rng.normal(size=(8, video_dim))
@@ -59,9 +59,9 @@ def write_tiny_dataset(path, *, num_train=24, num_val=8, video_dim=16, text_dim=
                  "duration_sec": float(edges[-1]),
                  "segments": [{"start_sec": edges[k], "stop_sec": edges[k + 1] - 1,
                                "text": f"sentence {k}"} for k in range(n)]}
-  coot_layout.write_meta(path, meta)
-  coot_layout.write_video_features_h5(path, "tiny_video", videos)
-  coot_layout.write_text_features(path, "tiny_text", texts, lengths)
+  feature_layout.write_meta(path, meta)
+  feature_layout.write_video_features_h5(path, "tiny_video", videos)
+  feature_layout.write_text_features(path, "tiny_text", texts, lengths)
   return meta, videos
 
 

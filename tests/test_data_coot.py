@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 from avtext.data import builders
-from avtext.data import coot_layout
-from avtext.data import preprocessing
+from avtext.data import feature_layout
+from avtext.data import video as video_lib
 from avtext.data.synthetic import captions
 from avtext.data.synthetic import multiscene
 from avtext.data.synthetic import world
+from avtext.features import coot_text
 
 # ---------------------------------------------------------------- frame sampler
 
@@ -33,7 +34,7 @@ from avtext.data.synthetic import world
     (3, 6, [0, 0, 1, 1, 2, 2]),  # 0, .5, ..., 2.5 + .25: frames repeat when m > n
 ])
 def test_eval_sampler_takes_bin_centres(n, m, expected):
-  np.testing.assert_array_equal(preprocessing.coot_frame_indices(n, m, None), expected)
+  np.testing.assert_array_equal(video_lib.coot_frame_indices(n, m, None), expected)
 
 
 class _ScriptedRng:
@@ -56,13 +57,13 @@ def test_train_sampler_worked_example():
   # 10 - 7 = 3: s = 3, 2, 2, 3. Bins start at cumsum(s) - s_0 = 0, 2, 4, 7 and are
   # s_1, s_2, s_3, s_0 = 2, 2, 3, 3 long; uniforms 0, .5, .99, .4 -> 0, 3, 6.97, 8.2.
   rng = _ScriptedRng([1, 0, 2], [0.0, 0.5, 0.99, 0.4])
-  np.testing.assert_array_equal(preprocessing.coot_frame_indices(10, 4, rng), [0, 3, 6, 8])
+  np.testing.assert_array_equal(video_lib.coot_frame_indices(10, 4, rng), [0, 3, 6, 8])
   # 4 -> 4: every bin is one frame: identity whatever the draws.
   rng = _ScriptedRng([2, 0, 1], [0.999, 0.0, 0.5, 0.7])
-  np.testing.assert_array_equal(preprocessing.coot_frame_indices(4, 4, rng), [0, 1, 2, 3])
+  np.testing.assert_array_equal(video_lib.coot_frame_indices(4, 4, rng), [0, 1, 2, 3])
   # 1 target: one bin of all n frames.
   np.testing.assert_array_equal(
-      preprocessing.coot_frame_indices(9, 1, _ScriptedRng([], [0.5])), [4])
+      video_lib.coot_frame_indices(9, 1, _ScriptedRng([], [0.5])), [4])
 
 
 class _Recording:
@@ -82,16 +83,16 @@ class _Recording:
 def test_train_sampler_draws_one_frame_inside_each_bin():
   for seed in range(30):
     rec = _Recording(seed)
-    idx = preprocessing.coot_frame_indices(10, 4, rec)
+    idx = video_lib.coot_frame_indices(10, 4, rec)
     assert sorted(rec.sizes) == [2, 2, 3]  # the round-half-down sizes, in some order
     sizes = np.concatenate([rec.sizes, [10 - rec.sizes.sum()]])
     lo = np.concatenate([[0], np.cumsum(sizes[1:])])  # bin k starts at s_1 + .. + s_k
     hi = lo + np.roll(sizes, -1)
     assert hi[-1] == 10 and np.all(lo <= idx) and np.all(idx < hi), (seed, idx, lo, hi)
-  a = preprocessing.coot_frame_indices(123, 80, np.random.default_rng(5))
-  np.testing.assert_array_equal(a, preprocessing.coot_frame_indices(
+  a = video_lib.coot_frame_indices(123, 80, np.random.default_rng(5))
+  np.testing.assert_array_equal(a, video_lib.coot_frame_indices(
       123, 80, np.random.default_rng(5)))
-  assert not np.array_equal(a, preprocessing.coot_frame_indices(
+  assert not np.array_equal(a, video_lib.coot_frame_indices(
       123, 80, np.random.default_rng(6)))
 
 
@@ -112,10 +113,10 @@ def test_train_sampler_matches_the_official_draws(n, m):
   # RandomState(s) replays what np.random.seed(s) gives the official code.
   for seed in range(3):
     np.testing.assert_array_equal(
-        preprocessing.coot_frame_indices(n, m, np.random.RandomState(seed)),
+        video_lib.coot_frame_indices(n, m, np.random.RandomState(seed)),
         _official_compute_indices(n, m, np.random.RandomState(seed)))
     np.testing.assert_array_equal(
-        preprocessing.coot_frame_indices(n, m, np.random.default_rng(seed)),
+        video_lib.coot_frame_indices(n, m, np.random.default_rng(seed)),
         _official_compute_indices(n, m, np.random.default_rng(seed)))
 
 
@@ -130,7 +131,7 @@ def test_train_sampler_matches_the_official_draws(n, m):
     ((20, 10, 23, 20), (10, 20, True)),   # starts past the end: -3 frames, grows left to 10
 ])
 def test_expand_segment_worked_examples(args, expected):
-  assert preprocessing.expand_segment(*args) == expected
+  assert video_lib.expand_segment(*args) == expected
 
 
 # ---------------------------------------------------------------- the coot dataset
@@ -181,12 +182,12 @@ def write_dataset(path, source):
   }
   lengths = {k: _sentence_lengths(len(v["segments"])) for k, v in meta.items()}
   texts = {k: rng.normal(size=(sum(n), TEXT_DIM)) for k, n in lengths.items()}
-  coot_layout.write_meta(path, meta)
+  feature_layout.write_meta(path, meta)
   if source == "npz_activitynet":
-    coot_layout.write_video_features_npz(path, "icep", videos)
+    feature_layout.write_video_features_npz(path, "icep", videos)
   else:
-    coot_layout.write_video_features_h5(path, "icep", videos)
-  coot_layout.write_text_features(path, "txt", texts, lengths)
+    feature_layout.write_video_features_h5(path, "icep", videos)
+  feature_layout.write_text_features(path, "txt", texts, lengths)
   return meta, videos, texts
 
 
@@ -238,9 +239,9 @@ def test_dataset_split_alias_and_legacy_text_keys(tmp_path):
   write_dataset(tmp_path, "h5")
   meta = json.loads((tmp_path / "meta_all.json").read_text())
   meta["vidB_train"]["split"] = "val"
-  coot_layout.write_meta(tmp_path, meta)
+  feature_layout.write_meta(tmp_path, meta)
   # Old COOT releases name text features v_<key[:11]>.
-  legacy = coot_layout.legacy_text_key("vidB_train")
+  legacy = feature_layout.legacy_text_key("vidB_train")
   assert legacy == "v_vidB_train"
   with h5py.File(tmp_path / "txt.h5", "a") as h5:
     h5.move("vidB_train", legacy)
@@ -287,7 +288,7 @@ BAD = {
                 r"config.dataset.path is not set"),
     "no meta": ("h5", lambda p, c: (p / "meta_all.json").unlink(), FileNotFoundError,
                 r"meta_all.json not found.*data_read_activitynet_meta.py.*"
-                r"avtext.tools.precompute_text_features"),
+                r"avtext.features.coot_text"),
     "empty split": ("h5", lambda p, c: c.update(split="test"), ValueError,
                     r"meta_all.json: no videos in split 'test'; its splits are "
                     r"\['train', 'val_1'\]"),
@@ -314,7 +315,7 @@ BAD = {
     "npz video dim": ("npz_activitynet", lambda p, c: c.update(video_dim=7), ValueError,
                       r"v_vid[AB].npz: features of shape \[\d+, 6\]; expected \[T, 7\]"),
     "no text file": ("h5", lambda p, c: (p / "txt.h5").unlink(), FileNotFoundError,
-                     r"text features \S*txt.h5 not found.*precompute_text_features"),
+                     r"text features \S*txt.h5 not found.*coot_text"),
     "no splits file": ("h5", lambda p, c: (p / "txt_sentence_splits.json").unlink(),
                        FileNotFoundError, r"sentence splits \S*txt_sentence_splits.json not "
                        r"found"),
@@ -382,26 +383,26 @@ def test_bert_paper_preprocessing():
   # nntrainer/data_text.py "bert_paper": whitespace collapsed, trailing dot dropped ("..."
   # kept), inner ". " -> [SEP], [CLS] first, [SEP] after each sentence, case kept.
   sentences = ["A man  walks.", " He sits. The dog runs fast", "Wait..."]
-  assert coot_layout.bert_paper_sentences(sentences) == [
+  assert coot_text.bert_paper_sentences(sentences) == [
       "[CLS] A man walks [SEP]", "He sits [SEP] The dog runs fast [SEP]", "Wait... [SEP]"]
-  assert coot_layout.bert_paper_paragraph(sentences[:2]) == (
+  assert coot_text.bert_paper_paragraph(sentences[:2]) == (
       "[CLS] A man walks [SEP] He sits [SEP] The dog runs fast [SEP]")
   with pytest.raises(ValueError, match="sentence 1 of the paragraph is empty"):
-    coot_layout.bert_paper_sentences(["a", "  "])
+    coot_text.bert_paper_sentences(["a", "  "])
 
 
 def test_cut_follows_precompute_text():
   # [6, 10] tokens, max 12: the last sentence loses 16 - 12 = 4 -> first 5 + its last.
   pieces = [list(range(6)), list(range(10, 20))]
-  assert coot_layout.cut_to_length(pieces, 12, "k") == [
+  assert coot_text.cut_to_length(pieces, 12, "k") == [
       list(range(6)), [10, 11, 12, 13, 14, 19]]
   # [10, 3], max 10: the last gets max(5, 3 - 3) = 5 (the official code then keeps its 3
   # tokens + its last again), the first max(5, 10 - 5) = 5: first 4 + last.
-  assert coot_layout.cut_to_length([list(range(10)), [20, 21, 22]], 10, "k") == [
+  assert coot_text.cut_to_length([list(range(10)), [20, 21, 22]], 10, "k") == [
       [0, 1, 2, 3, 9], [20, 21, 22, 22]]
   with pytest.raises(ValueError, match=r"paragraph 'k': its 3 sentences do not fit "
                      r"max_len=8 tokens even when cut to 5 tokens each"):
-    coot_layout.cut_to_length([list(range(6)), [1, 2], [3, 4, 5]], 8, "k")
+    coot_text.cut_to_length([list(range(6)), [1, 2], [3, 4, 5]], 8, "k")
 
 
 @pytest.fixture(scope="module")
@@ -449,8 +450,8 @@ TOKENS = {  # by hand: greedy WordPiece over VOCAB, lower-cased, [UNK] for "zebr
 
 def test_encode_paragraphs_are_bert_hidden_states(tiny_bert):
   directory, model = tiny_bert
-  features, lengths = coot_layout.encode_paragraphs(PARAGRAPHS, bert_dir=str(directory),
-                                                    batch_size=2)
+  features, lengths = coot_text.encode_paragraphs(PARAGRAPHS, bert_dir=str(directory),
+                                                  batch_size=2)
   assert list(features) == list(PARAGRAPHS)
   ids = {k: [ID[t] for s in sentences for t in s] for k, sentences in TOKENS.items()}
   # Below, the official cut at max_len=12: p1's second sentence keeps 5 tokens and [SEP].
@@ -460,13 +461,13 @@ def test_encode_paragraphs_are_bert_hidden_states(tiny_bert):
     assert lengths[key] == [len(s) for s in sentences]
     assert features[key].dtype == np.float32 and features[key].shape == (len(ids[key]), 16)
     np.testing.assert_allclose(features[key], want[key][..., 8:], atol=2e-5)  # layers -2, -1
-  features, lengths = coot_layout.encode_paragraphs({"p1": PARAGRAPHS["p1"]},
-                                                    bert_dir=str(directory), layers=(0, 1),
-                                                    max_len=12)
+  features, lengths = coot_text.encode_paragraphs({"p1": PARAGRAPHS["p1"]},
+                                                  bert_dir=str(directory), layers=(0, 1),
+                                                  max_len=12)
   assert lengths == {"p1": [6, 6]}
   np.testing.assert_allclose(features["p1"], want["p1 cut"][..., :16], atol=2e-5)  # 0: embeddings
   with pytest.raises(ValueError, match=r"layers=\(3,\): .* has 3 hidden states"):
-    coot_layout.encode_paragraphs(PARAGRAPHS, bert_dir=str(directory), layers=(3,))
+    coot_text.encode_paragraphs(PARAGRAPHS, bert_dir=str(directory), layers=(3,))
 
 
 def test_cased_tokenizer_config_keeps_case(tiny_bert, tmp_path):
@@ -476,19 +477,19 @@ def test_cased_tokenizer_config_keeps_case(tiny_bert, tmp_path):
   for f in directory.iterdir():
     (cased / f.name).symlink_to(f)
   (cased / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
-  _, lengths = coot_layout.encode_paragraphs({"k": ["The dog"]}, bert_dir=str(cased))
+  _, lengths = coot_text.encode_paragraphs({"k": ["The dog"]}, bert_dir=str(cased))
   assert lengths == {"k": [4]}  # [CLS] [UNK] dog [SEP]: "The" is not in the uncased vocab
 
 
 def test_precompute_command_writes_what_the_dataset_reads(tiny_bert, tmp_path):
-  from avtext.tools import precompute_text_features as tool
+  from avtext.features import coot_text as tool
   directory, model = tiny_bert
   data = tmp_path / "mydata"
   write_dataset(data, "h5")
   meta = json.loads((data / "meta_all.json").read_text())
   meta["vidB_train"]["segments"] = [{"start_sec": 0.0, "stop_sec": 2.0, "text": "He sits."},
                                     {"start_sec": 4.0, "stop_sec": 9.0, "text": "The dog"}]
-  coot_layout.write_meta(data, meta)
+  feature_layout.write_meta(data, meta)
   name = "text_feat_mydata_meta_all_transformers_tiny-bert_-2,-1"
   assert tool.default_name(data, "all", str(directory), (-2, -1)) == name
   assert tool.parse_layers("-2,-1") == (-2, -1)
@@ -537,9 +538,9 @@ def test_multiscene_video_renders_by_owning_scene():
 
 
 def test_feature_windows_are_centred_and_clamped():
-  from avtext.tools import coot_synthetic
-  w = coot_synthetic.window_frames(num_frames=100, fps=25, feature_fps=2, frames_per_window=4,
-                                   stride=8)
+  from avtext.features import tower
+  w = tower.window_frames(num_frames=100, fps=25, feature_fps=2, frames_per_window=4,
+                          stride=8)
   # 4 s -> 8 steps centred at 0.25 s + 0.5 s k = frame 6.25 -> 6, 19 (round half even), ...
   assert w.shape == (8, 4)
   np.testing.assert_array_equal(w[0], [0, 2, 10, 18])  # 6 - 12 clamped to 0
@@ -548,14 +549,13 @@ def test_feature_windows_are_centred_and_clamped():
 
 
 def test_synthetic_text_features_follow_the_precompute_naming(tmp_path):
-  from avtext.tools import coot_synthetic  # pylint: disable=g-import-not-at-top
-  from avtext.tools import precompute_text_features  # pylint: disable=g-import-not-at-top
-  assert coot_synthetic.TEXT_FEATURES == precompute_text_features.default_name(
+  from avtext.data.synthetic import coot_layout  # pylint: disable=g-import-not-at-top
+  assert coot_layout.TEXT_FEATURES == coot_text.default_name(
       tmp_path / "synthetic", "all", None, (-2, -1))
   import importlib.util  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location("coot_cfg", "configs/coot_activitynet.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config("demo")
-  assert config.dataset.text_features == coot_synthetic.TEXT_FEATURES
-  assert config.dataset.video_features == coot_synthetic.VIDEO_FEATURES
+  assert config.dataset.text_features == coot_layout.TEXT_FEATURES
+  assert config.dataset.video_features == coot_layout.VIDEO_FEATURES

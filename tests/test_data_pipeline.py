@@ -6,10 +6,12 @@ import ml_collections
 import numpy as np
 import pytest
 
+from avtext.data import audio
 from avtext.data import builders
 from avtext.data import pipelines
-from avtext.data import preprocessing
+from avtext.data import video
 from avtext.data.synthetic import ClipCaptionSource, WorldSpec
+from avtext.text import tokenizers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -50,7 +52,7 @@ def test_paper_defaults():
 def _examples(source, *, train):
   data = tiny_data()
   return pipelines.ClipExamples(pipelines.ClipReader(source), data,
-                                preprocessing.Tokenizer(max_len=data.max_text_len), train=train)
+                                tokenizers.Tokenizer(max_len=data.max_text_len), train=train)
 
 
 def test_lazy_rendering_equals_full_example_path(tmp_path):
@@ -99,7 +101,7 @@ def test_eval_example_has_k_clips_and_aligned_audio():
   assert ex["rgb"].shape == (k, data.num_frames, data.image_size, data.image_size, 3)
   assert ex["audio"].shape == (k, data.spec_segments * data.spec_segment_frames, data.num_mel_bins)
   # Clip j's frames are test_clip_indices row j, normalized to [-1, 1].
-  idx = preprocessing.test_clip_indices(spec.num_frames, data.num_frames, data.frame_stride, k)
+  idx = video.test_clip_indices(spec.num_frames, data.num_frames, data.frame_stride, k)
   frames = source.render_frames(1, idx.ravel()).reshape(idx.shape + (32, 32, 3))
   np.testing.assert_allclose(ex["rgb"], frames.astype(np.float32) / 127.5 - 1.0, atol=1e-6)
   # The first segment of clip 0 is the log-mel of the audio window centred on the clip.
@@ -112,9 +114,9 @@ def test_eval_example_has_k_clips_and_aligned_audio():
   seg = np.zeros(data.spec_segment_frames * hop + 240, np.float32)
   lo = max(start, 0)
   seg[lo - start:lo - start + len(wave[lo:start + len(seg)])] = wave[lo:start + len(seg)]
-  want = preprocessing.log_mel_spectrogram(seg)[:data.spec_segment_frames]
+  want = audio.log_mel_spectrogram(seg)[:data.spec_segment_frames]
   np.testing.assert_allclose(ex["audio"][0, :data.spec_segment_frames], want, atol=1e-5)
-  tokens = preprocessing.Tokenizer(max_len=data.max_text_len)(source.describe(1)["caption"])
+  tokens = tokenizers.Tokenizer(max_len=data.max_text_len)(source.describe(1)["caption"])
   np.testing.assert_array_equal(ex["input_ids"], tokens["input_ids"])
 
 
@@ -140,7 +142,7 @@ def test_missing_audio_gives_zeros_and_flag_or_a_clear_error():
   data = tiny_data()
   data.allow_missing_audio = False
   strict = pipelines.ClipExamples(pipelines.ClipReader(silent), data,
-                                  preprocessing.Tokenizer(max_len=16), train=True)
+                                  tokenizers.Tokenizer(max_len=16), train=True)
   with pytest.raises(ValueError, match="example 0: audio track missing.*allow_missing_audio"):
     strict(0, np.random.default_rng(0))
 
@@ -222,7 +224,7 @@ def _modality_sources():
 @pytest.mark.parametrize("train", [True, False])
 def test_modalities_read_only_what_the_model_uses_and_change_nothing_else(train):
   data = tiny_data()
-  tok = preprocessing.Tokenizer(max_len=data.max_text_len)
+  tok = tokenizers.Tokenizer(max_len=data.max_text_len)
   for source_cls in _modality_sources():
     both = pipelines.ClipExamples(pipelines.ClipReader(source_cls(None)), data, tok, train=train)
     for modality, forbid in (("rgb", "audio"), ("audio", "rgb")):

@@ -12,13 +12,13 @@ import pytest
 
 from avtext import evals
 from avtext.data import builders
-from avtext.data import coot_layout
-from avtext.data import preprocessing
 from avtext.evals import base
+from avtext.features import coot_text
+from avtext.features import smit as smit_features
 from avtext.inference import vcmr
 from avtext.tasks import coot as coot_task
 from avtext.tasks import registry
-from avtext.tools import smit_features
+from avtext.text import vocab as vocab_lib
 from tests.test_trainer import REPO
 
 sys.path.insert(0, str(REPO / "configs"))
@@ -193,8 +193,8 @@ def test_gpt2_captioning(tmp_path):
 
 def test_mmt_captioning(tmp_path, tvc_dir):  # noqa: F811
   src = builders.get_source(mmt_tiny_config(tvc_dir, tmp_path / "w.json").dataset, "train")
-  preprocessing.WordVocab.build([d for i in range(len(src)) for d in src.describe(i)["descs"]],
-                                min_count=0).save(tmp_path / "w.json")
+  vocab_lib.WordVocab.build([d for i in range(len(src)) for d in src.describe(i)["descs"]],
+                            min_count=0).save(tmp_path / "w.json")
   config = mmt_tiny_config(tvc_dir, tmp_path / "w.json")
   config.evals.test.baselines = {}
   check_task(config, tmp_path)
@@ -212,7 +212,7 @@ def test_coot(tmp_path):
   config = coot_tiny_config(tmp_path / "coot")
   check_task(config, tmp_path, packed=True)
   # The paragraph bound is the text tool's cut.
-  default = inspect.signature(coot_layout.encode_paragraphs).parameters["max_len"].default
+  default = inspect.signature(coot_text.encode_paragraphs).parameters["max_len"].default
   assert coot_task.MAX_PARAGRAPH_TOKENS == default
   # A fixed clip axis: the rows of every batch are exactly max_clips_per_batch.
   config.data.max_clips_per_batch = 24
@@ -263,7 +263,7 @@ def _configs(tmp_path):
   """Every task's paper and tiny configs, dataset paths pointing nowhere."""
   missing = str(tmp_path / "does_not_exist")
   vocab = tmp_path / "w.json"
-  preprocessing.WordVocab.build(["a few words"], min_count=0).save(vocab)
+  vocab_lib.WordVocab.build(["a few words"], min_count=0).save(vocab)
   out = {}
   for name, module, arg in (("avr", videocc_avr, ""), ("avr_tiny", videocc_avr, "tiny"),
                             ("video_cls", synthetic_video_pretrain, ""),

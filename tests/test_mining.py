@@ -9,13 +9,13 @@ import pytest
 from avtext.data import video_io
 from avtext.data.synthetic import captions
 from avtext.data.synthetic import mining
+from avtext.data.synthetic import mining_corpus
 from avtext.data.synthetic import world
 from avtext.mining import embed
 from avtext.mining import files
 from avtext.mining import outputs
 from avtext.mining import pipeline
 from avtext.mining import search
-from avtext.mining import synthetic
 
 SPEC = world.WorldSpec(height=32, width=32, fps=25, duration_s=10.0)
 TINY = mining.MiningWorld(num_seeds=24, num_videos=9, seed_scene_rate=0.5,
@@ -63,7 +63,7 @@ def test_clip_fits_is_some_overlapping_scene_fitting():
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):
   root = tmp_path_factory.mktemp('mining')
-  synthetic.write(root, TINY, FAULTS)
+  mining_corpus.write(root, TINY, FAULTS)
   return root
 
 
@@ -249,7 +249,7 @@ def test_mining_does_not_import_the_trainer_or_tasks():
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   code = ('import sys, avtext.mining.pipeline, avtext.mining.embed, avtext.mining.outputs, '
-          'avtext.mining.synthetic, avtext.mining.search; '
+          'avtext.data.synthetic.mining_corpus, avtext.mining.search; '
           'print(sorted(m for m in sys.modules if m.startswith(("avtext.train", "avtext.tasks"))))')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == '[]'

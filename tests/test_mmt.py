@@ -12,17 +12,17 @@ import pytest
 
 from avtext import experiment
 from avtext.data import builders
-from avtext.data import coot_layout
-from avtext.data import preprocessing
+from avtext.data import feature_layout
 from avtext.data.builders import tvc
 from avtext.data.synthetic import longvideo
+from avtext.data.synthetic import tvr_layout
 from avtext.data.synthetic import world
 from avtext.inference import generate
 from avtext.metrics import captioning as caption_metrics
 from avtext.models import mmt
 from avtext.tasks import captioning
 from avtext.tasks import registry
-from avtext.tools import tvr_synthetic
+from avtext.text import vocab as vocab_lib
 from avtext.train import optimizers
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
@@ -56,11 +56,11 @@ def test_moment_subtitle_takes_lines_touching_its_clips():
 
 
 def test_word_tokenize_and_vocab():
-  assert preprocessing.word_tokenize("Alice : I can't find my Keys. Has anyone seen them?") == [
+  assert vocab_lib.word_tokenize("Alice : I can't find my Keys. Has anyone seen them?") == [
       "alice", ":", "i", "ca", "n't", "find", "my", "keys", ".", "has", "anyone", "seen", "them",
       "?"]
   texts = ["the dog runs ."] * 6 + ["a cat"] * 5 + ["dog"]
-  vocab = preprocessing.WordVocab.build(texts, min_count=5)
+  vocab = vocab_lib.WordVocab.build(texts, min_count=5)
   # Seen > 5 times: dog (7), the, runs, "." (6); cat / a (5) are not kept. By count, then name.
   assert list(vocab.word2idx)[7:] == ["dog", ".", "runs", "the"]
   ids, mask = vocab.encode("The cat runs", 6)
@@ -73,7 +73,7 @@ def test_word_tokenize_and_vocab():
   assert vocab.decode([10, 7, 5, 9, 9]) == "the dog"
   assert vocab.decode([4, 10, 0, 6]) == "the [UNK]"
   with pytest.raises(ValueError, match=r"\[UNK\] must have id 6"):
-    preprocessing.WordVocab({**vocab.word2idx, "[UNK]": 11, "x": 6})
+    vocab_lib.WordVocab({**vocab.word2idx, "[UNK]": 11, "x": 6})
 
 
 # ---------------------------------------------------------------- model
@@ -261,15 +261,15 @@ def write_synthetic_tvc(path: pathlib.Path, *, num=(12, 4, 4), dim=8, seed=0) ->
   rng = np.random.default_rng(seed)
   feats, subs = {}, []
   (path / "video_feature").mkdir(parents=True, exist_ok=True)
-  for (name, split), n in zip(tvr_synthetic.SPLITS, num):
+  for (name, split), n in zip(tvr_layout.SPLITS, num):
     src = longvideo.LongVideoSource(split, num_examples=n, spec=spec)
-    rows, _, s = tvr_synthetic.annotations(src, range(n), clip_ids, desc_ids)
+    rows, _, s = tvr_layout.annotations(src, range(n), clip_ids, desc_ids)
     (tvc.annotation_path(path, name)).write_text("".join(json.dumps(r) + "\n" for r in rows))
     subs += s
     feats.update({src.video_id(i): rng.normal(size=(src.num_clips(i), dim)) for i in range(n)})
   (path / tvc.DEFAULT_SUBTITLES).write_text("".join(json.dumps(r) + "\n" for r in subs))
-  coot_layout.write_video_features_h5(path / "video_feature", tvr_synthetic.VIDEO_FEATURES,
-                                      feats)
+  feature_layout.write_video_features_h5(path / "video_feature", tvr_layout.VIDEO_FEATURES,
+                                         feats)
   return path
 
 
@@ -280,7 +280,7 @@ def tvc_dir(tmp_path_factory):
 
 def _dataset_config(path, **kw):
   return ml_collections.ConfigDict({**dict(name="tvc", path=str(path), video_dim=8,
-                                          video_features=tvr_synthetic.VIDEO_FEATURES), **kw})
+                                          video_features=tvr_layout.VIDEO_FEATURES), **kw})
 
 
 def test_tvc_source_reads_the_official_layout(tvc_dir):
@@ -328,7 +328,7 @@ def _tiny_config(tvc_dir, vocab_path) -> ml_collections.ConfigDict:
 
 def test_context_example_layout(tvc_dir, tmp_path):
   src = builders.get_source(_dataset_config(tvc_dir), "train")
-  vocab = preprocessing.WordVocab.build(
+  vocab = vocab_lib.WordVocab.build(
       [d for i in range(len(src)) for d in src.describe(i)["descs"]], min_count=0)
   vocab.save(tmp_path / "w.json")
   task = registry.build_task(_tiny_config(tvc_dir, tmp_path / "w.json"))
@@ -352,8 +352,8 @@ def test_context_example_layout(tvc_dir, tmp_path):
 def test_tiny_mmt_run_writes_a_tvc_submission_scored_like_the_official_eval(tvc_dir, tmp_path):
   config = _tiny_config(tvc_dir, tmp_path / "w.json")
   src = builders.get_source(_dataset_config(tvc_dir), "train")
-  preprocessing.WordVocab.build([d for i in range(len(src)) for d in src.describe(i)["descs"]],
-                                min_count=0).save(config.model.vocab)
+  vocab_lib.WordVocab.build([d for i in range(len(src)) for d in src.describe(i)["descs"]],
+                            min_count=0).save(config.model.vocab)
   workdir = tmp_path / "run"
   experiment.build(config, str(workdir)).train()
   results = json.loads((workdir / "results.json").read_text())
@@ -388,7 +388,7 @@ def test_default_config_says_what_to_prepare(tmp_path):
   with pytest.raises(ValueError, match=r"set vocab \(a word2idx JSON, python -m "
                                        r"avtext.tools.caption_vocab\)"):
     registry.build_task(config)
-  preprocessing.WordVocab.build([]).save(tmp_path / "w.json")
+  vocab_lib.WordVocab.build([]).save(tmp_path / "w.json")
   config.model.vocab = str(tmp_path / "w.json")
   with pytest.raises(ValueError, match=r"config.dataset.path is not set: the TVC directory"):
     registry.build_task(config).num_train_examples()

@@ -16,9 +16,9 @@ from safetensors.numpy import load_file
 from safetensors.numpy import save_file
 import transformers
 
+from avtext import assets
 from avtext.models import layers
 from avtext.models.bert import Bert
-from avtext.weights import assets
 from avtext.weights import bert as bert_weights
 
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from avtext.data import preprocessing
-from avtext.models import gpt2 as gpt2_lib
 from avtext.models import attention
+from avtext.models import gpt2 as gpt2_lib
+from avtext.text import tokenizers
 from avtext.weights import gpt2 as gpt2_weights
 
 transformers = pytest.importorskip("transformers")
@@ -131,7 +131,7 @@ def test_vocab_subset_slices_the_tied_embedding(hf_tiny):
 
 
 def test_tokenizer_known_ids_and_round_trip(tmp_path):
-  tok = preprocessing.CaptionTokenizer(max_len=8)
+  tok = tokenizers.CaptionTokenizer(max_len=8)
   # GPT-2's published encoding of "Hello world" and of " the".
   assert tok.bpe("Hello world") == [15496, 995]
   assert tok.bpe(" the") == [262]
@@ -141,11 +141,11 @@ def test_tokenizer_known_ids_and_round_trip(tmp_path):
   np.testing.assert_array_equal(out["target_ids"], [32, 2266, 9197, 13, 50256, 50256, 50256, 50256])
   np.testing.assert_array_equal(out["target_mask"], [1, 1, 1, 1, 1, 0, 0, 0])
   assert tok.decode(out["target_ids"]) == "A red circle."
-  cropped = preprocessing.CaptionTokenizer(max_len=3)("A red circle.")
+  cropped = tokenizers.CaptionTokenizer(max_len=3)("A red circle.")
   np.testing.assert_array_equal(cropped["target_mask"], [1, 1, 1])  # no EOS left
   # A vocab subset: compact ids, same text back; unknown tokens are an error.
-  n = preprocessing.write_vocab_subset(["A red circle.", "a blue square"], tmp_path / "v.json")
-  sub = preprocessing.CaptionTokenizer(max_len=8, vocab_subset=tmp_path / "v.json")
+  n = tokenizers.write_vocab_subset(["A red circle.", "a blue square"], tmp_path / "v.json")
+  sub = tokenizers.CaptionTokenizer(max_len=8, vocab_subset=tmp_path / "v.json")
   assert sub.vocab_size == n == 8  # 7 distinct tokens + <|endoftext|>
   ids = sub("A red circle.")
   assert ids["input_ids"].max() < n and ids["input_ids"][0] == sub.eos_id == n - 1

@@ -21,7 +21,7 @@ import pytest
 from avtext import runs
 from avtext.data import builders
 from avtext.data import pipelines
-from avtext.data import preprocessing
+from avtext.text import tokenizers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -35,7 +35,7 @@ def _tiny_examples():
   source = builders.get_source(config.dataset, "train")
   examples = pipelines.ClipExamples(
       pipelines.ClipReader(source), config.data,
-      preprocessing.Tokenizer(max_len=config.data.max_text_len), train=True)
+      tokenizers.Tokenizer(max_len=config.data.max_text_len), train=True)
   return len(source), examples
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from avtext import runs
-from avtext.data import preprocessing
 from avtext.models import mmt
 from avtext.models import registry as models_registry
+from avtext.text import vocab
 from avtext.tools import import_checkpoint as import_tool
 from avtext.weights import official
 
@@ -24,7 +24,7 @@ HEADS = 2
 
 def _vocab(path: pathlib.Path) -> pathlib.Path:
   # 7 special tokens + 10 words
-  preprocessing.WordVocab.build(["a b c d e f g h i j"], min_count=0).save(path)
+  vocab.WordVocab.build(["a b c d e f g h i j"], min_count=0).save(path)
   return path
 
 

@@ -59,7 +59,7 @@ def _train_captioner(workdir):
   and its captions are words (decoding stops no earlier than min_length = 1 token)."""
   from avtext.data import builders  # pylint: disable=g-import-not-at-top
   from avtext.data import pipelines  # pylint: disable=g-import-not-at-top
-  from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
+  from avtext.text import tokenizers  # pylint: disable=g-import-not-at-top
   from configs import videocc_caption  # pylint: disable=g-import-not-at-top
   config = videocc_caption.get_config('tiny')
   config.num_devices = 1
@@ -69,7 +69,7 @@ def _train_captioner(workdir):
   config.evals = {}
   workdir.mkdir()
   train = builders.get_source(config.dataset, 'train')
-  preprocessing.write_vocab_subset(pipelines.source_captions(train), workdir / 'vocab.json')
+  tokenizers.write_vocab_subset(pipelines.source_captions(train), workdir / 'vocab.json')
   config.model.decoder.vocab_subset = str(workdir / 'vocab.json')
   make_trainer(config, workdir).train()
 

@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from avtext.data import preprocessing
 from avtext.models import heads
 from avtext.models import smit
+from avtext.text import tokenizers
 
 
 def test_gated_embedding_hand_computed():
@@ -34,7 +34,7 @@ def test_word_features_average_each_words_pieces():
   np.testing.assert_allclose(words[0, 2], [0, 0])
   np.testing.assert_array_equal(mask, [[True, True, False]])
   # Through the tokenizer: "unbelievably" is 5 WordPieces, one word.
-  tok = preprocessing.Tokenizer(max_len=12)(["a disc unbelievably slow"], with_words=True)
+  tok = tokenizers.Tokenizer(max_len=12)(["a disc unbelievably slow"], with_words=True)
   np.testing.assert_array_equal(tok["word_index"][0, :10], [-1, 0, 1, 2, 2, 2, 2, 2, 3, -1])
 
 

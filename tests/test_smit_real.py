@@ -139,8 +139,8 @@ def test_smit_features_from_the_layout(smit, tmp_path, caption):
   """Phase 1's features from real-layout files: the language config opens no caption
   audio and writes words only; the spoken one writes the log-mel of each caption."""
   import h5py  # pylint: disable=g-import-not-at-top
-  from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
-  from avtext.tools import smit_features  # pylint: disable=g-import-not-at-top
+  from avtext.data import audio  # pylint: disable=g-import-not-at-top
+  from avtext.features import smit as smit_features  # pylint: disable=g-import-not-at-top
   module = {'language': smit_language_amm, 'spoken': smit_spoken_amm}[caption]
   config = module.get_config('tiny')
   config.features_source = ml_collections.ConfigDict(dict(
@@ -154,7 +154,7 @@ def test_smit_features_from_the_layout(smit, tmp_path, caption):
       ref = synthetic.SyntheticSpokenClips('test', num_examples=SIZES['test'], spec=SPEC)
       off = f['log_mel_offsets'][()]
       for i in (0, 3):
-        want = preprocessing.log_mel_spectrogram(ref.render_speech(i), num_mel_bins=40)
+        want = audio.log_mel_spectrogram(ref.render_speech(i), num_mel_bins=40)
         got = f['log_mel'][off[i]:off[i + 1]].astype(np.float32)
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, atol=0.05)  # float16 storage, 16-bit wav

@@ -16,7 +16,7 @@ from avtext.data import builders
 from avtext.losses import contrastive
 from avtext.tasks import registry
 from avtext.tasks import smit as smit_task
-from avtext.tools import smit_features
+from avtext.features import smit as smit_features
 from avtext.train import checkpointing
 from avtext.train import optimizers
 from tests.test_trainer import REPO
@@ -169,7 +169,7 @@ def test_configs_chain_phase1_then_phase2(tmp_path, caption):
   py = [sys.executable, "-m"]
   cfg = f"--config=configs/smit_{caption}_amm.py:tiny"
   feats, p1, p2 = tmp_path / "f", tmp_path / "p1", tmp_path / "p2"
-  for cmd in (["avtext.tools.smit_features", cfg, f"--out={feats}"],
+  for cmd in (["avtext.features.smit", cfg, f"--out={feats}"],
               ["avtext.main", cfg, f"--workdir={p1}", f"--config.dataset.path={feats}"],
               ["avtext.main", cfg + ",phase2", f"--workdir={p2}",
                f"--config.init_from.workdir={p1}"]):

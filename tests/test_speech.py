@@ -117,16 +117,16 @@ def test_spoken_source_from_the_registry():
 
 
 def test_speech_features_crop_and_pad():
-  from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
+  from avtext.data import audio  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   wave = rng.uniform(-0.5, 0.5, 25 * 16000).astype(np.float32)
-  feats, mask = preprocessing.speech_features(wave, num_frames=1000, crop_s=10.0,
-                                              rng=np.random.default_rng(4))
+  feats, mask = audio.speech_features(wave, num_frames=1000, crop_s=10.0,
+                                      rng=np.random.default_rng(4))
   assert feats.shape == (1000, 40) and mask.sum() == 1000  # 10 s at 100 frames a second
   start = int(np.random.default_rng(4).integers(0, 15 * 16000 + 1))
-  np.testing.assert_allclose(feats, preprocessing.log_mel_spectrogram(
+  np.testing.assert_allclose(feats, audio.log_mel_spectrogram(
       wave[start:start + 160000], num_mel_bins=40), rtol=1e-6)
   # Test: the whole 4 s caption, then the silence floor.
-  short, mask = preprocessing.speech_features(wave[:64000], num_frames=1000)
+  short, mask = audio.speech_features(wave[:64000], num_frames=1000)
   assert mask.sum() == 400 and mask[:400].all()
-  np.testing.assert_allclose(short[400:], np.log(np.float32(preprocessing.LOG_OFFSET)))
+  np.testing.assert_allclose(short[400:], np.log(np.float32(audio.LOG_OFFSET)))

@@ -17,17 +17,17 @@ import pytest
 
 from avtext import experiment
 from avtext.data import builders
-from avtext.data import coot_layout
+from avtext.data import feature_layout
 from avtext.data.builders import tvr
 from avtext.data.synthetic import longvideo
+from avtext.data.synthetic import tvr_layout
 from avtext.data.synthetic import world
+from avtext.features import tvr_text
 from avtext.inference import vcmr
 from avtext.metrics import moments as moment_metrics
 from avtext.models import xml
 from avtext.tasks import moments as moments_task
 from avtext.tasks import registry
-from avtext.tools import tvr_synthetic
-from avtext.tools import tvr_text_features
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 sys.path.insert(0, str(CONFIGS))
@@ -376,7 +376,7 @@ def test_clip_index_candidates_are_the_owners_of_the_nearest_clips(tmp_path):
 
 def test_pool_subtitles_max_over_touching_lines():
   a, b = np.asarray([[1.0, -2.0], [0.0, 5.0]]), np.asarray([[3.0, 1.0]])
-  pooled, mask = tvr_text_features.pool_subtitles([(0.2, 2.0, a), (2.9, 3.1, b)], 4, 1.5, 2)
+  pooled, mask = tvr_text.pool_subtitles([(0.2, 2.0, a), (2.9, 3.1, b)], 4, 1.5, 2)
   # a covers clips floor(0.2/1.5)=0 .. ceil(2.0/1.5)-1=1; b covers 1..2; clip 3 has none.
   np.testing.assert_allclose(pooled, [[1, 5], [3, 5], [3, 1], [0, 0]])
   np.testing.assert_array_equal(mask, [1, 1, 1, 0])
@@ -388,10 +388,10 @@ def write_synthetic_tvr(path: pathlib.Path, *, num=(10, 4, 4), dims=(8, 6, 6), s
   clip_ids, desc_ids = iter(range(10**6)), iter(range(10**6))
   rng = np.random.default_rng(seed)
   videos, subs, queries, index = {}, {}, {}, {}
-  for (name, split), n in zip(tvr_synthetic.SPLITS, num):
+  for (name, split), n in zip(tvr_layout.SPLITS, num):
     src = longvideo.LongVideoSource(split, num_examples=n, spec=spec)
-    _, rows, _ = tvr_synthetic.annotations(src, range(n), clip_ids, desc_ids,
-                                           all_queries=split == "train")
+    _, rows, _ = tvr_layout.annotations(src, range(n), clip_ids, desc_ids,
+                                        all_queries=split == "train")
     (tvr.annotation_path(path, name)).write_text("".join(json.dumps(r) + "\n" for r in rows))
     index[name] = {}
     for i in range(n):
@@ -401,11 +401,11 @@ def write_synthetic_tvr(path: pathlib.Path, *, num=(10, 4, 4), dims=(8, 6, 6), s
       subs[vid] = rng.normal(size=(src.num_clips(i), dims[1]))
     queries.update({str(r["desc_id"]): rng.normal(size=(rng.integers(3, 9), dims[2]))
                     for r in rows})
-  coot_layout.write_video_features_h5(path / "video_feature", tvr_synthetic.VIDEO_FEATURES,
-                                      videos)
-  coot_layout.write_h5(path / tvr.DEFAULT_SUB_FEATURES, subs)
-  coot_layout.write_h5(path / tvr.DEFAULT_QUERY_FEATURES, queries)
-  coot_layout.write_json(path / tvr.VIDEO2IDX, index)
+  feature_layout.write_video_features_h5(path / "video_feature", tvr_layout.VIDEO_FEATURES,
+                                         videos)
+  feature_layout.write_h5(path / tvr.DEFAULT_SUB_FEATURES, subs)
+  feature_layout.write_h5(path / tvr.DEFAULT_QUERY_FEATURES, queries)
+  feature_layout.write_json(path / tvr.VIDEO2IDX, index)
   return path
 
 
@@ -416,7 +416,7 @@ def tvr_dir(tmp_path_factory):
 
 def _dataset_config(path, **kw):
   return ml_collections.ConfigDict({**dict(
-      name="tvr", path=str(path), video_features=(tvr_synthetic.VIDEO_FEATURES,),
+      name="tvr", path=str(path), video_features=(tvr_layout.VIDEO_FEATURES,),
       sub_features=tvr.DEFAULT_SUB_FEATURES, query_features=tvr.DEFAULT_QUERY_FEATURES,
       video_dim=8, sub_dim=6, query_dim=6), **kw})
 
@@ -556,9 +556,9 @@ def test_text_features_tool_writes_layer_states_without_special_tokens(tiny_bert
   (tmp_path / "tvqa_preprocessed_subtitles.jsonl").write_text(json.dumps(
       {"vid_name": "a", "sub": [{"text": "the dog", "start": 0.2, "end": 2.0},
                                 {"text": "he walks", "start": 4.6, "end": 5.9}]}) + "\n")
-  coot_layout.write_video_features_h5(tmp_path / "video_feature", "v", {"a": np.ones((4, 3))})
-  q_file, s_file = tvr_text_features.write(tmp_path, bert_dir=str(directory), layer=-2,
-                                           video_features="v")
+  feature_layout.write_video_features_h5(tmp_path / "video_feature", "v", {"a": np.ones((4, 3))})
+  q_file, s_file = tvr_text.write(tmp_path, bert_dir=str(directory), layer=-2,
+                                  video_features="v")
   seqs = {"q7": ["[CLS]", "the", "dog", "run", "##s", "[SEP]"],
           "q9": ["[CLS]", "a", "man", "sit", "##s", "[SEP]"],
           "l0": ["[CLS]", "the", "dog", "[SEP]"], "l1": ["[CLS]", "he", "walk", "##s", "[SEP]"]}

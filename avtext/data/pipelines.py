@@ -13,10 +13,12 @@ import grain
 import ml_collections
 import numpy as np
 
-from avtext.data import preprocessing
+from avtext.data import audio as audio_lib
+from avtext.data import video
 from avtext.data import video_io
 from avtext.modalities import MODALITIES
 from avtext.modalities import parse_modalities
+from avtext.text import tokenizers
 
 
 def train_batches(num_examples: int, example_fn: Callable[[int, np.random.Generator], dict],
@@ -171,7 +173,7 @@ class ClipExamples:
   """
 
   def __init__(self, reader: ClipReader, data: ml_collections.ConfigDict,
-               tokenizer: preprocessing.Tokenizer | None = None, *, train: bool,
+               tokenizer: tokenizers.Tokenizer | None = None, *, train: bool,
                label_fn: Callable[[dict], np.ndarray] | None = None,
                modalities: str | Sequence[str] = MODALITIES,
                host_fields: Sequence[str] = ()):
@@ -182,17 +184,17 @@ class ClipExamples:
     self.label_fn = label_fn
     self.host_fields = tuple(host_fields)
     self.train = train
-    self.hop = int(round(data.sample_rate * preprocessing.HOP_MS / 1000))
-    self.win = int(round(data.sample_rate * preprocessing.WINDOW_MS / 1000))
+    self.hop = int(round(data.sample_rate * audio_lib.HOP_MS / 1000))
+    self.win = int(round(data.sample_rate * audio_lib.WINDOW_MS / 1000))
 
   def _frame_indices(self, rng):
     d = self.data
 
     def fn(num_frames):
       if self.train:
-        return preprocessing.sample_frame_indices(
+        return video.sample_frame_indices(
             num_frames, d.num_frames, d.frame_stride, rng=rng)[None]
-      return preprocessing.test_clip_indices(
+      return video.test_clip_indices(
           num_frames, d.num_frames, d.frame_stride, num_clips=d.eval_num_clips)
     return fn
 
@@ -219,7 +221,7 @@ class ClipExamples:
         raise ValueError(f"example {index}: audio track missing; set "
                          "data.allow_missing_audio=True to feed zeros (VideoCC app. C)")
       return np.zeros((k,) + spec_shape, np.float32)
-    segs = [preprocessing.log_mel_spectrogram(
+    segs = [audio_lib.log_mel_spectrogram(
         w, sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins)[:d.spec_segment_frames]
             for w in windows]
     return np.stack(segs).reshape((k,) + spec_shape).astype(np.float32)
@@ -234,8 +236,8 @@ class ClipExamples:
       crop = {"area_range": tuple(d.crop_area_range),
               "aspect_ratio_range": tuple(d.crop_aspect_ratio_range)}
       rgb = np.stack([
-          preprocessing.resize_crop_normalize(f, size=d.image_size, train=self.train, rng=rng,
-                                              **crop)
+          video.resize_crop_normalize(f, size=d.image_size, train=self.train, rng=rng,
+                                      **crop)
           for f in clip["frames"]])
       out["rgb"] = rgb.astype(np.float32)
     if "audio" in self.modalities:

@@ -36,8 +36,8 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
 
 def tower(workdir: str, step: int | str | None = None, *, batch_size: int = 128) -> Embedder:
   """A run's RGB tower on single frames (module docstring)."""
-  from avtext.tools import tower_features  # pylint: disable=g-import-not-at-top
-  apply_fn, frames_per_window, _, _ = tower_features.tower_from_run(workdir, step=step)
+  from avtext.features import tower as tower_lib  # pylint: disable=g-import-not-at-top
+  apply_fn, frames_per_window, _, _ = tower_lib.tower_from_run(workdir, step=step)
 
   def embed(frames: np.ndarray) -> np.ndarray:
     frames = np.asarray(frames)

@@ -80,17 +80,17 @@ def stats_at(rows: Sequence[dict], tau: float, top_k: int, truth=None) -> dict:
 
 
 def synthetic_truth(videos_dir: str | pathlib.Path):
-  """truth(row, frame_only=False) for a corpus written by `avtext.mining.synthetic`, or
-  None for a corpus without a world.json."""
+  """truth(row, frame_only=False) for a corpus written by
+  `avtext.data.synthetic.mining_corpus`, or None for a corpus without a world.json."""
   if '://' in str(videos_dir):
     return None  # a synthetic corpus is local
   meta_path = pathlib.Path(videos_dir) / 'world.json'
   if not meta_path.exists():
     return None
   from avtext.data.synthetic import mining as mining_world  # pylint: disable=g-import-not-at-top
-  from avtext.mining import synthetic  # pylint: disable=g-import-not-at-top
+  from avtext.data.synthetic import mining_corpus  # pylint: disable=g-import-not-at-top
   meta = json.loads(meta_path.read_text())
-  w = synthetic.world_from_meta(meta)
+  w = mining_corpus.world_from_meta(meta)
   video_index = {v: i for v, i in meta['videos'].items()}
   seed_index = {s: i for s, i in meta['seeds'].items()}
 

@@ -39,7 +39,7 @@ def weights_dir(spec: str | None) -> pathlib.Path | None:
   if not spec:
     return None
   if spec == "minilm-l6":
-    from avtext.weights import assets  # pylint: disable=g-import-not-at-top
+    from avtext import assets  # pylint: disable=g-import-not-at-top
     return assets.minilm_l6_dir()
   path = pathlib.Path(spec)
   if not (path / CONFIG_FILE).exists():

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from avtext.models import attention
 from avtext.models import layers
 from avtext.models import registry
+from avtext.text import tokenizers
 
 Array = jax.Array
 
@@ -248,8 +249,7 @@ def gpt2_from_config(cfg) -> GPT2:
   if not vocab_size:
     if not cfg.get("vocab_subset"):
       raise ValueError("config.model.decoder: set vocab_size (GPT-2: 50257) or vocab_subset")
-    from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
-    vocab_size = len(preprocessing.read_vocab_subset(cfg.vocab_subset))
+    vocab_size = len(tokenizers.read_vocab_subset(cfg.vocab_subset))
   return GPT2(
       vocab_size=vocab_size, max_positions=cfg.get("max_positions", 1024),
       hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,

@@ -79,11 +79,12 @@ import numpy as np
 from avtext.models import attention
 from avtext.models import layers
 from avtext.models import registry
+from avtext.text import vocab
 
 Array = jax.Array
 
 # Special word ids of the official vocabulary (TVCaption build_vocab.py); the same as
-# `preprocessing.WordVocab`'s, which tests/test_mmt.py checks.
+# `avtext.text.vocab.WordVocab`'s, which tests/test_mmt.py checks.
 PAD, CLS, SEP, VID, BOS, EOS, UNK = range(7)
 
 DECODER_LAYERS = ("official", "standard")
@@ -238,7 +239,7 @@ def mmt_from_config(cfg) -> MMT:
   """`config.model` (name="mmt").
 
   vocab_size None: the size of the word vocabulary `cfg.vocab` (a word2idx
-  JSON, `avtext.data.preprocessing.WordVocab`); video_dim: the clip-feature
+  JSON, `avtext.text.vocab.WordVocab`); video_dim: the clip-feature
   width (official resnet_i3d: 3072).
   """
   vocab_size = cfg.get("vocab_size")
@@ -246,8 +247,7 @@ def mmt_from_config(cfg) -> MMT:
     if not cfg.get("vocab"):
       raise ValueError("config.model: set vocab (a word2idx JSON, python -m "
                        "avtext.tools.caption_vocab) or vocab_size")
-    from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
-    vocab_size = len(preprocessing.WordVocab.load(cfg.vocab))
+    vocab_size = len(vocab.WordVocab.load(cfg.vocab))
   compute = registry.compute_from_config(cfg)
   return MMT(vocab_size=int(vocab_size), video_dim=int(cfg.video_dim),
              hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,

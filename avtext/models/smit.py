@@ -16,7 +16,7 @@ avtext vision model named in config that returns {'embedding'}:
 
 `train_backbones=False` (phase 1) runs them in eval mode under stop_gradient, so
 BatchNorm statistics stay as loaded; their outputs can then be precomputed once
-(`avtext.tools.smit_features`) and fed as 'image_embedding' / 'temporal_embedding',
+(`avtext.features.smit`) and fed as 'image_embedding' / 'temporal_embedding',
 which skips the backbone and gives the same vector.
 
 Spoken caption model (sec. 4.2.2): a speech encoder (`resnet` with in_channels=1 over
@@ -57,7 +57,7 @@ def word_features(tokens: jax.Array, word_index: jax.Array, num_words: int
   Args:
     tokens: [B, T, D] the encoder's token outputs.
     word_index: int [B, T], each token's word number (0..W-1), -1 for special tokens
-      and padding (`preprocessing.Tokenizer(..., with_words=True)`).
+      and padding (`tokenizers.Tokenizer(..., with_words=True)`).
     num_words: W; words numbered W or more are dropped.
   """
   onehot = (word_index[..., None] == jnp.arange(num_words)).astype(tokens.dtype)  # [B, T, W]

@@ -34,23 +34,24 @@ import numpy as np
 import optax
 
 from avtext.data import pipelines
-from avtext.data import preprocessing
 from avtext.inference import generate
 from avtext.modalities import parse_modalities
 from avtext.models import gpt2 as gpt2_lib
 from avtext.models import mmt as mmt_lib
 from avtext.tasks import registry
+from avtext.text import tokenizers
+from avtext.text import vocab
 from avtext.weights import gpt2 as gpt2_weights
 
 HOST_FIELDS = ("caption", "attributes", "clip_id")
 
 
-def caption_tokenizer(config: ml_collections.ConfigDict) -> preprocessing.CaptionTokenizer:
+def caption_tokenizer(config: ml_collections.ConfigDict) -> tokenizers.CaptionTokenizer:
   """The decoder's tokenizer: GPT-2 BPE, with `config.model.decoder.vocab_subset` if set."""
   dec = config.model.decoder
-  tok = preprocessing.CaptionTokenizer(config.data.get("bpe_dir"),
-                                       max_len=config.data.max_caption_len,
-                                       vocab_subset=dec.get("vocab_subset"))
+  tok = tokenizers.CaptionTokenizer(config.data.get("bpe_dir"),
+                                    max_len=config.data.max_caption_len,
+                                    vocab_subset=dec.get("vocab_subset"))
   if dec.get("vocab_size") and dec.vocab_size != tok.vocab_size:
     raise ValueError(f"config.model.decoder.vocab_size={dec.vocab_size} but the tokenizer has "
                      f"{tok.vocab_size} tokens (vocab_subset={dec.get('vocab_subset')}); "
@@ -247,7 +248,7 @@ class MmtCaptioningTask(registry.Task):
 
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
-    self.vocab = preprocessing.WordVocab.load(config.model.vocab)
+    self.vocab = vocab.WordVocab.load(config.model.vocab)
     if len(self.vocab) != self.model.vocab_size:
       raise ValueError(f"config.model.vocab has {len(self.vocab)} words but the model "
                        f"{self.model.vocab_size}; leave config.model.vocab_size None")

@@ -3,7 +3,7 @@
 A training example is one video of the `coot` dataset (`avtext.data.builders.coot`):
 per-frame features of the whole video and of each of its N segments (clips),
 and the paragraph's per-token text features split into N sentences. Frames are
-sampled as the official code does (`preprocessing.coot_frame_indices`: up to
+sampled as the official code does (`video.coot_frame_indices`: up to
 `data.max_frames` = 80 per clip and per video, a random point in each of the
 evenly spaced bins in training, the bin centre in evaluation).
 
@@ -42,12 +42,12 @@ import numpy as np
 from avtext.data import builders
 from avtext.data import features
 from avtext.data import pipelines
-from avtext.data import preprocessing
+from avtext.data import video as video_lib
 from avtext.losses import coot as coot_losses
 from avtext.tasks import registry
 
 
-# Most tokens of a paragraph: `coot_layout.encode_paragraphs` (precompute_text_features)
+# Most tokens of a paragraph: `coot_text.encode_paragraphs` (avtext.features.coot_text)
 # cuts longer ones to its max_len, 512 (BERT's positions). No config field bounds it.
 MAX_PARAGRAPH_TOKENS = 512
 
@@ -88,11 +88,11 @@ class CootTask(registry.Task):
     max_frames = int(self.config.data.max_frames)
     video = item["video"]
     n = min(len(video), max_frames)
-    frames = video[preprocessing.coot_frame_indices(len(video), n, rng)]
+    frames = video[video_lib.coot_frame_indices(len(video), n, rng)]
     clips, clip_lengths = [], []
     for start, num in item["segments"]:
       n = min(int(num), max_frames)
-      clips.append(video[int(start) + preprocessing.coot_frame_indices(int(num), n, rng)])
+      clips.append(video[int(start) + video_lib.coot_frame_indices(int(num), n, rng)])
       clip_lengths.append(n)
     if len(clips) > self.max_clips:
       raise ValueError(f"video {item['id']!r} has {len(clips)} segments, more than "

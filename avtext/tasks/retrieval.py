@@ -14,13 +14,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from avtext import assets
 from avtext.data import pipelines
-from avtext.data import preprocessing
 from avtext.losses import contrastive
 from avtext.models import bert
 from avtext.modalities import parse_modalities
 from avtext.tasks import registry
-from avtext.weights import assets
+from avtext.text import tokenizers
 from avtext.weights import bert as bert_weights
 
 
@@ -33,7 +33,7 @@ class AVRTask(registry.ClipTask):
     weights = bert.weights_dir(config.model.text.get("weights"))
     vocab = config.data.get("vocab") or (
         weights / "vocab.txt" if weights is not None else assets.minilm_l6_dir() / "vocab.txt")
-    self.tokenizer = preprocessing.Tokenizer(vocab, max_len=config.data.max_text_len)
+    self.tokenizer = tokenizers.Tokenizer(vocab, max_len=config.data.max_text_len)
     self.modalities = parse_modalities(config.model.video.modalities)
 
   def examples(self, source, *, train: bool) -> pipelines.ClipExamples:

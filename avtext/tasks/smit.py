@@ -21,8 +21,8 @@ Inputs (`SMiTExamples`) come from either source kind:
             3 s clip is 75 frames: the paper's ~3 fps x 8 frames covers it); no visual
             augmentation (the paper names none, and phase 1 reads features computed
             once). Language: the ASR 'transcript' tokenized with word numbers.
-            Spoken: the 'spoken_caption' waveform -> `preprocessing.speech_features`.
-  features  (`smit_features`, written by `python -m avtext.tools.smit_features`): the
+            Spoken: the 'spoken_caption' waveform -> `audio.speech_features`.
+  features  (`smit_features`, written by `python -m avtext.features.smit`): the
             frozen backbones' 'image_embedding' / 'temporal_embedding', the frozen
             text encoder's per-word 'words' and the whole spoken caption's 'log_mel';
             exactly what the phase-1 model computes from clips, at a fraction of
@@ -40,13 +40,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from avtext import assets
+from avtext.data import audio
 from avtext.data import builders
-from avtext.data import pipelines
-from avtext.data import preprocessing
+from avtext.data import video as video_lib
 from avtext.losses import contrastive
 from avtext.models import bert
 from avtext.tasks import registry
-from avtext.weights import assets
+from avtext.text import tokenizers
 from avtext.weights import bert as bert_weights
 
 LOSSES = ("amm", "mms", "nce", "semi_hard_triplet")
@@ -89,8 +90,8 @@ class SMiTExamples:
     d = self.data
     centres = (np.arange(d.num_image_frames) + 0.5) * d.fps / d.image_fps
     image = np.clip(np.round(centres), 0, num_frames - 1).astype(np.int64)
-    temporal = preprocessing.sample_frame_indices(num_frames, d.num_temporal_frames,
-                                                  d.temporal_stride, rng=None)
+    temporal = video_lib.sample_frame_indices(num_frames, d.num_temporal_frames,
+                                              d.temporal_stride, rng=None)
     return image, temporal
 
   def _frames(self, index: int, ex: dict | None) -> dict:
@@ -103,7 +104,7 @@ class SMiTExamples:
     idx = np.concatenate([image, temporal])
     frames = (self.source.render_frames(index, idx) if ex is None
               else np.asarray(ex["frames"])[idx])
-    frames = preprocessing.resize_crop_normalize(frames, size=d.image_size, train=False)
+    frames = video_lib.resize_crop_normalize(frames, size=d.image_size, train=False)
     frames = frames.astype(np.float32)
     out = {}
     if self.model.video.get("image"):
@@ -117,7 +118,7 @@ class SMiTExamples:
   def _speech(self, mel: np.ndarray | None, wave: np.ndarray | None, rng) -> dict:
     d = self.data
     if wave is not None:
-      spec, mask = preprocessing.speech_features(
+      spec, mask = audio.speech_features(
           wave, num_frames=d.speech_frames, crop_s=d.speech_crop_s if self.train else None,
           rng=rng, num_mel_bins=d.num_mel_bins)
       return {"log_mel": spec, "log_mel_mask": mask}
@@ -126,7 +127,7 @@ class SMiTExamples:
     if self.train and len(mel) > crop:
       start = int(rng.integers(0, len(mel) - crop + 1))
       mel = mel[start:start + crop]
-    out, mask = preprocessing.pad_log_mel(mel, d.speech_frames)
+    out, mask = audio.pad_log_mel(mel, d.speech_frames)
     return {"log_mel": out, "log_mel_mask": mask}
 
   def __call__(self, index: int, rng: np.random.Generator | None = None) -> dict:
@@ -179,7 +180,7 @@ class SMiTTask(registry.ClipTask):
       weights = bert.weights_dir(config.model.text.get("weights"))
       vocab = config.data.get("vocab") or (
           weights / "vocab.txt" if weights is not None else assets.minilm_l6_dir() / "vocab.txt")
-      self.tokenizer = preprocessing.Tokenizer(vocab, max_len=config.data.max_text_len)
+      self.tokenizer = tokenizers.Tokenizer(vocab, max_len=config.data.max_text_len)
 
   def check_source(self, source):
     if source.kind == builders.FEATURES:
@@ -224,7 +225,7 @@ class SMiTTask(registry.ClipTask):
 
   def _feature_widths(self) -> dict[str, int]:
     """Widths of the phase-1 features: the frozen parts' outputs (what
-    `avtext.tools.smit_features` stores), by `jax.eval_shape` of the model (no weights)."""
+    `avtext.features.smit` stores), by `jax.eval_shape` of the model (no weights)."""
     if self._widths is not None:
       return self._widths
     model = self.model

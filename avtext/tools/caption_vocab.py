@@ -5,7 +5,7 @@ r"""Writes the vocabulary of a captioning config's training captions.
     python -m avtext.tools.caption_vocab --config=configs/mmt_tvc.py:demo \
         --out=workdirs/demo/tvc_word2idx.json [--min_count=5]
 
-MMT (`config.model.name="mmt"`): TVCaption's word2idx (`preprocessing.WordVocab`):
+MMT (`config.model.name="mmt"`): TVCaption's word2idx (`vocab.WordVocab`):
 the words of every training description seen more than --min_count times (the
 official build_vocab.py rule, min_word_count 5) after the 7 special tokens.
 Point `config.model.vocab` at it.
@@ -14,7 +14,7 @@ VideoCC's captioner: the GPT-2 BPE subset.
 
 The captioner's embedding and softmax then have one row per BPE token the
 corpus uses (plus <|endoftext|>) instead of GPT-2's 50257 (see
-`preprocessing.CaptionTokenizer`): a 100x cheaper output layer for a
+`tokenizers.CaptionTokenizer`): a 100x cheaper output layer for a
 synthetic world with a few hundred words. Point
 `config.model.decoder.vocab_subset` at the file. Captions are read from
 `config.dataset`'s train split (the first --num, default all); a caption
@@ -28,7 +28,8 @@ import tqdm
 
 from avtext.data import builders
 from avtext.data import pipelines
-from avtext.data import preprocessing
+from avtext.text import tokenizers
+from avtext.text import vocab as vocab_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "captioning experiment config")
 _OUT = flags.DEFINE_string("out", None, "output JSON path", required=True)
@@ -40,7 +41,7 @@ def word_vocab(config, out: str, num: int | None, min_count: int) -> None:
   source = builders.get_source(config.dataset, "train")
   n = len(source) if num is None else min(num, len(source))
   texts = [d for i in tqdm.tqdm(range(n), desc="moments") for d in source.describe(i)["descs"]]
-  vocab = preprocessing.WordVocab.build(texts, min_count=min_count)
+  vocab = vocab_lib.WordVocab.build(texts, min_count=min_count)
   vocab.save(out)
   print(f"{out}: {len(vocab)} words (7 special) from {len(texts)} descriptions of {n} "
         "training moments")
@@ -55,7 +56,7 @@ def main(argv):
   source = builders.get_source(config.dataset, "train")
   n = len(source) if _NUM.value is None else min(_NUM.value, len(source))
   texts = (pipelines.source_caption(source, i) for i in tqdm.tqdm(range(n), desc="captions"))
-  size = preprocessing.write_vocab_subset(texts, _OUT.value, config.data.get("bpe_dir"))
+  size = tokenizers.write_vocab_subset(texts, _OUT.value, config.data.get("bpe_dir"))
   print(f"{_OUT.value}: {size} GPT-2 tokens used by {n} training captions")
 
 

@@ -3,20 +3,17 @@ r"""Writes the synthetic paragraph videos in COOT's feature layout (`make demo-c
     python -m avtext.tools.coot_synthetic --tower_workdir=workdirs/demo/video_pretrain \
         --out=workdirs/demo/coot_data --num_train=1000 --num_val=500 [--force]
 
-Videos are `MultiSceneSource` examples (3-8 scenes of 2-4 s, one sentence per
-scene). Video features: one per time step at `--feature_fps` (default 1 per second,
-at the centre of each step; 2/s doubles the tower time and the sequence lengths), the [CLS] embedding of the trained RGB tower in
-`--tower_workdir` (`configs/synthetic_video_pretrain.py`) on the tower's own
-input: `data.num_frames` frames `data.frame_stride` apart around that centre
-(clamped to the video), normalized as in training, like the I3D / S3D / Inception
-features of the real datasets. Text features: MiniLM-L6's last two layers per
-token of the "bert_paper" paragraph (768-d), as COOT's BERT features.
-Written (names as configs/coot_activitynet.py:demo expects): meta_all.json
-(splits "train", "val"), synthetic_tower.h5, text_feat_synthetic_meta_all_transformers_minilm-l6_-2,-1.h5
-and its _sentence_splits.json; a finished directory (marker file DONE with the
-arguments) is reused, `--force` rebuilds.
+The layout and its names: `avtext.data.synthetic.coot_layout`. Video features:
+one per time step at `--feature_fps` (default 1 per second, at the centre of each
+step; 2/s doubles the tower time and the sequence lengths), the [CLS] embedding of
+the trained RGB tower in `--tower_workdir` (`configs/synthetic_video_pretrain.py`)
+on the tower's own input: `data.num_frames` frames `data.frame_stride` apart around
+that centre (clamped to the video), normalized as in training, like the I3D / S3D /
+Inception features of the real datasets (`avtext.features.tower`). Text features:
+MiniLM-L6's last two layers per token of the "bert_paper" paragraph (768-d), as
+COOT's BERT features (`avtext.features.coot_text`). A finished directory (marker
+file DONE with the arguments) is reused, `--force` rebuilds.
 """
-import json
 import pathlib
 import time
 
@@ -24,16 +21,10 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from avtext.data import coot_layout
-from avtext.data.synthetic import multiscene
-from avtext.tools import tower_features
-from avtext.tools.tower_features import extract_video_features
-from avtext.tools.tower_features import tower_from_run
-from avtext.tools.tower_features import window_frames  # pylint: disable=unused-import
-
-VIDEO_FEATURES = "synthetic_tower"
-# precompute_text_features.default_name's scheme, so either command finds the other's file.
-TEXT_FEATURES = "text_feat_synthetic_meta_all_transformers_minilm-l6_-2,-1"
+from avtext.data.synthetic import coot_layout
+from avtext.features import coot_text
+from avtext.features import done
+from avtext.features import tower
 
 
 def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed: int = 0,
@@ -41,30 +32,16 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed:
   out = pathlib.Path(out_dir)
   args = dict(tower_workdir=str(pathlib.Path(tower_workdir).absolute()), num_train=num_train,
               num_val=num_val, seed=seed, feature_fps=feature_fps,
-              files=[VIDEO_FEATURES, TEXT_FEATURES])
-  if tower_features.reuse_finished(out, args, force):
+              files=[coot_layout.VIDEO_FEATURES, coot_layout.TEXT_FEATURES])
+  if done.reuse_finished(out, args, force):
     return out
   begin = time.time()
-  apply_fn, frames_per_window, stride, spec = tower_from_run(tower_workdir)
-  meta, videos, paragraphs = {}, {}, {}
-  for split, n in (("train", num_train), ("val", num_val)):
-    source = multiscene.MultiSceneSource(split, seed=seed, num_examples=n, spec=spec)
-    videos.update(extract_video_features(source, range(n), apply_fn=apply_fn,
-                                         frames_per_window=frames_per_window,
-                                         frame_stride=stride, feature_fps=feature_fps))
-    for i in range(n):
-      d = source.describe(i)
-      meta[d["video_id"]] = {
-          "data_key": d["video_id"], "split": split, "duration_sec": d["duration_s"],
-          "segments": [{"start_sec": s["start_s"], "stop_sec": s["stop_s"],
-                        "text": s["sentence"]} for s in d["segments"]]}
-      paragraphs[d["video_id"]] = d["paragraph"]
-  text, lengths = coot_layout.encode_paragraphs(paragraphs)
-  coot_layout.write_video_features_h5(out, VIDEO_FEATURES, videos)
-  coot_layout.write_text_features(out, TEXT_FEATURES, text, lengths)
-  coot_layout.write_meta(out, meta)
-  tower_features.mark_finished(out, args)
-  logging.info("wrote %d videos to %s in %.0f s", len(meta), out, time.time() - begin)
+  video_features, spec = tower.tower_encoder(tower_workdir)
+  n = coot_layout.write(out, num_train=num_train, num_val=num_val, spec=spec, seed=seed,
+                        feature_fps=feature_fps, video_features=video_features,
+                        text_features=coot_text.encode_paragraphs)
+  done.mark_finished(out, args)
+  logging.info("wrote %d videos to %s in %.0f s", n, out, time.time() - begin)
   return out
 
 

@@ -3,7 +3,7 @@
 Reads a local directory with HF's `config.json` and `model.safetensors` in
 PyTorch naming (`[bert.]encoder.layer.0.attention.self.query.weight`, Linear
 weights stored [out, in]); no torch or hub access is needed. MiniLM-L6
-(`avtext.weights.assets.minilm_l6_dir()`) ships keys without the `bert.`
+(`avtext.assets.minilm_l6_dir()`) ships keys without the `bert.`
 prefix; checkpoints saved from BertFor* heads carry it; both are accepted.
 """
 import json

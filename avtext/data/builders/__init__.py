@@ -20,7 +20,7 @@ and e.g. TensorFlow is imported only by a config that reads TFDS files):
   features:array_record    `builders.precomputed` and `avtext.data.features`
   coot                     COOT's feature layout (ActivityNet-captions, YouCook2, the synthetic
                            paragraph videos) under config.dataset.path, see
-                           `builders.coot` and `avtext.data.coot_layout`
+                           `builders.coot` and `avtext.data.feature_layout`
   tvc                      TV show Captions (TVR app. D) in the official TVCaption layout
                            (annotation jsonl, TVQA subtitles, clip-feature h5) under
                            config.dataset.path, see `builders.tvc`; moments of a 'features' kind

@@ -1,4 +1,4 @@
-"""Dataset `coot`: COOT's feature layout (avtext/data/coot_layout.py) from local files.
+"""Dataset `coot`: COOT's feature layout (avtext/data/feature_layout.py) from local files.
 
 config.dataset fields (the official `dataset_train` names and values of
 config/retrieval/paper2020/{anet_coot,yc2_100m_coot}.yaml in brackets):
@@ -25,7 +25,7 @@ raw segment texts (a host field)}. Keys keep the meta file's order.
 Segment frames are the official `RetrievalDataset`'s (coot/dataset_retrieval.py):
 fps = T / duration_sec; a segment with stop_sec < start_sec has them swapped;
 start = floor(fps * start_sec); stop = min(T, ceil(fps * stop_sec) +
-add_stop_frame) (exclusive); then `preprocessing.expand_segment` to
+add_stop_frame) (exclusive); then `video.expand_segment` to
 expand_segments frames. A segment left with no frames (it starts at or after
 the video's end and is not expanded) is an error here; officially it yields an
 empty clip.
@@ -46,16 +46,16 @@ from absl import logging
 import numpy as np
 
 from avtext.data import builders
-from avtext.data import coot_layout
-from avtext.data import preprocessing
+from avtext.data import feature_layout
+from avtext.data import video as video_lib
 
 _PREPARE = (
     "COOT's setup (github.com/simon-ging/coot-videotext, README 'Prepare datasets') writes "
     "meta_all.json with data_read_activitynet_meta.py / data_read_youcook2_meta.py and downloads "
     "the video features into the dataset directory; "
-    "`python -m avtext.tools.precompute_text_features --dataset_dir=<path>` builds the text "
+    "`python -m avtext.features.coot_text --dataset_dir=<path>` builds the text "
     "features; `make demo-coot` writes the synthetic demo dataset. Layout: "
-    "avtext/data/coot_layout.py")
+    "avtext/data/feature_layout.py")
 
 
 def segment_frames(num_frames: int, duration_sec: float, segments, *, add_stop_frame: int,
@@ -69,7 +69,7 @@ def segment_frames(num_frames: int, duration_sec: float, segments, *, add_stop_f
       start_s, stop_s = stop_s, start_s
     start = int(math.floor(fps * start_s))
     stop = min(int(math.ceil(fps * stop_s)) + add_stop_frame, num_frames)
-    start, stop, _ = preprocessing.expand_segment(num_frames, expand_segments, start, stop)
+    start, stop, _ = video_lib.expand_segment(num_frames, expand_segments, start, stop)
     if stop <= start:
       raise ValueError(f"{where}segment {i} ({start_s} s to {stop_s} s) has no frames in a "
                        f"video of {num_frames} frames over {duration_sec} s; raise "
@@ -100,17 +100,17 @@ class CootSource:
     self.video_dim = int(_required(cfg, "video_dim", "the video feature width D"))
     self.text_dim = int(_required(cfg, "text_dim", "the text feature width Dt"))
     self.source = cfg.get("video_source", "h5")
-    if self.source not in coot_layout.VIDEO_SOURCES:
+    if self.source not in feature_layout.VIDEO_SOURCES:
       raise ValueError(f"config.dataset.video_source={self.source!r}; expected one of "
-                       f"{coot_layout.VIDEO_SOURCES}")
+                       f"{feature_layout.VIDEO_SOURCES}")
     self.add_stop_frame = int(cfg.get("add_stop_frame", 1))
     self.expand_segments = int(cfg.get("expand_segments", 0))
     self._h5, self._pid = {}, os.getpid()
 
-    self.meta_file = coot_layout.meta_path(self.path, cfg.get("metadata_name", "all"))
+    self.meta_file = feature_layout.meta_path(self.path, cfg.get("metadata_name", "all"))
     if not self.meta_file.is_file():
       raise FileNotFoundError(f"{self.meta_file} not found. {_PREPARE}")
-    meta = coot_layout.read_json(self.meta_file, "COOT meta file")
+    meta = feature_layout.read_json(self.meta_file, "COOT meta file")
     self.keys = [k for k, v in meta.items() if isinstance(v, dict) and v.get("split") == split]
     if not self.keys:
       splits = sorted({str(v.get("split")) for v in meta.values() if isinstance(v, dict)})
@@ -120,10 +120,10 @@ class CootSource:
     if limit is not None and limit > -1:
       self.keys = self.keys[:limit]
     for key in self.keys:
-      coot_layout.check_meta_entry(self.meta_file, key, meta[key])
+      feature_layout.check_meta_entry(self.meta_file, key, meta[key])
     self.meta = {k: meta[k] for k in self.keys}
 
-    self.num_frames_file = coot_layout.num_frames_path(self.path, self.video_name)
+    self.num_frames_file = feature_layout.num_frames_path(self.path, self.video_name)
     self._num_frames = self._count_frames()
     self._text_keys, self._splits = self._check_text()
     self._segments = {
@@ -161,10 +161,10 @@ class CootSource:
 
   @property
   def _video_h5(self) -> pathlib.Path:
-    return coot_layout.video_h5_path(self.path, self.video_name)
+    return feature_layout.video_h5_path(self.path, self.video_name)
 
   def _npz(self, data_key: str) -> pathlib.Path:
-    return coot_layout.video_npz_path(self.path, self.video_name, data_key)
+    return feature_layout.video_npz_path(self.path, self.video_name, data_key)
 
   def _video_where(self, data_key: str) -> str:
     return (f"{self._video_h5}, video {data_key!r}" if self.source == "h5" else
@@ -179,7 +179,7 @@ class CootSource:
     """{data_key: T}; checks that every video is stored, with width video_dim."""
     counts = {}
     if self.num_frames_file.is_file():
-      counts = coot_layout.read_json(self.num_frames_file, "{data_key: number of frames} cache")
+      counts = feature_layout.read_json(self.num_frames_file, "{data_key: number of frames} cache")
     data_keys = sorted({v["data_key"] for v in self.meta.values()})
     missing = [d for d in data_keys if d not in counts]
     if self.source == "h5":
@@ -196,13 +196,13 @@ class CootSource:
         file = self._existing(self._npz(d), f"video features of {self._key_of(d)!r} "
                               f"(data_key {d!r}):")
         if d in missing:
-          shape = coot_layout.npz_shape(file)
-          coot_layout.check_npz_shape(file, shape)
+          shape = feature_layout.npz_shape(file)
+          feature_layout.check_npz_shape(file, shape)
           self._check_width(d, (shape[0], shape[2]))
           counts[d] = int(shape[0])
     if missing:
       try:
-        coot_layout.write_json(self.num_frames_file, counts)
+        feature_layout.write_json(self.num_frames_file, counts)
       except OSError as e:  # a read-only dataset directory: count again next time
         logging.warning("could not update %s: %s", self.num_frames_file, e)
     return counts
@@ -212,20 +212,20 @@ class CootSource:
 
   def _check_text(self) -> tuple[dict[str, str], dict[str, list[int]]]:
     """({key: key in the text h5}, {key: sentence lengths}), every one checked."""
-    text_file = self._existing(coot_layout.text_h5_path(self.path, self.text_name),
+    text_file = self._existing(feature_layout.text_h5_path(self.path, self.text_name),
                                "text features")
     splits_file = self._existing(
-        coot_layout.sentence_splits_path(self.path, self.text_name), "sentence splits")
-    all_splits = coot_layout.read_json(splits_file, "{key: tokens per sentence} sentence splits")
+        feature_layout.sentence_splits_path(self.path, self.text_name), "sentence splits")
+    all_splits = feature_layout.read_json(splits_file, "{key: tokens per sentence} sentence splits")
     h5 = self._open(text_file)
     stored, splits = {}, {}
     for key in self.keys:
-      legacy = coot_layout.legacy_text_key(key)
+      legacy = feature_layout.legacy_text_key(key)
       name = key if key in h5 else legacy if legacy in h5 else None
       if name is None:
         raise KeyError(f"{text_file}: no text features for {key!r} (nor {legacy!r}); rebuild "
                        f"them for {self.meta_file} with `python -m "
-                       "avtext.tools.precompute_text_features`")
+                       "avtext.features.coot_text`")
       shape = h5[name].shape
       if len(shape) != 2 or shape[1] != self.text_dim:
         raise ValueError(f"{text_file}: {name!r} has shape {list(shape)}; expected [tokens, "
@@ -253,7 +253,7 @@ class CootSource:
     if self.source == "h5":
       video = np.asarray(self._open(self._video_h5)[data_key], np.float32)
     else:
-      video = coot_layout.read_npz_video(self._npz(data_key))
+      video = feature_layout.read_npz_video(self._npz(data_key))
     self._check_width(data_key, video.shape)
     if len(video) != self._num_frames[data_key]:
       raise ValueError(f"{self._video_where(data_key)}: {len(video)} frames but "
@@ -276,7 +276,7 @@ class CootSource:
     key = out["id"]
     out["video"] = self.video(out.pop("data_key"))
     out["text"] = np.asarray(
-        self._open(coot_layout.text_h5_path(self.path, self.text_name))[self._text_keys[key]],
+        self._open(feature_layout.text_h5_path(self.path, self.text_name))[self._text_keys[key]],
         np.float32)
     del out["duration_sec"], out["num_frames"]
     return out

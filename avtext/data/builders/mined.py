@@ -75,8 +75,8 @@ class MinedClips:
     self.render = meta.get('origin') is not None and decode in ('auto', 'render')
     self._world = None
     if self.render:
-      from avtext.mining import synthetic  # pylint: disable=g-import-not-at-top
-      self._world = synthetic.world_from_meta(meta['origin'])
+      from avtext.data.synthetic import mining_corpus  # pylint: disable=g-import-not-at-top
+      self._world = mining_corpus.world_from_meta(meta['origin'])
       self._index = meta['origin']['videos']
       if self._world.spec.fps != self.fps or self._world.spec.sample_rate != self.sample_rate:
         raise ValueError(f'{meta_path}: the synthetic corpus has {self._world.spec.fps} fps / '

@@ -64,7 +64,7 @@ QUERY_TYPES = ("v", "t", "vt")
 _PREPARE = ("Download the TVR annotations (github.com/jayleicn/TVRetrieval, data/) and the "
             "released features (tvr_feature_release: video_feature/, bert_feature/) into this "
             "layout (avtext/data/builders/tvr.py), or write the synthetic dataset with "
-            "`python -m avtext.tools.tvr_synthetic` and `avtext.tools.tvr_text_features` "
+            "`python -m avtext.tools.tvr_synthetic` and `avtext.features.tvr_text` "
             "(make demo-xml).")
 
 

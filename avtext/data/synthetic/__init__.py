@@ -4,7 +4,10 @@
 rendering) that every variant shares; `captions` says scenes in words and
 defines when a caption fits a clip; `clips` is the clip-caption variant.
 The TFDS builder lives in `tfds_builder` and is not imported here, so using
-the source does not pull in TensorFlow.
+the source does not pull in TensorFlow. The writers that lay the world out as
+a real dataset's files are `layouts` (media datasets), `coot_layout` and
+`tvr_layout` (feature files, from the caller's encoders) and `mining_corpus`
+(the VideoCC mining corpus); none imports a model.
 """
 from avtext.data.synthetic.captions import caption_fits
 from avtext.data.synthetic.captions import num_fitting_clips

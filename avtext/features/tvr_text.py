@@ -1,6 +1,6 @@
 r"""TVR's query and subtitle token features (the layout `builders.tvr` reads).
 
-    python -m avtext.tools.tvr_text_features --data=/data/tvr [--bert_dir=/models/roberta-ft] \
+    python -m avtext.features.tvr_text --data=/data/tvr [--bert_dir=/models/roberta-ft] \
         [--layer=-2] [--subtitles=tvqa_preprocessed_subtitles.jsonl] \
         [--video_features=tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5] [--force]
 
@@ -30,10 +30,10 @@ from typing import Sequence
 from absl import logging
 import numpy as np
 
-from avtext.data import coot_layout
-from avtext.data import text_features
+from avtext.data import feature_layout
 from avtext.data.builders import tvc
 from avtext.data.builders import tvr
+from avtext.features import text as text_lib
 
 MAX_QUERY_TOKENS = 30  # the official tokenizer max_length (with <s> </s>)
 MAX_LINE_TOKENS = 64
@@ -69,7 +69,7 @@ def write(data_dir, *, bert_dir=None, layer: int = -2, subtitles: str = tvc.DEFA
   if query_out.is_file() and sub_out.is_file() and not force:
     logging.info("%s and %s exist; nothing to do (--force overwrites)", query_out, sub_out)
     return query_out, sub_out
-  encoder = text_features.TextEncoder(bert_dir, (layer,))
+  encoder = text_lib.TextEncoder(bert_dir, (layer,))
 
   queries = {}
   for split in tvr.SPLITS:
@@ -82,7 +82,7 @@ def write(data_dir, *, bert_dir=None, layer: int = -2, subtitles: str = tvc.DEFA
   if not queries:
     raise FileNotFoundError(f"no tvr_<split>_release.jsonl under {data}")
   feats = encoder.run(queries, batch_size=batch_size, desc="query features")
-  coot_layout.write_h5(query_out, {k: v[1:-1] if len(v) > 2 else v for k, v in feats.items()})
+  feature_layout.write_h5(query_out, {k: v[1:-1] if len(v) > 2 else v for k, v in feats.items()})
 
   video_file = tvc.video_features_path(data, video_features)
   if not video_file.is_file():
@@ -117,14 +117,14 @@ def write(data_dir, *, bert_dir=None, layer: int = -2, subtitles: str = tvc.DEFA
         [(s, e, line_feats[k][1:-1] if len(line_feats[k]) > 2 else line_feats[k])
          for s, e, k in lines.get(vid, [])], n, clip_length, encoder.dim)
     arrays[vid], arrays[f"{vid}-mask"] = pooled, mask
-  coot_layout.write_h5(sub_out, arrays)
+  feature_layout.write_h5(sub_out, arrays)
   logging.info("wrote %d query and %d video subtitle features (%d-d) to %s", len(feats),
                len(num_clips), encoder.dim, query_out.parent)
   return query_out, sub_out
 
 
 def main(argv: Sequence[str] | None = None):
-  parser = argparse.ArgumentParser(prog="python -m avtext.tools.tvr_text_features",
+  parser = argparse.ArgumentParser(prog="python -m avtext.features.tvr_text",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--data", required=True, help="TVR directory (builders/tvr.py layout)")
   parser.add_argument("--bert_dir", default=None, help="local HF BERT dir (default MiniLM-L6)")

@@ -1,6 +1,6 @@
 r"""Write the synthetic mining world (`avtext.data.synthetic.mining`) as files to mine.
 
-    python -m avtext.mining.synthetic --out=DIR --num_seeds=2000 --num_videos=200 \
+    python -m avtext.data.synthetic.mining_corpus --out=DIR --num_seeds=2000 --num_videos=200 \
         [--faults=truncated,empty,not_video,audio_only,no_audio,short]
 
 DIR/seeds/seeds.tsv + DIR/seeds/<seed id>.png   the seed images and captions

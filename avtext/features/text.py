@@ -6,8 +6,8 @@ and its WordPiece tokenizer (lower-cased unless tokenizer_config.json says
 do_lower_case=false); `run({key: token ids})` returns {key: float32
 [tokens, len(layers) * D]}, the concatenated hidden states `layers` (HF
 numbering: 0 the embeddings, -1 the last layer) of each sequence, batched by
-length. COOT's paragraphs (`coot_layout.encode_paragraphs`) and TVR's queries
-and subtitles (`avtext.tools.tvr_text_features`) are built on it.
+length. COOT's paragraphs (`coot_text.encode_paragraphs`) and TVR's queries
+and subtitles (`tvr_text`) are built on it.
 """
 import pathlib
 from typing import Mapping, Sequence
@@ -30,9 +30,9 @@ class TextEncoder:
   """A local BERT with its tokenizer; see the module docstring."""
 
   def __init__(self, bert_dir=None, layers: Sequence[int] = (-2, -1)):
-    from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
     from avtext.models import bert as bert_model  # pylint: disable=g-import-not-at-top
-    from avtext.weights import assets  # pylint: disable=g-import-not-at-top
+    from avtext.text import tokenizers  # pylint: disable=g-import-not-at-top
+    from avtext import assets  # pylint: disable=g-import-not-at-top
     from avtext.weights import bert as bert_weights  # pylint: disable=g-import-not-at-top
 
     self.directory = pathlib.Path(bert_dir) if bert_dir else assets.minilm_l6_dir()
@@ -50,7 +50,7 @@ class TextEncoder:
     vocab = self.directory / "vocab.txt"
     if not vocab.is_file():
       raise FileNotFoundError(f"{vocab} not found: the WordPiece vocabulary of {self.directory}")
-    self.tokenizer = preprocessing.Tokenizer(vocab, lowercase=_lowercase(self.directory))
+    self.tokenizer = tokenizers.Tokenizer(vocab, lowercase=_lowercase(self.directory))
     self._fn = None
 
   def sentence_ids(self, text: str, max_len: int) -> list[int]:

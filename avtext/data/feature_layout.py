@@ -1,6 +1,12 @@
-"""COOT's on-disk feature layout (simon-ging/coot-videotext): names, readers, writers.
+"""The feature-file layout of COOT (simon-ging/coot-videotext): names, readers, writers.
 
-A dataset directory `<path>` (COOT: `data/activitynet`, `data/youcook2`) holds:
+h5 files of float32 arrays keyed by id, JSON side files written atomically,
+and ActivityNet's per-video .npz files. `builders.coot` reads this layout; TVR's
+files (`builders.tvr`) are written with the same h5 / JSON writers. The
+feature tools (`avtext.features`) and the synthetic writers
+(`avtext.data.synthetic`) write both.
+
+A COOT dataset directory `<path>` (COOT: `data/activitynet`, `data/youcook2`) holds:
 
   meta_<metadata_name>.json                  (default meta_all.json; COOT's
                                              data_read_{activitynet,youcook2}_meta.py)
@@ -28,7 +34,7 @@ A dataset directory `<path>` (COOT: `data/activitynet`, `data/youcook2`) holds:
                                              first time a split is opened (COOT's loader
                                              does the same) and trusted afterwards
 
-  text features (`python -m avtext.tools.precompute_text_features`, COOT's
+  text features (`python -m avtext.features.coot_text`, COOT's
   precompute_text.py):
       <text_features>.h5                     one dataset per key, float32 [num_tokens, Dt]:
                                              the listed hidden layers of BERT concatenated
@@ -38,30 +44,18 @@ A dataset directory `<path>` (COOT: `data/activitynet`, `data/youcook2`) holds:
       <text_features>_sentence_splits.json   {key: [tokens of sentence 1, 2, ...]}: int,
                                              summing to num_tokens, one entry per segment
 
-The paragraph is COOT's "bert_paper" text (nntrainer/data_text.py), one string
-per sentence (`bert_paper_sentences`): whitespace collapsed, one trailing dot
-removed ("..." is kept), an inner ". " turned into a "[SEP]", "[CLS]" before
-the first sentence and "[SEP]" after each; no lower-casing (the uncased
-WordPiece does it). Each string is tokenized on its own (no special tokens
-added), so [CLS] counts to sentence 1 and every sentence ends in [SEP]; the
-paragraph's tokens are their concatenation and go through BERT at once.
+The tokens are those of COOT's "bert_paper" paragraph (`avtext.features.coot_text`).
 """
 import json
 import os
 import pathlib
-import re
 import zipfile
 from typing import Mapping, Sequence
 
-from absl import logging
 import numpy as np
 
 VIDEO_SOURCES = ("h5", "npz_activitynet")
 NPZ_ARRAY = "frame_scores"
-CLS, SEP = "[CLS]", "[SEP]"
-MIN_CUT = 5  # precompute_text.py: a sentence cut to fit max_len keeps >= 5 tokens
-
-_WHITESPACE = re.compile(r"\s+")
 _META_FIELDS = ("data_key", "split", "duration_sec", "segments")
 _SEGMENT_FIELDS = ("start_sec", "stop_sec", "text")
 
@@ -246,99 +240,3 @@ def write_text_features(dataset_dir, name: str, features: Mapping[str, np.ndarra
              {k: [int(n) for n in v] for k, v in sentence_lengths.items()})
   return write_h5(text_h5_path(dataset_dir, name), features)
 
-
-# ---------------------------------------------------------------- text features
-def bert_paper_sentences(sentences: Sequence[str]) -> list[str]:
-  """COOT's "bert_paper" preprocessing (nntrainer/data_text.py), one string per sentence.
-
-  "A man  walks.", "He sits. Then he leaves." ->
-  "[CLS] A man walks [SEP]", "He sits [SEP] Then he leaves [SEP]".
-  """
-  out = []
-  for i, sentence in enumerate(sentences):
-    s = _WHITESPACE.sub(" ", str(sentence)).strip()
-    if not s:
-      raise ValueError(f"sentence {i} of the paragraph is empty: {sentence!r}")
-    if s[-1] == "." and len(s) > 1 and s[-2] != ".":
-      s = s[:-1]
-    s = s.strip().replace(". ", f" {SEP} ")
-    words = [w for w in s.split(" ") if w.strip()]
-    out.append(" ".join(([CLS] if i == 0 else []) + words + [SEP]))
-  return out
-
-
-def bert_paper_paragraph(sentences: Sequence[str]) -> str:
-  """The whole "bert_paper" paragraph: `bert_paper_sentences` joined by spaces."""
-  return " ".join(bert_paper_sentences(sentences))
-
-
-def cut_to_length(pieces: list[list[int]], max_len: int, key: str) -> list[list[int]]:
-  """precompute_text.py's cut of a paragraph longer than `max_len` tokens.
-
-  From the last sentence backwards, each is given the length n = max(MIN_CUT,
-  its length - what is still too much) and keeps its first n - 1 tokens and
-  its last ([SEP]). As there, a sentence shorter than MIN_CUT that is reached
-  keeps all its tokens plus a repeated last one.
-  """
-  lengths = [len(p) for p in pieces]
-  for i in reversed(range(len(pieces))):
-    overshoot = sum(lengths) - max_len
-    if overshoot <= 0:
-      break
-    lengths[i] = max(MIN_CUT, len(pieces[i]) - overshoot)
-  out = [p if n == len(p) else p[:n - 1] + p[-1:] for p, n in zip(pieces, lengths)]
-  if sum(map(len, out)) > max_len:
-    raise ValueError(f"paragraph {key!r}: its {len(pieces)} sentences do not fit "
-                     f"max_len={max_len} tokens even when cut to {MIN_CUT} tokens each")
-  return out
-
-
-def encode_paragraphs(paragraphs: Mapping[str, Sequence[str]], *, bert_dir=None,
-                      layers: Sequence[int] = (-2, -1), batch_size: int = 16,
-                      max_len: int = 512) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
-  """COOT's text features (precompute_text.py) computed with our `Bert`.
-
-  Each paragraph (a list of sentences) becomes its "bert_paper" tokens
-  (`bert_paper_sentences`, WordPiece of `bert_dir`'s vocab.txt, lower-cased
-  unless its tokenizer_config.json says do_lower_case=false), goes through
-  BERT in one sequence, and each token's hidden states of `layers` (HF
-  numbering: 0 the embeddings, -1 the last layer) are concatenated.
-  Paragraphs over `max_len` tokens are cut as the official script does by
-  default (`cut_to_length`, logged), not strided.
-
-  Args:
-    paragraphs: {key: sentences}.
-    bert_dir: an HF BERT-family directory (config.json, model.safetensors,
-      vocab.txt); None = the offline MiniLM-L6 (2 x 384 = 768-d with the
-      default layers; bert-base-uncased gives 1536).
-    layers: hidden-state indices to concatenate.
-    batch_size: paragraphs per forward pass (similar lengths are batched).
-    max_len: most tokens per paragraph; the model's max_position_embeddings
-      if that is less (the official script's limit).
-
-  Returns:
-    ({key: float32 [tokens, len(layers) * D]}, {key: tokens per sentence}).
-  """
-  from avtext.data import text_features  # pylint: disable=g-import-not-at-top
-
-  encoder = text_features.TextEncoder(bert_dir, layers)
-  max_len = min(max_len, encoder.max_len)
-  tokenizer = encoder.tokenizer
-
-  token_ids, lengths, cut = {}, {}, []
-  for key, sentences in paragraphs.items():
-    try:
-      pieces = [tokenizer.wordpiece(s) for s in bert_paper_sentences(sentences)]
-    except ValueError as e:
-      raise ValueError(f"paragraph {key!r}: {e}") from e
-    if sum(map(len, pieces)) > max_len:
-      pieces = cut_to_length(pieces, max_len, key)
-      cut.append(key)
-    lengths[key] = [len(p) for p in pieces]
-    token_ids[key] = [i for p in pieces for i in p]
-  if cut:
-    logging.warning("%d paragraphs longer than %d tokens were cut as COOT's precompute_text.py "
-                    "does, e.g. %s", len(cut), max_len, cut[:3])
-
-  features = encoder.run(token_ids, batch_size=batch_size)
-  return {k: features[k] for k in paragraphs}, lengths

@@ -1,6 +1,6 @@
 r"""Precomputes what S-MiT's phase 1 keeps frozen, in the `smit_features` layout.
 
-    python -m avtext.tools.smit_features --config=configs/smit_language_amm.py:demo \
+    python -m avtext.features.smit --config=configs/smit_language_amm.py:demo \
         --config.init_from.workdir=workdirs/demo/video_pretrain \
         --out=workdirs/demo/smit_features [--splits=train,val,test] [--batch_size=64]
 
@@ -13,7 +13,7 @@ over each split of `config.features_source` (a clips dataset):
   words                                  the frozen text encoder's per-word features of
                                          the ASR transcript (language models; float16)
   log_mel                                the whole spoken caption's 40-bin log-mel
-                                         (float16, as `preprocessing.speech_features`;
+                                         (float16, as `audio.speech_features`;
                                          not when the source has no spoken captions)
   transcript, caption, ids
 
@@ -33,11 +33,11 @@ from ml_collections import config_flags
 import numpy as np
 from tqdm import tqdm
 
+from avtext.data import audio
 from avtext.data import builders
-from avtext.data import preprocessing
 from avtext.data.builders import smit as smit_builder
+from avtext.features import done
 from avtext.tasks import registry
-from avtext.tools import tower_features
 from avtext.train import warm_start
 
 
@@ -75,7 +75,7 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
           "init_from": config.init_from.to_dict(), "data": config.data.to_dict(),
           "splits": list(splits)}
   out.mkdir(parents=True, exist_ok=True)
-  if tower_features.reuse_finished(out, json.loads(json.dumps(args, default=list)), force):
+  if done.reuse_finished(out, json.loads(json.dumps(args, default=list)), force):
     return out
   if config.model.video.get("train_backbones"):
     raise ValueError("smit_features: config.model.video.train_backbones is True (phase 2); "
@@ -115,8 +115,8 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
           continue  # real S-MiT opened without its spoken captions (dataset.spoken=False)
         wave = (source.render_speech(i) if hasattr(source, "render_speech")
                 else np.asarray(source[i]["spoken_caption"], np.float32))
-        mel = preprocessing.log_mel_spectrogram(
-            preprocessing.to_mono(wave), num_mel_bins=config.data.num_mel_bins)
+        mel = audio.log_mel_spectrogram(
+            audio.to_mono(wave), num_mel_bins=config.data.num_mel_bins)
         cols["log_mel"].append(mel.astype(np.float16))
     tmp = out / f"{split}.h5.tmp"
     with h5py.File(tmp, "w") as f:
@@ -137,7 +137,7 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
       {"format": smit_builder.FORMAT, "splits": counts, "origin": origin.to_dict(),
        "model": config.model.to_dict(), "init_from": config.init_from.to_dict()},
       indent=1, default=list))
-  tower_features.mark_finished(out, json.loads(json.dumps(args, default=list)))
+  done.mark_finished(out, json.loads(json.dumps(args, default=list)))
   return out
 
 

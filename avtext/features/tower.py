@@ -1,21 +1,20 @@
 """Clip features from a trained RGB tower: the synthetic datasets' stand-in for I3D / ResNet.
 
-Shared by the synthetic COOT (`coot_synthetic`) and TVR / TVC (`tvr_synthetic`)
-writers. A feature step is the [CLS] embedding of the tower in a run
+The video encoder the synthetic COOT and TVR / TVC writers are given
+(`avtext.tools.coot_synthetic`, `avtext.tools.tvr_synthetic`), and the mining
+embedder's tower. A feature step is the [CLS] embedding of the tower in a run
 directory (`configs/synthetic_video_pretrain.py`) on its own input:
 `data.num_frames` frames `data.frame_stride` apart around the step's centre
 (clamped to the video), normalized as in training.
 """
-import json
-import pathlib
+import functools
 
-from absl import logging
 import jax
 import numpy as np
 from tqdm import tqdm
 
 from avtext import runs as runs_lib
-from avtext.data import preprocessing
+from avtext.data import video as video_lib
 from avtext.data.synthetic import world
 
 
@@ -34,8 +33,8 @@ def tower_from_run(workdir, step=None):
 
   def apply_fn(frames: np.ndarray) -> np.ndarray:
     b, f = frames.shape[:2]
-    flat = preprocessing.resize_crop_normalize(frames.reshape((-1,) + frames.shape[2:]),
-                                               size=size, train=False)
+    flat = video_lib.resize_crop_normalize(frames.reshape((-1,) + frames.shape[2:]),
+                                           size=size, train=False)
     return np.asarray(embed(flat.reshape((b, f) + flat.shape[1:]).astype(np.float32)))
 
   world_cfg = run.config.dataset.get("world")
@@ -80,15 +79,12 @@ def extract_video_features(source, indices, *, apply_fn, frames_per_window: int,
   return {source.video_id(i): np.stack(v).astype(np.float32) for i, v in out.items()}
 
 
-def reuse_finished(out: pathlib.Path, args: dict, force: bool) -> bool:
-  """True when `out` holds a build finished with `args` (its DONE marker); else clears the mark."""
-  done = pathlib.Path(out) / "DONE"
-  if not force and done.is_file() and json.loads(done.read_text()) == args:
-    logging.info("%s is complete; reusing it (--force rebuilds)", out)
-    return True
-  done.unlink(missing_ok=True)
-  return False
+def tower_encoder(workdir, step=None):
+  """(video_features, world spec) of the run's tower: the encoder the synthetic writers take.
 
-
-def mark_finished(out: pathlib.Path, args: dict) -> None:
-  (pathlib.Path(out) / "DONE").write_text(json.dumps(args))
+  video_features(source, indices, *, feature_fps, num_steps=None) is
+  `extract_video_features` with the tower's apply_fn, window and stride.
+  """
+  apply_fn, frames_per_window, stride, spec = tower_from_run(workdir, step)
+  return functools.partial(extract_video_features, apply_fn=apply_fn,
+                           frames_per_window=frames_per_window, frame_stride=stride), spec
