@@ -187,7 +187,7 @@ def _coot_case() -> Case:
 
 
 def _xml_case() -> Case:
-  """XML at configs/xml_tvr.py:tiny sizes on tests/test_xml.py's inputs, MomentsTask.loss_fn
+  """XML at configs/xml_tvr.py:tiny sizes on tests/test_xml.py's inputs, XMLTask.loss_fn
   (VR hinge with sampled and hard negatives + span NLL)."""
   config = xml_tvr.get_config("tiny")
   q, qm, ctx, _ = test_xml._inputs(np.random.default_rng(0), b=4)  # pylint: disable=protected-access

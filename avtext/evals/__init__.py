@@ -25,7 +25,7 @@ from avtext import registry as registry_lib
 _EVALUATORS = registry_lib.Registry(
     "evaluator", ("avtext.evals.retrieval", "avtext.evals.classification",
                   "avtext.evals.hierarchical", "avtext.evals.captioning",
-                  "avtext.evals.moments"))
+                  "avtext.evals.vcmr"))
 register_evaluator = _EVALUATORS.register
 
 

@@ -19,7 +19,7 @@ from avtext.models import registry as models_registry
 # Modules imported on first lookup so `config.task` alone selects a task.
 _TASKS = registry_lib.Registry(
     "task", ("avtext.tasks.retrieval", "avtext.tasks.classification", "avtext.tasks.coot",
-             "avtext.tasks.captioning", "avtext.tasks.moments", "avtext.tasks.smit"))
+             "avtext.tasks.captioning", "avtext.tasks.xml", "avtext.tasks.smit"))
 register = _TASKS.register
 
 

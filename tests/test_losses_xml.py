@@ -1,4 +1,4 @@
-"""Tests for avtext.losses.moments (TVR eq. 4-6)."""
+"""Tests for avtext.losses.xml (TVR eq. 4-6)."""
 import hypothesis
 import hypothesis.strategies as st
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from avtext.losses import moments
+from avtext.losses import xml as moments
 
 SETTINGS = hypothesis.settings(max_examples=25, deadline=None)
 

@@ -1,4 +1,4 @@
-"""Tests for avtext.metrics.moments (TVR Sec. 5 "Metrics").
+"""Tests for avtext.metrics.vcmr (TVR Sec. 5 "Metrics").
 
 The reference numbers in tests/data/tvr_eval/expected_metrics.json come from
 the official TVRetrieval standalone_eval/eval.py run on our own synthetic
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from avtext.metrics import moments
+from avtext.metrics import vcmr as moments
 
 _FIXTURE = pathlib.Path(__file__).parent / "data" / "tvr_eval"
 
