@@ -3,7 +3,7 @@
 `config.task = "smit"`, `config.model.name = "smit"` (avtext/models/smit.py). A batch of
 N (video, caption) pairs -> the two heads' outputs -> S = caption @ video.T over the
 *global* batch (every device's captions are negatives for every video) -> the loss
-`config.loss.name` names (avtext/losses/contrastive.py):
+`config.loss.name` names (`contrastive.SMIT_LOSSES`):
 
   amm               S-MiT eq. 2 + eq. 3, alpha = loss.alpha (0.5)     (the paper's)
   mms               eq. 2 with M = mms_margin(step): 0.001, x1.002 every 1000 steps
@@ -48,26 +48,7 @@ from avtext.tasks import registry
 from avtext.weights import assets
 from avtext.weights import bert as bert_weights
 
-LOSSES = ("amm", "mms", "nce", "semi_hard_triplet")
 SPEECH_FPS = 100  # log-mel frames per second (10 ms hop)
-
-
-def smit_loss(sim: jax.Array, loss_cfg: ml_collections.ConfigDict, step) -> jax.Array:
-  """The configured S-MiT loss of `sim` [B_caption, B_video] (module docstring)."""
-  name = loss_cfg.name
-  t = loss_cfg.get("temperature", 1.0)
-  if name == "amm":
-    return contrastive.amm(sim, alpha=loss_cfg.get("alpha", 0.5), temperature=t)
-  if name == "mms":
-    margin = contrastive.mms_margin(step, initial=loss_cfg.get("margin_initial", 0.001),
-                                    growth=loss_cfg.get("margin_growth", 1.002),
-                                    every=loss_cfg.get("margin_every", 1000))
-    return contrastive.mms(sim, margin=margin, temperature=t)
-  if name == "nce":
-    return contrastive.nce(sim, temperature=t, include_positive=False)
-  if name == "semi_hard_triplet":
-    return contrastive.semi_hard_triplet(sim, margin=loss_cfg.get("margin", 1.0))
-  raise ValueError(f"config.loss.name={name!r}; expected one of {LOSSES}")
 
 
 class SMiTExamples:
@@ -171,8 +152,7 @@ class SMiTTask(registry.ClipTask):
     super().__init__(config)
     self.caption = config.model.get("caption", "language")
     self._widths = None  # `_feature_widths`, computed on first use
-    if config.loss.name not in LOSSES:
-      raise ValueError(f"config.loss.name={config.loss.name!r}; expected one of {LOSSES}")
+    self.sim_loss = contrastive.get_smit_loss(config.loss.name)
     self.tokenizer = None
     if self.caption == "language":
       weights = bert_weights.weights_dir(config.model.text.get("weights"))
@@ -299,7 +279,7 @@ class SMiTTask(registry.ClipTask):
                            rngs={"sample": sample_rng, "dropout": dropout_rng})
     (video, caption), new_state = out if mutable else (out, {})
     sim = caption @ video.T  # [B_caption, B_video], global batch
-    loss = smit_loss(sim, self.config.loss, step)
+    loss = self.sim_loss(sim, self.config.loss, step)
     hits = jnp.argmax(sim, axis=1) == jnp.arange(sim.shape[0])
     return loss, {"batch_t2v_r1": 100.0 * jnp.mean(hits),
                   "positive_sim": jnp.mean(jnp.diagonal(sim)),

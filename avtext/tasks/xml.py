@@ -62,16 +62,6 @@ def pad_rows(x: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
   return out, mask
 
 
-def clip_bce(logits, start, end, mask):
-  """Mean over real clips of BCE(sigmoid(logit), clip inside [start, end]) (Fig. 6 baseline)."""
-  pos = jnp.arange(logits.shape[-1])[None]
-  label = ((pos >= start[:, None]) & (pos <= end[:, None])).astype(jnp.float32)
-  mask = mask.astype(jnp.float32)
-  x = jnp.where(mask > 0, logits, 0.0).astype(jnp.float32)
-  loss = jnp.maximum(x, 0) - x * label + jnp.log1p(jnp.exp(-jnp.abs(x)))
-  return jnp.sum(loss * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
 @registry.register("moments")
 class XMLTask(registry.Task):
   """XML on TVR-layout data (module docstring)."""
@@ -215,7 +205,8 @@ class XMLTask(registry.Task):
       neg_v, neg_q = jnp.where(hard, hard_v, neg_v), jnp.where(hard, hard_q, neg_q)
     vr_loss = xml_losses.video_retrieval_hinge(scores, neg_v, neg_q, margin=self.margin)
     if "clip" in out:  # sliding-window baseline: BCE of every real clip, inside = 1
-      span_loss = clip_bce(out["clip"], batch["start"], batch["end"], batch["ctx_mask"])
+      span_loss = xml_losses.clip_bce(out["clip"], batch["start"], batch["end"],
+                                      batch["ctx_mask"])
     else:
       span_loss = xml_losses.svmr_nll(out["start"], out["end"], batch["start"], batch["end"],
                                          batch["ctx_mask"])
