@@ -13,7 +13,6 @@ length_penalty), the whole loop jitted with the KV cache. Evaluation is the
 The video encoder can start from an AVR run: both models name it `video/`,
 so `config.init_from.params = (("video/", "video/"),)` carries it over.
 """
-import jax
 import ml_collections
 import numpy as np
 
@@ -25,7 +24,7 @@ from avtext.modalities import parse_modalities
 from avtext.models import gpt2 as gpt2_lib
 from avtext.tasks import mmt
 from avtext.tasks import registry
-from avtext.weights import gpt2 as gpt2_weights
+from avtext.weights import pretrained
 
 HOST_FIELDS = ("caption", "attributes", "clip_id")
 
@@ -81,17 +80,8 @@ class CaptioningTask(registry.ClipTask):
   def init_variables(self, rng, batch):
     return self.model.init({"params": rng}, registry.video_inputs(batch), batch["input_ids"])
 
-  def load_pretrained(self, params):
-    weights = gpt2_weights.weights_dir(self.config.model.decoder.get("weights"))
-    if weights is None:
-      return params
-    _, decoder = gpt2_weights.load_hf_gpt2(weights, self.tokenizer.gpt2_ids)
-    expected = jax.tree.map(lambda x: (x.shape, x.dtype), params["decoder"])
-    loaded = jax.tree.map(lambda x: (x.shape, x.dtype), decoder)
-    if expected != loaded:
-      raise ValueError(f"{weights}: the GPT-2 checkpoint does not match config.model.decoder "
-                       "(compare its config.json)")
-    return {**params, "decoder": decoder}
+  def pretrained_towers(self):
+    return (pretrained.Tower("model.decoder", ("decoder",), "gpt2"),)
 
   def loss_fn(self, variables, batch, rng):
     logits = self.model.apply(variables, registry.video_inputs(batch), batch["input_ids"],

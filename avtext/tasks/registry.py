@@ -15,6 +15,7 @@ from avtext import registry as registry_lib
 from avtext.data import builders
 from avtext.data import pipelines
 from avtext.models import registry as models_registry
+from avtext.weights import pretrained
 
 # Modules imported on first lookup so `config.task` alone selects a task.
 _TASKS = registry_lib.Registry(
@@ -70,9 +71,13 @@ class Task:
     """Initial flax variables, {"params": ...[, "batch_stats": ...]} (jitted: no I/O)."""
     raise NotImplementedError
 
+  def pretrained_towers(self) -> tuple[pretrained.Tower, ...]:
+    """The sub-models that may start from public weights their config names."""
+    return ()
+
   def load_pretrained(self, params) -> Any:
-    """Replaces parts of freshly initialized params with pretrained weights."""
-    return params
+    """Freshly initialized params with `pretrained_towers` loaded (`weights.pretrained`)."""
+    return pretrained.load(params, self.config, self.pretrained_towers())
 
   # True: the trainer calls loss_fn(..., step=<traced int32 step>) (a loss schedule).
   loss_needs_step = False

@@ -34,7 +34,6 @@ Spoken captions: a random data.speech_crop_s (10 s) crop in training, the whole 
 Predict functions for the `retrieval` evaluator: `embed_text` (the caption model; the
 evaluator's query side) and `embed_video`.
 """
-from absl import logging
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -44,9 +43,9 @@ from avtext.data import builders
 from avtext.data import pipelines
 from avtext.data import preprocessing
 from avtext.losses import contrastive
+from avtext.metrics import retrieval as retrieval_metrics
 from avtext.tasks import registry
-from avtext.weights import assets
-from avtext.weights import bert as bert_weights
+from avtext.weights import pretrained
 
 SPEECH_FPS = 100  # log-mel frames per second (10 ms hop)
 
@@ -153,12 +152,7 @@ class SMiTTask(registry.ClipTask):
     self.caption = config.model.get("caption", "language")
     self._widths = None  # `_feature_widths`, computed on first use
     self.sim_loss = contrastive.get_smit_loss(config.loss.name)
-    self.tokenizer = None
-    if self.caption == "language":
-      weights = bert_weights.weights_dir(config.model.text.get("weights"))
-      vocab = config.data.get("vocab") or (
-          weights / "vocab.txt" if weights is not None else assets.minilm_l6_dir() / "vocab.txt")
-      self.tokenizer = preprocessing.Tokenizer(vocab, max_len=config.data.max_text_len)
+    self.tokenizer = pretrained.text_tokenizer(config) if self.caption == "language" else None
 
   def check_source(self, source):
     if source.kind == builders.FEATURES:
@@ -254,23 +248,10 @@ class SMiTTask(registry.ClipTask):
     return {**out, "log_mel": spec((d.speech_frames, d.num_mel_bins), "float32"),
             "log_mel_mask": spec((d.speech_frames,), "int32")}
 
-  def load_pretrained(self, params):
+  def pretrained_towers(self):
     if self.caption != "language":
-      return params
-    weights = bert_weights.weights_dir(self.config.model.text.get("weights"))
-    if weights is None:
-      return params
-    _, text_params = bert_weights.load_hf_bert(weights)
-    params = dict(params)
-    caption = dict(params["caption"])
-    expected = jax.tree.map(lambda x: (x.shape, x.dtype), caption["text"])
-    if expected != jax.tree.map(lambda x: (x.shape, x.dtype), text_params):
-      raise ValueError(f"{weights}: pretrained text encoder does not match "
-                       "config.model.text")
-    caption["text"] = text_params
-    params["caption"] = caption
-    logging.info("language model initialised from %s (frozen)", weights)
-    return params
+      return ()
+    return (pretrained.Tower("model.text", ("caption", "text"), "bert"),)  # frozen
 
   def loss_fn(self, variables, batch, rng, *, step=0):
     sample_rng, dropout_rng = jax.random.split(rng)
@@ -280,11 +261,7 @@ class SMiTTask(registry.ClipTask):
     (video, caption), new_state = out if mutable else (out, {})
     sim = caption @ video.T  # [B_caption, B_video], global batch
     loss = self.sim_loss(sim, self.config.loss, step)
-    hits = jnp.argmax(sim, axis=1) == jnp.arange(sim.shape[0])
-    return loss, {"batch_t2v_r1": 100.0 * jnp.mean(hits),
-                  "positive_sim": jnp.mean(jnp.diagonal(sim)),
-                  "negative_sim": (jnp.sum(sim) - jnp.trace(sim)) / (sim.size - sim.shape[0])
-                  }, dict(new_state)
+    return loss, retrieval_metrics.in_batch_metrics(sim), dict(new_state)
 
   def predict_fns(self):
     model = self.model
