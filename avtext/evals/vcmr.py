@@ -30,6 +30,7 @@ import numpy as np
 
 from avtext import evals
 from avtext.evals import base
+from avtext.evals import protocols
 from avtext.inference import vcmr
 from avtext.metrics import vcmr as metrics
 
@@ -76,6 +77,8 @@ def random_predictions(store: vcmr.CorpusStore, num_queries: int, own_video, cfg
 @evals.register_evaluator("moments")
 class VCMREvaluator(base.Evaluator):
   """Encodes the corpus, answers the split's queries, writes and scores the submission."""
+
+  protocol = protocols.Corpus
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)

@@ -59,6 +59,13 @@ class Task:
     """`source` if this task can read it; raises naming what it needs otherwise."""
     return source
 
+  def train_skip_counts(self) -> dict[str, int]:
+    """{reason: count} of the train split's entries put aside so far (files missing or
+    not decoding, `avtext.data.builders.files`); {} before the split is opened (this
+    does not open it) and for sources that skip nothing."""
+    counts = getattr(self._train_source, "skip_counts", None)
+    return counts() if counts is not None else {}
+
   def num_train_examples(self) -> int:
     raise NotImplementedError
 
