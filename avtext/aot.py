@@ -225,12 +225,12 @@ def _train_step(config, devices):
   with tempfile.TemporaryDirectory() as workdir:
     # The evaluators' names only (config.eval.select is checked against them); their
     # predict functions are compiled separately (`_predict_fns`), no split is opened.
-    run = trainer_lib.Trainer(config, workdir, task, devices=devices,
-                              evaluators={name: None for name in config.get("evals", {})})
+    run = trainer_lib.Trainer(config, workdir, task, {name: None for name in config.get("evals", {})},
+                              devices=devices)
   batch = _sharded(task.batch_spec(config.train.batch_size, train=True),
                    partitioning.data_sharding(run.mesh))
   state, tx, schedule = run.abstract_state(batch)
-  step = run._make_train_step(tx, schedule, jax.tree.map(lambda x: x.sharding, state))  # pylint: disable=protected-access
+  step = run.make_train_step(tx, schedule, jax.tree.map(lambda x: x.sharding, state))
   with partitioning.mesh_context(run.mesh, config):
     return run, task, state, step.lower(state, batch)
 

@@ -27,9 +27,9 @@ def caption_files(workdir, paths: Sequence[str], *, step=None, beam: int | None 
                   progress: bool = False) -> list[tuple[str, str | None, str]]:
   """[(path, caption or None, why it was skipped or '')] in the order given."""
   import jax  # pylint: disable=g-import-not-at-top
-  from avtext import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+  from avtext import runs as runs_lib  # pylint: disable=g-import-not-at-top
   from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
-  run = inspect_lib.load_run(workdir, step)
+  run = runs_lib.load_run(workdir, step)
   if run.config.get("task") != "captioning" or "generation" not in run.config:
     raise ValueError(f"{workdir}: a {run.config.get('task')!r} run; avtext.caption needs a "
                      "captioning run (configs/videocc_caption.py)")

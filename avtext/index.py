@@ -147,9 +147,9 @@ class VideoEmbedder:
 
   def __init__(self, workdir: str | pathlib.Path, step: int | str | None = None):
     import jax  # pylint: disable=g-import-not-at-top
-    from avtext import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+    from avtext import runs as runs_lib  # pylint: disable=g-import-not-at-top
     from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
-    self.run = inspect_lib.load_run(workdir, step)
+    self.run = runs_lib.load_run(workdir, step)
     self.workdir, self.step = self.run.workdir, self.run.step
     self.task = self.run.task()
     fns = self.task.predict_fns()

@@ -175,10 +175,9 @@ def main(argv):
       except rundir.RunLockedError as e:
         raise SystemExit(str(e)) from None
     # After the checks, so a refused run exits in seconds.
-    from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+    from avtext import experiment  # pylint: disable=g-import-not-at-top
     from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top
-    from avtext.train import trainer  # pylint: disable=g-import-not-at-top
-    run = trainer.Trainer(config, _WORKDIR.value, registry.build_task(config))
+    run = experiment.build(config, _WORKDIR.value)
     try:
       if _MODE.value == "train":
         run.train()

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from avtext import index as index_lib
-from avtext import inspect as inspect_lib
+from avtext import runs as runs_lib
 from avtext.data import text_features
 from avtext.data.builders import tvr
 from avtext.inference import vcmr
@@ -50,7 +50,7 @@ class Searcher:
 
   def __init__(self, workdir, corpus, *, step=None, bert_dir=None, layer=None,
                search: dict | None = None):
-    self.run = inspect_lib.load_run(workdir, step)
+    self.run = runs_lib.load_run(workdir, step)
     config, model = self.run.config, self.run.model
     if config.model.name != "xml":
       raise ValueError(f"{workdir}: a {config.model.name!r} run; avtext.search needs an XML run")

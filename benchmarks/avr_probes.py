@@ -19,7 +19,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from avtext import inspect
+from avtext import runs
 from avtext.data import builders
 from avtext.data.synthetic import captions
 from avtext.data.synthetic import clips as clips_lib
@@ -67,7 +67,7 @@ def _ignoring(mention, fields):
 
 def main(argv):
   del argv
-  run = inspect.load_run(_WORKDIR.value)
+  run = runs.load_run(_WORKDIR.value)
   task = run.task()
   mesh = partitioning.make_mesh(None, 1)
   fns = task.predict_fns()

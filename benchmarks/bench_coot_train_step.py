@@ -13,7 +13,7 @@ it is never vendored here. Both sides run ActivityNet's configuration
   loss exactly as `RetrievalTrainer.train_model` composes it (its own
   `compute_total_constrastive_loss` + `compute_cyclecons_loss`, called on a stand-in for
   the trainer), `backward`, `optimizer.step` (Adam 1e-3, wd 2e-5, from `make_optimizer`).
-- avtext: `Trainer._make_train_step` — the jitted step `make train` runs (value_and_grad
+- avtext: `Trainer.make_train_step` — the jitted step `make train` runs (value_and_grad
   of the task loss, optax update, reduce-on-plateau scaling), state donated.
 
 The batch: 64 videos with 2-8 clips each (P = .25 .30 .20 .12 .07 .04 .02, mean 3.66 as
@@ -172,7 +172,7 @@ def avtext_step_fn(examples, steps_per_epoch: int):
   trainer.steps_per_epoch = steps_per_epoch
   trainer.total_steps = steps_per_epoch * config.train.num_epochs
   state, (tx, schedule) = trainer._init_state(batch)  # pylint: disable=protected-access
-  train_step = trainer._make_train_step(  # pylint: disable=protected-access
+  train_step = trainer.make_train_step(
       tx, schedule, trainer._state_sharding(state))  # pylint: disable=protected-access
   batch = partitioning.host_to_global(batch, trainer.mesh)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))

@@ -12,7 +12,7 @@ video_sub resnet_i3d; `configs/xml_tvr.py`), fp32, CPU:
   ConvSE k=5, merged streams, cross-attention), span loss on (`set_train_st_ed(0.01)`,
   hard negatives off), one step = forward (its loss) + backward + `BertAdam.step`
   (lr 1e-4, 1 % warmup_linear, wd 0.01 except bias / LayerNorm, per-tensor clip 1).
-- avtext: `Trainer._make_train_step` on `configs/xml_tvr.py` (the jitted, donated step
+- avtext: `Trainer.make_train_step` on `configs/xml_tvr.py` (the jitted, donated step
   `make demo-xml` runs).
 
 The batch: 128 queries, each with its own video of U[40, 100] 1.5 s clips (3072-d video,
@@ -137,7 +137,7 @@ def avtext_step_fn(examples, steps_per_epoch: int):
   trainer.steps_per_epoch = steps_per_epoch
   trainer.total_steps = steps_per_epoch * config.train.num_epochs
   state, (tx, schedule) = trainer._init_state(batch)  # pylint: disable=protected-access
-  train_step = trainer._make_train_step(  # pylint: disable=protected-access
+  train_step = trainer.make_train_step(
       tx, schedule, trainer._state_sharding(state))  # pylint: disable=protected-access
   batch = partitioning.host_to_global(batch, trainer.mesh)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))

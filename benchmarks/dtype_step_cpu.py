@@ -67,7 +67,7 @@ def main():
       host = random_batch(task.batch_spec(config.train.batch_size, train=True),
                           np.random.default_rng(0))
       state, (tx, schedule) = run._init_state(host)  # pylint: disable=protected-access
-      step = run._make_train_step(tx, schedule, run._state_sharding(state))  # pylint: disable=protected-access
+      step = run.make_train_step(tx, schedule, run._state_sharding(state))  # pylint: disable=protected-access
       batch = partitioning.host_to_global(host, run.mesh)
       state, metrics = step(state, batch)  # compile
       jax.block_until_ready(metrics)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from avtext.data import video_io  # pylint: disable=wrong-import-position
 from avtext.mining import embed  # pylint: disable=wrong-import-position
-from avtext.mining import pipeline  # pylint: disable=wrong-import-position
+from avtext.mining import files  # pylint: disable=wrong-import-position
 from avtext.mining import search  # pylint: disable=wrong-import-position
 
 
@@ -99,13 +99,13 @@ def main():
   p.add_argument("--search_only", action="store_true")
   a = p.parse_args()
   world, scratch = pathlib.Path(a.world), pathlib.Path(a.scratch)
-  videos = pipeline.list_videos(world / "videos")
+  videos = files.list_videos(world / "videos")
   tower = embed.resolve(f"run:{a.tower}")
   frames, owner, vecs, dec_fps, emb_fps = decode_embed(videos, tower)
   print(f"decode: {dec_fps:.0f} frames/s at 1 fps ({len(frames)} frames of "
         f"{frames.shape[1]}x{frames.shape[2]}); tower embed: {emb_fps:.0f} frames/s")
-  seeds = pipeline.read_seeds(world / "seeds" / "seeds.tsv")
-  seed_vecs = tower(np.stack([pipeline.load_image(pth, None) for _, pth, _ in seeds]))
+  seeds = files.read_seeds(world / "seeds" / "seeds.tsv")
+  seed_vecs = tower(np.stack([files.load_image(pth, None) for _, pth, _ in seeds]))
   print("\n| frames | index | N | build s | queries/s | recall of exact top 10 (%) |"
         "\n|---|---|---|---|---|---|")
   rows = search_rows(seed_vecs, vecs, owner, "corpus")

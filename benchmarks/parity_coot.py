@@ -13,7 +13,7 @@ Called by benchmarks/parity_official.py (`run`). Steps:
    th.save(model_mgr.get_model_state(), "model_0.pth") ({network: state_dict}).
 3. Imported with `avtext.tools.import_checkpoint.import_checkpoint("coot", ...)` into a
    temporary run directory with the default config (configs/coot_activitynet.py: the
-   official function by default), opened with `avtext.inspect.load_run`; the model is
+   official function by default), opened with `avtext.runs.load_run`; the model is
    rebuilt from the run's config with config.model.dtype=float32 (the paper config
    computes in bfloat16 for its TPU slice; parameters are float32 either way).
 4. One batch of 4 videos with 3, 1, 5 and 2 clips, every clip, video, sentence and
@@ -153,7 +153,7 @@ def _cut(ours, theirs):
 def run(official_dir: pathlib.Path, seed: int = 0):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from avtext import inspect  # pylint: disable=g-import-not-at-top
+  from avtext import runs  # pylint: disable=g-import-not-at-top
   from avtext.losses import coot as coot_losses  # pylint: disable=g-import-not-at-top
   from avtext.models import registry as models_registry  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
@@ -177,7 +177,7 @@ def run(official_dir: pathlib.Path, seed: int = 0):
     tmp = pathlib.Path(tmp)
     torch.save(mgr.get_model_state(), tmp / "model_0.pth")  # trainer_base._save_checkpoint
     run_dir = import_tool.import_checkpoint("coot", str(tmp / "model_0.pth"), str(tmp / "run"))
-    ours = inspect.load_run(run_dir)
+    ours = runs.load_run(run_dir)
   config = ours.config
   with config.unlocked():
     config.model.dtype = "float32"  # the paper config computes in bfloat16 (TPU); parity: float32

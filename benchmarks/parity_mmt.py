@@ -15,7 +15,7 @@ train.py saves it (torch.save of {"model": state_dict, "model_cfg": EasyDict, "o
 argparse.Namespace, "epoch"}) beside a word2idx.json, imported with
 `avtext.tools.import_checkpoint.import_checkpoint("mmt", ...)` into the default paper
 config (computed in float32, the paper config's bfloat16 aside) and loaded with
-`avtext.inspect.load_run`.
+`avtext.runs.load_run`.
 
 The batch: 4 moments padded as the official TVCaptionDataset pads them and
 `step_collate` stacks them: [CLS] [VID] x n [SEP] [PAD].. | [BOS] subtitle [EOS] [PAD]..
@@ -114,7 +114,7 @@ def _examples(tvc_dataset, rng):
 def run(official_dir: pathlib.Path, seed: int = 0):
   import torch  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from avtext import inspect  # pylint: disable=g-import-not-at-top
+  from avtext import runs  # pylint: disable=g-import-not-at-top
   from avtext.data import preprocessing  # pylint: disable=g-import-not-at-top
   from avtext.tools import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
 
@@ -139,11 +139,11 @@ def run(official_dir: pathlib.Path, seed: int = 0):
   torch.save({"model": model.state_dict(), "model_cfg": model.config, "opt": opt, "epoch": 0},
              ckpt)
   preprocessing.WordVocab.build([" ".join(WORDS)], min_count=0).save(tmp / "word2idx.json")
-  config = inspect.config_file(str(pathlib.Path(__file__).resolve().parents[1] /
+  config = runs.config_file(str(pathlib.Path(__file__).resolve().parents[1] /
                                    "configs/mmt_tvc.py"))
   config.model.dtype = "float32"
   run_dir = import_tool.import_checkpoint("mmt", str(ckpt), str(tmp / "run"), config)
-  ours = inspect.load_run(run_dir)
+  ours = runs.load_run(run_dir)
   net, variables = ours.model, {"params": ours.params}
   task = ours.task()
 

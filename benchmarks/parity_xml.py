@@ -15,7 +15,7 @@ r"""XML parity: the official TVR XML (jayleicn/TVRetrieval) against its import i
    model.config (the EasyDict), "epoch": ...}), imported with
    `avtext.tools.import_checkpoint.import_checkpoint("xml", ...)` onto
    configs/xml_tvr.py:tiny (feature widths set to the official model's), opened with
-   `avtext.inspect.load_run`.
+   `avtext.runs.load_run`.
 3. One batch of 4 (query, video) pairs of different lengths (clips 11, 8, 6, 9; tokens
    8, 5, 3, 6), zero-padded to the batch's longest as the official collate does
    (utils.tensor_utils.pad_sequences_1d), fed to both. Compared: the encoded query
@@ -105,7 +105,7 @@ def run(official_dir: pathlib.Path, seed: int):
   from utils.tensor_utils import pad_sequences_1d  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from avtext import inspect  # pylint: disable=g-import-not-at-top
+  from avtext import runs  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
   from avtext.tools import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
 
@@ -115,7 +115,7 @@ def run(official_dir: pathlib.Path, seed: int):
     torch.save({"model": model.state_dict(), "model_cfg": model.config, "epoch": 0}, ckpt)
     run_dir = import_tool.import_checkpoint("xml", str(ckpt), str(pathlib.Path(tmp) / "run"),
                                            _config())
-    loaded = inspect.load_run(run_dir)
+    loaded = runs.load_run(run_dir)
   ours, variables = loaded.model, {"params": loaded.params}
 
   items = _batch(seed)

@@ -25,9 +25,9 @@ FLOORS = (
     ("weights",),    # pretrained and official checkpoints -> model variables
     ("tasks",),      # model + loss + data contract of each system
     ("train",),      # the one trainer, checkpoints, meshes
+    ("runs",),       # opening a run directory: config + model + variables
     ("evals",),      # evaluators over the tasks' declared protocols
-    ("runs",),       # opening a run directory: config + task + variables
-    ("main", "aot"),  # train / eval / compile a config
+    ("experiment", "main", "aot"),  # task + evaluators + trainer; train / eval / compile
     ("features",),   # running a model to write feature files
     ("tools",),      # one-off converters and CLIs (checkpoint import, vocab, TVR eval)
     ("mining",),     # the VideoCC mining pipeline

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from avtext import experiment
 from avtext.data import builders
 from avtext.data import pipelines
 from avtext.data import preprocessing
@@ -15,8 +16,6 @@ from avtext.data.synthetic import captions, clips, world
 from avtext.losses import captioning as caption_losses
 from avtext.metrics import captioning as caption_metrics
 from avtext.tasks import captioning
-from avtext.tasks import registry
-from avtext.train import trainer as trainer_lib
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
 import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -124,7 +123,7 @@ def test_paper_config_says_what_to_prepare(tmp_path):
 def test_tiny_run_trains_evaluates_and_writes_predictions(tmp_path):
   """AVR tiny run -> vocab subset -> captioner warm-started from it, with both baselines."""
   avr_config = videocc_avr.get_config("tiny")
-  trainer_lib.Trainer(avr_config, tmp_path / "avr", registry.build_task(avr_config)).train()
+  experiment.build(avr_config, tmp_path / "avr").train()
 
   config = videocc_caption.get_config("tiny")
   train = builders.get_source(config.dataset, "train")
@@ -134,7 +133,7 @@ def test_tiny_run_trains_evaluates_and_writes_predictions(tmp_path):
   config.init_from.workdir = str(tmp_path / "avr")
   config.evals.test.baselines.nearest_neighbour.run = str(tmp_path / "avr")
   workdir = tmp_path / "cap"
-  state = trainer_lib.Trainer(config, workdir, registry.build_task(config)).train()
+  state = experiment.build(config, workdir).train()
   assert int(state.step) == config.train.num_steps
   latest = json.loads((workdir / "results.json").read_text())["latest"]
   assert latest["test/num_videos"] == config.dataset.num_eval

@@ -6,12 +6,11 @@ import numpy as np
 import optax
 import pytest
 
+from avtext import experiment
 from avtext.data import synthetic
 from avtext.losses import classification as losses
 from avtext.metrics import classification as classification_metrics
 from avtext.tasks import classification
-from avtext.tasks import registry
-from avtext.train import trainer as trainer_lib
 from configs import synthetic_video_pretrain  # pylint: disable=g-bad-import-order
 from tests import test_trainer  # noqa: F401  (puts the repo root on sys.path)
 
@@ -86,7 +85,7 @@ def test_classification_metrics_by_hand():
 
 def test_pretrain_task_trains_and_evaluates(tmp_path):
   config = synthetic_video_pretrain.get_config("tiny")
-  state = trainer_lib.Trainer(config, tmp_path, registry.build_task(config)).train()
+  state = experiment.build(config, tmp_path).train()
   assert int(state.step) == config.train.num_steps
   latest = json.loads((tmp_path / "results.json").read_text())["latest"]
   for key in ("mAP", "shape_accuracy", "motion_mAP", "sound_accuracy", "count_accuracy"):

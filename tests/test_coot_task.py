@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from avtext import experiment
 from avtext.evals import hierarchical
 
 
@@ -136,11 +137,10 @@ def test_tiny_run_trains_evaluates_and_exports(tmp_path, config_file):
   import h5py
   import jax
   from avtext.tasks import registry
-  from avtext.train import trainer as trainer_lib
   write_tiny_dataset(tmp_path / "data")
   config = tiny_config(tmp_path / "data", config_file)
   task = registry.build_task(config)
-  trainer = trainer_lib.Trainer(config, tmp_path / "run", task)
+  trainer = experiment.build(config, tmp_path / "run", task=task)
   trainer.train()
   import json
   results = json.loads((tmp_path / "run" / "results.json").read_text())

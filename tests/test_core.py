@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from avtext import inspect
+from avtext import runs
 from avtext.data import builders
 from avtext.data import pipelines
 from avtext.models import registry as models_registry
@@ -75,8 +75,8 @@ def test_best_checkpoint_is_the_selected_metrics_best(selected_run):
   saved = sorted(int(p.name) for p in (workdir / "best_checkpoints").iterdir()
                  if p.name.isdigit())
   assert saved == [best_step]
-  best = inspect.load_run(workdir, step="best")
-  at_step = inspect.load_run(workdir, step=best_step)
+  best = runs.load_run(workdir, step="best")
+  at_step = runs.load_run(workdir, step=best_step)
   assert best.step == best_step
   for a, b in zip(jax.tree.leaves(best.params), jax.tree.leaves(at_step.params)):
     np.testing.assert_array_equal(a, b)
@@ -106,7 +106,7 @@ def test_eval_and_inspect_never_open_the_train_split(selected_run, monkeypatch):
   saved = json.loads((workdir / "config.json").read_text())
   saved["dataset"] = {"name": "videocc3m"}  # no files here: opening it raises
   (workdir / "config.json").write_text(json.dumps(saved))
-  run = inspect.load_run(workdir)
+  run = runs.load_run(workdir)
   assert run.step == 6 and isinstance(run.model, nn.Module)
   assert set(run.params) == {"video", "text", "video_projection", "text_projection"}
 
@@ -156,7 +156,7 @@ def test_eval_and_inspect_need_no_write_access_to_the_run(selected_run, tmp_path
   best = stored["best"]["step"]
   script = (f"{sys.executable} -m avtext.main --config=configs/videocc_avr.py:tiny "
             f"--workdir={run} --mode=eval --step=best && {sys.executable} -c "
-            f"'from avtext import inspect; r = inspect.load_run(\"{run}\", step=\"best\"); "
+            f"'from avtext import runs; r = runs.load_run(\"{run}\", step=\"best\"); "
             "print(\"loaded step\", r.step, r.results[\"best\"][\"step\"])'")
   done = subprocess.run(_unwritable(run, ["sh", "-c", script]), cwd=REPO, capture_output=True,
                         text=True, timeout=600)
@@ -278,7 +278,7 @@ def test_batch_stats_are_updated_checkpointed_and_restored(tmp_path):
   np.testing.assert_allclose(stats["var"], var, rtol=1e-5)
   assert len(stats["mean"].sharding.device_set) == 8  # on the mesh, like the params
 
-  first = inspect.load_run(tmp_path, step=1).model_state["batch_stats"]["bn"]["mean"]
+  first = runs.load_run(tmp_path, step=1).model_state["batch_stats"]["bn"]["mean"]
   np.testing.assert_allclose(first, 0.1 * batches[0]["x"].mean(axis=0), rtol=1e-5)
   # Resuming restores them: one more step continues from the checkpointed statistics.
   config.train.num_steps = 3

@@ -16,10 +16,11 @@ def synthetic(**fields):
 
 
 @pytest.fixture
-def scratch_registry(monkeypatch):
+def scratch_registry():
   """Registrations made in a test vanish after it."""
-  monkeypatch.setattr(builders, "_FACTORIES", dict(builders._FACTORIES))
-  monkeypatch.setattr(builders, "_PREFIX_FACTORIES", dict(builders._PREFIX_FACTORIES))
+  saved = builders.DATASETS.snapshot()
+  yield
+  builders.DATASETS.restore(saved)
 
 
 def test_synthetic_lookup_sizes_and_split_alias():

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from avtext import inspect
+from avtext import runs
 from avtext.train import partitioning
 from test_precision import relative_difference
 from test_trainer import _losses, make_trainer, tiny_config
@@ -40,7 +40,7 @@ def test_fsdp_on_eight_devices_trains_like_one_device(tmp_path):
 def test_fsdp_checkpoint_opens_replicated_and_resumes_replicated(tmp_path):
   config = _fsdp(num_devices=8, **{"train.num_steps": 5})
   state = make_trainer(config, tmp_path / "run").train()
-  run = inspect.load_run(tmp_path / "run")  # one device, no mesh
+  run = runs.load_run(tmp_path / "run")  # one device, no mesh
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(run.variables["params"])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # ...and the other way: a data-parallel run resumes the FSDP run's checkpoint.

@@ -11,6 +11,8 @@ from avtext.data.synthetic import captions
 from avtext.data.synthetic import mining
 from avtext.data.synthetic import world
 from avtext.mining import embed
+from avtext.mining import files
+from avtext.mining import outputs
 from avtext.mining import pipeline
 from avtext.mining import search
 from avtext.mining import synthetic
@@ -110,12 +112,12 @@ def test_no_audio_and_short_files_read(corpus):
 
 # ------------------------------------------------------------------ clips and search
 def test_clip_bounds_clamp_at_video_ends():
-  assert pipeline.clip_bounds(30.0, 60.0, 10.0) == (25.0, 35.0)
-  assert pipeline.clip_bounds(2.0, 60.0, 10.0) == (0.0, 10.0)  # shifted right
-  assert pipeline.clip_bounds(58.5, 60.0, 10.0) == (50.0, 60.0)  # shifted left
-  assert pipeline.clip_bounds(5.0, 10.0, 10.0) == (0.0, 10.0)  # exactly t long
+  assert outputs.clip_bounds(30.0, 60.0, 10.0) == (25.0, 35.0)
+  assert outputs.clip_bounds(2.0, 60.0, 10.0) == (0.0, 10.0)  # shifted right
+  assert outputs.clip_bounds(58.5, 60.0, 10.0) == (50.0, 60.0)  # shifted left
+  assert outputs.clip_bounds(5.0, 10.0, 10.0) == (0.0, 10.0)  # exactly t long
   with pytest.raises(ValueError, match='shorter than the clip'):
-    pipeline.clip_bounds(3.0, 8.0, 10.0)
+    outputs.clip_bounds(3.0, 8.0, 10.0)
 
 
 def _brute(seeds, frames, frame_video, tau, top_k):
@@ -179,11 +181,11 @@ def mined(corpus, tmp_path_factory):
 
 def test_direct_runner_2_workers_gives_the_brute_force_clips(corpus, mined):
   out, cfg, _ = mined
-  seeds = pipeline.read_seeds(corpus / 'seeds' / 'seeds.tsv')
+  seeds = files.read_seeds(corpus / 'seeds' / 'seeds.tsv')
   f = embed.colour_histogram
-  seed_vecs = f(np.stack([pipeline.load_image(p, None) for _, p, _ in seeds]))
+  seed_vecs = f(np.stack([files.load_image(p, None) for _, p, _ in seeds]))
   vecs, owner, times, videos = [], [], [], []
-  for vid, path in pipeline.list_videos(corpus / 'videos'):
+  for vid, path in files.list_videos(corpus / 'videos'):
     try:
       info = video_io.probe(path)
       if info.duration_s < cfg.clip_seconds:
@@ -284,8 +286,7 @@ def test_mined_dataset_reads_the_clips_by_decoding_or_rendering(mined):
 def test_avr_trains_on_the_mined_dataset_and_tests_on_the_world(mined, tmp_path):
   """configs/videocc_avr.py:tiny,mined reads the mining output directly (the one trainer)."""
   import importlib.util  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
-  from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from avtext import experiment  # pylint: disable=g-import-not-at-top
   out, _, _ = mined
   spec = importlib.util.spec_from_file_location(
       'videocc_avr', pathlib.Path(__file__).parent.parent / 'configs' / 'videocc_avr.py')
@@ -294,7 +295,7 @@ def test_avr_trains_on_the_mined_dataset_and_tests_on_the_world(mined, tmp_path)
   config = module.get_config('tiny,mined')
   config.dataset.path = str(out)
   config.train.num_steps = 4
-  trainer = trainer_lib.Trainer(config, tmp_path / 'run', registry.build_task(config))
+  trainer = experiment.build(config, tmp_path / 'run')
   trainer.train()
   results = json.loads((tmp_path / 'run' / 'results.json').read_text())['latest']
   # Trained on the mined pairs; tested on the synthetic test split (16 clips, tiny).

@@ -10,6 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from avtext import experiment
 from avtext.data import builders
 from avtext.data import coot_layout
 from avtext.data import preprocessing
@@ -23,7 +24,6 @@ from avtext.tasks import mmt as mmt_task
 from avtext.tasks import registry
 from avtext.tools import tvr_synthetic
 from avtext.train import optimizers
-from avtext.train import trainer as trainer_lib
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
 import mmt_tvc  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -355,7 +355,7 @@ def test_tiny_mmt_run_writes_a_tvc_submission_scored_like_the_official_eval(tvc_
   preprocessing.WordVocab.build([d for i in range(len(src)) for d in src.describe(i)["descs"]],
                                 min_count=0).save(config.model.vocab)
   workdir = tmp_path / "run"
-  trainer_lib.Trainer(config, str(workdir), registry.build_task(config)).train()
+  experiment.build(config, str(workdir)).train()
   results = json.loads((workdir / "results.json").read_text())
   sub = [json.loads(l) for l in
          (workdir / "captions" / "test_step6.jsonl").read_text().splitlines()]
@@ -375,7 +375,7 @@ def test_tiny_mmt_run_writes_a_tvc_submission_scored_like_the_official_eval(tvc_
   (blind / "tvc_test_public_release.jsonl").write_text("".join(
       json.dumps({k: v for k, v in r.items() if k != "descs"}) + "\n" for r in refs))
   config.evals.test.dataset = ml_collections.ConfigDict(dict(path=str(blind)))
-  out = trainer_lib.Trainer(config, str(workdir), registry.build_task(config)).evaluate()
+  out = experiment.build(config, str(workdir)).evaluate()
   assert out["test/num_videos"] == len(refs) and "test/CIDEr-D" not in out
   again = (workdir / "captions" / "test_step6.jsonl").read_text().splitlines()
   assert [json.loads(l) for l in again] == sub  # the same captions, now a submission only

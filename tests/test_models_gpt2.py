@@ -9,7 +9,7 @@ from safetensors.numpy import save_file
 
 from avtext.data import preprocessing
 from avtext.models import gpt2 as gpt2_lib
-from avtext.models import layers
+from avtext.models import attention
 from avtext.weights import gpt2 as gpt2_weights
 
 transformers = pytest.importorskip("transformers")
@@ -53,7 +53,7 @@ def test_logits_equal_hf_with_cache(hf_tiny):
   model, params = _ours(path)
   ids = np.random.default_rng(2).integers(0, TINY["vocab_size"], (2, 9))
   max_len = 12
-  mask = layers.make_causal_mask(max_len)
+  mask = attention.make_causal_mask(max_len)
   cache = model.apply({"params": params}, jnp.zeros((2, max_len), jnp.int32), mask=mask,
                       decode=True, mutable=["cache"])[1]["cache"]
   past = hf.init_cache(2, max_len)

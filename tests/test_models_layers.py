@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from avtext.models import attention as attention_lib
 from avtext.models import layers
 
 VOCAB, WIDTH, HEADS, DEPTH, MAX_LEN, BATCH = 11, 16, 2, 2, 8, 2
@@ -44,12 +45,12 @@ def _normal(shape, seed):
 
 
 def test_padding_mask_masks_keys_only():
-  got = layers.make_padding_mask(jnp.array([[1, 1, 0], [1, 0, 0]]), 3)
+  got = attention_lib.make_padding_mask(jnp.array([[1, 1, 0], [1, 0, 0]]), 3)
   want = np.array([[1, 1, 0], [1, 0, 0]], bool)[:, None, None, :]
   assert got.dtype == jnp.bool_
   np.testing.assert_array_equal(got, want)
   with pytest.raises(ValueError, match=r"\[batch, 4\]"):
-    layers.make_padding_mask(jnp.ones((2, 3)), 4)
+    attention_lib.make_padding_mask(jnp.ones((2, 3)), 4)
 
 
 def test_causal_mask():
@@ -57,11 +58,11 @@ def test_causal_mask():
                    [1, 1, 0, 0],
                    [1, 1, 1, 0],
                    [1, 1, 1, 1]], bool)
-  np.testing.assert_array_equal(layers.make_causal_mask(4), want[None, None])
+  np.testing.assert_array_equal(attention_lib.make_causal_mask(4), want[None, None])
 
 
 def test_prefix_lm_mask():
-  got = layers.make_prefix_lm_mask(jnp.array([2, 3, 0]), 4)
+  got = attention_lib.make_prefix_lm_mask(jnp.array([2, 3, 0]), 4)
   want = np.array([
       [[1, 1, 0, 0],
        [1, 1, 0, 0],
@@ -81,8 +82,8 @@ def test_prefix_lm_mask():
 
 
 def test_combine_masks():
-  padding = layers.make_padding_mask(jnp.array([[1, 1, 1], [0, 1, 1]]))
-  got = layers.combine_masks(None, padding, layers.make_causal_mask(3))
+  padding = attention_lib.make_padding_mask(jnp.array([[1, 1, 1], [0, 1, 1]]))
+  got = attention_lib.combine_masks(None, padding, attention_lib.make_causal_mask(3))
   want = np.array([
       [[1, 0, 0],
        [1, 1, 0],
@@ -92,7 +93,7 @@ def test_combine_masks():
        [0, 1, 1]],
   ], bool)
   np.testing.assert_array_equal(got, want[:, None])
-  assert layers.combine_masks(None, None) is None
+  assert attention_lib.combine_masks(None, None) is None
 
 
 # ---------------------------------------------------------------------------
@@ -117,7 +118,7 @@ def _ref_attention(q_in, kv_in, p, mask=None):
 
 
 def test_attention_equals_numpy_softmax_attention():
-  attention = layers.Attention(num_heads=HEADS)
+  attention = attention_lib.Attention(num_heads=HEADS)
   x, context = _normal((2, 5, WIDTH), 1), _normal((2, 3, 6), 2)
   p_self = _random_params(attention, x, deterministic=True)
   p_cross = _random_params(attention, x, context, deterministic=True)
@@ -134,7 +135,7 @@ def test_attention_equals_numpy_softmax_attention():
 def test_attention_matches_flax_multi_head_attention_with_dropout():
   # Same parameter tree, same outputs, and the same dropout masks for the same
   # rng: flax checkpoints and training runs carry over.
-  ours = layers.Attention(num_heads=HEADS, dropout_rate=0.3)
+  ours = attention_lib.Attention(num_heads=HEADS, dropout_rate=0.3)
   flax_mha = nn.MultiHeadDotProductAttention(
       num_heads=HEADS, dropout_rate=0.3, broadcast_dropout=False)
   x = _normal((2, 5, WIDTH), 3)
@@ -143,7 +144,7 @@ def test_attention_matches_flax_multi_head_attention_with_dropout():
       jax.random.PRNGKey(0), x, deterministic=True))["params"]
   assert (jax.tree_util.tree_map(jnp.shape, flax_shapes) ==
           jax.tree_util.tree_map(jnp.shape, params))
-  mask = layers.make_causal_mask(5)
+  mask = attention_lib.make_causal_mask(5)
   rngs = {"dropout": jax.random.PRNGKey(7)}
   a = ours.apply({"params": params}, x, mask=mask, deterministic=False,
                  rngs=rngs)
@@ -154,13 +155,13 @@ def test_attention_matches_flax_multi_head_attention_with_dropout():
 
 
 def test_cross_attention_gives_padded_context_zero_weight():
-  attention = layers.Attention(num_heads=HEADS)
+  attention = attention_lib.Attention(num_heads=HEADS)
   x, context = _normal((2, 4, WIDTH), 4), _normal((2, 5, 6), 5)
   context_mask = jnp.array([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
   params = _random_params(attention, x, context, deterministic=True)
   _, state = attention.apply(
       {"params": params}, x, context,
-      mask=layers.make_padding_mask(context_mask), deterministic=True,
+      mask=attention_lib.make_padding_mask(context_mask), deterministic=True,
       sow_weights=True, mutable=["intermediates"])
   (weights,) = state["intermediates"]["attention_weights"]  # [B, H, Lq, Lc]
   padded = np.broadcast_to((context_mask == 0)[:, None, None, :],
@@ -196,7 +197,7 @@ def test_block_causal_attribute_is_the_causal_mask():
   np.testing.assert_array_equal(
       causal.apply({"params": params}, x, padding, deterministic=True),
       plain.apply({"params": params}, x, padding,
-                  mask=layers.make_causal_mask(5), deterministic=True))
+                  mask=attention_lib.make_causal_mask(5), deterministic=True))
 
 
 def test_block_context_errors():
@@ -301,12 +302,12 @@ def _case(name):
   if name == "causal_padded":
     # The explicit mask, shaped like the prefix-LM one: the two cases share
     # their compiled functions.
-    mask = jnp.broadcast_to(layers.make_causal_mask(MAX_LEN),
+    mask = jnp.broadcast_to(attention_lib.make_causal_mask(MAX_LEN),
                             (BATCH, 1, MAX_LEN, MAX_LEN))
     return (_Decoder(causal=False),
             {"padding_mask": jnp.asarray(padding), "mask": mask}, padding)
   if name == "prefix_lm_padded":
-    mask = layers.make_prefix_lm_mask(jnp.array([3, 5]), MAX_LEN)
+    mask = attention_lib.make_prefix_lm_mask(jnp.array([3, 5]), MAX_LEN)
     return (_Decoder(causal=False),
             {"padding_mask": jnp.asarray(padding), "mask": mask}, padding)
   if name == "cross_attention":
@@ -385,7 +386,7 @@ def test_decode_rejects_masks_not_covering_the_cache():
   with pytest.raises(ValueError, match="whole sequence"):
     jax.eval_shape(lambda: model.apply(
         variables, tokens[:, :3], tokens[:, :3],
-        mask=layers.make_causal_mask(3)[..., :1], decode=True,
+        mask=attention_lib.make_causal_mask(3)[..., :1], decode=True,
         mutable=["cache"]))
 
 
@@ -426,8 +427,8 @@ def test_hash_dropout_rate_scale_and_broadcast():
 
     @nn.compact
     def __call__(self, x, deterministic):
-      return layers.dropout(x, 0.25, deterministic=deterministic, masks="hash",
-                            broadcast_dims=self.broadcast_dims)
+      return attention_lib.dropout(x, 0.25, deterministic=deterministic, masks="hash",
+                                   broadcast_dims=self.broadcast_dims)
 
   x = jnp.ones((4, 500, 100))
   rngs = {"dropout": jax.random.PRNGKey(1)}
@@ -438,15 +439,15 @@ def test_hash_dropout_rate_scale_and_broadcast():
   z = np.asarray(Drop(broadcast_dims=(1, 2)).apply({}, x, False, rngs=rngs))
   assert all(len(np.unique(z[i])) == 1 for i in range(4))  # one decision per example
   with pytest.raises(ValueError, match="dropout masks"):
-    layers.dropout(x, 0.1, deterministic=False, masks="philox")
+    attention_lib.dropout(x, 0.1, deterministic=False, masks="philox")
 
 
 def test_hash_attention_dropout_is_unbiased_and_eval_unchanged():
   x = _normal((2, 5, WIDTH), 3)
-  jax_attention = layers.Attention(num_heads=HEADS, dropout_rate=0.3)
-  hash_attention = layers.Attention(num_heads=HEADS, dropout_rate=0.3, dropout_masks="hash")
+  jax_attention = attention_lib.Attention(num_heads=HEADS, dropout_rate=0.3)
+  hash_attention = attention_lib.Attention(num_heads=HEADS, dropout_rate=0.3, dropout_masks="hash")
   params = _random_params(jax_attention, x, deterministic=True)
-  mask = layers.make_causal_mask(5)
+  mask = attention_lib.make_causal_mask(5)
   det = hash_attention.apply({"params": params}, x, mask=mask, deterministic=True)
   np.testing.assert_array_equal(
       det, jax_attention.apply({"params": params}, x, mask=mask, deterministic=True))

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from avtext import inspect
+from avtext import runs
 from avtext.data import builders
 from avtext.data import pipelines
 from avtext.data import preprocessing
@@ -167,7 +167,7 @@ def _max_param_diff(a: pathlib.Path, b: pathlib.Path, step: int) -> float:
   0 and what the backward pass computes is rounding noise, which Adam scales
   up to steps of ~learning_rate: those leaves differ between any two meshes.
   """
-  pa, pb = inspect.load_run(a, step=step).params, inspect.load_run(b, step=step).params
+  pa, pb = runs.load_run(a, step=step).params, runs.load_run(b, step=step).params
   assert jax.tree.structure(pa) == jax.tree.structure(pb)
   diffs = [float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
            for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(pa), jax.tree.leaves(pb))

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from avtext import inspect
+from avtext import runs
 from avtext.models import coot
 from avtext.tools import import_checkpoint as import_tool
 from avtext.weights import official
@@ -82,7 +82,7 @@ def padded_batch(rng, video_dim, text_dim, max_clips):
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-  config = inspect.config_file(CONFIG)
+  config = runs.config_file(CONFIG)
   m = config.model
   model = coot.coot_from_config(m)
   rng = np.random.default_rng(0)
@@ -100,7 +100,7 @@ def imported(tmp_path_factory):
 
 def test_import_round_trip_equals_direct_forward(imported):
   model, params, _, batch, run_dir, _ = imported
-  run = inspect.load_run(run_dir)
+  run = runs.load_run(run_dir)
   assert not run.config.model.masked_pool  # the official global mean
   jax.tree.map(np.testing.assert_array_equal, run.params, params)
   assert run.model == model  # the same module from the run's config.json
@@ -122,7 +122,7 @@ def test_missing_extra_and_misfit_tensors_are_named(imported):
   official.save_npz(tmp / "bad.npz", bad)
   with pytest.raises(official.ImportCheckpointError) as err:
     import_tool.import_checkpoint("coot", str(tmp / "bad.npz"), str(tmp / "bad_run"),
-                           config=inspect.config_file(CONFIG))
+                           config=runs.config_file(CONFIG))
   assert "tf_context.encoder_layers.0.self_attention_layer.sublayer.key_projection.bias" in str(
       err.value) and "net_video_local.surplus" in str(err.value)
   # an input width the config's features do not have stops naming the field
@@ -131,7 +131,7 @@ def test_missing_extra_and_misfit_tensors_are_named(imported):
   official.save_npz(tmp / "wide.npz", wide)
   with pytest.raises(ValueError, match="config.dataset.video_dim=16"):
     import_tool.import_checkpoint("coot", str(tmp / "wide.npz"), str(tmp / "wide_run"),
-                           config=inspect.config_file(CONFIG))
+                           config=runs.config_file(CONFIG))
 
 
 def test_a_checkpoint_of_one_state_dict_per_network_is_flattened(tmp_path):

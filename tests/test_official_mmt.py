@@ -1,6 +1,6 @@
 """Official TVCaption MMT checkpoint import (avtext/weights/official_mmt.py), no torch:
 a tiny avtext MMT's weights written out in the official names and layouts (.npz), imported
-with `import_checkpoint`, loaded with `inspect.load_run`, must give back the same weights
+with `import_checkpoint`, loaded with `runs.load_run`, must give back the same weights
 and the same forward; a missing or extra tensor stops the import naming it."""
 import pathlib
 import sys
@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from avtext import inspect
+from avtext import runs
 from avtext.data import preprocessing
 from avtext.models import mmt
 from avtext.models import registry as models_registry
@@ -128,7 +128,7 @@ def test_npz_round_trip_imports_evaluates_and_equals_the_direct_forward(tiny, tm
   paper = mmt_tvc.get_config()  # 768 wide, 12 heads: all replaced by the checkpoint's
   paper.model.dtype = "float32"  # (the paper config computes in bfloat16)
   run_dir = import_tool.import_checkpoint("mmt", str(ckpt), str(tmp_path / "run"), paper)
-  run = inspect.load_run(run_dir)
+  run = runs.load_run(run_dir)
   # The paper config took the checkpoint's sizes, heads, smoothing and lengths, and the
   # vocabulary beside the checkpoint (named as opt.word2idx_path names it).
   m = run.config.model

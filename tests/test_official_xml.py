@@ -2,7 +2,7 @@
 and layouts (a tiny avtext XML's random parameters, written out by
 `official_xml.to_official`, then perturbed so that a crossed mapping would show) saved as
 .npz with the official model_cfg, imported with `import_checkpoint`, opened with
-`inspect.load_run`, and compared with a direct forward of the same weights."""
+`runs.load_run`, and compared with a direct forward of the same weights."""
 import pathlib
 import sys
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from avtext import inspect
+from avtext import runs
 from avtext.tools import import_checkpoint as import_tool
 from avtext.weights import official
 from avtext.weights import official_xml
@@ -77,7 +77,7 @@ def test_npz_checkpoint_imports_and_evaluates_as_the_direct_forward(tmp_path):
   ckpt = tmp_path / "model.npz"
   official.save_npz(ckpt, tensors, {"model_cfg": MODEL_CFG, "epoch": 3})
   run_dir = import_tool.import_checkpoint("xml", str(ckpt), str(tmp_path / "run"), _config())
-  run = inspect.load_run(run_dir)
+  run = runs.load_run(run_dir)
   m = run.config.model
   assert (m.hidden_size, m.num_heads, m.max_ctx_len, m.max_query_len, m.conv_kernel_size,
           m.context, m.use_tef) == (8, 2, 6, 5, 3, "video_sub", False)

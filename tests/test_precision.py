@@ -12,6 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from avtext.models import attention
 from avtext.models import layers
 from avtext.models import registry as models_registry
 
@@ -29,26 +30,26 @@ def _numpy_attention(q, k, v, mask):
 
 @pytest.mark.parametrize("mask_kind", ["none", "padding", "causal", "prefix"])
 def test_blocked_attention_equals_materialized(monkeypatch, mask_kind):
-  monkeypatch.setattr(layers, "ATTENTION_BLOCK", 4)  # 11 queries -> 3 blocks, one padded
+  monkeypatch.setattr(attention, "ATTENTION_BLOCK", 4)  # 11 queries -> 3 blocks, one padded
   rng = np.random.default_rng(0)
   b, length, h, d = 2, 11, 3, 8
   q, k, v = (jnp.asarray(rng.normal(size=(b, length, h, d)), jnp.float32) for _ in range(3))
   mask = {
       "none": None,
-      "padding": layers.make_padding_mask(jnp.asarray([[1] * 11, [1] * 7 + [0] * 4])),
-      "causal": layers.make_causal_mask(length),
-      "prefix": layers.make_prefix_lm_mask(jnp.asarray([3, 6]), length),
+      "padding": attention.make_padding_mask(jnp.asarray([[1] * 11, [1] * 7 + [0] * 4])),
+      "causal": attention.make_causal_mask(length),
+      "prefix": attention.make_prefix_lm_mask(jnp.asarray([3, 6]), length),
   }[mask_kind]
   want = _numpy_attention(q, k, v, mask)
   # Per-query masks are beyond the TPU kernel: they take the blocked path (which runs
   # here, on a CPU, where the kernel cannot).
   fused = ("flash_tpu",) if mask_kind in ("causal", "prefix") else ()
   for impl in ("xla", "blocked") + fused:
-    got = layers.attention_core(q, k, v, mask, implementation=impl)
+    got = attention.attention_core(q, k, v, mask, implementation=impl)
     np.testing.assert_allclose(np.asarray(got), want, atol=2e-6, err_msg=impl)
 
   def loss(impl, q, k, v):
-    return jnp.sum(jnp.sin(layers.attention_core(q, k, v, mask, implementation=impl)))
+    return jnp.sum(jnp.sin(attention.attention_core(q, k, v, mask, implementation=impl)))
   grads = {impl: jax.grad(lambda *a, i=impl: loss(i, *a), argnums=(0, 1, 2))(q, k, v)
            for impl in ("xla", "blocked")}
   for a, b_ in zip(grads["xla"], grads["blocked"]):

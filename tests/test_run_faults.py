@@ -10,16 +10,15 @@ import jax
 import numpy as np
 import pytest
 
-from avtext import inspect
-from avtext.tasks import registry
+from avtext import experiment
+from avtext import runs
 from avtext.train import checkpointing
 from avtext.train import trainer as trainer_lib
 from tests.test_trainer import tiny_config
 
 
 def _trainer(config, workdir, evaluators=None):
-  return trainer_lib.Trainer(config, workdir, registry.build_task(config),
-                             evaluators=evaluators or {})
+  return experiment.build(config, workdir, evaluators=evaluators or {})
 
 
 def _steps(directory):
@@ -124,7 +123,7 @@ def test_best_record_is_on_disk_at_an_eval_only_step(tmp_path, monkeypatch):
   assert results["best"] == {"metric": "score/score", "step": 3, "value": 3.0}
   assert _steps(killed / "best_checkpoints") == [3]
   assert _steps(killed / "checkpoints") == [2]
-  assert inspect.load_run(killed, step="best").step == 3
+  assert runs.load_run(killed, step="best").step == 3
 
   # A kill between the best save and its record leaves the record on a pruned step;
   # the resumed run takes the best on disk.

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from avtext import inspect
-from avtext.tasks import registry
+from avtext import experiment
+from avtext import runs
 from avtext.train import checkpointing
 from avtext.train import partitioning
 from avtext.train import trainer as trainer_lib
@@ -25,7 +25,7 @@ from configs import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-imp
 
 
 def make_trainer(config, workdir):
-  return trainer_lib.Trainer(config, workdir, registry.build_task(config))
+  return experiment.build(config, workdir)
 
 
 def tiny_config(**overrides):
@@ -43,7 +43,7 @@ def _losses(config, workdir, steps):
   """Per-step losses of the trainer's own jitted step on its own data."""
   run = make_trainer(config, workdir)
   state, (tx, schedule), data_iter = run.restore_or_init()
-  step_fn = run._make_train_step(tx, schedule, run._state_sharding(state))  # pylint: disable=protected-access
+  step_fn = run.make_train_step(tx, schedule, run._state_sharding(state))  # pylint: disable=protected-access
   out = []
   for _ in range(steps):
     batch = partitioning.host_to_global(next(data_iter), run.mesh)
@@ -92,14 +92,14 @@ def test_train_writes_checkpoints_results_and_restores(tmp_path):
   assert {k: v for k, v in relatest.items() if k != timing} == {
       k: v for k, v in latest.items() if k != timing}
 
-  run = inspect.load_run(tmp_path)
+  run = runs.load_run(tmp_path)
   assert run.step == 10
   for a, b in zip(jax.tree.leaves(run.params), jax.tree.leaves(state.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  earlier = inspect.load_run(tmp_path, step=5)
+  earlier = runs.load_run(tmp_path, step=5)
   assert earlier.step == 5
   with pytest.raises(FileNotFoundError, match="step 7"):
-    inspect.load_run(tmp_path, step=7)
+    runs.load_run(tmp_path, step=7)
 
 
 def test_loss_decreases_on_repeated_batches(tmp_path):
@@ -208,8 +208,8 @@ def test_sigkill_then_rerun_is_bit_identical(tmp_path):
   assert "resumed from" in out
   assert max(_saved_steps(victim_dir)) == final  # early stopping at the same step
 
-  a = inspect.load_run(tmp_path / "ref", step=final)
-  b = inspect.load_run(victim_dir, step=final)
+  a = runs.load_run(tmp_path / "ref", step=final)
+  b = runs.load_run(victim_dir, step=final)
   leaves_a, leaves_b = jax.tree.leaves(a.params), jax.tree.leaves(b.params)
   assert len(leaves_a) == len(leaves_b) > 10
   for x, y in zip(leaves_a, leaves_b):
@@ -217,6 +217,6 @@ def test_sigkill_then_rerun_is_bit_identical(tmp_path):
   got_state, _ = checkpointing.restore_raw(victim_dir, final)
   for key, value in ref_state["control"].items():
     np.testing.assert_array_equal(got_state["control"][key], value, err_msg=key)
-  best_a = inspect.load_run(tmp_path / "ref", step="best")
-  best_b = inspect.load_run(victim_dir, step="best")
+  best_a = runs.load_run(tmp_path / "ref", step="best")
+  best_b = runs.load_run(victim_dir, step="best")
   assert best_a.step == best_b.step

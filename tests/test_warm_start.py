@@ -6,9 +6,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from avtext.tasks import registry
+from avtext import experiment
 from avtext.train import checkpointing
-from avtext.train import trainer as trainer_lib
 from avtext.train import warm_start
 from tests.test_trainer import tiny_config
 from configs import synthetic_video_pretrain  # pylint: disable=g-bad-import-order
@@ -73,7 +72,7 @@ def test_pretrained_rgb_tower_reaches_avr_and_resume_does_not_reread(tmp_path):
   source_dir, run_dir = tmp_path / "pretrain", tmp_path / "avr"
   pretrain = synthetic_video_pretrain.get_config("tiny")
   pretrain.train.num_steps = 2
-  trainer_lib.Trainer(pretrain, source_dir, registry.build_task(pretrain)).train()
+  experiment.build(pretrain, source_dir).train()
   ckpt = checkpointing.Checkpointer(source_dir / "checkpoints", async_save=False)
   source_params = ckpt.restore_raw()[0]["params"]
   ckpt.close()
@@ -82,7 +81,7 @@ def test_pretrained_rgb_tower_reaches_avr_and_resume_does_not_reread(tmp_path):
   config = tiny_config(**{"train.num_steps": 2, "train.checkpoint_every_steps": 2})
   config.init_from.workdir = str(source_dir)
   assert config.init_from.params == (("video/rgb/", "video/rgb/"),)  # the demo's mapping
-  run = trainer_lib.Trainer(config, run_dir, registry.build_task(config))
+  run = experiment.build(config, run_dir)
   state = run.restore_or_init()[0]
   first_batch = run.task.train_data(batch_size=config.train.batch_size, seed=config.seed,
                                     process_index=0, process_count=1)[0]
@@ -101,7 +100,7 @@ def test_pretrained_rgb_tower_reaches_avr_and_resume_does_not_reread(tmp_path):
   run.train()
   shutil.rmtree(source_dir)
   config.train.num_steps = 3
-  resumed = trainer_lib.Trainer(config, run_dir, registry.build_task(config)).restore_or_init()[0]
+  resumed = experiment.build(config, run_dir).restore_or_init()[0]
   assert int(resumed.step) == 2
 
 

@@ -15,6 +15,7 @@ from ml_collections import config_flags
 import numpy as np
 import pytest
 
+from avtext import experiment
 from avtext.data import builders
 from avtext.data import coot_layout
 from avtext.data.builders import tvr
@@ -27,7 +28,6 @@ from avtext.tasks import xml as moments_task
 from avtext.tasks import registry
 from avtext.tools import tvr_synthetic
 from avtext.tools import tvr_text_features
-from avtext.train import trainer as trainer_lib
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 sys.path.insert(0, str(CONFIGS))
@@ -467,7 +467,7 @@ def test_tiny_xml_run_writes_a_submission_scored_like_the_official_eval(tvr_dir,
   config.model.max_ctx_len = 40
   config.evals.val.every_steps = 3
   workdir = tmp_path / "run"
-  trainer_lib.Trainer(config, str(workdir), registry.build_task(config)).train()
+  experiment.build(config, str(workdir)).train()
   results = json.loads((workdir / "results.json").read_text())
   sub_path = workdir / "moments" / "test_step6.json"
   sub = json.loads(sub_path.read_text())
@@ -495,7 +495,7 @@ def test_early_stopped_xml_run_writes_the_test_submission(tvr_dir, tmp_path):
   config.eval.select = ("val/num_queries", "max")
   config.eval.early_stopping_patience = 1
   workdir = tmp_path / "run"
-  state = trainer_lib.Trainer(config, str(workdir), registry.build_task(config)).train()
+  state = experiment.build(config, str(workdir)).train()
   assert bool(state.control.stopped) and int(state.step) == 3
   results = json.loads((workdir / "results.json").read_text())
   # Every evaluator ran at the last step, as in a re-run of the finished run.
@@ -506,11 +506,11 @@ def test_early_stopped_xml_run_writes_the_test_submission(tvr_dir, tmp_path):
 
   # The trained weights written as an official TVR checkpoint (state dict + model_cfg,
   # .npz), imported, and evaluated with --mode=eval: the same numbers as the run itself.
-  from avtext import inspect  # pylint: disable=g-import-not-at-top
+  from avtext import runs  # pylint: disable=g-import-not-at-top
   from avtext.tools import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
   from avtext.weights import official  # pylint: disable=g-import-not-at-top
   from avtext.weights import official_xml  # pylint: disable=g-import-not-at-top
-  run = inspect.load_run(workdir, step=3)
+  run = runs.load_run(workdir, step=3)
   m = config.model
   official.save_npz(tmp_path / "model.npz", official_xml.to_official(run.params),
                     {"model_cfg": {"hidden_size": m.hidden_size, "n_heads": m.num_heads,
@@ -518,14 +518,14 @@ def test_early_stopped_xml_run_writes_the_test_submission(tvr_dir, tmp_path):
                                    "ctx_mode": "video_sub"}})
   imported = import_tool.import_checkpoint("xml", tmp_path / "model.npz", tmp_path / "imported",
                                         config)
-  again = trainer_lib.Trainer(config, str(imported), registry.build_task(config)).evaluate(
+  again = experiment.build(config, str(imported)).evaluate(
       eval_dir=tmp_path / "eval")
   for key in ("test/VCMR/0.5-r1", "test/VCMR/0.7-r5", "test/SVMR/0.5-r1", "test/VR/r5",
               "val/VR/r1"):
     assert again[key] == results["3"][key], key
   # Training continues from the imported step 0 (a fresh data order, no data state).
   config.train.num_steps, config.eval.early_stopping_patience = 1, None
-  state = trainer_lib.Trainer(config, str(imported), registry.build_task(config)).train()
+  state = experiment.build(config, str(imported)).train()
   assert int(state.step) == 1
   assert json.loads((imported / "results.json").read_text())["1"]["val/num_queries"] > 0
 

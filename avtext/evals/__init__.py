@@ -16,17 +16,14 @@ the task members its protocol declares (`avtext/evals/protocols.py`: the task's
 a cache all evaluators of the run share, plus e.g. `decode` for captioning).
 
 Adding an evaluator: subclass `base.Evaluator` in `avtext/evals/<kind>.py`,
-decorate it with `@register_evaluator("<kind>")`, set its `protocol`, add the
-module to the list in `_EVALUATORS`.
+decorate it with `@register_evaluator("<kind>")` and set its `protocol`; the registry
+finds it there.
 """
 import ml_collections
 
 from avtext import registry as registry_lib
 
-_EVALUATORS = registry_lib.Registry(
-    "evaluator", ("avtext.evals.retrieval", "avtext.evals.classification",
-                  "avtext.evals.hierarchical", "avtext.evals.captioning",
-                  "avtext.evals.vcmr"))
+_EVALUATORS = registry_lib.Registry("evaluator", "avtext.evals", "register_evaluator")
 register_evaluator = _EVALUATORS.register
 
 

@@ -161,11 +161,11 @@ class CaptioningEvaluator(base.Evaluator):
     return out
 
   def _nearest_neighbour(self, cfg, keep: list[int], *, mesh) -> list[str]:
-    from avtext import inspect  # pylint: disable=g-import-not-at-top
+    from avtext import runs  # pylint: disable=g-import-not-at-top
     if not cfg.get("run"):
       raise ValueError(f"config.evals.{self.name}.baselines.nearest_neighbour.run is not set: "
                        "the run directory of a retrieval model (e.g. workdirs/demo/avr)")
-    run = inspect.load_run(cfg.run, step=cfg.get("step"))
+    run = runs.load_run(cfg.run, step=cfg.get("step"))
     if cfg.get("num_clips"):  # fewer test clips per video than the run evaluates with
       run.config.data.eval_num_clips = int(cfg.num_clips)
     task = run.task()

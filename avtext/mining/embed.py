@@ -17,7 +17,7 @@ Named by a string, so a Beam worker can build its own copy (`resolve`):
                         here unless it is already.
 
 Never imports avtext.train's trainer or avtext.tasks: a run's tower is loaded through
-`avtext.inspect` (config + model registry + checkpoint).
+`avtext.runs` (config + model registry + checkpoint).
 """
 from __future__ import annotations
 

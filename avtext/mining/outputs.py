@@ -30,17 +30,27 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from avtext.mining import files
+
 CSV_NAME = 'videocc.csv'
 DATASET_FORMAT = 'avtext.videocc_mined/1'
 
 
+def clip_bounds(centre_s: float, duration_s: float, clip_s: float) -> tuple[float, float]:
+  """[start, end) of a clip of clip_s centred at centre_s, shifted inside [0, duration]."""
+  if duration_s < clip_s:
+    raise ValueError(f'clip_bounds: video of {duration_s:.2f} s is shorter than the clip '
+                     f'({clip_s} s)')
+  start = min(max(centre_s - clip_s / 2, 0.0), duration_s - clip_s)
+  return start, start + clip_s
+
+
 def _clip_rows(matches: Sequence, captions: dict, cfg) -> list[dict]:
-  from avtext.mining import pipeline  # pylint: disable=g-import-not-at-top
   rows = []
   ranks: dict[str, int] = collections.Counter()
   for sid, (sim, vid, frame_s, duration, has_audio, path) in sorted(
       matches, key=lambda m: (m[0], -m[1][0], m[1][1], m[1][2])):
-    start, end = pipeline.clip_bounds(frame_s, duration, cfg.clip_seconds)
+    start, end = clip_bounds(frame_s, duration, cfg.clip_seconds)
     rows.append({'seed_id': sid, 'caption': captions[sid], 'video_id': vid, 'path': path,
                  'sim': round(float(sim), 6), 'frame_s': round(float(frame_s), 6),
                  'start_us': int(round(start * 1e6)), 'end_us': int(round(end * 1e6)),
@@ -109,8 +119,7 @@ def synthetic_truth(videos_dir: str | pathlib.Path):
 def write(out: str | pathlib.Path, **kwargs) -> dict:
   """Write every output file (module docstring) under `out`, local or remote (written
   locally, then copied with Beam's FileSystems); return run info (run.json)."""
-  from avtext.mining import pipeline  # pylint: disable=g-import-not-at-top
-  if not pipeline.is_remote(str(out)):
+  if not files.is_remote(str(out)):
     return _write(pathlib.Path(out), **kwargs)
   import tempfile  # pylint: disable=g-import-not-at-top
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top

@@ -7,7 +7,7 @@ Inputs
   seeds.tsv   one seed image per line: `seed_id <TAB> image path <TAB> caption` (the
               path relative to the file's directory; PNG/JPEG). CC3M users write it
               from the release TSV (caption, url) and the images they downloaded.
-  videos      a directory; every file with a video extension (VIDEO_EXTENSIONS) under
+  videos      a directory; every file with a video extension (files.VIDEO_EXTENSIONS) under
               it, recursively, is a corpus video whose id is its path relative to the
               directory without the extension.
 
@@ -67,9 +67,9 @@ from typing import Sequence
 
 import numpy as np
 
+from avtext.mining import files
 from avtext.mining import search as search_lib
 
-VIDEO_EXTENSIONS = ('.mp4', '.mkv', '.webm', '.avi', '.mov', '.m4v')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,106 +91,13 @@ class MiningConfig:
     return min((self.tau,) + tuple(self.tau_grid))
 
 
-def is_remote(path: str) -> bool:
-  """gs://, s3://, hdfs://... paths go through Beam's FileSystems; local ones do too."""
-  return '://' in str(path)
-
-
-def _join(root: str, rel: str) -> str:
-  return f"{str(root).rstrip('/')}/{rel}" if is_remote(root) else str(pathlib.Path(root) / rel)
-
-
-def list_videos(root: str | pathlib.Path) -> list[tuple[str, str]]:
-  """[(video id, path)] of every file with a video extension under root, sorted."""
-  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  root = str(root)
-  if not is_remote(root) and not pathlib.Path(root).is_dir():
-    raise FileNotFoundError(f'--videos {root}: not a directory')
-  if is_remote(root):
-    base = root.rstrip('/') + '/'
-    found = sorted(m.path for r in FileSystems.match([base + '**']) for m in r.metadata_list)
-    pairs = [(path[len(base):], path) for path in found if path.startswith(base)]
-  else:
-    pairs = [(p.relative_to(root).as_posix(), str(p))
-             for p in sorted(pathlib.Path(root).rglob('*')) if p.is_file()]
-  out = []
-  for rel, path in pairs:
-    suffix = pathlib.PurePosixPath(rel).suffix
-    if suffix.lower() in VIDEO_EXTENSIONS:
-      out.append((rel[:-len(suffix)], path))
-  ids = [i for i, _ in out]
-  if len(set(ids)) != len(ids):
-    dup = sorted({i for i in ids if ids.count(i) > 1})
-    raise ValueError(f'--videos {root}: two files share the id(s) {dup[:5]} (same path '
-                     'but for the extension); keep one')
-  return out
-
-
-def _read_bytes(path: str) -> bytes:
-  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  with FileSystems.open(path) as f:
-    return f.read()
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  with FileSystems.create(path) as f:
-    f.write(data)
-
-
-def read_seeds(path: str | pathlib.Path) -> list[tuple[str, str, str]]:
-  """[(seed id, image path, caption)] from seeds.tsv (module docstring)."""
-  path = str(path)
-  parent = path.rsplit('/', 1)[0] if '/' in path else '.'
-  rows = []
-  for n, line in enumerate(_read_bytes(path).decode().splitlines(), 1):
-    if not line.strip():
-      continue
-    parts = line.split('\t')
-    if len(parts) != 3 or not all(parts):
-      raise ValueError(f'{path}:{n}: expected "seed_id<TAB>image path<TAB>caption", got '
-                       f'{line[:80]!r}')
-    sid, img, caption = parts
-    absolute = is_remote(img) or pathlib.Path(img).is_absolute()
-    rows.append((sid, img if absolute else _join(parent, img), caption))
-  ids = [r[0] for r in rows]
-  if len(set(ids)) != len(ids):
-    raise ValueError(f'{path}: seed ids must be unique')
-  if not rows:
-    raise ValueError(f'{path}: no seeds')
-  return rows
-
-
-def load_image(path: str, size: tuple[int, int] | None) -> np.ndarray:
-  import io  # pylint: disable=g-import-not-at-top
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-  try:
-    im = Image.open(io.BytesIO(_read_bytes(path)))
-  except (OSError, ValueError) as e:
-    raise ValueError(f'seed image {path}: cannot be read ({e})') from e
-  with im:
-    im = im.convert('RGB')
-    if size is not None and im.size != (size[1], size[0]):
-      im = im.resize((size[1], size[0]), Image.BILINEAR)
-    return np.asarray(im, np.uint8)
-
-
 def shard_of(video_id: str, num_shards: int) -> int:
   return int(hashlib.sha1(video_id.encode()).hexdigest()[:8], 16) % num_shards
 
 
-def clip_bounds(centre_s: float, duration_s: float, clip_s: float) -> tuple[float, float]:
-  """[start, end) of a clip of clip_s centred at centre_s, shifted inside [0, duration]."""
-  if duration_s < clip_s:
-    raise ValueError(f'clip_bounds: video of {duration_s:.2f} s is shorter than the clip '
-                     f'({clip_s} s)')
-  start = min(max(centre_s - clip_s / 2, 0.0), duration_s - clip_s)
-  return start, start + clip_s
-
-
 # ------------------------------------------------------------------ per-worker work
 def embed_seed_batch(rows: Sequence[tuple[str, str, str]], embedder, size) -> list:
-  images = [load_image(p, size) for _, p, _ in rows]
+  images = [files.load_image(p, size) for _, p, _ in rows]
   shapes = {im.shape for im in images}
   if len(shapes) > 1:
     raise ValueError(f'seed images differ in size {sorted(shapes)[:3]}; pass --image_size=H,W')
@@ -203,10 +110,10 @@ def decode_and_embed(video_id: str, path: str, embedder, cfg: MiningConfig
   """(record, None) for a usable video, (None, skip) for a skipped one, where record
   holds id, path, duration, has_audio, frame times and unit frame vectors."""
   from avtext.data import video_io  # pylint: disable=g-import-not-at-top
-  if is_remote(path):  # PyAV reads local files: copy the video to the worker's disk
+  if files.is_remote(path):  # PyAV reads local files: copy the video to the worker's disk
     import tempfile  # pylint: disable=g-import-not-at-top
     with tempfile.NamedTemporaryFile(suffix=pathlib.PurePosixPath(path).suffix) as tmp:
-      tmp.write(_read_bytes(path))
+      tmp.write(files.read_bytes(path))
       tmp.flush()
       record, skip = decode_and_embed(video_id, tmp.name, embedder, cfg)
     for r in (record, skip):
@@ -278,15 +185,15 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from avtext.mining import outputs  # pylint: disable=g-import-not-at-top
 
-  seeds = read_seeds(seeds_tsv)
-  videos = list_videos(videos_dir)
+  seeds = files.read_seeds(seeds_tsv)
+  videos = files.list_videos(videos_dir)
   if not videos:
-    raise ValueError(f'--videos {videos_dir}: no files with extensions {VIDEO_EXTENSIONS}')
+    raise ValueError(f'--videos {videos_dir}: no files with extensions {files.VIDEO_EXTENSIONS}')
   num_shards = max(1, -(-len(videos) // cfg.shard_videos))
   captions = {sid: cap for sid, _, cap in seeds}
   # The workers hand their results to this process through files under out/_beam
   # (Beam's FileSystems: a local path, or gs:// etc. on a remote runner).
-  staging = _join(str(out), '_beam')
+  staging = files.join(str(out), '_beam')
   run_tag = hashlib.sha1(f'{time.time_ns()}'.encode()).hexdigest()[:8]
 
   class EmbedSeeds(beam.DoFn):
@@ -345,7 +252,8 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
     return [p[0] for p in pairs], np.stack([p[1] for p in pairs])
 
   def write_list(items, name):
-    _write_bytes(_join(staging, f'{run_tag}-{name}'), json.dumps(items, sort_keys=True).encode())
+    files.write_bytes(files.join(staging, f'{run_tag}-{name}'),
+                      json.dumps(items, sort_keys=True).encode())
 
   options = PipelineOptions(list(beam_args))
   t0 = time.perf_counter()
@@ -377,9 +285,9 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
      | 'WriteInfo' >> beam.Map(lambda s: write_list(s, 'shards.json')))
   seconds = time.perf_counter() - t0
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  staged = {name: _join(staging, f'{run_tag}-{name}')
+  staged = {name: files.join(staging, f'{run_tag}-{name}')
             for name in ('matches.json', 'skipped.json', 'shards.json')}
-  matches, skipped, shards = (json.loads(_read_bytes(staged[n])) for n in
+  matches, skipped, shards = (json.loads(files.read_bytes(staged[n])) for n in
                               ('matches.json', 'skipped.json', 'shards.json'))
   FileSystems.delete(list(staged.values()))
   return outputs.write(out, cfg=cfg, seeds=seeds, captions=captions, videos=videos,

@@ -10,6 +10,7 @@ Parameters (names mapped from HF checkpoints by `avtext.weights.bert`):
   pooler                            Dense (only with add_pooler=True)
 """
 import json
+import pathlib
 from typing import Any
 
 import flax.linen as nn
@@ -20,6 +21,64 @@ from avtext.models import layers
 from avtext.models import registry
 
 Array = jax.Array
+
+# A pretrained text tower's architecture is its HF config.json (`bert_from_config`);
+# its weights are read by `avtext.weights.bert`.
+CONFIG_FILE = "config.json"
+
+_HF_ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+}
+
+
+def weights_dir(spec: str | None) -> pathlib.Path | None:
+  """`config.model.text.weights`: None (random init), 'minilm-l6', or a local HF BERT dir."""
+  if not spec:
+    return None
+  if spec == "minilm-l6":
+    from avtext.weights import assets  # pylint: disable=g-import-not-at-top
+    return assets.minilm_l6_dir()
+  path = pathlib.Path(spec)
+  if not (path / CONFIG_FILE).exists():
+    raise FileNotFoundError(f"config.model.text.weights={spec!r}: no {CONFIG_FILE} there; "
+                            "expected a local HF BERT directory (config.json + "
+                            "model.safetensors + vocab.txt) or 'minilm-l6'")
+  return path
+
+
+def bert_kwargs_from_hf_config(config: dict[str, Any],
+                               source: str = CONFIG_FILE) -> dict[str, Any]:
+  """Maps an HF BertConfig dict onto `Bert`'s attributes."""
+  def need(key):
+    if key not in config:
+      raise KeyError(f"{source}: missing {key!r}")
+    return config[key]
+
+  act = config.get("hidden_act", "gelu")
+  if act not in _HF_ACTIVATIONS:
+    raise ValueError(f"{source}: hidden_act={act!r} is not supported; "
+                     f"expected one of {sorted(_HF_ACTIVATIONS)}")
+  position_type = config.get("position_embedding_type", "absolute")
+  if position_type != "absolute":
+    raise ValueError(f"{source}: position_embedding_type={position_type!r}; "
+                     f"only 'absolute' (learned) positions are implemented")
+  return dict(
+      vocab_size=need("vocab_size"),
+      hidden_size=need("hidden_size"),
+      num_layers=need("num_hidden_layers"),
+      num_heads=need("num_attention_heads"),
+      mlp_dim=need("intermediate_size"),
+      max_position_embeddings=need("max_position_embeddings"),
+      type_vocab_size=config.get("type_vocab_size", 2),
+      layer_norm_eps=config.get("layer_norm_eps", 1e-12),
+      activation=_HF_ACTIVATIONS[act],
+      dropout_rate=config.get("hidden_dropout_prob", 0.1),
+      attention_dropout_rate=config.get("attention_probs_dropout_prob", 0.1),
+      initializer_range=config.get("initializer_range", 0.02),
+  )
 
 
 class Bert(nn.Module):
@@ -152,11 +211,10 @@ def bert_from_config(cfg) -> Bert:
   the task's `load_pretrained`); without, the sizes in `cfg`. `dropout_rate`
   always comes from `cfg`.
   """
-  from avtext.weights import bert as bert_weights  # pylint: disable=g-import-not-at-top
-  weights = bert_weights.weights_dir(cfg.get("weights"))
+  weights = weights_dir(cfg.get("weights"))
   if weights is not None:
-    config_path = weights / bert_weights.CONFIG_FILE
-    kwargs = bert_weights.bert_kwargs_from_hf_config(
+    config_path = weights / CONFIG_FILE
+    kwargs = bert_kwargs_from_hf_config(
         json.loads(config_path.read_text()), str(config_path))
   else:
     kwargs = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,

@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from avtext.models import attention as attention_lib
 from avtext.models import layers
 from avtext.models import registry
 
@@ -112,8 +113,8 @@ class AttentionFA(nn.Module):
     b2 = self.param("b2", nn.initializers.zeros, (h, d // h))
     w1, b1, w2, b2 = (p.astype(self.dtype) for p in (w1, b1, w2, b2))
     a = jnp.einsum("btd,hde->bhte", x.astype(self.dtype), w1) + b1[None, :, None]
-    drop = lambda y: layers.dropout(y, self.dropout, deterministic=deterministic,
-                                    masks=self.dropout_masks)
+    drop = lambda y: attention_lib.dropout(y, self.dropout, deterministic=deterministic,
+                                           masks=self.dropout_masks)
     a = nn.gelu(drop(a), approximate=False)
     a = jnp.einsum("bhte,hef->bhtf", a, w2) + b2[None, :, None]
     a = drop(a).astype(jnp.float32)

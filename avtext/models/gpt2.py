@@ -9,7 +9,7 @@ It can take a *prefix* of already-embedded vectors before the tokens:
 
 Prefix vectors get no GPT-2 position embedding (they carry their own), text
 positions start at 0 after them, and logits are returned for the text
-positions only. The mask is the caller's (`layers.make_prefix_lm_mask` for a
+positions only. The mask is the caller's (`attention.make_prefix_lm_mask` for a
 prefix LM); without one, attention is causal.
 
 `VideoCaptioner` is VideoCC's captioner: "given video features C as context
@@ -42,6 +42,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from avtext.models import attention
 from avtext.models import layers
 from avtext.models import registry
 
@@ -57,7 +58,7 @@ class GPT2(nn.Module):
     default 4 * n_embd], layer_norm_eps [layer_norm_epsilon].
     dropout_rate: embedding and residual dropout [embd_pdrop, resid_pdrop].
     attention_dropout_rate: [attn_pdrop].
-    dropout_masks: "jax" or "hash" (layers.dropout).
+    dropout_masks: "jax" or "hash" (attention.dropout).
     dtype: computation dtype; remat, attention, scan_layers: see `layers.Compute`
       (scan_layers runs the layers as one `layers.scan_layers` in full-sequence
       calls; decoding with the cache runs them one by one; same parameters).
@@ -85,10 +86,10 @@ class GPT2(nn.Module):
     self.blocks = [layers.EncoderBlock(**self._block_kwargs(), name=f"h_{i}")
                    for i in range(self.num_layers)]
     self.ln_f = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="ln_f")
-    if self.dropout_masks not in layers.DROPOUT_MASKS:
-      raise ValueError(f"dropout_masks must be one of {layers.DROPOUT_MASKS}, got "
+    if self.dropout_masks not in attention.DROPOUT_MASKS:
+      raise ValueError(f"dropout_masks must be one of {attention.DROPOUT_MASKS}, got "
                        f"{self.dropout_masks!r}")
-    self.embedding_dropout = (layers.HashDropout(self.dropout_rate)
+    self.embedding_dropout = (attention.HashDropout(self.dropout_rate)
                               if self.dropout_masks == "hash" else nn.Dropout(self.dropout_rate))
 
   def _block_kwargs(self) -> dict[str, Any]:
@@ -138,8 +139,8 @@ class GPT2(nn.Module):
     if mask is None:
       if decode:
         raise ValueError("GPT2(decode=True) needs the whole cache's mask, e.g. "
-                         "layers.make_causal_mask(cache length)")
-      mask = layers.make_causal_mask(x.shape[1])
+                         "attention.make_causal_mask(cache length)")
+      mask = attention.make_causal_mask(x.shape[1])
     x = self.embedding_dropout(x, deterministic=not train)
     if self.scan_layers and not decode and not self.is_initializing():
       block = layers.EncoderBlock(**self._block_kwargs(), parent=None)
@@ -201,7 +202,7 @@ class VideoCaptioner(nn.Module):
     # Every example has the same prefix: one [1, 1, S, S] mask broadcast over the batch
     # (a [B, 1, S, S] one is B times the memory, and unsharded under a mesh).
     del batch
-    return layers.make_prefix_lm_mask(jnp.full((1,), num_prefix), num_prefix + length)
+    return attention.make_prefix_lm_mask(jnp.full((1,), num_prefix), num_prefix + length)
 
   def __call__(self, video_inputs: dict[str, Array], input_ids: Array, *,
                train: bool = False) -> Array:
@@ -291,8 +292,8 @@ def lm_decoding_fns(model: GPT2, params: Any, prompt: Array, max_new_tokens: int
   if length > model.max_positions:
     raise ValueError(f"prompt {p} + {max_new_tokens} new tokens exceed GPT-2's "
                      f"{model.max_positions} positions")
-  mask = layers.make_causal_mask(length)
-  cache = layers.empty_cache(lambda: model.apply(
+  mask = attention.make_causal_mask(length)
+  cache = attention.empty_cache(lambda: model.apply(
       {"params": params}, jnp.zeros((b, length), jnp.int32), mask=mask, decode=True,
       mutable=["cache"]))
 
@@ -320,7 +321,7 @@ def captioner_decoding_fns(model: VideoCaptioner, variables: Any,
   """
   variables = {k: v for k, v in variables.items() if k != "cache"}
   b = next(iter(video_inputs.values())).shape[0]
-  cache = layers.empty_cache(lambda: model.apply(variables, video_inputs, max_new_tokens,
+  cache = attention.empty_cache(lambda: model.apply(variables, video_inputs, max_new_tokens,
                                            method=model.init_cache, mutable=["cache"]))
   # The number of video tokens P, from the cache's length.
   num_prefix = next(x.shape[1] for x in jax.tree.leaves(cache) if x.ndim == 4) - max_new_tokens

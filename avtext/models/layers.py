@@ -1,9 +1,7 @@
 """Transformer building blocks shared by every avtext model.
 
-One attention implementation (`Attention`: multi-head dot-product attention
-with the parameters and numerics of flax's `nn.MultiHeadDotProductAttention`,
-whose [D, H, D/H] query/key/value kernels are the layout of ViT/scenic
-checkpoints, plus an autoregressive cache), one MLP, one transformer block and
+One attention implementation (`avtext.models.attention`: its masks, cache and
+kernels), one MLP, one transformer block and
 the learned ViT position embedding. `EncoderBlock` is the pre-LN ViT/GPT-2
 layer or the post-LN BERT layer; with `cross_attention=True` it is a decoder
 layer, self-attention -> cross-attention -> MLP, for captioners and
@@ -23,36 +21,6 @@ onto their parameter names:
                            dense_out: {kernel [M, D], bias [D]}}
     mlp_norm              {scale, bias}
 
-Masks are boolean, True where a query may attend to a key, and broadcastable
-to the attention logits [B, heads, L_q, L_kv]. They are built only by
-`make_padding_mask`, `make_causal_mask` and `make_prefix_lm_mask` and joined
-by `combine_masks`; `EncoderBlock(causal=True)` is a shortcut for
-`mask=make_causal_mask(L)`. A mask always describes the whole sequence, also
-while decoding: the cache picks the rows of the positions being computed.
-
-Autoregressive cache (`decode=True`, self-attention only). Each `Attention`
-keeps, in the flax "cache" collection,
-  cached_key, cached_value  [B, max_len, H, D/H]
-  cache_index               int32 [], positions written so far.
-The cache is created the flax way, by a decode=True call on a [B, max_len, D]
-input while no cache exists: `block.init(rng, x, decode=True, ...)` or
-`block.apply({"params": p}, x, decode=True, mutable=["cache"])`; that call
-computes ordinary attention and leaves the cache empty (zeros, index 0; so
-zeros shaped by `jax.eval_shape` of that call are the same cache). Every later
-call with decode=True and mutable=["cache"] takes the next T positions (a
-prefill of any length P, then T = 1 per generated token), writes their keys
-and values at cache_index with `dynamic_update_slice`, and attends over the
-whole max_len buffer, restricted to the positions written so far and to rows
-[cache_index, cache_index + T) of the given masks ([.., max_len, max_len] or
-broadcastable over queries; padding masks are [B, max_len]). Shapes never
-change, so a jitted step compiles once per (B, T). Decoding reproduces the
-full-sequence outputs when every mask row i allows no key j >= max(i + 1, P):
-causal masks with any P, prefix-LM masks when the prefill holds the whole
-prefix (P >= max prefix_length). Rows that allow no key at all (padded
-queries) are meaningless either way and may differ. Writing past max_len
-cannot be detected under jit (the slices clamp); callers stop at max_len.
-Cross-attention keys and values are recomputed from `context` at every call.
-
 Precision and memory (`Compute`, from `config.model` via
 `avtext.models.registry.compute_from_config`): `dtype` is the computation
 dtype (float32, or bfloat16 on accelerators); parameters stay float32, and the
@@ -61,43 +29,26 @@ run in float32. `remat` rematerializes each `EncoderBlock` in the backward pass
 ("none", "full", or a `jax.checkpoint_policies` name such as
 "dots_with_no_batch_dims_saveable", which keeps the matmul outputs and
 recomputes the rest). `attention` picks the implementation of the attention
-core, all computing the same function (`ATTENTION_IMPLEMENTATIONS`).
+core, all computing the same function (`attention.ATTENTION_IMPLEMENTATIONS`).
 `scan_layers` runs a stack of identical layers as one `jax.lax.scan`
 (`scan_layers`), so the compiled program holds one layer instead of N: compile
 time and program size stop growing with depth.
 """
 import dataclasses
 import functools
-import math
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from avtext import ops
+from avtext.models import attention as attn
 
 Array = jax.Array
 Initializer = Callable[..., Array]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
-# "xla": the materialized [B, H, L_q, L_kv] softmax (flax's dot_product_attention).
-# "blocked": the same softmax over query blocks of `ATTENTION_BLOCK` rows, each block
-#   rematerialized in the backward pass, so only one block's logits are ever live
-#   (memory-efficient attention in plain JAX; any backend).
-# "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, the fused flash
-#   kernel on NVIDIA GPUs (bfloat16/float16 only).
-# "flash_tpu": the Pallas flash-attention kernel for TPUs
-#   (jax.experimental.pallas.ops.tpu.flash_attention): logits never leave on-chip memory.
-#   Masks must be key-padding masks ([B, 1, 1, L_kv]) or none.
-# The fused kernels have no attention dropout and the TPU one takes no per-query masks
-# (causal, prefix-LM; cuDNN takes any mask): those calls use "blocked", the same
-# function in bounded memory.
-# Both pad the sequences to a multiple of `FUSED_PAD` and mask the padded keys.
-ATTENTION_IMPLEMENTATIONS = ("xla", "blocked", "cudnn", "flash_tpu")
-ATTENTION_BLOCK = 512
-FUSED_PAD = 128
 
 
 def remat_policy(name: str) -> Callable | None:
@@ -130,9 +81,9 @@ class Compute:
 
   def __post_init__(self):
     remat_policy(self.remat)
-    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+    if self.attention not in attn.ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"config.model.attention={self.attention!r}: expected one of "
-                       f"{ATTENTION_IMPLEMENTATIONS}")
+                       f"{attn.ATTENTION_IMPLEMENTATIONS}")
 
   def block_kwargs(self) -> dict[str, Any]:
     """Keyword arguments of `EncoderBlock` that carry these choices."""
@@ -232,402 +183,6 @@ def get_activation(name: str) -> Callable[[Array], Array]:
     raise ValueError(
         f"unknown activation {name!r}; expected one of {sorted(ACTIVATIONS)}"
     ) from None
-
-
-def make_padding_mask(padding_mask: Array, length: int | None = None) -> Array:
-  """Key mask from per-token padding.
-
-  Only keys are masked: queries at padded positions still attend to the real
-  tokens, which keeps their (ignored) outputs finite and equal to HF BERT's.
-
-  Args:
-    padding_mask: [B, L_kv], nonzero for real tokens.
-    length: expected L_kv, checked when given.
-
-  Returns:
-    bool [B, 1, 1, L_kv].
-  """
-  if padding_mask.ndim != 2 or (length is not None and
-                                padding_mask.shape[1] != length):
-    want = f"[batch, {length}]" if length is not None else "[batch, length]"
-    raise ValueError(f"padding mask must be {want}, got {padding_mask.shape}")
-  return (padding_mask > 0)[:, None, None, :]
-
-
-def make_causal_mask(length: int) -> Array:
-  """Autoregressive mask: position i attends to positions j <= i.
-
-  Returns:
-    bool [1, 1, L, L], lower triangular.
-  """
-  return jnp.tril(jnp.ones((length, length), jnp.bool_))[None, None]
-
-
-def make_prefix_lm_mask(prefix_length: Array, length: int) -> Array:
-  """Prefix-LM mask (UniLM, T5's prefix LM): bidirectional prefix, causal rest.
-
-  The first p positions attend to each other in both directions; position
-  i >= p attends to j <= i, so it sees the whole prefix. p = 0 is the causal
-  mask, p = L full attention.
-
-  Args:
-    prefix_length: int [B], p per example.
-    length: L.
-
-  Returns:
-    bool [B, 1, L, L].
-  """
-  prefix_length = jnp.asarray(prefix_length)
-  if prefix_length.ndim != 1:
-    raise ValueError(
-        f"prefix_length must be [batch], got shape {prefix_length.shape}")
-  in_prefix = jnp.arange(length)[None, :] < prefix_length[:, None]  # [B, L]
-  return jnp.logical_or(make_causal_mask(length),
-                        in_prefix[:, None, None, :])
-
-
-def combine_masks(*masks: Array | None) -> Array | None:
-  """Logical AND of masks broadcastable to each other; None entries skipped.
-
-  Returns:
-    The broadcast bool mask, or None when every mask is None.
-  """
-  present = [jnp.asarray(m, jnp.bool_) for m in masks if m is not None]
-  if not present:
-    return None
-  return functools.reduce(jnp.logical_and, present)
-
-
-def _rows(mask: Array | None, start: Array, length: int,
-          max_len: int) -> Array | None:
-  """Rows [start, start + length) of a whole-sequence mask [.., max_len, K]."""
-  if mask is None:
-    return None
-  if mask.ndim < 2 or mask.shape[-1] not in (1, max_len):
-    raise ValueError(
-        f"with decode=True a mask must cover the whole cache, [..., max_len "
-        f"or 1, {max_len} or 1], got {mask.shape}")
-  if mask.shape[-2] == 1:
-    return mask
-  if mask.shape[-2] != max_len:
-    raise ValueError(
-        f"with decode=True the mask's query axis must be the whole sequence "
-        f"({max_len}) or 1, got {mask.shape}; the cache selects the rows")
-  return jax.lax.dynamic_slice_in_dim(mask, start, length, axis=mask.ndim - 2)
-
-
-DROPOUT_MASKS = ("jax", "hash")
-
-
-def dropout(x: Array, rate: float, *, deterministic: bool, masks: str = "jax",
-            broadcast_dims: tuple[int, ...] = ()) -> Array:
-  """`nn.Dropout(rate, broadcast_dims)(x)` inside the calling compact module.
-
-  masks="jax" is flax's own layer (`jax.random.bernoulli`, the default PRNG);
-  "hash" draws the keep-mask with `ops.hash_bernoulli` from the same "dropout"
-  rng stream: the same distribution at a fraction of the cost on CPUs, where
-  threefry masks are a large share of a small model's step.
-  """
-  if masks not in DROPOUT_MASKS:
-    raise ValueError(f"dropout masks must be one of {DROPOUT_MASKS}, got {masks!r}")
-  if masks == "jax":
-    return nn.Dropout(rate, broadcast_dims=broadcast_dims)(x, deterministic)
-  return HashDropout(rate, broadcast_dims)(x, deterministic)
-
-
-class HashDropout(nn.Module):
-  """`nn.Dropout` with `ops.hash_bernoulli` masks (see `dropout`)."""
-  rate: float
-  broadcast_dims: tuple[int, ...] = ()
-
-  @nn.compact
-  def __call__(self, x: Array, deterministic: bool) -> Array:
-    if deterministic or self.rate == 0.0:
-      return x
-    if self.rate == 1.0:
-      return jnp.zeros_like(x)
-    dims = {d % x.ndim for d in self.broadcast_dims}
-    shape = [1 if i in dims else n for i, n in enumerate(x.shape)]
-    keep = ops.hash_bernoulli(self.make_rng("dropout"), 1.0 - self.rate, shape)
-    return jnp.where(keep, x / (1.0 - self.rate), jnp.zeros((), x.dtype)).astype(x.dtype)
-
-
-class Attention(nn.Module):
-  """Multi-head dot-product attention with an optional autoregressive cache.
-
-  Parameters and numerics are those of flax's `nn.MultiHeadDotProductAttention`
-  with broadcast_dropout=False, so its checkpoints load unchanged: queries are
-  scaled by 1/sqrt(D/H), masked logits are set to the dtype's minimum (a
-  masked key gets exactly zero weight unless the whole row is masked), the
-  softmax runs in float32 and dropout drops probabilities independently per
-  example, head, query and key. It is our own module because flax's decode
-  mode takes one query per call, and a prefill needs a block of queries.
-
-  Attributes:
-    num_heads: H; the query width D must be divisible by it.
-    dropout_rate: dropout on attention probabilities.
-    dropout_masks: "jax" (flax's masks) or "hash" (`dropout`).
-    kernel_init: initializer of the four kernels (biases start at zero).
-    dtype: computation dtype; parameters stay float32.
-    implementation: the attention core, one of `ATTENTION_IMPLEMENTATIONS`
-      (sow_weights and hash dropout masks always use "xla", which materializes
-      the probabilities).
-    output_projection: False returns the heads concatenated [B, L_q, D] without
-      the output Linear ("out" has no parameters then): the official TVR
-      cross-encoder's and TVC decoder's attentions (BertSelfAttention alone).
-  """
-  num_heads: int
-  dropout_rate: float = 0.0
-  dropout_masks: str = "jax"
-  kernel_init: Initializer = nn.initializers.lecun_normal()
-  dtype: Any = jnp.float32
-  implementation: str = "xla"
-  output_projection: bool = True
-
-  @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array | None = None, *,
-               mask: Array | None = None, causal: bool = False,
-               decode: bool = False, deterministic: bool,
-               sow_weights: bool = False, bias: Array | None = None) -> Array:
-    """Attends from `inputs_q` to `inputs_kv`.
-
-    Args:
-      inputs_q: [B, L_q, D].
-      inputs_kv: [B, L_kv, D_kv]; None for self-attention on inputs_q.
-      mask: bool, broadcastable to [B, H, L_q, L_kv], True = may attend. With
-        decode, the whole sequence's mask [.., max_len or 1, max_len or 1].
-      causal: add `make_causal_mask` (self-attention only).
-      decode: read and extend the cache (self-attention only; see the module
-        docstring).
-      deterministic: disables attention dropout.
-      sow_weights: store the probabilities [B, H, L_q, L_kv] as the
-        'intermediates' entry 'attention_weights'.
-      bias: float logits term broadcastable to [B, H, L_q, L_kv], added before
-        `mask` (`attention_core`); not with decode.
-
-    Returns:
-      [B, L_q, D].
-    """
-    features = inputs_q.shape[-1]
-    if features % self.num_heads:
-      raise ValueError(f"width {features} is not divisible by num_heads="
-                       f"{self.num_heads}")
-    is_self = inputs_kv is None
-    if decode and bias is not None:
-      raise ValueError("Attention: bias is not supported with decode=True")
-    if not is_self and (causal or decode):
-      raise ValueError("causal masking and decode=True apply to "
-                       "self-attention only (inputs_kv=None)")
-    if is_self:
-      inputs_kv = inputs_q
-    dense = functools.partial(
-        nn.DenseGeneral, features=(self.num_heads, features // self.num_heads),
-        kernel_init=self.kernel_init, dtype=self.dtype)
-    query = dense(name="query")(inputs_q)  # [B, L_q, H, D/H]
-    key = dense(name="key")(inputs_kv)  # [B, L_kv, H, D/H]
-    value = dense(name="value")(inputs_kv)
-
-    start = None
-    if decode:
-      key, value, start = self._extend_cache(key, value)
-    # Over the whole cache when decoding: masks are whole-sequence masks.
-    masks = [mask, make_causal_mask(key.shape[1]) if causal else None]
-    if start is not None:
-      length, max_len = query.shape[1], key.shape[1]
-      written = jnp.arange(max_len) < start + length
-      masks = [_rows(m, start, length, max_len) for m in masks]
-      masks.append(written[None, None, None, :])
-    mask = combine_masks(*masks)
-
-    if self.dropout_masks != "jax" and not deterministic and self.dropout_rate > 0:
-      weights = nn.dot_product_attention_weights(
-          query, key, bias=bias, mask=mask, deterministic=True, dtype=self.dtype,
-          force_fp32_for_softmax=True, module=self if sow_weights else None)
-      weights = dropout(weights, self.dropout_rate, deterministic=False,
-                        masks=self.dropout_masks)
-      x = jnp.einsum("...hqk,...khd->...qhd", weights, value)
-    else:
-      dropout_rng = None
-      if not deterministic and self.dropout_rate > 0:
-        dropout_rng = self.make_rng("dropout")
-      implementation = "xla" if sow_weights else self.implementation
-      x = attention_core(query, key, value, mask, implementation=implementation,
-                         dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
-                         dtype=self.dtype, module=self if sow_weights else None,
-                         bias=bias)
-    if not self.output_projection:
-      return x.reshape(*x.shape[:-2], features)
-    return nn.DenseGeneral(features, axis=(-2, -1),
-                           kernel_init=self.kernel_init, dtype=self.dtype,
-                           name="out")(x)
-
-  def _extend_cache(self, key: Array,
-                    value: Array) -> tuple[Array, Array, Array | None]:
-    """Writes this call's keys/values [B, T, H, D/H] into the cache.
-
-    Returns:
-      (keys, values, start): the whole buffers [B, max_len, H, D/H] and the
-      index of this call's first position; when the call creates the cache,
-      the inputs unchanged and start None.
-    """
-    exists = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape,
-                               key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros,
-                                 value.shape, value.dtype)
-    index = self.variable("cache", "cache_index",
-                          lambda: jnp.zeros((), jnp.int32))
-    if not exists:
-      return key, value, None
-    batch, max_len = cached_key.value.shape[:2]
-    if (key.shape[0] != batch or key.shape[1] > max_len or
-        key.shape[2:] != cached_key.value.shape[2:]):
-      raise ValueError(
-          f"decode step keys {key.shape} do not fit the cache "
-          f"{cached_key.value.shape} ([batch, max_len, heads, head_dim])")
-    start = index.value
-    corner = (0, start, 0, 0)
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key,
-                                                    corner)
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value,
-                                                      value, corner)
-    index.value = start + key.shape[1]
-    return cached_key.value, cached_value.value, start
-
-
-def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *,
-                   implementation: str = "xla", dropout_rng: Array | None = None,
-                   dropout_rate: float = 0.0, dtype: Any = jnp.float32,
-                   module: nn.Module | None = None, bias: Array | None = None) -> Array:
-  """softmax(q k^T / sqrt(d) + mask) v per head, by `implementation`.
-
-  Args:
-    query: [B, L_q, H, d]; key, value: [B, L_kv, H, d].
-    mask: bool broadcastable to [B, H, L_q, L_kv], True = may attend; None: all.
-    implementation: `ATTENTION_IMPLEMENTATIONS`; the fused kernels fall back to
-      "blocked" for dropout and for masks they cannot take.
-    dropout_rng: drops probabilities with `dropout_rate` when given.
-    module: sow the probabilities there (the "xla" path only).
-    bias: float, broadcastable to [B, H, L_q, L_kv], added to the logits before the
-      mask (BERT's "extended attention mask", (1 - m) * -10000, as official PyTorch
-      code writes it); it always takes the materialized "xla" path.
-
-  Returns:
-    [B, L_q, H, d].
-  """
-  if implementation not in ATTENTION_IMPLEMENTATIONS:
-    raise ValueError(f"attention implementation {implementation!r}: expected one of "
-                     f"{ATTENTION_IMPLEMENTATIONS}")
-  if bias is not None:
-    return nn.dot_product_attention(
-        query, key, value, bias=bias, mask=mask, broadcast_dropout=False,
-        dropout_rate=dropout_rate, deterministic=dropout_rng is None, dtype=dtype,
-        force_fp32_for_softmax=True, dropout_rng=dropout_rng, module=module)
-  if mask is not None:
-    mask = jnp.asarray(mask, jnp.bool_)
-    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-  key_padding = mask is None or mask.shape[1:3] == (1, 1)
-  if dropout_rng is None and (implementation == "cudnn" or
-                              (implementation == "flash_tpu" and key_padding)):
-    return _fused_attention(implementation, query.astype(dtype), key.astype(dtype),
-                            value.astype(dtype), mask)
-  xla = functools.partial(
-      nn.dot_product_attention, broadcast_dropout=False, dropout_rate=dropout_rate,
-      deterministic=dropout_rng is None, dtype=dtype, force_fp32_for_softmax=True)
-  if implementation in ("cudnn", "flash_tpu"):  # dropout or a mask the kernel cannot take
-    implementation = "blocked"
-  if implementation != "blocked" or query.shape[1] <= ATTENTION_BLOCK:
-    return xla(query, key, value, mask=mask, dropout_rng=dropout_rng, module=module)
-  return _blocked_attention(xla, query, key, value, mask, dropout_rng)
-
-
-def _fused_attention(implementation: str, query: Array, key: Array, value: Array,
-                     mask: Array | None) -> Array:
-  """A fused kernel on sequences padded to a multiple of `FUSED_PAD` (cuDNN's flash
-  attention and the Pallas TPU kernel take no ragged lengths such as ViT's 1 + N)."""
-  batch, length, heads, depth = query.shape
-  kv_length = key.shape[1]
-  pad_q, pad_kv = -length % FUSED_PAD, -kv_length % FUSED_PAD
-  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n), (0, 0), (0, 0)))
-  query, key, value = pad(query, pad_q), pad(key, pad_kv), pad(value, pad_kv)
-  real_key = jnp.arange(kv_length + pad_kv) < kv_length  # [L_kv']
-  if implementation == "cudnn":
-    # Padded query rows may attend anywhere (their outputs are cut off below).
-    keys = jnp.broadcast_to(real_key, (1, 1, 1, kv_length + pad_kv))
-    if mask is not None:
-      mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad_kv)))
-      if mask.shape[2] != 1:
-        mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_q), (0, 0)), constant_values=True)
-      keys = jnp.logical_and(keys, mask)
-    keys = jnp.broadcast_to(keys, (batch, keys.shape[1], length + pad_q, kv_length + pad_kv))
-    out = jax.nn.dot_product_attention(query, key, value, mask=keys, implementation="cudnn")
-    return out[:, :length]
-  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # pylint: disable=g-import-not-at-top
-  # Segment ids: real keys (and every query) are segment 1, padded or masked keys 0.
-  kv_ids = jnp.broadcast_to(real_key[None], (batch, kv_length + pad_kv))
-  if mask is not None:
-    kv_ids = jnp.logical_and(kv_ids, jnp.pad(
-        jnp.broadcast_to(mask[:, 0, 0, :], (batch, kv_length)), ((0, 0), (0, pad_kv))))
-  segments = pallas_flash.SegmentIds(q=jnp.ones((batch, length + pad_q), jnp.int32),
-                                     kv=kv_ids.astype(jnp.int32))
-  heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, H, L, d], the kernel's layout
-
-  def kernel(q, k, v, q_ids, kv_ids):
-    return pallas_flash.flash_attention(
-        q, k, v, segment_ids=pallas_flash.SegmentIds(q=q_ids, kv=kv_ids),
-        sm_scale=1.0 / math.sqrt(depth))
-
-  # A Mosaic kernel is not partitioned by XLA: under a mesh (the trainer and avtext.aot
-  # set one for flash_tpu, partitioning.mesh_context) each device runs it on its slice
-  # of the batch.
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty and "data" in mesh.axis_names:
-    batch_axis = jax.sharding.PartitionSpec("data")
-    kernel = jax.shard_map(kernel, mesh=mesh, in_specs=batch_axis, out_specs=batch_axis,
-                           check_vma=False)
-  out = kernel(heads_first(query), heads_first(key), heads_first(value), segments.q,
-               segments.kv)
-  return heads_first(out)[:, :length]
-
-
-def _blocked_attention(xla: Callable, query: Array, key: Array, value: Array,
-                       mask: Array | None, dropout_rng: Array | None) -> Array:
-  """`xla` attention over blocks of `ATTENTION_BLOCK` query rows (lax.map), each block
-  rematerialized: the backward pass recomputes one block's logits at a time."""
-  batch, length, heads, depth = query.shape
-  blocks = math.ceil(length / ATTENTION_BLOCK)
-  pad = blocks * ATTENTION_BLOCK - length
-  q = jnp.pad(query, ((0, 0), (0, pad), (0, 0), (0, 0)))
-  q = q.reshape(batch, blocks, ATTENTION_BLOCK, heads, depth).swapaxes(0, 1)
-  row_mask = None
-  if mask is not None and mask.shape[-2] != 1:  # rows differ: split them with the queries
-    mask = jnp.asarray(mask, jnp.bool_)
-    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-    # Padded query rows may attend anywhere; their outputs are cut off below.
-    rows = jnp.pad(mask, ((0, 0), (0, 0), (0, pad), (0, 0)), constant_values=True)
-    row_mask = jnp.moveaxis(
-        rows.reshape(rows.shape[:2] + (blocks, ATTENTION_BLOCK, rows.shape[-1])), 2, 0)
-    mask = None
-
-  @jax.checkpoint
-  def block(args):
-    q_block, index, mask_block = args
-    rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, index)
-    return xla(q_block, key, value, mask=mask if mask_block is None else mask_block,
-               dropout_rng=rng)
-
-  out = jax.lax.map(block, (q, jnp.arange(blocks), row_mask))
-  return out.swapaxes(0, 1).reshape(batch, blocks * ATTENTION_BLOCK, heads, depth)[:, :length]
-
-
-def empty_cache(apply_fn: Callable[[], Any]) -> Any:
-  """Zeros shaped like the cache `apply_fn` (a decode call with mutable=["cache"]) creates.
-
-  The flax way of making a cache runs the model; under `jax.eval_shape` it
-  runs nothing, and zeros are the empty cache (module docstring).
-  """
-  shapes = jax.eval_shape(apply_fn)[1]["cache"]
-  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
 class Mlp(nn.Module):
@@ -799,8 +354,8 @@ class EncoderBlock(nn.Module):
       context_mask = None  # the bias masks the keys
     if padding_mask is not None:
       # While decoding the keys are the whole cache, checked by `Attention`.
-      mask = combine_masks(
-          make_padding_mask(padding_mask, None if decode else x.shape[1]),
+      mask = attn.combine_masks(
+          attn.make_padding_mask(padding_mask, None if decode else x.shape[1]),
           mask)
     body = EncoderBlock._sublayers
     if not decode:
@@ -818,7 +373,7 @@ class EncoderBlock(nn.Module):
                        "expected 'mlp' or 'linear'")
     projected = self.attention_output == "dense"
     attention = functools.partial(
-        Attention, num_heads=self.num_heads,
+        attn.Attention, num_heads=self.num_heads,
         dropout_rate=self.attention_dropout_rate,
         dropout_masks=self.dropout_masks,
         kernel_init=self.kernel_init, dtype=self.dtype,
@@ -831,7 +386,7 @@ class EncoderBlock(nn.Module):
     if self.cross_attention:
       context_keys = None
       if context_mask is not None:
-        context_keys = make_padding_mask(context_mask, context.shape[1])
+        context_keys = attn.make_padding_mask(context_mask, context.shape[1])
       branches.append(("cross_attention",
                        lambda y: attention(name="cross_attention")(
                            y, context, mask=context_keys, bias=cross_bias,
@@ -848,11 +403,11 @@ class EncoderBlock(nn.Module):
                              f"{name}_norm")
       y = branch(norm(x) if self.pre_norm else x)
       if name == "mlp" or projected:
-        y = dropout(y, self.dropout_rate, deterministic=deterministic,
-                    masks=self.dropout_masks)
+        y = attn.dropout(y, self.dropout_rate, deterministic=deterministic,
+                         masks=self.dropout_masks)
       # One keep/drop decision per example: broadcast over tokens and width.
-      y = dropout(y, self.stochastic_depth, deterministic=deterministic,
-                  masks=self.dropout_masks, broadcast_dims=(1, 2))
+      y = attn.dropout(y, self.stochastic_depth, deterministic=deterministic,
+                       masks=self.dropout_masks, broadcast_dims=(1, 2))
       x = x + y if self.pre_norm else norm(x + y)
     return x
 

@@ -76,6 +76,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from avtext.models import attention
 from avtext.models import layers
 from avtext.models import registry
 
@@ -205,7 +206,7 @@ class MMT(nn.Module):
     x = (self.word_fc(self.word_embeddings(caption_ids), deterministic=det)
          + self._positions(start, caption_ids.shape[1])[None])
     decode = cache_len is not None
-    mask = layers.make_causal_mask(cache_len) if decode else None
+    mask = attention.make_causal_mask(cache_len) if decode else None
     for block in self.decoder:
       x = block(x, caption_mask, mask=mask, context=memory, context_mask=ctx_mask,
                 deterministic=det, decode=decode)
@@ -272,7 +273,7 @@ def captioner_decoding_fns(model: MMT, variables: Any, ctx: dict[str, Array],
   memory = model.apply(variables, ctx["ctx_ids"], ctx["video"], ctx["ctx_mask"],
                        ctx["token_type_ids"], method=model.encode)
   mask = ctx["ctx_mask"]
-  cache = layers.empty_cache(lambda: model.apply(variables, memory, mask, max_new_tokens,
+  cache = attention.empty_cache(lambda: model.apply(variables, memory, mask, max_new_tokens,
                                            method=model.init_cache, mutable=["cache"]))
   banned = jnp.asarray(banned_ids, jnp.int32)
 

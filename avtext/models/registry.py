@@ -7,7 +7,7 @@
 
 A factory reads only its own config node (and, for pretrained towers, the
 architecture in a local checkpoint's `config.json`): no dataset, no task. So
-`avtext.inspect.load_run` and `--mode=eval` rebuild a model from a run's
+`avtext.runs.load_run` and `--mode=eval` rebuild a model from a run's
 `config.json` alone. Composite models name their parts by sub-nodes that carry
 their own `name` (`config.model.video.name = "mbt"`).
 
@@ -31,10 +31,7 @@ from avtext.models import layers
 
 Factory = Callable[[ml_collections.ConfigDict], nn.Module]
 
-_MODELS = registry_lib.Registry("model", (
-    "avtext.models.mbt", "avtext.models.bert", "avtext.models.dual_encoder",
-    "avtext.models.heads", "avtext.models.coot", "avtext.models.gpt2", "avtext.models.mmt",
-    "avtext.models.xml", "avtext.models.resnet", "avtext.models.smit"))
+_MODELS = registry_lib.Registry("model", "avtext.models", "register_model")
 register_model = _MODELS.register
 registered = _MODELS.names
 

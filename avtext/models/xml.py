@@ -89,6 +89,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from avtext.losses import xml as xml_losses
+from avtext.models import attention
 from avtext.models import layers
 from avtext.models import registry
 
@@ -127,8 +128,8 @@ class _InputProjection(nn.Module):
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
     x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm")(x)
-    x = layers.dropout(x, self.dropout_rate, deterministic=deterministic,
-                       masks=self.dropout_masks)
+    x = attention.dropout(x, self.dropout_rate, deterministic=deterministic,
+                          masks=self.dropout_masks)
     return nn.relu(nn.Dense(self.features, kernel_init=nn.initializers.normal(0.02),
                             dtype=self.dtype, name="dense")(x))
 
@@ -150,8 +151,8 @@ class _Positions(nn.Module):
                        (self.max_len, x.shape[-1]), jnp.float32)
     x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm")(
         x + table[:x.shape[-2]].astype(x.dtype))
-    return layers.dropout(x, self.dropout_rate, deterministic=deterministic,
-                          masks=self.dropout_masks)
+    return attention.dropout(x, self.dropout_rate, deterministic=deterministic,
+                             masks=self.dropout_masks)
 
 
 def _conv_init(key, shape, dtype=jnp.float32):
@@ -198,7 +199,7 @@ class XML(nn.Module):
   masked_convse: bool = False  # ours: S zeroed at padded clips before ConvSE
   use_tef: bool = False
   span_head: str = "convse"  # or "sliding": TVR Fig. 6's sliding-window baseline
-  dropout_masks: str = "jax"  # or "hash": the same distribution, cheaper on CPUs (layers.dropout)
+  dropout_masks: str = "jax"  # or "hash": same distribution, cheaper on CPUs (attention.dropout)
   dtype: Any = jnp.float32  # computation dtype; remat, attention: see `layers.Compute`
   remat: str = "none"
   attention: str = "xla"

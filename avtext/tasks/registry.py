@@ -17,10 +17,8 @@ from avtext.data import pipelines
 from avtext.models import registry as models_registry
 from avtext.weights import pretrained
 
-# Modules imported on first lookup so `config.task` alone selects a task.
-_TASKS = registry_lib.Registry(
-    "task", ("avtext.tasks.retrieval", "avtext.tasks.classification", "avtext.tasks.coot",
-             "avtext.tasks.captioning", "avtext.tasks.xml", "avtext.tasks.smit"))
+# Every `@register("<name>")` in avtext/tasks/; a module is imported when its name is looked up.
+_TASKS = registry_lib.Registry("task", "avtext.tasks", "register")
 register = _TASKS.register
 
 

@@ -12,7 +12,7 @@ exactly once and every avtext parameter set exactly once, or the import stops na
 the tensors. RUNDIR then holds config.json, checkpoint step 0 (fresh optimizer state) and import.json:
 
     python -m avtext.main --config=configs/<x>.py --workdir=RUNDIR --mode=eval
-    avtext.inspect.load_run("RUNDIR")
+    avtext.runs.load_run("RUNDIR")
     --config.init_from.workdir=RUNDIR   (fine-tune from it)
 
 Per system (the converters' docstrings list the tensor mapping):
@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from avtext import inspect
+from avtext import runs
 from avtext.tasks import registry as tasks
 from avtext.train import checkpointing
 from avtext.train import control as control_lib
@@ -143,7 +143,7 @@ def import_checkpoint(system: str, checkpoint_path: str | pathlib.Path,
     default = pathlib.Path(conv.DEFAULT_CONFIG)
     if not default.exists():  # run from elsewhere than the repository root
       default = pathlib.Path(__file__).resolve().parents[2] / default
-    config = inspect.config_file(str(default))
+    config = runs.config_file(str(default))
   checkpoint = official.read_checkpoint(checkpoint_path)
   config = conv.configure(config, checkpoint)
   variables = import_variables(checkpoint, config, conv)

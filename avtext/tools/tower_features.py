@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from avtext import inspect as inspect_lib
+from avtext import runs as runs_lib
 from avtext.data import preprocessing
 from avtext.data.synthetic import world
 
@@ -22,7 +22,7 @@ from avtext.data.synthetic import world
 def tower_from_run(workdir, step=None):
   """(apply_fn uint8 [B, F, H, W, 3] -> [B, D], frames per window, stride, world spec) of
   the run's checkpoint `step` (None: the latest; N; "best")."""
-  run = inspect_lib.load_run(workdir, step)
+  run = runs_lib.load_run(workdir, step)
   data = run.config.data
   video = run.model.video
   params = run.params["video"]

@@ -20,7 +20,7 @@ A run directory holds the latest-N checkpoints in `checkpoints/` and, when
 `config.eval.select` names a metric, the best-N in `best_checkpoints/` (each
 saved with its metric value; orbax keeps the N best). `step="best"` anywhere a
 step is asked for (`--mode=eval --step=best`, `init_from.step="best"`,
-`inspect.load_run(..., step="best")`) means the best one.
+`runs.load_run(..., step="best")`) means the best one.
 
 A save that fails (a full disk, a lost mount) raises CheckpointSaveError, one line
 naming the directory and the cause, from `save` or `wait`, wherever orbax's

@@ -7,7 +7,7 @@ file names the owner (host, pid, start time, command). A second writer stops at
 once with `RunLockedError`, one line naming that owner. The OS drops a flock when
 its process dies, however it dies, so a killed run never leaves its directory
 locked: the next writer finds the dead owner's name still in the file, logs that it
-takes over, and writes its own. Readers (`avtext.inspect`, notebooks, `--mode=eval`
+takes over, and writes its own. Readers (`avtext.runs`, notebooks, `--mode=eval`
 into another directory) take no lock and need no write access.
 
 Small state files (`results.json`, `config.json`) are replaced whole: written to a

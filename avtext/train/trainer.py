@@ -11,8 +11,8 @@
 
 Everything task-specific comes from the task (`avtext.tasks.registry.Task`:
 model, loss, data, predict functions) and the evaluators (`avtext.evals`,
-declared in `config.evals`), both handed in by `main.py`: this package imports
-nothing from `avtext.tasks`. `config.eval.select`, reduce-on-plateau and early
+declared in `config.evals`), both handed in by `avtext.experiment`: this package imports
+nothing above it (`avtext.tasks`, `avtext.evals`). `config.eval.select`, reduce-on-plateau and early
 stopping are in `control.py`; their counters are part of the checkpointed
 state. Run state lives in `workdir`: re-running the same command resumes from
 the latest checkpoint (params, non-param collections, optimizer state, step,
@@ -29,7 +29,6 @@ from typing import Any
 from absl import logging
 from clu import metric_writers
 from clu import periodic_actions
-import flax
 import grain
 import jax
 import jax.numpy as jnp
@@ -42,17 +41,9 @@ from avtext.train import control as control_lib
 from avtext.train import optimizers
 from avtext.train import partitioning
 from avtext.train import rundir
+from avtext.train import step as step_lib
+from avtext.train.step import TrainState
 from avtext.train import warm_start
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array  # number of completed updates
-  params: Any
-  model_state: Any  # non-param flax collections, e.g. {"batch_stats": ...}; {} if none
-  opt_state: Any
-  rng: jax.Array  # base key; step keys are fold_in(rng, step)
-  control: control_lib.EvalControl  # best metric, plateau and early-stopping counters
 
 
 class NonFiniteError(FloatingPointError):
@@ -79,27 +70,22 @@ def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> N
     rundir.write_text(path, text)
 
 
-def _variables(params, model_state) -> dict:
-  return {"params": params, **model_state}
-
-
 class Trainer:
   """Runs `task` as `config` says in `workdir`: `train()` or `evaluate()`.
 
-  `evaluators`: {name: evaluator} (default: built from `config.evals`).
+  `evaluators`: {name: evaluator}, each with `run(variables, mesh=, step=)` (None
+  stands in for one that is never run, e.g. when only compiling); `avtext.experiment`
+  builds them from `config.evals`.
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, task,
-               evaluators: dict | None = None, devices=None):
+               evaluators: dict, devices=None):
     self.config = config
     self.workdir = pathlib.Path(workdir).absolute()
     # `devices`: default jax.devices(); avtext.aot passes a TPU topology's devices.
     self.mesh = partitioning.make_mesh(config.get("num_devices"),
                                        config.get("model_parallel", 1), devices=devices)
     self.task = task
-    if evaluators is None:
-      from avtext import evals  # pylint: disable=g-import-not-at-top
-      evaluators = evals.build_evaluators(config, task, self.workdir)
     self.evaluators = evaluators
     self.select = control_lib.selection(config)
     if self.select and self.select[0].split("/")[0] not in evaluators:
@@ -214,90 +200,15 @@ class Trainer:
     return k
 
 
-  def _make_train_step(self, tx, schedule, state_sharding):
-    task, frozen_mask = self.task, self.frozen
-    plateau = control_lib.plateau_enabled(self.config)
+  @staticmethod
+  def _variables(state: TrainState) -> dict:
+    return step_lib.as_variables(state.params, state.model_state)
 
-    def loss_of_trainable(trainable, frozen, model_state, batch, rng, step):
-      variables = _variables(optimizers.merge_frozen(trainable, frozen), model_state)
-      extra = {"step": step} if getattr(task, "loss_needs_step", False) else {}
-      loss, metrics, new_model_state = task.loss_fn(variables, batch, rng, **extra)
-      return loss, (metrics, new_model_state)
-
-    microbatches = self._microbatches()
-    micro_sharding = jax.sharding.NamedSharding(
-        self.mesh, jax.sharding.PartitionSpec(None, partitioning.DATA_AXIS))
-
-    def split(x):  # [B, ...] -> [k, B/k, ...]; micro-batch i = examples i, i + k, ...
-      x = x.reshape((x.shape[0] // microbatches, microbatches) + x.shape[1:])
-      return jax.lax.with_sharding_constraint(jnp.swapaxes(x, 0, 1), micro_sharding)
-
-    def join(x):  # inverse of split
-      return jnp.swapaxes(x, 0, 1).reshape((-1,) + x.shape[2:])
-
-    def grad_of_microbatches(trainable, frozen, model_state, batch, rng, step):
-      """GradCache: features of k micro-batches (forward only), the loss and its gradient
-      with respect to the features on the whole batch, then each micro-batch's
-      vector-Jacobian product with its slice of that gradient: the full batch's
-      gradient at the activation memory of one micro-batch (the model runs forward twice).
-      Micro-batch i draws its dropout from fold_in(rng, i). Non-param collections
-      (BatchNorm statistics) are updated micro-batch after micro-batch, and BatchNorm
-      normalizes each micro-batch by its own statistics."""
-      extra = {"step": step} if getattr(task, "loss_needs_step", False) else {}
-      micro = jax.tree.map(split, batch)
-      index = jnp.arange(microbatches)
-
-      def features(params, collections, mb, i):
-        variables = _variables(optimizers.merge_frozen(params, frozen), collections)
-        return task.encode(variables, mb, jax.random.fold_in(rng, i), **extra)
-
-      def forward(collections, xs):
-        feats, new = features(trainable, collections, *xs)
-        return {**collections, **new}, feats
-
-      new_model_state, feats = jax.lax.scan(forward, model_state, (micro, index))
-      (loss, aux), dfeats = jax.value_and_grad(
-          lambda f: task.combine(f, batch, **extra), has_aux=True)(jax.tree.map(join, feats))
-
-      def backward(carry, xs):
-        acc, collections = carry
-        mb, i, df = xs
-        _, pull, new = jax.vjp(lambda p: features(p, collections, mb, i), trainable,
-                               has_aux=True)
-        acc = jax.tree.map(jnp.add, acc, pull(df)[0])
-        return (acc, {**collections, **new}), None
-
-      zeros = jax.tree.map(jnp.zeros_like, trainable)
-      (grads, _), _ = jax.lax.scan(backward, (zeros, model_state),
-                                   (micro, index, jax.tree.map(split, dfeats)))
-      return (loss, (aux, new_model_state)), grads
-
-    def train_step(state: TrainState, batch):
-      rng = jax.random.fold_in(state.rng, state.step)
-      trainable, frozen = optimizers.split_frozen(state.params, frozen_mask)
-      if microbatches > 1:
-        (loss, (aux, new_model_state)), grads = grad_of_microbatches(
-            trainable, frozen, state.model_state, batch, rng, state.step)
-      else:
-        (loss, (aux, new_model_state)), grads = jax.value_and_grad(
-            loss_of_trainable, has_aux=True)(trainable, frozen, state.model_state, batch,
-                                             rng, state.step)
-      updates, opt_state = tx.update(grads, state.opt_state, trainable)
-      lr = schedule(state.step)
-      if plateau:  # reduce-on-plateau scales every update (control.py)
-        updates = jax.tree.map(lambda u: u * state.control.lr_scale, updates)
-        lr = lr * state.control.lr_scale
-      params = optimizers.merge_frozen(optax.apply_updates(trainable, updates), frozen)
-      metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": lr, **aux}
-      new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                                model_state={**state.model_state, **new_model_state})
-      return new_state, metrics
-
-    return jax.jit(
-        train_step,
-        in_shardings=(state_sharding, partitioning.data_sharding(self.mesh)),
-        out_shardings=(state_sharding, partitioning.replicated(self.mesh)),
-        donate_argnums=(0,))
+  def make_train_step(self, tx, schedule, state_sharding):
+    """The jitted, donated train step of this run (`step.make_train_step`)."""
+    return step_lib.make_train_step(
+        self.task, self.config, self.mesh, frozen_mask=self.frozen, tx=tx, schedule=schedule,
+        state_sharding=state_sharding, microbatches=self._microbatches())
 
   # ---- loop --------------------------------------------------------------
 
@@ -369,7 +280,7 @@ class Trainer:
     config = self.config
     state, (tx, schedule), data_iter = self.restore_or_init()
     _write_config(config, self.workdir)
-    train_step = self._make_train_step(tx, schedule, self._state_sharding(state))
+    train_step = self.make_train_step(tx, schedule, self._state_sharding(state))
     start = int(state.step)
     writer = self._writer()
     if start == 0:
@@ -384,7 +295,7 @@ class Trainer:
       logging.info("the run in %s is complete (step %d%s); evaluating again", self.workdir,
                    start, ", early-stopped" if bool(state.control.stopped) else "")
       # Results only: the control counters are final and stay as saved.
-      self._run_evaluators(_variables(state.params, state.model_state), start, writer,
+      self._run_evaluators(self._variables(state), start, writer,
                            list(self.evaluators))
       writer.flush()
       return state
@@ -442,7 +353,7 @@ class Trainer:
           # run at the end included), so a stopped run ends as its re-run does.
           rest = [name for name in self.evaluators if name not in due]
           if rest:
-            self._run_evaluators(_variables(state.params, state.model_state), step, writer,
+            self._run_evaluators(self._variables(state), step, writer,
                                  rest)
           break
       self._check_finite(pending, last_saved)
@@ -487,7 +398,7 @@ class Trainer:
                 data_iter) -> TrainState:
     """Runs the evaluators `names` during training; the selected metric drives
     state.control (best checkpoint, plateau, early stopping)."""
-    results = self._run_evaluators(_variables(state.params, state.model_state), step, writer,
+    results = self._run_evaluators(self._variables(state), step, writer,
                                    names)
     if not self.select or self.select[0] not in results:
       return state
@@ -512,7 +423,7 @@ class Trainer:
     """{"<evaluator>/<metric>": value} of the evaluators `names`, logged and saved."""
     flat: dict[str, Any] = {}
     for name in names:
-      with report_time(f"eval {name}") as timer:
+      with ReportTime(f"eval {name}") as timer:
         results = self.evaluators[name].run(variables, mesh=self.mesh, step=step)
       results = {**results, "eval_seconds": timer.seconds}
       # The split's entries whose files were bad (builders.files); a source already open.
@@ -605,7 +516,7 @@ class Trainer:
     return results
 
 
-class report_time:  # pylint: disable=invalid-name
+class ReportTime:
   """Context manager measuring wall seconds."""
 
   def __init__(self, name: str):

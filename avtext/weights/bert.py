@@ -16,67 +16,14 @@ import numpy as np
 from safetensors.flax import load_file
 
 from avtext.models.bert import Bert
+from avtext.models.bert import CONFIG_FILE
+from avtext.models.bert import bert_kwargs_from_hf_config
 
-CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-
-_HF_ACTIVATIONS = {
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "relu": "relu",
-}
 # Tensors a BERT encoder checkpoint may hold that the encoder does not use:
 # the position-id buffer and the pre-training heads.
 _UNUSED = ("embeddings.position_ids",)
 _UNUSED_PREFIXES = ("cls.",)
-
-
-def weights_dir(spec: str | None) -> pathlib.Path | None:
-  """`config.model.text.weights`: None (random init), 'minilm-l6', or a local HF BERT dir."""
-  if not spec:
-    return None
-  if spec == "minilm-l6":
-    from avtext.weights import assets  # pylint: disable=g-import-not-at-top
-    return assets.minilm_l6_dir()
-  path = pathlib.Path(spec)
-  if not (path / CONFIG_FILE).exists():
-    raise FileNotFoundError(f"config.model.text.weights={spec!r}: no {CONFIG_FILE} there; "
-                            "expected a local HF BERT directory (config.json + "
-                            "model.safetensors + vocab.txt) or 'minilm-l6'")
-  return path
-
-
-def bert_kwargs_from_hf_config(config: dict[str, Any],
-                               source: str = CONFIG_FILE) -> dict[str, Any]:
-  """Maps an HF BertConfig dict onto `Bert`'s attributes."""
-  def need(key):
-    if key not in config:
-      raise KeyError(f"{source}: missing {key!r}")
-    return config[key]
-
-  act = config.get("hidden_act", "gelu")
-  if act not in _HF_ACTIVATIONS:
-    raise ValueError(f"{source}: hidden_act={act!r} is not supported; "
-                     f"expected one of {sorted(_HF_ACTIVATIONS)}")
-  position_type = config.get("position_embedding_type", "absolute")
-  if position_type != "absolute":
-    raise ValueError(f"{source}: position_embedding_type={position_type!r}; "
-                     f"only 'absolute' (learned) positions are implemented")
-  return dict(
-      vocab_size=need("vocab_size"),
-      hidden_size=need("hidden_size"),
-      num_layers=need("num_hidden_layers"),
-      num_heads=need("num_attention_heads"),
-      mlp_dim=need("intermediate_size"),
-      max_position_embeddings=need("max_position_embeddings"),
-      type_vocab_size=config.get("type_vocab_size", 2),
-      layer_norm_eps=config.get("layer_norm_eps", 1e-12),
-      activation=_HF_ACTIVATIONS[act],
-      dropout_rate=config.get("hidden_dropout_prob", 0.1),
-      attention_dropout_rate=config.get("attention_probs_dropout_prob", 0.1),
-      initializer_range=config.get("initializer_range", 0.02),
-  )
 
 
 def _linear(w: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@
 the checkpoint (`read_checkpoint`, here), lets the system's converter
 (`avtext/weights/official_<S>.py`) map the official hyper-parameters onto the config and
 the official tensors onto the model's parameters through a `Porter` (here), and writes a
-run directory that `--mode=eval`, `avtext.inspect.load_run`, the notebook and
+run directory that `--mode=eval`, `avtext.runs.load_run`, the notebook and
 `config.init_from` open like a trained run (the tool: it builds the trainer's state).
 
 Formats read (`read_checkpoint`):

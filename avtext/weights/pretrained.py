@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 
 from avtext.data import preprocessing
+from avtext.models import bert
 from avtext.weights import assets
 from avtext.weights import bert as bert_weights
 from avtext.weights import gpt2 as gpt2_weights
@@ -44,7 +45,7 @@ class Tower:
 
 def _bert(fresh, cfg, config):
   del fresh, config
-  weights = bert_weights.weights_dir(cfg.get("weights"))
+  weights = bert.weights_dir(cfg.get("weights"))
   if weights is None:
     return None
   return str(weights), bert_weights.load_hf_bert(weights)[1]
@@ -118,7 +119,7 @@ def load(params, config: ml_collections.ConfigDict, towers) -> Any:
 def text_tokenizer(config: ml_collections.ConfigDict) -> preprocessing.Tokenizer:
   """The text tower's WordPiece tokenizer, `config.data.max_text_len` tokens: the vocab
   of config.data.vocab, else of config.model.text.weights, else MiniLM-L6's."""
-  weights = bert_weights.weights_dir(config.model.text.get("weights"))
+  weights = bert.weights_dir(config.model.text.get("weights"))
   vocab = config.data.get("vocab") or (
       weights / "vocab.txt" if weights is not None else assets.minilm_l6_dir() / "vocab.txt")
   return preprocessing.Tokenizer(vocab, max_len=config.data.max_text_len)

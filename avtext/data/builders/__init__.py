@@ -1,6 +1,6 @@
 """Dataset registry: `config.dataset.name` -> random-access source of examples.
 
-Built-in names (each registered by the module named in `_MODULES`, imported
+Built-in names (each registered by its module in this package, imported
 the first time the name is looked up, so importing this package stays cheap
 and e.g. TensorFlow is imported only by a config that reads TFDS files):
 
@@ -53,10 +53,11 @@ RandomAccessDataSource (`__len__`, `__getitem__`) with a `kind`:
               axes of variable length) plus host fields ('id', strings); batch them
               with `features.collate`.
 """
-import importlib
 from typing import Any, Callable
 
 import ml_collections
+
+from avtext import registry as registry_lib
 
 CLIPS = "clips"
 FEATURES = "features"
@@ -64,84 +65,25 @@ KINDS = (CLIPS, FEATURES)
 
 _SPLIT_ALIASES = {"validation": "val"}
 
-# name (or prefix) -> the module whose import registers it.
-_MODULES = {
-    "synthetic_clips": "avtext.data.builders.synthetic",
-    "synthetic_smit": "avtext.data.builders.synthetic",
-    "videocc3m": "avtext.data.builders.videocc3m",
-    "msrvtt": "avtext.data.builders.msrvtt",
-    "audiocaps": "avtext.data.builders.audiocaps",
-    "clotho": "avtext.data.builders.clotho",
-    "coot": "avtext.data.builders.coot",
-    "tvc": "avtext.data.builders.tvc",
-    "tvr": "avtext.data.builders.tvr",
-    "smit_features": "avtext.data.builders.smit",
-    "smit": "avtext.data.builders.smit",
-    "videocc_mined": "avtext.data.builders.mined",
-    "features:hdf5": "avtext.data.builders.precomputed",
-    "features:npz": "avtext.data.builders.precomputed",
-    "features:array_record": "avtext.data.builders.precomputed",
-}
-_PREFIX_MODULES = {"tfds:": "avtext.data.builders.tfds_clips"}
+# Every `@register_dataset("<name>")` in avtext/data/builders/; a module is imported
+# when one of its names is looked up.
+DATASETS = registry_lib.Registry(
+    "dataset", "avtext.data.builders", "register_dataset",
+    message="{where}={name!r} is not a registered dataset; registered: {joined}")
 
 Factory = Callable[[ml_collections.ConfigDict, str], Any]
-_FACTORIES: dict[str, Factory] = {}
-_PREFIX_FACTORIES: dict[str, Factory] = {}
-
-
-def register_dataset(name: str, *, prefix: bool = False) -> Callable[[Factory], Factory]:
-  """Decorator: `factory(dataset_config, split) -> source` opens dataset `name`.
-
-  With `prefix=True`, every name starting with `name` (e.g. 'tfds:') that no
-  exact registration claims goes to `factory`.
-  """
-  table = _PREFIX_FACTORIES if prefix else _FACTORIES
-
-  def decorate(factory: Factory) -> Factory:
-    old = table.get(name)
-    # A module imported twice (importlib.reload) re-registers the same factory.
-    if old is not None and (old.__module__, old.__qualname__) != (
-        factory.__module__, factory.__qualname__):
-      raise ValueError(f"dataset {name!r} is already registered by "
-                       f"{old.__module__}.{old.__qualname__}")
-    table[name] = factory
-    return factory
-  return decorate
-
-
-def registered_names() -> list[str]:
-  """Every name a config can use (prefix families as '<prefix><name>'), without imports."""
-  exact = sorted(set(_FACTORIES) | set(_MODULES))
-  return exact + sorted(f"{p}<name>" for p in set(_PREFIX_FACTORIES) | set(_PREFIX_MODULES))
-
-
-def _import_registering(module: str, name: str, table: dict[str, Factory]) -> None:
-  importlib.import_module(module)
-  if name not in table:
-    raise ImportError(f"{module} was imported to register dataset {name!r} but did not "
-                      "register it (missing @register_dataset?)")
-
-
-def _factory(name: str) -> Factory:
-  if name not in _FACTORIES and name in _MODULES:
-    _import_registering(_MODULES[name], name, _FACTORIES)
-  if name in _FACTORIES:
-    return _FACTORIES[name]
-  for prefix, module in _PREFIX_MODULES.items():
-    if name.startswith(prefix) and prefix not in _PREFIX_FACTORIES:
-      _import_registering(module, prefix, _PREFIX_FACTORIES)
-  for prefix, factory in _PREFIX_FACTORIES.items():
-    if name.startswith(prefix) and len(name) > len(prefix):
-      return factory
-  raise ValueError(f"config.dataset.name={name!r} is not a registered dataset; "
-                   f"registered: {', '.join(registered_names())}")
+# Decorator: `factory(dataset_config, split) -> source` opens dataset `name`; with
+# `prefix=True`, every name starting with `name` (e.g. 'tfds:') that no exact
+# registration claims goes to `factory`.
+register_dataset = DATASETS.register
+registered_names = DATASETS.names
 
 
 def get_source(dataset_config: ml_collections.ConfigDict, split: str):
   """The source of `split` ('validation' = 'val') of dataset `dataset_config.name`."""
   name = dataset_config.name
   split = _SPLIT_ALIASES.get(split, split)
-  factory = _factory(name)
+  factory = DATASETS.get(name, where="config.dataset.name")
   source = factory(dataset_config, split)
   kind = getattr(source, "kind", None)
   if kind not in KINDS:

@@ -1,9 +1,9 @@
 """Notebook API: open a run directory and poke at its model.
 
-    from avtext import inspect
-    run = inspect.load_run("workdirs/demo/avr")          # latest checkpoint
-    run = inspect.load_run("workdirs/demo/avr", step=250)
-    run = inspect.load_run("workdirs/demo/avr", step="best")   # with config.eval.select
+    from avtext import runs
+    run = runs.load_run("workdirs/demo/avr")          # latest checkpoint
+    run = runs.load_run("workdirs/demo/avr", step=250)
+    run = runs.load_run("workdirs/demo/avr", step="best")   # with config.eval.select
     video_emb = run.model.apply(run.variables, inputs, method=run.model.encode_video)
 
 The model is rebuilt from the run's `config.json` alone (`config.model` through
