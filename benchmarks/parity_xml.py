@@ -24,7 +24,7 @@ r"""XML parity: the official TVR XML (jayleicn/TVRetrieval) against its import i
    similarity S, the VR scores (eq. 4), the start/end logits, and the training loss
    of one step: official `model(**inputs)` (lw_st_ed 0.01, hard negatives with a pool
    of 1, which makes its sampled negative the hardest, deterministic) against
-   avtext's `MomentsTask.loss_fn` on the same batch (hard pool 1 from epoch 0; model
+   avtext's `XMLTask.loss_fn` on the same batch (hard pool 1 from epoch 0; model
    dropout 0, since the official loss here runs in eval mode).
 
 No shims: the official modules import with torch and easydict (requirements-bench.txt).

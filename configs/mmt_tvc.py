@@ -26,7 +26,7 @@ descriptions) is captioned into a submission file, workdir/captions/test_public_
 The model and loss are the official functions: the official decoder layer (no
 output Linear after its attentions, a single Linear as its feed-forward part;
 avtext/models/mmt.py) and the official label-smoothed KL summed over the batch's
-words (avtext/tasks/captioning.py, "kl_sum"); official checkpoints import with
+words (avtext/losses/captioning.py, "kl_sum"); official checkpoints import with
 `python -m avtext.tools.import_checkpoint --system=mmt` (avtext/weights/official_mmt.py).
 Remaining difference from the official code: optax AdamW (bias-corrected) in place
 of BertAdam.
@@ -36,7 +36,7 @@ Variants:
                after each attention, GELU MLP of width intermediate_size), the layer
                every avtext transformer shares (reason: avtext/models/mmt.py)
   mean_nll     our loss: cross-entropy to the uniformly smoothed target (eps/V),
-               averaged over the batch's words (reason: avtext/tasks/captioning.py)
+               averaged over the batch's words (reason: avtext/losses/captioning.py)
   video, sub   the paper's Table 14 ablation (context without subtitles / video)
   demo         the synthetic long videos (avtext/tools/tvr_synthetic.py writes them in
                this layout to workdirs/demo/tvr_data): clip features of the demo's

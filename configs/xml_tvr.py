@@ -26,7 +26,7 @@ kept, no NMS.
 
 Length prior: the paper's, Lmin = 2 <= end - start + 1 <= Lmax = 16 clips
 (search.min_len / max_len), with inclusive end labels (data.end_label, see
-avtext/tasks/moments.py). The official code keeps lengths 3..16 (its
+avtext/tasks/xml.py). The official code keeps lengths 3..16 (its
 min_l <= ed - st < max_l) on labels one clip long; set search.min_len=3 and
 data.end_label="official" to reproduce its predictions. We follow the paper
 because its rule and the inclusive labels agree: a model that reproduces

@@ -12,6 +12,7 @@ from avtext import experiment
 from avtext.data import builders
 from avtext.data import pipelines
 from avtext.data.synthetic import captions, clips, world
+from avtext.losses import captioning as caption_losses
 from avtext.metrics import captioning as caption_metrics
 from avtext.tasks import captioning
 from avtext.text import tokenizers
@@ -25,12 +26,12 @@ def test_sequence_nll_hand_computed():
   logits = jnp.array([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [5.0, 5.0, 5.0]]])
   targets = jnp.array([[0, 2, 1]])
   mask = jnp.array([[1, 1, 0]])  # the third position is padding
-  loss, acc = captioning.sequence_nll(logits, targets, mask)
+  loss, acc = caption_losses.sequence_nll(logits, targets, mask)
   want = (-np.log(np.exp(2) / (np.exp(2) + 2)) - np.log(1 / (np.e + 2))) / 2
   np.testing.assert_allclose(loss, want, rtol=1e-6)
   assert float(acc) == 50.0  # argmax right at position 0, wrong at 1
   # Label smoothing eps: (1 - eps) * NLL + eps * mean over classes of -log p.
-  smooth, _ = captioning.sequence_nll(logits, targets, mask, label_smoothing=0.3)
+  smooth, _ = caption_losses.sequence_nll(logits, targets, mask, label_smoothing=0.3)
   lp0 = np.log(np.array([np.exp(2), 1, 1]) / (np.exp(2) + 2))
   lp1 = np.log(np.array([1, np.e, 1]) / (np.e + 2))
   want = (0.7 * -lp0[0] + 0.3 * -lp0.mean() + 0.7 * -lp1[2] + 0.3 * -lp1.mean()) / 2
@@ -58,17 +59,17 @@ def test_tvc_label_smoothing_loss_is_the_official_kl_sum():
       total += np.sum(q[kept] * (np.log(q[kept]) - logp[b, i][kept]))
     return total
 
-  loss, per_word, acc = captioning.tvc_label_smoothing_loss(logits, targets, mask, 0.3)
+  loss, per_word, acc = caption_losses.tvc_label_smoothing_loss(logits, targets, mask, 0.3)
   np.testing.assert_allclose([loss, per_word], [official(0.3), official(0.3) / 5], rtol=1e-6)
   assert float(acc) == pytest.approx(100 * 3 / 5)  # right at (0,0), (1,0), (1,2)
-  np.testing.assert_allclose(captioning.tvc_label_smoothing_loss(logits, targets, mask, 1.0)[0],
+  np.testing.assert_allclose(caption_losses.tvc_label_smoothing_loss(logits, targets, mask, 1.0)[0],
                              official(1.0), rtol=1e-6)  # no mass on the target
   # eps = 0: the official nn.CrossEntropyLoss(ignore_index=-1), a mean over the real tokens.
   ce = -np.mean([logp[b, i, int(targets[b, i])] for b, i in real])
-  loss0, per_word0, _ = captioning.tvc_label_smoothing_loss(logits, targets, mask, 0.0)
+  loss0, per_word0, _ = caption_losses.tvc_label_smoothing_loss(logits, targets, mask, 0.0)
   np.testing.assert_allclose([loss0, per_word0], [ce, ce], rtol=1e-6)
   with pytest.raises(ValueError, match="label_smoothing=1.5"):
-    captioning.tvc_label_smoothing_loss(logits, targets, mask, 1.5)
+    caption_losses.tvc_label_smoothing_loss(logits, targets, mask, 1.5)
 
 
 def test_parse_statements_recovers_every_generated_mention():

@@ -20,7 +20,7 @@ from avtext.data.synthetic import world
 from avtext.inference import generate
 from avtext.metrics import captioning as caption_metrics
 from avtext.models import mmt
-from avtext.tasks import captioning
+from avtext.tasks import mmt as mmt_task
 from avtext.tasks import registry
 from avtext.text import vocab as vocab_lib
 from avtext.train import optimizers
@@ -33,15 +33,15 @@ import mmt_tvc  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def test_moment_clip_indices_and_rows_follow_the_official_rules():
-  assert captioning.moment_clips([0.0, 2.29], 10) == (0, 2)  # clips 0, 1, 2 (ed inclusive)
-  assert captioning.moment_clips([16.48, 33.87], 60) == (10, 23)
-  np.testing.assert_array_equal(captioning.video_rows(2, 5, 30, 18), [2, 3, 4, 5])
+  assert mmt_task.moment_clips([0.0, 2.29], 10) == (0, 2)  # clips 0, 1, 2 (ed inclusive)
+  assert mmt_task.moment_clips([16.48, 33.87], 60) == (10, 23)
+  np.testing.assert_array_equal(mmt_task.video_rows(2, 5, 30, 18), [2, 3, 4, 5])
   # 27 clips > 18: linspace(3, 29, 18) floored (ed clamped from 40 to the last clip, 29).
-  np.testing.assert_array_equal(captioning.video_rows(3, 40, 30, 18),
+  np.testing.assert_array_equal(mmt_task.video_rows(3, 40, 30, 18),
                                 [3, 4, 6, 7, 9, 10, 12, 13, 15, 16, 18, 19, 21, 22, 24, 25, 27,
                                  29])
   # A moment starting past the features' end: ed = 7, st -> ed - 1.
-  np.testing.assert_array_equal(captioning.video_rows(10, 12, 8, 18), [6, 7])
+  np.testing.assert_array_equal(mmt_task.video_rows(10, 12, 8, 18), [6, 7])
 
 
 def test_moment_subtitle_takes_lines_touching_its_clips():
@@ -50,9 +50,9 @@ def test_moment_subtitle_takes_lines_touching_its_clips():
           (4.5, 6.0, "c"),   # {3}
           (6.0, 6.0, "d"),   # floor 4, ceil 4: no clip at all (official range is empty)
           (7.4, 9.0, "e")]   # {4, 5}
-  assert captioning.moment_subtitle(subs, 1, 3) == "b c"
-  assert captioning.moment_subtitle(subs, 0, 0) == "a b"
-  assert captioning.moment_subtitle(subs, 4, 9) == "e"
+  assert mmt_task.moment_subtitle(subs, 1, 3) == "b c"
+  assert mmt_task.moment_subtitle(subs, 0, 0) == "a b"
+  assert mmt_task.moment_subtitle(subs, 4, 9) == "e"
 
 
 def test_word_tokenize_and_vocab():
@@ -334,14 +334,14 @@ def test_context_example_layout(tvc_dir, tmp_path):
   task = registry.build_task(_tiny_config(tvc_dir, tmp_path / "w.json"))
   item = src[1]
   ex = task.context_example(item)
-  st, ed = captioning.moment_clips(item["ts"], len(item["video"]))
-  rows = captioning.video_rows(st, ed, len(item["video"]), 6)  # max_v_len 8 in :tiny
+  st, ed = mmt_task.moment_clips(item["ts"], len(item["video"]))
+  rows = mmt_task.video_rows(st, ed, len(item["video"]), 6)  # max_v_len 8 in :tiny
   n = len(rows)
   assert ex["ctx_ids"][:n + 2].tolist() == [1] + [3] * n + [2]
   assert ex["ctx_ids"][n + 2:8].tolist() == [0] * (6 - n) and ex["ctx_mask"][:8].sum() == n + 2
   np.testing.assert_array_equal(ex["video"][1:n + 1], item["video"][rows])
   assert not ex["video"][n + 1:].any()
-  sub_ids, sub_mask = vocab.encode(captioning.moment_subtitle(item["subtitles"], st, ed), 12)
+  sub_ids, sub_mask = vocab.encode(mmt_task.moment_subtitle(item["subtitles"], st, ed), 12)
   np.testing.assert_array_equal(ex["ctx_ids"][8:], sub_ids)
   np.testing.assert_array_equal(ex["ctx_mask"][8:], sub_mask)
   assert ex["token_type_ids"].tolist() == [0] * 8 + [1] * 12

@@ -50,10 +50,10 @@ import numpy as np
 import pytest
 
 from avtext.inference import generate
+from avtext.losses import captioning as caption_losses
 from avtext.models import gpt2 as gpt2_lib
 from avtext.models import mmt as mmt_lib
 from avtext.models import registry as models_registry
-from avtext.tasks import captioning
 from avtext.tasks import registry as tasks_registry
 from tests import test_mmt
 from tests import test_xml
@@ -120,7 +120,7 @@ def _loss_state(out):
 
 def _captioner_case() -> Case:
   """VideoCC's captioner: the tests' small MBT + GPT-2 (tiny config's decoder sizes),
-  `captioning.sequence_nll` as CaptioningTask.loss_fn."""
+  `caption_losses.sequence_nll` as CaptioningTask.loss_fn."""
   model = ml_collections.ConfigDict(dict(
       name="video_captioner", context_groups=None, video=_MBT,
       decoder=dict(name="gpt2", vocab_size=23, max_positions=16, hidden_size=32,
@@ -136,7 +136,7 @@ def _captioner_case() -> Case:
     m = models_registry.build_model(cfg.model)
     def loss(variables, r):
       logits = m.apply(variables, {"rgb": rgb}, ids, train=True, rngs={"dropout": r})
-      return captioning.sequence_nll(logits, targets, mask, 0.1)[0], {}
+      return caption_losses.sequence_nll(logits, targets, mask, 0.1)[0], {}
     return (lambda r: m.init(r, {"rgb": rgb}, ids)), loss
   return Case(ml_collections.ConfigDict(dict(model=model)), make)
 
@@ -158,7 +158,7 @@ def _mmt_case() -> Case:
     m = models_registry.build_model(cfg.model)
     def loss(variables, r):
       logits = m.apply(variables, *ctx, caption, train=True, rngs={"dropout": r})
-      return captioning.sequence_nll(logits, targets, mask, 0.1)[0], {}
+      return caption_losses.sequence_nll(logits, targets, mask, 0.1)[0], {}
     return (lambda r: m.init(r, *ctx, caption)), loss
   return Case(ml_collections.ConfigDict(dict(model=model)), make)
 
@@ -187,7 +187,7 @@ def _coot_case() -> Case:
 
 
 def _xml_case() -> Case:
-  """XML at configs/xml_tvr.py:tiny sizes on tests/test_xml.py's inputs, MomentsTask.loss_fn
+  """XML at configs/xml_tvr.py:tiny sizes on tests/test_xml.py's inputs, XMLTask.loss_fn
   (VR hinge with sampled and hard negatives + span NLL)."""
   config = xml_tvr.get_config("tiny")
   q, qm, ctx, _ = test_xml._inputs(np.random.default_rng(0), b=4)  # pylint: disable=protected-access

@@ -15,8 +15,7 @@ import pytest
 from avtext.data import builders
 from avtext.losses import contrastive
 from avtext.tasks import registry
-from avtext.tasks import smit as smit_task
-from avtext.features import smit as smit_features
+from avtext.tools import smit_features
 from avtext.train import checkpointing
 from avtext.train import optimizers
 from tests.test_trainer import REPO
@@ -134,22 +133,22 @@ def test_loss_by_config_matches_the_library():
   sim = jax.random.normal(jax.random.PRNGKey(0), (6, 6))
   cfg = smit_language_amm.get_config("tiny").loss
   cfg.name = "amm"
-  np.testing.assert_allclose(smit_task.smit_loss(sim, cfg, 0), contrastive.amm(sim, alpha=0.5))
+  np.testing.assert_allclose(contrastive.smit_loss(sim, cfg, 0), contrastive.amm(sim, alpha=0.5))
   cfg.name = "mms"  # M = 0.001 * 1.002 ** floor(step / 1000)
-  np.testing.assert_allclose(smit_task.smit_loss(sim, cfg, 2500),
+  np.testing.assert_allclose(contrastive.smit_loss(sim, cfg, 2500),
                              contrastive.mms(sim, margin=0.001 * 1.002 ** 2), rtol=1e-6)
   cfg.name = "nce"  # S-MiT eq. 1: the positive is not in the denominator
   logits = np.asarray(sim, np.float64)
   off = ~np.eye(6, dtype=bool)
   lxy = -np.mean(np.diag(logits) - np.log(np.where(off, np.exp(logits), 0).sum(1)))
   lyx = -np.mean(np.diag(logits) - np.log(np.where(off, np.exp(logits), 0).sum(0)))
-  np.testing.assert_allclose(smit_task.smit_loss(sim, cfg, 0), lxy + lyx, rtol=1e-5)
+  np.testing.assert_allclose(contrastive.smit_loss(sim, cfg, 0), lxy + lyx, rtol=1e-5)
   cfg.name = "semi_hard_triplet"
-  np.testing.assert_allclose(smit_task.smit_loss(sim, cfg, 0),
+  np.testing.assert_allclose(contrastive.smit_loss(sim, cfg, 0),
                              contrastive.semi_hard_triplet(sim, margin=1.0))
   cfg.name = "triplet"
   with pytest.raises(ValueError, match="config.loss.name='triplet'"):
-    smit_task.smit_loss(sim, cfg, 0)
+    contrastive.smit_loss(sim, cfg, 0)
 
 
 def test_paper_config_says_what_to_prepare(tmp_path):

@@ -24,9 +24,9 @@ from avtext.data.synthetic import tvr_layout
 from avtext.data.synthetic import world
 from avtext.features import tvr_text
 from avtext.inference import vcmr
-from avtext.metrics import moments as moment_metrics
+from avtext.metrics import vcmr as moment_metrics
 from avtext.models import xml
-from avtext.tasks import moments as moments_task
+from avtext.tasks import xml as moments_task
 from avtext.tasks import registry
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -272,7 +272,7 @@ def test_store_keeps_padded_h1_where_the_official_convse_reads_it(tmp_path):
   """Official default (masked_convse False): the evaluator keeps H_1 at padded clips, so
   the span logits over the store are the model's own (padded to max_ctx_len)."""
   import types  # pylint: disable=g-import-not-at-top
-  from avtext.evals import moments as moments_eval  # pylint: disable=g-import-not-at-top
+  from avtext.evals import vcmr as moments_eval  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(5)
   h0, h1 = (rng.normal(size=(2, 2, 6, 4)).astype(np.float32) for _ in range(2))
   mask = np.asarray([[1] * 6, [1] * 4 + [0] * 2], np.int32)
@@ -282,7 +282,7 @@ def test_store_keeps_padded_h1_where_the_official_convse_reads_it(tmp_path):
     w.add(["a", "b"], [0, 1], h0, h1, mask)
     got = w.close().read("h1", slice(0, 2))
     np.testing.assert_array_equal(got, h1 if keep else h1 * mask[:, None, :, None])
-  reads = lambda variant: moments_eval.MomentsEvaluator._convse_reads_padding(  # noqa: E731  pylint: disable=protected-access
+  reads = lambda variant: moments_eval.VCMREvaluator._convse_reads_padding(  # noqa: E731  pylint: disable=protected-access
       types.SimpleNamespace(task=types.SimpleNamespace(config=xml_tvr.get_config(variant))))
   assert reads("tiny") and not reads("tiny,masked_convse") and not reads("tiny,sliding")
 

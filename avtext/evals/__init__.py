@@ -11,11 +11,13 @@
 Every evaluator also runs once at the end of training. Several may run in one
 run (zero-shot MSR-VTT and AudioCaps from one VideoCC run); each logs
 `<name>/<metric>` to TensorBoard and `results.json`. An evaluator calls only
-the task's `eval_examples(source)` and named `predict_fns()`, which it jits
-once per mesh in a cache all evaluators of the run share.
+the task members its protocol declares (`avtext/evals/protocols.py`: the task's
+`eval_examples(source)` and named `predict_fns()`, which it jits once per mesh in
+a cache all evaluators of the run share, plus e.g. `decode` for captioning).
 
 Adding an evaluator: subclass `base.Evaluator` in `avtext/evals/<kind>.py`,
-decorate it with `@register_evaluator("<kind>")`; the registry finds it there.
+decorate it with `@register_evaluator("<kind>")` and set its `protocol`; the registry
+finds it there.
 """
 import ml_collections
 

@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 
 from avtext.data import builders
+from avtext.evals import protocols
 from avtext.train import partitioning
 
 
@@ -53,7 +54,10 @@ class PredictCache:
 
 
 class Evaluator:
-  """Base class: subclasses implement `evaluate` (and usually `report`)."""
+  """Base class: subclasses implement `evaluate` (and usually `report`) and name the
+  task members they call (`protocol`, checked here)."""
+
+  protocol = protocols.Predicting
 
   def __init__(self, name: str, cfg: ml_collections.ConfigDict, *,
                config: ml_collections.ConfigDict, task, cache: PredictCache,
@@ -68,6 +72,8 @@ class Evaluator:
     self._source = None
     if cfg.get("every_steps") and cfg.get("every_epochs"):
       raise ValueError(f"config.evals.{name}: set every_steps or every_epochs, not both")
+    protocols.check(task, self.protocol,
+                    f"config.evals.{name} (type {cfg.get('type')!r}, {type(self).__name__})")
 
   def every(self, steps_per_epoch: int) -> int:
     """Period in training steps (0: only at the end of training)."""

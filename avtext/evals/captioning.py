@@ -45,6 +45,7 @@ import numpy as np
 from avtext import evals
 from avtext.data import pipelines
 from avtext.evals import base
+from avtext.evals import protocols
 from avtext.metrics import captioning as metrics
 
 EMPTY = "<empty>"
@@ -75,6 +76,8 @@ def _write_tvc(path, texts: list[str], ids: list[str], *, host: dict, keep: list
 @evals.register_evaluator("captioning")
 class CaptioningEvaluator(base.Evaluator):
   """Generates a caption per test video and scores it against the references."""
+
+  protocol = protocols.Captioning
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)

@@ -8,7 +8,7 @@ Config fields (besides `base.Evaluator`'s):
 Logits are averaged over the K equally spaced test clips of each video
 (VideoCC §4.1's multi-clip protocol), then scored by
 `avtext.metrics.classification.classification_metrics` with the task's
-`label_names` (class_0.. when the task has none).
+`label_names` (class_0.. when they are empty).
 """
 from typing import Any
 
@@ -16,12 +16,15 @@ import jax.numpy as jnp
 
 from avtext import evals
 from avtext.evals import base
+from avtext.evals import protocols
 from avtext.metrics import classification as metrics
 
 
 @evals.register_evaluator("classification")
 class ClassificationEvaluator(base.Evaluator):
   """mAP, top-1 and per-group accuracy of the task's logits."""
+
+  protocol = protocols.Classification
 
   def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
     del step
@@ -38,7 +41,7 @@ class ClassificationEvaluator(base.Evaluator):
 
     out, _ = self.predict(("classification", logits_fn, label_key), build, variables,
                           mesh=mesh)
-    names = getattr(self.task, "label_names", None) or tuple(
+    names = self.task.label_names or tuple(
         f"class_{i}" for i in range(out["logits"].shape[1]))
     results = metrics.classification_metrics(out["logits"], out["labels"], names)
     results["num_videos"] = len(out["labels"])

@@ -29,6 +29,7 @@ import numpy as np
 
 from avtext import evals
 from avtext.evals import base
+from avtext.evals import protocols
 from avtext.metrics import retrieval as metrics
 
 LEVELS = (("v2p", "p2v", "vp", "videos"), ("c2s", "s2c", "cs", "clips"))
@@ -57,6 +58,8 @@ def hierarchical_results(video: np.ndarray, paragraph: np.ndarray, clip: np.ndar
 @evals.register_evaluator("hierarchical")
 class HierarchicalEvaluator(base.Evaluator):
   """COOT's video-paragraph and clip-sentence retrieval."""
+
+  protocol = protocols.Retrieval
 
   def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
     embed_fn = self.cache.predict_fn(self.cfg.get("embed_fn", "embed"))

@@ -26,12 +26,15 @@ import numpy as np
 
 from avtext import evals
 from avtext.evals import base
+from avtext.evals import protocols
 from avtext.metrics import retrieval as metrics
 
 
 @evals.register_evaluator("retrieval")
 class RetrievalEvaluator(base.Evaluator):
   """Dual-encoder retrieval metrics over the task's two embedding functions."""
+
+  protocol = protocols.Retrieval
 
   def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
     del step

@@ -227,3 +227,12 @@ def generate(start_fn: StartFn, step_fn: StepFn, *, max_new_tokens: int, eos_id:
   better = g["scores"] > out["scores"]
   return {key: jnp.where(better.reshape((-1,) + (1,) * (out[key].ndim - 1)), g[key], out[key])
           for key in out}
+
+
+def from_config(gen, start_fn: StartFn, step_fn: StepFn, *, max_new_tokens: int,
+                eos_id: int) -> dict[str, Array]:
+  """`generate` with `config.generation`'s beam_size, min_length (default 0) and
+  length_penalty (default 0.0): what the captioning tasks' predict functions decode with."""
+  return generate(start_fn, step_fn, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                  beam_size=int(gen.beam_size), min_length=int(gen.get("min_length", 0)),
+                  length_penalty=float(gen.get("length_penalty", 0.0)))

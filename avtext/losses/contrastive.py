@@ -260,3 +260,47 @@ def max_margin_ranking(sim: jax.Array, *, margin: Scalar = 0.2,
     cost_rows = jnp.max(cost_rows, axis=1)
     cost_cols = jnp.max(cost_cols, axis=0)
   return (jnp.sum(cost_rows) + jnp.sum(cost_cols)) / (batch * batch)
+
+
+# ---------------------------------------------------------------- by config name
+# S-MiT sec. 2.3.1's losses as `config.loss.name` selects them (configs/smit_*.py):
+# (sim [B_caption, B_video], config.loss, step) -> scalar, with logits S / loss.temperature
+# (1.0: the paper's dot product). Its "nce" is eq. 1, the positive left out of the
+# denominator; VideoCC's InfoNCE (positive included) is `nce(sim, temperature=sigma)`.
+
+
+def _amm_of_config(sim, cfg, step):
+  del step
+  return amm(sim, alpha=cfg.get("alpha", 0.5), temperature=cfg.get("temperature", 1.0))
+
+
+def _mms_of_config(sim, cfg, step):
+  margin = mms_margin(step, initial=cfg.get("margin_initial", 0.001),
+                      growth=cfg.get("margin_growth", 1.002), every=cfg.get("margin_every", 1000))
+  return mms(sim, margin=margin, temperature=cfg.get("temperature", 1.0))
+
+
+def _nce_of_config(sim, cfg, step):
+  del step
+  return nce(sim, temperature=cfg.get("temperature", 1.0), include_positive=False)
+
+
+def _semi_hard_triplet_of_config(sim, cfg, step):
+  del step
+  return semi_hard_triplet(sim, margin=cfg.get("margin", 1.0))
+
+
+SMIT_LOSSES = {"amm": _amm_of_config, "mms": _mms_of_config, "nce": _nce_of_config,
+               "semi_hard_triplet": _semi_hard_triplet_of_config}
+
+
+def get_smit_loss(name: str):
+  """`SMIT_LOSSES[name]`; `name` is `config.loss.name`."""
+  if name not in SMIT_LOSSES:
+    raise ValueError(f"config.loss.name={name!r}; expected one of {tuple(SMIT_LOSSES)}")
+  return SMIT_LOSSES[name]
+
+
+def smit_loss(sim: jax.Array, cfg, step) -> jax.Array:
+  """The S-MiT loss `cfg.name` names of `sim` [B_caption, B_video] (`cfg`: config.loss)."""
+  return get_smit_loss(cfg.name)(sim, cfg, step)

@@ -1,6 +1,7 @@
 """Retrieval metrics: R@K, median / mean rank, mAP, and S-MiT's 1k-subset protocol.
 
-Host-side numpy. A similarity matrix `sim  # [Q, N]` scores every query
+Host-side numpy, except `in_batch_metrics` (jnp, inside the jitted train step).
+A similarity matrix `sim  # [Q, N]` scores every query
 (row) against every item (column); higher is more similar. The trainer calls
 `retrieval_metrics(sim)` for text->video and `retrieval_metrics(sim.T)` for
 video->text.
@@ -14,6 +15,7 @@ agree whenever scores are distinct.
 """
 from typing import Dict, Iterable, Optional, Sequence, Tuple, Union
 
+import jax.numpy as jnp
 import numpy as np
 
 GroundTruth = Union[None, np.ndarray, Sequence[Iterable[int]]]
@@ -303,3 +305,13 @@ def subset_protocol(sim, *, n_subsets: int = 5, subset_size: int = 1000,
       result[f"{direction}/{name}"] = float(mean)
       result[f"{direction}/{name}_std"] = float(std)
   return result
+
+
+def in_batch_metrics(sim) -> dict:
+  """Training scores of the global batch's `sim  # [B_text, B_video]`, positives on the
+  diagonal (jnp, jit-able): batch_t2v_r1 (% of texts whose own video scores highest) and
+  the mean positive_sim / negative_sim (diagonal / off-diagonal)."""
+  hits = jnp.argmax(sim, axis=1) == jnp.arange(sim.shape[0])
+  return {"batch_t2v_r1": 100.0 * jnp.mean(hits),
+          "positive_sim": jnp.mean(jnp.diagonal(sim)),
+          "negative_sim": (jnp.sum(sim) - jnp.trace(sim)) / (sim.size - sim.shape[0])}

@@ -1,6 +1,6 @@
 """XML: Cross-modal Moment Localization (TVR, Lei et al. 2020, sec. 4).
 
-Inputs (per item; `avtext.tasks.moments` builds them):
+Inputs (per item; `avtext.tasks.xml` builds them):
   query      [Lq, Dq] token features (TVR: RoBERTa, 768-d), query_mask [Lq]
   video      [L, Dv] clip features (TVR: ResNet-152 + I3D, 3072-d), ctx_mask [L]
   sub        [L, Ds] subtitle features pooled on the same 1.5 s clip grid (768-d)
@@ -88,7 +88,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from avtext.losses import moments as moment_losses
+from avtext.losses import xml as xml_losses
 from avtext.models import attention
 from avtext.models import layers
 from avtext.models import registry
@@ -311,7 +311,7 @@ class XML(nn.Module):
     or "clip")}."""
     q = self.encode_query(query, query_mask, train=train)
     h0, h1 = self.encode_context(ctx, ctx_mask, train=train)
-    vr = moment_losses.video_retrieval_scores(q, h0, ctx_mask)
+    vr = xml_losses.video_retrieval_scores(q, h0, ctx_mask)
     return {"vr_scores": vr, "query": q, **self.span_logits(q, h1, ctx_mask)}
 
 

@@ -15,6 +15,7 @@ from avtext import registry as registry_lib
 from avtext.data import builders
 from avtext.data import pipelines
 from avtext.models import registry as models_registry
+from avtext.weights import pretrained
 
 # Every `@register("<name>")` in avtext/tasks/; a module is imported when its name is looked up.
 _TASKS = registry_lib.Registry("task", "avtext.tasks", "register")
@@ -56,6 +57,13 @@ class Task:
     """`source` if this task can read it; raises naming what it needs otherwise."""
     return source
 
+  def train_skip_counts(self) -> dict[str, int]:
+    """{reason: count} of the train split's entries put aside so far (files missing or
+    not decoding, `avtext.data.builders.files`); {} before the split is opened (this
+    does not open it) and for sources that skip nothing."""
+    counts = getattr(self._train_source, "skip_counts", None)
+    return counts() if counts is not None else {}
+
   def num_train_examples(self) -> int:
     raise NotImplementedError
 
@@ -68,9 +76,13 @@ class Task:
     """Initial flax variables, {"params": ...[, "batch_stats": ...]} (jitted: no I/O)."""
     raise NotImplementedError
 
+  def pretrained_towers(self) -> tuple[pretrained.Tower, ...]:
+    """The sub-models that may start from public weights their config names."""
+    return ()
+
   def load_pretrained(self, params) -> Any:
-    """Replaces parts of freshly initialized params with pretrained weights."""
-    return params
+    """Freshly initialized params with `pretrained_towers` loaded (`weights.pretrained`)."""
+    return pretrained.load(params, self.config, self.pretrained_towers())
 
   # True: the trainer calls loss_fn(..., step=<traced int32 step>) (a loss schedule).
   loss_needs_step = False

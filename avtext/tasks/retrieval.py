@@ -9,19 +9,15 @@ Evaluation is the `retrieval` evaluator (`avtext/evals/retrieval.py`) over the
 predict functions `embed_video` (K equally spaced clips per video, [B, K, D])
 and `embed_text` ([B, D]); it averages the K clip similarities (VideoCC §4.1).
 """
-from absl import logging
-import jax
 import jax.numpy as jnp
 import ml_collections
 
-from avtext import assets
 from avtext.data import pipelines
 from avtext.losses import contrastive
-from avtext.models import bert
+from avtext.metrics import retrieval as retrieval_metrics
 from avtext.modalities import parse_modalities
 from avtext.tasks import registry
-from avtext.text import tokenizers
-from avtext.weights import bert as bert_weights
+from avtext.weights import pretrained
 
 
 @registry.register("avr")
@@ -30,10 +26,7 @@ class AVRTask(registry.ClipTask):
 
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
-    weights = bert.weights_dir(config.model.text.get("weights"))
-    vocab = config.data.get("vocab") or (
-        weights / "vocab.txt" if weights is not None else assets.minilm_l6_dir() / "vocab.txt")
-    self.tokenizer = tokenizers.Tokenizer(vocab, max_len=config.data.max_text_len)
+    self.tokenizer = pretrained.text_tokenizer(config)
     self.modalities = parse_modalities(config.model.video.modalities)
 
   def examples(self, source, *, train: bool) -> pipelines.ClipExamples:
@@ -52,22 +45,9 @@ class AVRTask(registry.ClipTask):
     return self.model.init({"params": rng}, registry.video_inputs(batch), batch["input_ids"],
                            batch["attention_mask"])
 
-  def load_pretrained(self, params):
-    from avtext.weights import vit  # pylint: disable=g-import-not-at-top
-    params = vit.load_into_video(params, self.config)  # model.video.init_from_vit
-    weights = bert.weights_dir(self.config.model.text.get("weights"))
-    if weights is None:
-      return params
-    _, text_params = bert_weights.load_hf_bert(weights)
-    expected = jax.tree.map(lambda x: (x.shape, x.dtype), params["text"])
-    loaded = jax.tree.map(lambda x: (x.shape, x.dtype), text_params)
-    if expected != loaded:
-      raise ValueError(f"{weights}: pretrained text tower does not match the model's "
-                       "text parameters (config.model.text disagrees with its config.json)")
-    params = dict(params)
-    params["text"] = text_params
-    logging.info("text tower initialised from %s", weights)
-    return params
+  def pretrained_towers(self):
+    return (pretrained.Tower("model.video", ("video",), "vit"),  # model.video.init_from_vit
+            pretrained.Tower("model.text", ("text",), "bert"))
 
   def encode(self, variables, batch, rng):
     video, text = self.model.apply(
@@ -79,9 +59,7 @@ class AVRTask(registry.ClipTask):
     del batch
     sim = features["text"] @ features["video"].T  # [B_text, B_video], global batch
     loss = contrastive.nce(sim, temperature=self.config.loss.temperature)
-    hits = jnp.argmax(sim, axis=1) == jnp.arange(sim.shape[0])
-    return loss, {"batch_t2v_r1": 100.0 * jnp.mean(hits),
-                  "positive_sim": jnp.mean(jnp.diagonal(sim))}
+    return loss, retrieval_metrics.in_batch_metrics(sim)
 
   def loss_fn(self, variables, batch, rng):
     features, collections = self.encode(variables, batch, rng)

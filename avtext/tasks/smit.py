@@ -3,7 +3,7 @@
 `config.task = "smit"`, `config.model.name = "smit"` (avtext/models/smit.py). A batch of
 N (video, caption) pairs -> the two heads' outputs -> S = caption @ video.T over the
 *global* batch (every device's captions are negatives for every video) -> the loss
-`config.loss.name` names (avtext/losses/contrastive.py):
+`config.loss.name` names (`contrastive.SMIT_LOSSES`):
 
   amm               S-MiT eq. 2 + eq. 3, alpha = loss.alpha (0.5)     (the paper's)
   mms               eq. 2 with M = mms_margin(step): 0.001, x1.002 every 1000 steps
@@ -34,42 +34,20 @@ Spoken captions: a random data.speech_crop_s (10 s) crop in training, the whole 
 Predict functions for the `retrieval` evaluator: `embed_text` (the caption model; the
 evaluator's query side) and `embed_video`.
 """
-from absl import logging
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from avtext import assets
 from avtext.data import audio
 from avtext.data import builders
 from avtext.data import video as video_lib
 from avtext.losses import contrastive
-from avtext.models import bert
+from avtext.metrics import retrieval as retrieval_metrics
 from avtext.tasks import registry
-from avtext.text import tokenizers
-from avtext.weights import bert as bert_weights
+from avtext.weights import pretrained
 
-LOSSES = ("amm", "mms", "nce", "semi_hard_triplet")
 SPEECH_FPS = 100  # log-mel frames per second (10 ms hop)
-
-
-def smit_loss(sim: jax.Array, loss_cfg: ml_collections.ConfigDict, step) -> jax.Array:
-  """The configured S-MiT loss of `sim` [B_caption, B_video] (module docstring)."""
-  name = loss_cfg.name
-  t = loss_cfg.get("temperature", 1.0)
-  if name == "amm":
-    return contrastive.amm(sim, alpha=loss_cfg.get("alpha", 0.5), temperature=t)
-  if name == "mms":
-    margin = contrastive.mms_margin(step, initial=loss_cfg.get("margin_initial", 0.001),
-                                    growth=loss_cfg.get("margin_growth", 1.002),
-                                    every=loss_cfg.get("margin_every", 1000))
-    return contrastive.mms(sim, margin=margin, temperature=t)
-  if name == "nce":
-    return contrastive.nce(sim, temperature=t, include_positive=False)
-  if name == "semi_hard_triplet":
-    return contrastive.semi_hard_triplet(sim, margin=loss_cfg.get("margin", 1.0))
-  raise ValueError(f"config.loss.name={name!r}; expected one of {LOSSES}")
 
 
 class SMiTExamples:
@@ -173,14 +151,8 @@ class SMiTTask(registry.ClipTask):
     super().__init__(config)
     self.caption = config.model.get("caption", "language")
     self._widths = None  # `_feature_widths`, computed on first use
-    if config.loss.name not in LOSSES:
-      raise ValueError(f"config.loss.name={config.loss.name!r}; expected one of {LOSSES}")
-    self.tokenizer = None
-    if self.caption == "language":
-      weights = bert.weights_dir(config.model.text.get("weights"))
-      vocab = config.data.get("vocab") or (
-          weights / "vocab.txt" if weights is not None else assets.minilm_l6_dir() / "vocab.txt")
-      self.tokenizer = tokenizers.Tokenizer(vocab, max_len=config.data.max_text_len)
+    self.sim_loss = contrastive.get_smit_loss(config.loss.name)
+    self.tokenizer = pretrained.text_tokenizer(config) if self.caption == "language" else None
 
   def check_source(self, source):
     if source.kind == builders.FEATURES:
@@ -276,23 +248,10 @@ class SMiTTask(registry.ClipTask):
     return {**out, "log_mel": spec((d.speech_frames, d.num_mel_bins), "float32"),
             "log_mel_mask": spec((d.speech_frames,), "int32")}
 
-  def load_pretrained(self, params):
+  def pretrained_towers(self):
     if self.caption != "language":
-      return params
-    weights = bert.weights_dir(self.config.model.text.get("weights"))
-    if weights is None:
-      return params
-    _, text_params = bert_weights.load_hf_bert(weights)
-    params = dict(params)
-    caption = dict(params["caption"])
-    expected = jax.tree.map(lambda x: (x.shape, x.dtype), caption["text"])
-    if expected != jax.tree.map(lambda x: (x.shape, x.dtype), text_params):
-      raise ValueError(f"{weights}: pretrained text encoder does not match "
-                       "config.model.text")
-    caption["text"] = text_params
-    params["caption"] = caption
-    logging.info("language model initialised from %s (frozen)", weights)
-    return params
+      return ()
+    return (pretrained.Tower("model.text", ("caption", "text"), "bert"),)  # frozen
 
   def loss_fn(self, variables, batch, rng, *, step=0):
     sample_rng, dropout_rng = jax.random.split(rng)
@@ -301,12 +260,8 @@ class SMiTTask(registry.ClipTask):
                            rngs={"sample": sample_rng, "dropout": dropout_rng})
     (video, caption), new_state = out if mutable else (out, {})
     sim = caption @ video.T  # [B_caption, B_video], global batch
-    loss = smit_loss(sim, self.config.loss, step)
-    hits = jnp.argmax(sim, axis=1) == jnp.arange(sim.shape[0])
-    return loss, {"batch_t2v_r1": 100.0 * jnp.mean(hits),
-                  "positive_sim": jnp.mean(jnp.diagonal(sim)),
-                  "negative_sim": (jnp.sum(sim) - jnp.trace(sim)) / (sim.size - sim.shape[0])
-                  }, dict(new_state)
+    loss = self.sim_loss(sim, self.config.loss, step)
+    return loss, retrieval_metrics.in_batch_metrics(sim), dict(new_state)
 
   def predict_fns(self):
     model = self.model

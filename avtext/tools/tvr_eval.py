@@ -4,7 +4,7 @@ r"""Scores a TVR submission file: VCMR / SVMR / VR R@{1,5,10,100} at IoU 0.5 / 0
         --ground_truth=workdirs/demo/tvr_data/tvr_test_public_release.jsonl \
         [--official_script=/path/to/TVRetrieval/standalone_eval/eval.py]
 
-The numbers are `avtext.metrics.moments.evaluate_predictions`'s (equal to the
+The numbers are `avtext.metrics.vcmr.evaluate_predictions`'s (equal to the
 official standalone_eval/eval.py). With `--official_script`, that script (not part of
 avtext; a checkout of jayleicn/TVRetrieval) is run on the same files and every metric
 is compared; the exit status is 1 when any differs.
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Sequence
 
-from avtext.metrics import moments
+from avtext.metrics import vcmr as moments
 
 
 def table(results: dict) -> str:

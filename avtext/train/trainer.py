@@ -392,8 +392,7 @@ class Trainer:
   def _train_skips(self) -> dict[str, int]:
     """{reason: count} of the train split's entries put aside (files that are missing or
     do not decode, see `avtext.data.builders.files`); {} for sources that skip nothing."""
-    counts = getattr(getattr(self.task, "_train_source", None), "skip_counts", None)
-    return counts() if counts is not None else {}
+    return self.task.train_skip_counts()
 
   def _evaluate(self, state: TrainState, step: int, writer, names: list[str], *,
                 data_iter) -> TrainState:

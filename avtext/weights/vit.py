@@ -385,11 +385,12 @@ def token_grids(config) -> dict[str, tuple[int, ...]]:
           "audio": (frames // pt, d.num_mel_bins // pf)}
 
 
-def load_into_video(params: dict, config) -> dict:
-  """`params` with `config.model.video.init_from_vit` applied to `params['video']`."""
-  spec = config.model.video.get("init_from_vit")
+def load_into_video(video: dict, video_cfg, config) -> tuple[str, dict] | None:
+  """(checkpoint, `video` (MBT's params) with `video_cfg.init_from_vit` applied), or None
+  when its path is unset: the ViT loader of `avtext.weights.pretrained`."""
+  spec = video_cfg.get("init_from_vit")
   if not spec or not spec.get("path"):
-    return params
+    return None
   rgb_init = spec.get("rgb_init", "central_frame")
   if rgb_init not in RGB_INITS:
     raise ValueError(f"config.model.video.init_from_vit.rgb_init must be one of {RGB_INITS}, "
@@ -397,7 +398,7 @@ def load_into_video(params: dict, config) -> dict:
   towers = parse_modalities(spec.get("towers", "rgb+audio"))
   vit = read(spec.path, spec.get("format", "auto"))
   grids = token_grids(config)
-  video = dict(params["video"])
+  video = dict(video)
   for m in towers:
     if m not in video:
       logging.info("init_from_vit: the model has no %s tower; skipped", m)
@@ -405,4 +406,4 @@ def load_into_video(params: dict, config) -> dict:
     video[m] = tower_params(vit, video[m], modality=m, grid=grids[m], rgb_init=rgb_init)
     logging.info("video/%s initialised from %s (%s)", m, vit.source,
                  rgb_init if m == "rgb" else "kernel summed over RGB")
-  return {**params, "video": video}
+  return str(vit.source), video

@@ -29,7 +29,7 @@ Example i of a split is moment i (file order): {"id": clip_id, "vid_name",
 "subtitles": [(start, end, text), ...] (the whole video's lines),
 "descs": [str], "types": [str], "attributes": JSON string or None}; the
 MMT task picks the moment's clips and subtitle lines from them
-(`avtext.tasks.captioning`). `describe(i)` is the same without reading
+(`avtext.tasks.mmt`). `describe(i)` is the same without reading
 features. Extra keys of a line (the synthetic writer stores the moment's
 ground-truth "attributes") are ignored by the official code and kept here.
 

@@ -7,6 +7,8 @@ L_vcmr = L_vr + lambda * L_svmr with lambda = 0.01:
   negative query per positive pair (`sample_negatives`).
 - `svmr_nll`: L_svmr, eq. 6, the negative log-likelihood of the ground-truth
   start and end clips under the masked start/end softmax of ConvSE.
+- `clip_bce`: in place of L_svmr for the sliding-window baseline of Fig. 6
+  (`model.span_head="sliding"`), a per-clip binary cross-entropy.
 
 Details the paper leaves open follow the official code (jayleicn/TVRetrieval,
 baselines/crossmodal_moment_localization/model_xml.py): margin Delta = 0.1,
@@ -168,3 +170,23 @@ def svmr_nll(start_logits: jax.Array, end_logits: jax.Array,
     return -jnp.take_along_axis(log_p, idx[:, None].astype(jnp.int32), axis=-1)[:, 0]
 
   return jnp.mean(nll(start_logits, start_idx) + nll(end_logits, end_idx))
+
+
+def clip_bce(logits: jax.Array, start: jax.Array, end: jax.Array,
+             mask: jax.Array) -> jax.Array:
+  """Mean over real clips of BCE(sigmoid(logit), clip inside [start, end]) (Fig. 6 baseline).
+
+  Args:
+    logits: [N, L] per-clip scores.
+    start, end: [N] ground-truth start / end clip (inclusive).
+    mask: [N, L], nonzero for real clips.
+
+  Returns:
+    Scalar float32 loss.
+  """
+  pos = jnp.arange(logits.shape[-1])[None]
+  label = ((pos >= start[:, None]) & (pos <= end[:, None])).astype(jnp.float32)
+  mask = mask.astype(jnp.float32)
+  x = jnp.where(mask > 0, logits, 0.0).astype(jnp.float32)
+  loss = jnp.maximum(x, 0) - x * label + jnp.log1p(jnp.exp(-jnp.abs(x)))
+  return jnp.sum(loss * mask) / jnp.maximum(jnp.sum(mask), 1.0)

@@ -20,7 +20,7 @@ highest-scoring ones) + `loss.span_weight` * L_svmr (with `model.span_head="slid
 the Fig. 6 baseline, a per-clip BCE in place of L_svmr). Batches carry their epoch
 (`epoch`, from the position in the training stream) for that switch.
 
-Evaluation (`avtext.evals.moments`) encodes the split's video corpus with
+Evaluation (`avtext.evals.vcmr`) encodes the split's video corpus with
 `predict_fns()["encode_context"]` over `corpus_examples`, its queries with
 `encode_query` over `eval_examples`, and ranks moments with `span_logits`
 (`avtext.inference.vcmr`).
@@ -34,7 +34,7 @@ import ml_collections
 import numpy as np
 
 from avtext.data import pipelines
-from avtext.losses import moments as moment_losses
+from avtext.losses import xml as xml_losses
 from avtext.models import xml as xml_lib
 from avtext.tasks import registry
 
@@ -62,18 +62,8 @@ def pad_rows(x: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
   return out, mask
 
 
-def clip_bce(logits, start, end, mask):
-  """Mean over real clips of BCE(sigmoid(logit), clip inside [start, end]) (Fig. 6 baseline)."""
-  pos = jnp.arange(logits.shape[-1])[None]
-  label = ((pos >= start[:, None]) & (pos <= end[:, None])).astype(jnp.float32)
-  mask = mask.astype(jnp.float32)
-  x = jnp.where(mask > 0, logits, 0.0).astype(jnp.float32)
-  loss = jnp.maximum(x, 0) - x * label + jnp.log1p(jnp.exp(-jnp.abs(x)))
-  return jnp.sum(loss * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
 @registry.register("moments")
-class MomentsTask(registry.Task):
+class XMLTask(registry.Task):
   """XML on TVR-layout data (module docstring)."""
 
   def __init__(self, config: ml_collections.ConfigDict):
@@ -206,18 +196,19 @@ class MomentsTask(registry.Task):
     out = self.model.apply(variables, batch["query"], batch["query_mask"], self._ctx(batch),
                            batch["ctx_mask"], train=True, rngs={"dropout": dropout_rng})
     scores = out["vr_scores"]
-    neg_v, neg_q = moment_losses.sample_negatives(neg_rng, scores)
+    neg_v, neg_q = xml_losses.sample_negatives(neg_rng, scores)
     hard = jnp.zeros((), bool)
     if self.hard_from is not None:
       hard = batch["epoch"][0] >= int(self.hard_from)
-      hard_v, hard_q = moment_losses.sample_negatives(neg_rng, scores,
+      hard_v, hard_q = xml_losses.sample_negatives(neg_rng, scores,
                                                       hard_pool_size=self.hard_pool)
       neg_v, neg_q = jnp.where(hard, hard_v, neg_v), jnp.where(hard, hard_q, neg_q)
-    vr_loss = moment_losses.video_retrieval_hinge(scores, neg_v, neg_q, margin=self.margin)
+    vr_loss = xml_losses.video_retrieval_hinge(scores, neg_v, neg_q, margin=self.margin)
     if "clip" in out:  # sliding-window baseline: BCE of every real clip, inside = 1
-      span_loss = clip_bce(out["clip"], batch["start"], batch["end"], batch["ctx_mask"])
+      span_loss = xml_losses.clip_bce(out["clip"], batch["start"], batch["end"],
+                                      batch["ctx_mask"])
     else:
-      span_loss = moment_losses.svmr_nll(out["start"], out["end"], batch["start"], batch["end"],
+      span_loss = xml_losses.svmr_nll(out["start"], out["end"], batch["start"], batch["end"],
                                          batch["ctx_mask"])
     loss = vr_loss + self.span_weight * span_loss
     pos = jnp.diagonal(scores)

@@ -1,4 +1,4 @@
-"""Tests for avtext.losses.moments (TVR eq. 4-6)."""
+"""Tests for avtext.losses.xml (TVR eq. 4-6)."""
 import hypothesis
 import hypothesis.strategies as st
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from avtext.losses import moments
+from avtext.losses import xml as xml_losses
 
 SETTINGS = hypothesis.settings(max_examples=25, deadline=None)
 
@@ -60,7 +60,7 @@ def test_video_retrieval_scores_hand_worked():
   clips = np.array([[[[0.0, 1.0], [1.0, 1.0], [1.0, 0.0]],
                      [[-1.0, 0.0], [2.0, 0.0], [5.0, 0.0]]]], np.float32)
   mask = np.array([[True, True, False]])
-  np.testing.assert_allclose(moments.video_retrieval_scores(query, clips, mask),
+  np.testing.assert_allclose(xml_losses.video_retrieval_scores(query, clips, mask),
                              [[(1 / np.sqrt(2) + 1) / 2]], rtol=1e-6)
 
 
@@ -75,7 +75,7 @@ def test_video_retrieval_hinge_hand_worked():
   # q2: 0.1 + 0.0 - 0.4 < 0 and 0.1 + 0.7 - 0.4 = 0.4
   expected = (0.05 + 0.3 + 0.45 + 0.4) / 3
   np.testing.assert_allclose(
-      moments.video_retrieval_hinge(scores, neg_video, neg_query, margin=0.1),
+      xml_losses.video_retrieval_hinge(scores, neg_video, neg_query, margin=0.1),
       expected, rtol=1e-6)
 
 
@@ -85,20 +85,20 @@ def test_svmr_nll_hand_worked():
   logits = np.array([[0.0, 0.0, 0.0, 0.0, 50.0, -50.0]], np.float32)
   mask = np.array([[True] * 4 + [False] * 2])
   np.testing.assert_allclose(
-      moments.svmr_nll(logits, logits, np.array([1]), np.array([3]), mask),
+      xml_losses.svmr_nll(logits, logits, np.array([1]), np.array([3]), mask),
       2 * np.log(4), rtol=1e-6)
   # Start logits log([1, 2, 1]) -> P_st(1) = 1/2; end uniform over 3 -> 1/3.
   start = np.log(np.array([[1.0, 2.0, 1.0]], np.float32))
   end = np.zeros((1, 3), np.float32)
   np.testing.assert_allclose(
-      moments.svmr_nll(start, end, np.array([1]), np.array([2]), np.ones((1, 3), bool)),
+      xml_losses.svmr_nll(start, end, np.array([1]), np.array([2]), np.ones((1, 3), bool)),
       np.log(2) + np.log(3), rtol=1e-6)
 
 
-_scores_jit = jax.jit(moments.video_retrieval_scores)
-_hinge_jit = jax.jit(lambda s, nv, nq, margin: moments.video_retrieval_hinge(
+_scores_jit = jax.jit(xml_losses.video_retrieval_scores)
+_hinge_jit = jax.jit(lambda s, nv, nq, margin: xml_losses.video_retrieval_hinge(
     s, nv, nq, margin=margin))
-_svmr_jit = jax.jit(moments.svmr_nll)
+_svmr_jit = jax.jit(xml_losses.svmr_nll)
 
 
 @SETTINGS
@@ -111,7 +111,7 @@ def test_video_retrieval_matches_loop_reference(seed, margin):
   mask = _lengths_to_mask(rng.integers(1, clips + 1, size=n), clips)
   scores = _scores_jit(query, video, mask)
   np.testing.assert_allclose(scores, _ref_scores(query, video, mask), rtol=1e-5, atol=1e-6)
-  neg_video, neg_query = moments.sample_negatives(jax.random.key(seed), scores)
+  neg_video, neg_query = xml_losses.sample_negatives(jax.random.key(seed), scores)
   np.testing.assert_allclose(
       _hinge_jit(scores, neg_video, neg_query, margin),
       _ref_hinge(np.asarray(scores), np.asarray(neg_video), np.asarray(neg_query), margin),
@@ -140,7 +140,7 @@ def test_video_retrieval_invariant_to_batch_permutation(seed):
 def test_sample_negatives_uniform_over_other_items():
   n = 5
   scores = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
-  draws = jax.jit(jax.vmap(lambda key: moments.sample_negatives(key, scores)))(
+  draws = jax.jit(jax.vmap(lambda key: xml_losses.sample_negatives(key, scores)))(
       jax.random.split(jax.random.key(0), 4000))
   for idx in draws:  # neg_video, neg_query
     idx = np.asarray(idx)
@@ -156,7 +156,7 @@ def test_sample_negatives_hard_pool_draws_from_hardest_other_items():
   n, pool = 6, 2
   scores = np.random.default_rng(1).normal(size=(n, n)).astype(np.float32)
   scores[np.arange(n), np.arange(n)] = -5.0  # the positive must be skipped anyway
-  draws = jax.jit(jax.vmap(lambda key: moments.sample_negatives(
+  draws = jax.jit(jax.vmap(lambda key: xml_losses.sample_negatives(
       key, scores, hard_pool_size=pool)))(jax.random.split(jax.random.key(0), 500))
   for idx, anchored in zip(draws, (scores, scores.T)):
     idx = np.asarray(idx)
@@ -167,16 +167,16 @@ def test_sample_negatives_hard_pool_draws_from_hardest_other_items():
 
 def test_sample_negatives_and_hinge_reject_bad_inputs():
   with pytest.raises(ValueError, match="N >= 2"):
-    moments.sample_negatives(jax.random.key(0), jnp.ones((1, 1)))
+    xml_losses.sample_negatives(jax.random.key(0), jnp.ones((1, 1)))
   with pytest.raises(ValueError, match="hard_pool_size"):
-    moments.sample_negatives(jax.random.key(0), jnp.ones((3, 3)), hard_pool_size=0)
+    xml_losses.sample_negatives(jax.random.key(0), jnp.ones((3, 3)), hard_pool_size=0)
   with pytest.raises(ValueError, match="one negative video"):
-    moments.video_retrieval_hinge(jnp.ones((3, 3)), jnp.zeros(2, int), jnp.zeros(3, int))
+    xml_losses.video_retrieval_hinge(jnp.ones((3, 3)), jnp.zeros(2, int), jnp.zeros(3, int))
   with pytest.raises(ValueError, match=r"clip_mask \[Nv, L\]"):
-    moments.video_retrieval_scores(jnp.ones((2, 2, 3)), jnp.ones((2, 2, 4, 3)),
+    xml_losses.video_retrieval_scores(jnp.ones((2, 2, 3)), jnp.ones((2, 2, 4, 3)),
                                    jnp.ones((2, 3), bool))
   with pytest.raises(ValueError, match="share the shape"):
-    moments.svmr_nll(jnp.ones((2, 3)), jnp.ones((2, 4)), jnp.zeros(2, int),
+    xml_losses.svmr_nll(jnp.ones((2, 3)), jnp.ones((2, 4)), jnp.zeros(2, int),
                      jnp.zeros(2, int), jnp.ones((2, 3), bool))
 
 
@@ -220,11 +220,11 @@ def test_jit_grad_batch_2048_and_sharded_over_8_devices():
   start_idx, end_idx = rng.integers(0, 4, size=n), rng.integers(0, 4, size=n)
 
   def loss(query, video, start, end, mask, span_mask, start_idx, end_idx):
-    scores = moments.video_retrieval_scores(query, video, mask)
-    neg_video, neg_query = moments.sample_negatives(
+    scores = xml_losses.video_retrieval_scores(query, video, mask)
+    neg_video, neg_query = xml_losses.sample_negatives(
         jax.random.key(0), scores, hard_pool_size=20)
-    return (moments.video_retrieval_hinge(scores, neg_video, neg_query)
-            + 0.01 * moments.svmr_nll(start, end, start_idx, end_idx, span_mask))
+    return (xml_losses.video_retrieval_hinge(scores, neg_video, neg_query)
+            + 0.01 * xml_losses.svmr_nll(start, end, start_idx, end_idx, span_mask))
 
   args = (query, video, start, end, mask, span_mask, start_idx, end_idx)
   value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(*args)

@@ -13,7 +13,7 @@ task's `encode_context` and stored (`vcmr.CorpusWriter`) in
 `workdir/corpus/<name>_step<N>/`; the queries with `encode_query`; then
 `vcmr.search` and `vcmr.submission` write the TVR submission JSON to
 `workdir/moments/<name>_step<N>.json`. When the split has ground truth it is
-scored with `metrics.moments.evaluate_predictions` (the official
+scored with `metrics.vcmr.evaluate_predictions` (the official
 standalone_eval/eval.py numbers): metrics `VCMR/0.5-r1`, ..., `SVMR/...`,
 `VR/r1`, ..., by query type (`VCMR_by_type/v-0.5-r1`, ...), and
 `VCMR/r1_sum` = R@1 IoU 0.5 + R@1 IoU 0.7, the official early-stopping score.
@@ -30,8 +30,9 @@ import numpy as np
 
 from avtext import evals
 from avtext.evals import base
+from avtext.evals import protocols
 from avtext.inference import vcmr
-from avtext.metrics import moments as metrics
+from avtext.metrics import vcmr as metrics
 
 TASKS = ("VCMR", "SVMR", "VR")
 
@@ -74,8 +75,10 @@ def random_predictions(store: vcmr.CorpusStore, num_queries: int, own_video, cfg
 
 
 @evals.register_evaluator("moments")
-class MomentsEvaluator(base.Evaluator):
+class VCMREvaluator(base.Evaluator):
   """Encodes the corpus, answers the split's queries, writes and scores the submission."""
+
+  protocol = protocols.Corpus
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)

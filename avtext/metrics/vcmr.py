@@ -9,7 +9,7 @@ describes the video ``v``, the subtitle ``t`` or both ``vt``).
 
 `evaluate_predictions` reproduces the numbers of the official
 `standalone_eval/eval.py` of jayleicn/TVRetrieval (checked against it in
-tests/test_metrics_moments.py). The behaviour it shares with that script:
+tests/test_metrics_vcmr.py). The behaviour it shares with that script:
 
 - Only the first `max_pred_per_query` (100) predictions of a query count, in
   the order given; the score entry is ignored, so ties never reorder anything.
