@@ -98,6 +98,13 @@ class Evaluator:
       self._source = builders.get_source(self.dataset_config, self.cfg.get("split", "test"))
     return self._source
 
+  def skip_counts(self) -> dict[str, int] | None:
+    """{reason: count} of the split's entries put aside so far (files missing or not
+    decoding, `avtext.data.builders.files`); None before the split is opened (this
+    does not open it) and for sources that never skip."""
+    counts = getattr(self._source, "skip_counts", None)
+    return counts() if counts is not None else None
+
   @property
   def batch_size(self) -> int:
     return int(self.cfg.get("batch_size") or self.config.eval.batch_size)
