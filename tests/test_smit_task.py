@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from avtext.data import builders
+from avtext.features import smit as smit_features
 from avtext.losses import contrastive
 from avtext.tasks import registry
-from avtext.tools import smit_features
 from avtext.train import checkpointing
 from avtext.train import optimizers
 from tests.test_trainer import REPO
