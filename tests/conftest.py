@@ -16,11 +16,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Files whose tests take minutes (measured with --durations on a fresh clone),
 # longest first. `make test` runs two xdist workers with --dist loadfile, which hands out
 # files in collection order; starting these first keeps one worker from running
-# test_trainer.py (~4 min, last alphabetically) alone at the end: 12 min 19 s before.
-_LONG_FILES = ("test_trainer.py", "test_aot.py", "test_fsdp_microbatches.py", "test_run_faults.py",
-               "test_precision_families.py", "test_example_spec.py", "test_mmt.py", "test_coot_task.py", "test_core.py",
-               "test_rundir.py", "test_xml.py", "test_smit_task.py", "test_models_coot.py", "test_generate.py",
-               "test_models_gpt2.py", "test_official_mmt.py")
+# test_train_trainer.py (~4 min) alone at the end: 12 min 19 s before.
+_LONG_FILES = (
+    "test_train_trainer.py", "test_aot.py", "test_train_fsdp_microbatches.py",
+    "test_train_run_faults.py", "test_models_precision_families.py",
+    "test_tasks_example_spec.py", "test_tasks_mmt.py", "test_tasks_coot.py",
+    "test_experiment.py", "test_train_rundir.py", "test_tasks_xml.py", "test_tasks_smit.py",
+    "test_models_coot.py", "test_inference_generate.py", "test_models_gpt2.py",
+    "test_weights_official_mmt.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

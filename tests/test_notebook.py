@@ -6,9 +6,9 @@ import nbclient
 import nbformat
 import pytest
 
-from tests.test_trainer import REPO
-from tests.test_trainer import make_trainer
-from tests.test_trainer import tiny_config
+from tests.test_train_trainer import REPO
+from tests.test_train_trainer import make_trainer
+from tests.test_train_trainer import tiny_config
 
 
 def _text(cell) -> str:

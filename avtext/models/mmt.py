@@ -84,7 +84,7 @@ from avtext.text import vocab
 Array = jax.Array
 
 # Special word ids of the official vocabulary (TVCaption build_vocab.py); the same as
-# `avtext.text.vocab.WordVocab`'s, which tests/test_mmt.py checks.
+# `avtext.text.vocab.WordVocab`'s, which tests/test_tasks_mmt.py checks.
 PAD, CLS, SEP, VID, BOS, EOS, UNK = range(7)
 
 DECODER_LAYERS = ("official", "standard")

@@ -12,7 +12,7 @@ torchvision's (v1.5: the stride of a bottleneck block sits on its 3x3 conv):
   global average pool -> [B, C]; with `num_classes`, a linear classifier
 
 Parameter counts equal torchvision's (ResNet-50 with 1000 classes: 25,557,032;
-tests/test_resnet.py). BatchNorm statistics live in the "batch_stats"
+tests/test_models_resnet.py). BatchNorm statistics live in the "batch_stats"
 collection: `train=True` uses batch statistics and updates the running ones
 (apply with `mutable=["batch_stats"]`), `train=False` uses the running ones.
 BatchNorm's momentum is 0.9 (torch's 0.1) and epsilon 1e-5 (flax updates the running

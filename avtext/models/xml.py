@@ -57,7 +57,7 @@ Choices where the paper and the official code differ (paper followed unless said
   max_ctx_len); the corpus store keeps H_1 at padded clips for it
   (`vcmr.CorpusWriter(keep_padded_h1=True)`, set by the moments evaluator), so
   corpus encodings are stored once, VCMR over them equals a brute-force loop over
-  videos (tests/test_xml.py) and scores the model's own span logits. The official
+  videos (tests/test_tasks_xml.py) and scores the model's own span logits. The official
   code pads to the longest video of each batch (and its inference zero-fills the
   encodings beyond each encoding batch's longest), so its own logits vary with the
   batch.

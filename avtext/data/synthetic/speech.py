@@ -10,7 +10,7 @@ clip's caption, with no system package:
   a harmonic, and its own syllable length; 768 kinds of syllable); a `Speaker` scales all frequencies (pitch) and
   durations (tempo) and adds seeded white noise. The same (caption, speaker)
   gives the same samples bit for bit; different word sequences give different
-  audio (distinct patterns; `tests/test_speech.py`).
+  audio (distinct patterns; `tests/test_data_synthetic_speech.py`).
 - `asr_transcript(rng, caption, wer)`: the caption with seeded word errors: each
   word independently becomes another vocabulary word (probability
   `wer * substitution_share`) or is dropped (the rest of `wer`), so the

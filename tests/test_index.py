@@ -37,8 +37,8 @@ from avtext.data.synthetic import world
 from avtext.evals import base as evals_base
 from avtext.evals import retrieval as retrieval_eval
 from avtext.train import partitioning
-from tests.test_trainer import REPO
-from tests.test_trainer import make_trainer
+from tests.test_train_trainer import REPO
+from tests.test_train_trainer import make_trainer
 
 SPEC = world.WorldSpec(height=32, width=32, duration_s=2.0)  # the tiny config's world
 NUM_VIDEOS = 16

@@ -1,5 +1,5 @@
 """Mixed precision and rematerialization (`config.model.dtype` / `.remat`) of every model
-family besides MBT, BERT and the dual encoder (those: tests/test_precision.py).
+family besides MBT, BERT and the dual encoder (those: tests/test_models_precision.py).
 
 Each case is a family's tiny model (its config's `:tiny` sizes, or the small models of the
 family's own test file, whose helpers are imported), one batch and the family's real loss
@@ -20,7 +20,7 @@ family's own test file, whose helpers are imported), one batch and the family's 
       the gradient norm, has cosine 0.96; BatchNorm's backward subtracts the cotangents'
       means, which cancels digits; a float32 BatchNorm output moved 0.978 only to 0.982);
   (b) remat="full": gradients (and BatchNorm's updated batch_stats) equal the plain ones
-      within relative 1e-6 (`test_precision.relative_difference`; measured <= 6.4e-8, most
+      within relative 1e-6 (`test_models_precision.relative_difference`; measured <= 6.4e-8, most
       exactly 0), the loss within 1e-6;
   (c) in bfloat16 mode every parameter and batch statistic stays float32 and the parameter
       trees are those of float32, the losses see float32; an unset dtype builds the
@@ -55,9 +55,9 @@ from avtext.models import gpt2 as gpt2_lib
 from avtext.models import mmt as mmt_lib
 from avtext.models import registry as models_registry
 from avtext.tasks import registry as tasks_registry
-from tests import test_mmt
-from tests import test_xml
-from tests.test_precision import relative_difference
+from tests import test_tasks_mmt
+from tests import test_tasks_xml
+from tests.test_models_precision import relative_difference
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
 # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -142,14 +142,14 @@ def _captioner_case() -> Case:
 
 
 def _mmt_case() -> Case:
-  """TVC's MMT: tests/test_mmt.py's tiny model (one encoder and one decoder layer) and
+  """TVC's MMT: tests/test_tasks_mmt.py's tiny model (one encoder and one decoder layer) and
   context, the label-smoothed NLL of MmtCaptioningTask.loss_fn."""
   model = ml_collections.ConfigDict(dict(
       name="mmt", vocab_size=23, video_dim=6, hidden_size=16, num_layers=1, num_heads=2,
       intermediate_size=16, word_dim=8, max_positions=24, dropout_rate=0.1,
       attention_dropout_rate=0.1))
   rng = np.random.default_rng(0)
-  ctx = test_mmt._context(rng)  # pylint: disable=protected-access
+  ctx = test_tasks_mmt._context(rng)  # pylint: disable=protected-access
   caption = rng.integers(4, 23, size=(3, 7)).astype(np.int32)
   targets = np.roll(caption, -1, axis=1)
   mask = np.ones((3, 7), np.float32)
@@ -187,10 +187,10 @@ def _coot_case() -> Case:
 
 
 def _xml_case() -> Case:
-  """XML at configs/xml_tvr.py:tiny sizes on tests/test_xml.py's inputs, XMLTask.loss_fn
+  """XML at configs/xml_tvr.py:tiny sizes on tests/test_tasks_xml.py's inputs, XMLTask.loss_fn
   (VR hinge with sampled and hard negatives + span NLL)."""
   config = xml_tvr.get_config("tiny")
-  q, qm, ctx, _ = test_xml._inputs(np.random.default_rng(0), b=4)  # pylint: disable=protected-access
+  q, qm, ctx, _ = test_tasks_xml._inputs(np.random.default_rng(0), b=4)  # pylint: disable=protected-access
   cm = jnp.asarray([[1] * 6, [1] * 4 + [0] * 2, [1] * 5 + [0], [1] * 6], jnp.int32)
   batch = dict(query=q, query_mask=qm, ctx_mask=cm, **ctx,
                start=jnp.asarray([0, 1, 2, 3]), end=jnp.asarray([2, 3, 4, 4]),
@@ -395,7 +395,7 @@ def test_bfloat16_decoding_mmt():
   f32 = models_registry.build_model(case.config.model)
   bf16 = models_registry.build_model(_with(case.config, dtype="bfloat16").model)
   rng = np.random.default_rng(3)
-  ids, video, mask, types = test_mmt._context(rng)  # pylint: disable=protected-access
+  ids, video, mask, types = test_tasks_mmt._context(rng)  # pylint: disable=protected-access
   caption = rng.integers(4, 23, size=(3, 7)).astype(np.int32)
   caption[:, 0] = mmt_lib.BOS
   variables = _jit(f32.init, jax.random.PRNGKey(2), ids, video, mask, types, caption)

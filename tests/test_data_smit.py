@@ -17,7 +17,7 @@ from configs import smit_spoken_amm
 
 SPEC = world.WorldSpec(height=32, width=32, duration_s=3.0)
 SIZES = {'train': 4, 'val': 2, 'test': 4}
-FRAME_TOL = 6.0  # H.264 crf 18 on flat 32x32 frames (as tests/test_real_data.py)
+FRAME_TOL = 6.0  # H.264 crf 18 on flat 32x32 frames (as tests/test_data_files.py)
 PCM_TOL = 0.5 / 32768 + 1e-7  # a 16-bit wav holds a float sample to half a step
 
 

@@ -19,7 +19,7 @@ from avtext.inference import vcmr
 from avtext.tasks import coot as coot_task
 from avtext.tasks import registry
 from avtext.text import vocab as vocab_lib
-from tests.test_trainer import REPO
+from tests.test_train_trainer import REPO
 
 sys.path.insert(0, str(REPO / "configs"))
 # pylint: disable=g-import-not-at-top,wrong-import-position,g-bad-import-order
@@ -31,12 +31,12 @@ import synthetic_video_pretrain
 import videocc_avr
 import videocc_caption
 import xml_tvr
-from test_coot_task import tiny_config as coot_tiny_config
-from test_coot_task import write_tiny_dataset as write_coot_dataset
-from test_mmt import _tiny_config as mmt_tiny_config
-from test_mmt import tvc_dir  # noqa: F401  (a fixture)
-from test_xml import _dataset_config as tvr_dataset_config
-from test_xml import tvr_dir  # noqa: F401  (a fixture)
+from test_tasks_coot import tiny_config as coot_tiny_config
+from test_tasks_coot import write_tiny_dataset as write_coot_dataset
+from test_tasks_mmt import _tiny_config as mmt_tiny_config
+from test_tasks_mmt import tvc_dir  # noqa: F401  (a fixture)
+from test_tasks_xml import _dataset_config as tvr_dataset_config
+from test_tasks_xml import tvr_dir  # noqa: F401  (a fixture)
 # pylint: enable=g-import-not-at-top,wrong-import-position,g-bad-import-order
 
 BATCH = 2  # rows of the real batches compared
@@ -177,7 +177,7 @@ def test_avr(tmp_path, variant):
   check_task(videocc_avr.get_config(variant), tmp_path)
 
 
-def test_classification(tmp_path):
+def test_tasks_classification(tmp_path):
   check_task(synthetic_video_pretrain.get_config("tiny"), tmp_path)
 
 

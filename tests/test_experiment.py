@@ -21,10 +21,10 @@ from avtext.tasks import registry
 from avtext.train import checkpointing
 from avtext.train import trainer as trainer_lib
 from avtext.train import warm_start
-from tests.test_rundir import hold_lock
-from tests.test_trainer import REPO
-from tests.test_trainer import make_trainer
-from tests.test_trainer import tiny_config
+from tests.test_train_rundir import hold_lock
+from tests.test_train_trainer import REPO
+from tests.test_train_trainer import make_trainer
+from tests.test_train_trainer import tiny_config
 
 
 def test_eval_mode_without_checkpoint_names_the_workdir(tmp_path):
@@ -292,7 +292,7 @@ def test_batch_stats_are_updated_checkpointed_and_restored(tmp_path):
 
 def test_a_steps_best_checkpoint_is_durable_before_its_regular_one(selected_run):
   """Regression: a SIGKILL between the two asynchronous saves resumed with a best
-  record that had no checkpoint behind it (test_trainer's SIGKILL test, 4 vs 2)."""
+  record that had no checkpoint behind it (test_train_trainer's SIGKILL test, 4 vs 2)."""
   _, _, pending_best_at_save = selected_run
   assert len(pending_best_at_save) == 3  # steps 2, 4, 6
   assert not any(pending_best_at_save)

@@ -12,7 +12,7 @@ from avtext.losses import classification as losses
 from avtext.metrics import classification as classification_metrics
 from avtext.tasks import classification
 from configs import synthetic_video_pretrain  # pylint: disable=g-bad-import-order
-from tests import test_trainer  # noqa: F401  (puts the repo root on sys.path)
+from tests import test_train_trainer  # noqa: F401  (puts the repo root on sys.path)
 
 
 def test_sigmoid_cross_entropy_by_hand():

@@ -14,7 +14,7 @@ from avtext import experiment
 from avtext import runs
 from avtext.train import checkpointing
 from avtext.train import trainer as trainer_lib
-from tests.test_trainer import tiny_config
+from tests.test_train_trainer import tiny_config
 
 
 def _trainer(config, workdir, evaluators=None):

@@ -18,8 +18,8 @@ from avtext.losses import contrastive
 from avtext.tasks import registry
 from avtext.train import checkpointing
 from avtext.train import optimizers
-from tests.test_trainer import REPO
-from tests.test_trainer import make_trainer
+from tests.test_train_trainer import REPO
+from tests.test_train_trainer import make_trainer
 
 sys.path.insert(0, str(REPO / "configs"))
 import smit_language_amm  # pylint: disable=g-import-not-at-top,wrong-import-position

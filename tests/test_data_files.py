@@ -211,8 +211,8 @@ def test_materialized_split_reads_back_the_same_clips(msrvtt, tmp_path):
 
 
 def test_training_over_bad_files_finishes_and_reports_the_skips(msrvtt, tmp_path):
-  from tests.test_trainer import make_trainer  # pylint: disable=g-import-not-at-top
-  from tests.test_trainer import tiny_config  # pylint: disable=g-import-not-at-top
+  from tests.test_train_trainer import make_trainer  # pylint: disable=g-import-not-at-top
+  from tests.test_train_trainer import tiny_config  # pylint: disable=g-import-not-at-top
   config = tiny_config(**{'train.num_steps': 4, 'train.batch_size': 8,
                           'train.log_every_steps': 1, 'eval.batch_size': 8})
   config.dataset = ml_collections.ConfigDict({'name': 'msrvtt', 'path': str(msrvtt.root),

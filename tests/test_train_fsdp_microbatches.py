@@ -8,8 +8,8 @@ import pytest
 
 from avtext import runs
 from avtext.train import partitioning
-from test_precision import relative_difference
-from test_trainer import _losses, make_trainer, tiny_config
+from test_models_precision import relative_difference
+from test_train_trainer import _losses, make_trainer, tiny_config
 
 
 def _fsdp(**overrides):

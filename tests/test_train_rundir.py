@@ -15,10 +15,10 @@ import pytest
 
 from avtext.train import checkpointing
 from avtext.train import rundir
-from tests.test_trainer import _EVAL_DRIVEN
-from tests.test_trainer import _run_main
-from tests.test_trainer import _saved_steps
-from tests.test_trainer import REPO
+from tests.test_train_trainer import _EVAL_DRIVEN
+from tests.test_train_trainer import _run_main
+from tests.test_train_trainer import _saved_steps
+from tests.test_train_trainer import REPO
 
 
 def hold_lock(workdir):

@@ -9,7 +9,7 @@ import pytest
 from avtext import experiment
 from avtext.train import checkpointing
 from avtext.train import warm_start
-from tests.test_trainer import tiny_config
+from tests.test_train_trainer import tiny_config
 from configs import synthetic_video_pretrain  # pylint: disable=g-bad-import-order
 
 

@@ -110,7 +110,7 @@ def test_identical_bytes_in_another_process():
   expected = [_example_digest(source[i]) for i in (0, 421)]
   code = (
       'import sys; sys.path.insert(0, "tests")\n'
-      'from test_synthetic_world import _example_digest\n'
+      'from test_data_synthetic_world import _example_digest\n'
       'from avtext.data.synthetic import clips\n'
       's = clips.ClipCaptionSource("test")\n'
       'print(" ".join(_example_digest(s[i]) for i in (0, 421)))\n')
