@@ -100,9 +100,10 @@ def test_official_global_mean_sums_padded_slots_up_to_the_batch_longest():
   np.testing.assert_allclose(pooled_m[0], seq[0, :2].mean(0), rtol=1e-5, atol=1e-6)
 
 
-# The Attention-FA case (~35 s) runs with -m slow: masked_pool is our option, not the
-# default, and the max / avg cases check the same padding invariance in the default run.
-@pytest.mark.parametrize("pooler", [pytest.param("atn", marks=pytest.mark.slow), "max", "avg"])
+# The Attention-FA (~35 s) and max (~26 s) cases run with -m slow: masked_pool is our
+# option, not the default, and the avg case checks the same padding invariance by default.
+@pytest.mark.parametrize("pooler", [pytest.param("atn", marks=pytest.mark.slow),
+                                    pytest.param("max", marks=pytest.mark.slow), "avg"])
 def test_masked_pool_padding_never_changes_embeddings(pooler):
   rng = np.random.default_rng(2)
   model = coot.COOT(max_clips=4, hidden_size=16, num_heads=2, mlp_dim=16, pool_hidden=16,

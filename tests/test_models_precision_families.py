@@ -283,7 +283,10 @@ def _dtypes(tree) -> set:
 # ------------------------------------------------------------------------------ tests
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# COOT's case (~28 s, the longest) runs with -m slow (`make test-slow`) to keep the
+# default run within its budget.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "coot" else n
+                                  for n in CASES])
 def test_bfloat16_and_remat_against_float32(name):
   case = CASES[name]()
   init, loss_f32 = case.make(case.config)

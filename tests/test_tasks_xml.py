@@ -484,7 +484,10 @@ def test_tiny_xml_run_writes_a_submission_scored_like_the_official_eval(tvr_dir,
   assert len(stored) == 4 and stored.streams == ("video", "sub")
 
 
-def test_early_stopped_xml_run_writes_the_test_submission(tvr_dir, tmp_path):
+@pytest.fixture(scope="module")
+def early_stopped_run(tvr_dir, tmp_path_factory):
+  """(config, workdir, results) of a tiny XML run that early-stops at step 3 of 6."""
+  tmp_path = tmp_path_factory.mktemp("early_stopped")
   config = xml_tvr.get_config("tiny")
   config.dataset = _dataset_config(tvr_dir)
   config.model.max_ctx_len = 40
@@ -496,16 +499,25 @@ def test_early_stopped_xml_run_writes_the_test_submission(tvr_dir, tmp_path):
   config.eval.early_stopping_patience = 1
   workdir = tmp_path / "run"
   state = experiment.build(config, str(workdir)).train()
+  return config, workdir, state, json.loads((workdir / "results.json").read_text())
+
+
+def test_early_stopped_xml_run_writes_the_test_submission(early_stopped_run):
+  config, workdir, state, results = early_stopped_run
   assert bool(state.control.stopped) and int(state.step) == 3
-  results = json.loads((workdir / "results.json").read_text())
   # Every evaluator ran at the last step, as in a re-run of the finished run.
   assert {key.split("/")[0] for key in results["3"]} == set(config.evals) == {"val", "test"}
   sub_path = workdir / "moments" / "test_step3.json"
   assert results["3"]["test/submission"] == str(sub_path)
   assert set(json.loads(sub_path.read_text())) == {"video2idx", "VCMR", "SVMR", "VR"}
 
-  # The trained weights written as an official TVR checkpoint (state dict + model_cfg,
-  # .npz), imported, and evaluated with --mode=eval: the same numbers as the run itself.
+
+@pytest.mark.slow  # ~25 s; the import itself is tested by tests/test_weights_official_xml.py
+def test_early_stopped_xml_run_imports_evaluates_and_continues(early_stopped_run, tmp_path):
+  """The trained weights written as an official TVR checkpoint (state dict + model_cfg,
+  .npz), imported, and evaluated with --mode=eval: the same numbers as the run itself."""
+  config, workdir, _, results = early_stopped_run
+  config = ml_collections.ConfigDict(config.to_dict())  # the fixture's stays as it ran
   from avtext import runs  # pylint: disable=g-import-not-at-top
   from avtext.tools import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
   from avtext.weights import official  # pylint: disable=g-import-not-at-top

@@ -37,6 +37,7 @@ def test_fsdp_on_eight_devices_trains_like_one_device(tmp_path):
   assert relative_difference(s8.params, s1.params) < 1e-4
 
 
+@pytest.mark.slow  # ~33 s; FSDP training itself stays in the default run
 def test_fsdp_checkpoint_opens_replicated_and_resumes_replicated(tmp_path):
   config = _fsdp(num_devices=8, **{"train.num_steps": 5})
   state = make_trainer(config, tmp_path / "run").train()
