@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Sequence
 
-from avtext.metrics import vcmr as moments
+from avtext.metrics import vcmr
 
 
 def table(results: dict) -> str:
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--ground_truth", required=True, help="tvr_<split>_release.jsonl")
   parser.add_argument("--official_script", default=None, help="TVRetrieval's eval.py")
   args = parser.parse_args(argv)
-  ours = moments.evaluate_predictions(args.submission, args.ground_truth)
+  ours = vcmr.evaluate_predictions(args.submission, args.ground_truth)
   print(f"{args.submission}\n{table(ours)}")
   if not args.official_script:
     return 0
