@@ -33,7 +33,6 @@ import datetime
 import importlib.util
 import os
 import pathlib
-import platform
 import sys
 import types
 
@@ -151,8 +150,6 @@ def official_step_fn(repo: pathlib.Path, examples, threads: int):
 def avtext_step_fn(examples, steps_per_epoch: int):
   import jax  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
-  from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
-  from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location(
       "coot_activitynet", pathlib.Path(__file__).parents[1] / "configs/coot_activitynet.py")
   coot_config = importlib.util.module_from_spec(spec)
@@ -167,21 +164,7 @@ def avtext_step_fn(examples, steps_per_epoch: int):
   batch = task.collate(examples)
   batch = {k: v for k, v in batch.items() if isinstance(v, np.ndarray) and v.dtype != object}
   shapes = {k: v.shape for k, v in batch.items()}
-  # No evaluators run here; the trainer only checks the selection names one.
-  trainer = trainer_lib.Trainer(config, "/tmp/bench_coot_unused", task, evaluators={"val": None})
-  trainer.steps_per_epoch = steps_per_epoch
-  trainer.total_steps = steps_per_epoch * config.train.num_epochs
-  state, (tx, schedule) = trainer._init_state(batch)  # pylint: disable=protected-access
-  train_step = trainer.make_train_step(
-      tx, schedule, trainer._state_sharding(state))  # pylint: disable=protected-access
-  batch = partitioning.host_to_global(batch, trainer.mesh)
-  num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  holder = {"state": state}
-
-  def step() -> float:
-    holder["state"], metrics = train_step(holder["state"], batch)
-    return float(metrics["loss"])  # blocks until the step is done
-
+  step, num_params = side_by_side.avtext_step(config, task, batch, steps_per_epoch)
   return step, num_params, shapes, jax.__version__
 
 
@@ -221,8 +204,7 @@ def main() -> None:
              f"--steps_per_epoch={args.steps_per_epoch}"],
       args.steps, args.block)
   first = {side: r[0] for side, r in results.items()}
-  cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-              if l.startswith("model name")), platform.processor())
+  cpu = side_by_side.cpu_name()
   threads = os.cpu_count()
   print(f"\ndate {datetime.date.today()}, {cpu}, {threads} cores; torch "
         f"{first['official']['version']} ({threads} threads), jax {first['avtext']['version']}")

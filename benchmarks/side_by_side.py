@@ -5,8 +5,8 @@ Each side runs alone in its own process (no second framework's thread pool besid
 side has its timed steps, so load drifts hit both), `report` for the median / IQR table.
 """
 import json
+import platform
 import subprocess
-
 import time
 from typing import Callable
 
@@ -31,6 +31,37 @@ def time_steps(step: Callable[[], float], warmup: int, steps: int, info: dict) -
     losses.append(step())
     times.append(time.perf_counter() - begin)
   print("RESULT " + json.dumps({**info, "times": times, "losses": losses}), flush=True)
+
+
+def avtext_step(config, task, batch: dict, steps_per_epoch: int):
+  """(step() -> loss, number of params) of avtext's train step on one fixed `batch`: the
+  step `make train` runs (`Trainer.make_train_step`: jitted, state donated), the state
+  initialized as the trainer does, no data pipeline and no evaluator."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
+  from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  # No evaluators run here; the trainer only checks the selection names one.
+  trainer = trainer_lib.Trainer(config, "/tmp/bench_avtext_unused", task, evaluators={"val": None})
+  trainer.steps_per_epoch = steps_per_epoch
+  trainer.total_steps = steps_per_epoch * config.train.num_epochs
+  state, (tx, schedule) = trainer._init_state(batch)  # pylint: disable=protected-access
+  train_step = trainer.make_train_step(
+      tx, schedule, trainer._state_sharding(state))  # pylint: disable=protected-access
+  batch = partitioning.host_to_global(batch, trainer.mesh)
+  holder = {"state": state}
+
+  def step() -> float:
+    holder["state"], metrics = train_step(holder["state"], batch)
+    return float(metrics["loss"])  # blocks until the step is done
+
+  return step, sum(x.size for x in jax.tree.leaves(state.params))
+
+
+def cpu_name() -> str:
+  """This machine's CPU model, for the report."""
+  with open("/proc/cpuinfo") as f:
+    return next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")),
+                platform.processor())
 
 
 def alternate(command: Callable[[str, int], list[str]], steps: int, block: int,

@@ -170,12 +170,9 @@ VARIANTS = ("demo", "tiny", "masked_pool")
 
 
 def parse_variants(arg: str | None, config_file: str) -> set[str]:
-  """The comma-separated variants of `arg`, checked against VARIANTS."""
-  variants = set(filter(None, (arg or "").split(",")))
-  if variants - set(VARIANTS):
-    raise ValueError(f"{config_file}: unknown variant(s) {sorted(variants - set(VARIANTS))}; "
-                     f"expected a comma-separated subset of {list(VARIANTS)}")
-  return variants
+  """The comma-separated variants of `arg`, checked against VARIANTS (shared by
+  configs/coot_youcook2.py)."""
+  return videocc_avr.parse_variants(arg, VARIANTS, config_file)
 
 
 def apply_variants(config: ml_collections.ConfigDict, variants: set[str]) -> None:
@@ -235,13 +232,4 @@ def synthetic(config: ml_collections.ConfigDict, *, tiny: bool) -> None:
     config.model.video_dim, config.model.text_dim = 16, 24
     config.model.hidden_size, config.model.num_heads, config.model.mlp_dim = 32, 4, 32
     config.model.pool_hidden, config.model.pool_heads = 32, 2
-    config.train.batch_size = 8
-    config.train.num_epochs = None
-    config.train.num_steps = 6
-    config.train.log_every_steps = 3
-    config.train.checkpoint_every_steps = 3
-    config.optimizer.warmup_epochs = None
-    config.optimizer.warmup_steps = 1
-    config.evals.val.every_epochs = None
-    config.evals.val.every_steps = 3
-    config.eval.batch_size = 8
+    videocc_avr.tiny_schedule(config, num_steps=6, every_steps=3, warmup_steps=1)

@@ -55,12 +55,8 @@ DEMO_DATA = "workdirs/demo/tvr_data"
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = set(filter(None, (arg or "").split(",")))
-  known = {"demo", "tiny", "video", "sub", "standard_decoder", "mean_nll"}
-  unknown = variants - known
-  if unknown:
-    raise ValueError(f"configs/mmt_tvc.py: unknown variant(s) {sorted(unknown)}; "
-                     f"expected some of {sorted(known)}")
+  variants = videocc_avr.parse_variants(
+      arg, ("demo", "tiny", "video", "sub", "standard_decoder", "mean_nll"), "configs/mmt_tvc.py")
   config = ml_collections.ConfigDict()
   config.task = "captioning"
   config.seed = 2019  # train.py
@@ -109,11 +105,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.evals.test_public = ml_collections.ConfigDict(dict(
       type="captioning", every_steps=0, split="test_public", captions_fn="captions",
       output_format="tvc", batch_size=50))
-  config.eval = ml_collections.ConfigDict(dict(
-      batch_size=50, select=("val/CIDEr-D", "max"), keep_best=1,
-      plateau=dict(factor=ml_collections.config_dict.placeholder(float), patience=2,
-                   cooldown=3, min_lr=0.0, threshold=1e-4),
-      early_stopping_patience=10))
+  config.eval = videocc_avr.eval_config(batch_size=50)
+  config.eval.select = ("val/CIDEr-D", "max")
+  config.eval.early_stopping_patience = 10
 
   if "video" in variants:
     config.data.context = "video"
@@ -123,16 +117,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.decoder_layer = "standard"
   if "mean_nll" in variants:
     config.loss.name = "nll"
-  # MMT: features in, batch 128: one v5e host (4 chips) holds it many times over
-  # (BENCHMARKS.md "Paper configs on their TPU slices"); bf16 compute, params float32.
+  # MMT: features in, batch 128: one v5e host (4 chips) holds it many times over, bf16
+  # compute and float32 params (BENCHMARKS.md "Paper configs on their TPU slices").
   videocc_avr.paper_scale(config, "v5e:2x2")
-  if "demo" in variants or "tiny" in variants:
-    _synthetic(config, tiny="tiny" in variants)
-  return config
+  return videocc_avr.with_synthetic(config, variants, _synthetic)
 
 
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
-  videocc_avr.synthetic_scale(config)
   config.dataset.path = DEMO_DATA
   config.dataset.video_features = "synthetic_tower_cl-1.5"
   config.dataset.video_dim = config.model.video_dim = 128  # the RGB tower's width
@@ -155,15 +146,7 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
     m.hidden_size, m.num_heads, m.intermediate_size, m.word_dim = 32, 2, 32, 16
     config.data.max_v_len, config.data.max_sub_len, config.data.max_cap_len = 8, 12, 10
     config.generation.max_new_tokens = 9
-    config.train.batch_size = 8
-    config.train.num_epochs = None
-    config.train.num_steps = 6
-    config.train.log_every_steps = 3
-    config.train.checkpoint_every_steps = 3
-    config.optimizer.warmup_epochs = None
-    config.optimizer.warmup_steps = 2
-    config.evals.val.every_epochs = None
-    config.evals.val.every_steps = 3
-    config.evals.val.batch_size = config.evals.test.batch_size = config.eval.batch_size = 8
+    videocc_avr.tiny_schedule(config, num_steps=6, every_steps=3, warmup_steps=2)
+    config.evals.val.batch_size = config.evals.test.batch_size = 8
     # Off, yet overridable from the flags (a None field takes no --config value).
     config.eval.early_stopping_patience = ml_collections.config_dict.placeholder(int)

@@ -54,11 +54,8 @@ FROZEN_PHASE1 = (r"^video/image/", r"^video/temporal/")
 
 
 def get_config(arg: str | None = None, caption: str = "language") -> ml_collections.ConfigDict:
-  variants = set(filter(None, (arg or "").split(",")))
-  unknown = variants - {"demo", "tiny", "phase2"}
-  if unknown:
-    raise ValueError(f"configs/smit_{caption}_amm.py: unknown variant(s) {sorted(unknown)}; "
-                     "expected demo, tiny, phase2")
+  variants = videocc_avr.parse_variants(arg, ("demo", "tiny", "phase2"),
+                                        f"configs/smit_{caption}_amm.py")
   phase2 = "phase2" in variants
 
   config = ml_collections.ConfigDict()

@@ -28,10 +28,7 @@ import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = set(filter(None, (arg or "").split(",")))
-  if variants - {"tiny"}:
-    raise ValueError(f"configs/synthetic_video_pretrain.py: unknown variant(s) "
-                     f"{sorted(variants - {'tiny'})}; expected tiny")
+  variants = videocc_avr.parse_variants(arg, ("tiny",), "configs/synthetic_video_pretrain.py")
   tiny = "tiny" in variants
   avr = videocc_avr.get_config("tiny" if tiny else "demo")
 

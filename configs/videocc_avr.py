@@ -31,11 +31,8 @@ import ml_collections
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = set(filter(None, (arg or "").split(",")))
-  unknown = variants - {"demo", "tiny", "rgb", "audio", "mined", "msrvtt"}
-  if unknown:
-    raise ValueError(f"configs/videocc_avr.py: unknown variant(s) {sorted(unknown)}; "
-                     "expected demo, tiny, rgb, audio, mined, msrvtt")
+  variants = parse_variants(arg, ("demo", "tiny", "rgb", "audio", "mined", "msrvtt"),
+                            "configs/videocc_avr.py")
   if "msrvtt" in variants and not variants & {"demo", "tiny"}:
     raise ValueError("configs/videocc_avr.py: the paper setup already evaluates on MSR-VTT "
                      "(config.evals.msrvtt); 'msrvtt' adds it to demo / tiny")
@@ -195,6 +192,34 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   return config
 
 
+def parse_variants(arg: str | None, known, config_file: str) -> set[str]:
+  """The comma-separated variants of `arg` (`--config=<file>:a,b`), checked against
+  `known`; every config of configs/ reads its variants through this."""
+  variants = set(filter(None, (arg or "").split(",")))
+  unknown = variants - set(known)
+  if unknown:
+    raise ValueError(f"{config_file}: unknown variant(s) {sorted(unknown)}; expected a "
+                     f"comma-separated subset of {list(known)}")
+  return variants
+
+
+def tiny_schedule(config: ml_collections.ConfigDict, *, num_steps: int, every_steps: int,
+                  warmup_steps: int, batch_size: int = 8) -> None:
+  """The tiny variants' schedule: `num_steps` steps of `batch_size`, logs, checkpoints and
+  the val evaluator every `every_steps`, step-based warmup."""
+  config.train.batch_size = batch_size
+  config.train.num_epochs = None
+  config.train.num_steps = num_steps
+  config.train.log_every_steps = every_steps
+  config.train.checkpoint_every_steps = every_steps
+  config.optimizer.warmup_epochs = None
+  config.optimizer.warmup_steps = warmup_steps
+  if "val" in config.get("evals", {}):
+    config.evals.val.every_epochs = None
+    config.evals.val.every_steps = every_steps
+  config.eval.batch_size = batch_size
+
+
 def paper_scale(config: ml_collections.ConfigDict, topology: str | None, *,
                 dtype: str = "bfloat16", remat: str = "none", attention: str = "xla",
                 fsdp: bool = False, scan_layers: bool = False) -> None:
@@ -214,6 +239,16 @@ def paper_scale(config: ml_collections.ConfigDict, topology: str | None, *,
 def synthetic_scale(config: ml_collections.ConfigDict) -> None:
   """Demo / tiny: CPU-sized, float32, no remat, materialized attention, no FSDP."""
   paper_scale(config, None, dtype="float32")
+
+
+def with_synthetic(config: ml_collections.ConfigDict, variants: set[str],
+                   synthetic) -> ml_collections.ConfigDict:
+  """`config`, or its demo / tiny variant: the synthetic world's scale (`synthetic_scale`)
+  and then the config's own `synthetic(config, tiny=...)` (data paths, widths, schedule)."""
+  if variants & {"demo", "tiny"}:
+    synthetic_scale(config)
+    synthetic(config, tiny="tiny" in variants)
+  return config
 
 
 def eval_config(batch_size: int) -> ml_collections.ConfigDict:
@@ -310,9 +345,4 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
     t.intermediate_size, t.max_position_embeddings = 64, 64
     config.model.embed_dim = 16
     config.optimizer.frozen = (r"^text/word_embeddings/", r"^text/encoderblock_0/")
-    config.train.batch_size = 8
-    config.train.num_steps = 10
-    config.train.log_every_steps = 5
-    config.train.checkpoint_every_steps = 5
-    config.optimizer.warmup_steps = 2
-    config.eval.batch_size = 8
+    tiny_schedule(config, num_steps=10, every_steps=5, warmup_steps=2)

@@ -45,11 +45,8 @@ def _str():
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = set(filter(None, (arg or "").split(",")))
-  unknown = variants - {"finetune", "demo", "tiny", "mined"}
-  if unknown:
-    raise ValueError(f"configs/videocc_caption.py: unknown variant(s) {sorted(unknown)}; "
-                     "expected finetune, demo, tiny, mined")
+  variants = videocc_avr.parse_variants(arg, ("finetune", "demo", "tiny", "mined"),
+                                        "configs/videocc_caption.py")
   synthetic = variants & {"demo", "tiny"}
   # The AVR config's data sampling and MBT (the encoder the captioner starts from);
   # "mined" (with demo / tiny) trains on a mining run's clips, as videocc_avr.py:mined.
@@ -151,12 +148,7 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
     d.hidden_size, d.num_layers, d.num_heads, d.mlp_dim = 32, 2, 2, 64
     d.dropout_rate = d.attention_dropout_rate = 0.0
     config.model.context_groups = None  # every token (the paper's C)
-    config.train.batch_size = 8
-    config.train.num_steps = 10
-    config.train.log_every_steps = 5
-    config.train.checkpoint_every_steps = 5
-    config.optimizer.warmup_steps = 2
-    config.eval.batch_size = 8
+    videocc_avr.tiny_schedule(config, num_steps=10, every_steps=5, warmup_steps=2)
     config.generation.max_new_tokens = 8
     config.evals.test.baselines.most_frequent.num_train = 256
     config.evals.test.baselines.nearest_neighbour.num_train = 32

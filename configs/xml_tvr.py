@@ -76,11 +76,7 @@ VARIANTS = {"demo", "tiny", "video", "sub", "tef", "sliding", "eq2", "cross_line
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = set(filter(None, (arg or "").split(",")))
-  unknown = variants - VARIANTS
-  if unknown:
-    raise ValueError(f"configs/xml_tvr.py: unknown variant(s) {sorted(unknown)}; "
-                     f"expected some of {sorted(VARIANTS)}")
+  variants = videocc_avr.parse_variants(arg, sorted(VARIANTS), "configs/xml_tvr.py")
   config = ml_collections.ConfigDict()
   config.task = "moments"
   config.seed = 2018  # config.py
@@ -137,11 +133,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.evals.test_public = ml_collections.ConfigDict(dict(
       type="moments", every_steps=0, split="test_public", batch_size=200, search=search,
       corpus_dtype="float32", keep_corpus=True))
-  config.eval = ml_collections.ConfigDict(dict(
-      batch_size=200, select=("val/VCMR/r1_sum", "max"), keep_best=1,
-      plateau=dict(factor=ml_collections.config_dict.placeholder(float), patience=2,
-                   cooldown=3, min_lr=0.0, threshold=1e-4),
-      early_stopping_patience=10))
+  config.eval = videocc_avr.eval_config(batch_size=200)
+  config.eval.select = ("val/VCMR/r1_sum", "max")
+  config.eval.early_stopping_patience = 10
 
   if "video" in variants:
     config.model.context = "video"
@@ -161,13 +155,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # XML: features in, 128 queries a batch: one v5e host (4 chips) holds it many times over
   # (BENCHMARKS.md "Paper configs on their TPU slices"); bf16 compute, params float32.
   videocc_avr.paper_scale(config, "v5e:2x2")
-  if "demo" in variants or "tiny" in variants:
-    _synthetic(config, tiny="tiny" in variants)
-  return config
+  return videocc_avr.with_synthetic(config, variants, _synthetic)
 
 
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
-  videocc_avr.synthetic_scale(config)
   d = config.dataset
   d.path = DEMO_DATA
   d.video_features = ("synthetic_tower_cl-1.5",)

@@ -117,30 +117,36 @@ def tef(mask: Array) -> Array:
   return out * mask[..., None]
 
 
-class _InputProjection(nn.Module):
-  """LN -> dropout -> Linear -> ReLU (the official LinearLayer)."""
-  features: int
+class _Sublayer(nn.Module):
+  """What the input projection and the position table share: dropout and its masks,
+  the LayerNorm epsilon, the compute dtype."""
   dropout_rate: float
   layer_norm_eps: float
   dropout_masks: str = "jax"
   dtype: Any = jnp.float32
 
+  def norm(self, x: Array) -> Array:
+    return nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm")(x)
+
+  def drop(self, x: Array, deterministic: bool) -> Array:
+    return attention.dropout(x, self.dropout_rate, deterministic=deterministic,
+                             masks=self.dropout_masks)
+
+
+class _InputProjection(_Sublayer, kw_only=True):
+  """LN -> dropout -> Linear -> ReLU (the official LinearLayer)."""
+  features: int
+
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
-    x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm")(x)
-    x = attention.dropout(x, self.dropout_rate, deterministic=deterministic,
-                          masks=self.dropout_masks)
+    x = self.drop(self.norm(x), deterministic)
     return nn.relu(nn.Dense(self.features, kernel_init=nn.initializers.normal(0.02),
                             dtype=self.dtype, name="dense")(x))
 
 
-class _Positions(nn.Module):
+class _Positions(_Sublayer, kw_only=True):
   """LN(x + P[:L]) -> dropout, P learned [max_len, D]."""
   max_len: int
-  dropout_rate: float
-  layer_norm_eps: float
-  dropout_masks: str = "jax"
-  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
@@ -149,10 +155,7 @@ class _Positions(nn.Module):
                        "(config.model.max_ctx_len / max_query_len)")
     table = self.param("embedding", nn.initializers.normal(0.02),
                        (self.max_len, x.shape[-1]), jnp.float32)
-    x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm")(
-        x + table[:x.shape[-2]].astype(x.dtype))
-    return attention.dropout(x, self.dropout_rate, deterministic=deterministic,
-                             masks=self.dropout_masks)
+    return self.drop(self.norm(x + table[:x.shape[-2]].astype(x.dtype)), deterministic)
 
 
 def _conv_init(key, shape, dtype=jnp.float32):
@@ -218,10 +221,10 @@ class XML(nn.Module):
                  attention_dropout_rate=self.dropout_rate, dropout_masks=self.dropout_masks,
                  kernel_init=init, dtype=dtype, remat=self.remat, attention_impl=self.attention)
     self.query_proj = _InputProjection(**proj)
-    self.query_pos = _Positions(self.max_query_len, **pos)
+    self.query_pos = _Positions(max_len=self.max_query_len, **pos)
     self.query_encoder = layers.EncoderBlock(**block)
     self.modular = nn.Dense(len(self.streams), use_bias=False, kernel_init=init, dtype=dtype)
-    self.ctx_pos = _Positions(self.max_ctx_len, **pos)  # shared by the streams (official)
+    self.ctx_pos = _Positions(max_len=self.max_ctx_len, **pos)  # shared by the streams (official)
     self.ctx_proj = {m: _InputProjection(**proj, name=f"{m}_proj") for m in self.streams}
     self.encoder0 = {m: layers.EncoderBlock(**block, name=f"{m}_encoder0") for m in self.streams}
     if len(self.streams) == 2:
