@@ -16,14 +16,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Files whose tests take minutes (measured with --durations on a fresh clone),
 # longest first. `make test` runs two xdist workers with --dist loadfile, which hands out
 # files in collection order; starting these first keeps one worker from running
-# test_train_trainer.py (~4 min) alone at the end: 12 min 19 s before.
+# the longest file alone at the end (12 min 19 s before this order existed).
 _LONG_FILES = (
-    "test_train_trainer.py", "test_aot.py", "test_train_fsdp_microbatches.py",
-    "test_train_run_faults.py", "test_models_precision_families.py",
+    "test_train_run_faults.py", "test_train_trainer.py", "test_train_fsdp_microbatches.py",
+    "test_models_precision_families.py", "test_aot.py", "test_experiment.py",
+    "test_inference_generate.py", "test_tasks_smit.py", "test_tasks_xml.py",
+    "test_train_rundir.py", "test_index.py", "test_models_scan_layers.py",
     "test_tasks_example_spec.py", "test_tasks_mmt.py", "test_tasks_coot.py",
-    "test_experiment.py", "test_train_rundir.py", "test_tasks_xml.py", "test_tasks_smit.py",
-    "test_models_coot.py", "test_inference_generate.py", "test_models_gpt2.py",
-    "test_weights_official_mmt.py")
+    "test_models_gpt2.py", "test_models_coot.py", "test_weights_official_mmt.py",
+    "test_data_files.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

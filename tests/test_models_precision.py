@@ -79,7 +79,9 @@ class _Stack(nn.Module):
     return x
 
 
-@pytest.mark.parametrize("policy", ["full", "dots_with_no_batch_dims_saveable"])
+# "full" (~14 s) runs with -m slow; the named-policy case checks the same by default.
+@pytest.mark.parametrize("policy", [pytest.param("full", marks=pytest.mark.slow),
+                                    "dots_with_no_batch_dims_saveable"])
 def test_remat_gradients_equal_plain(policy):
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.normal(size=(2, 6, 16)), jnp.float32)

@@ -212,6 +212,7 @@ def test_config_defaults_are_official_and_variants_name_ours():
     mmt_tvc.get_config("ours")
 
 
+@pytest.mark.slow  # ~18 s; cached decoding = teacher forcing stays in the default run
 def test_greedy_generation_equals_a_full_recompute_loop_with_unk_banned():
   model = _tiny_model()
   rng = np.random.default_rng(3)

@@ -177,6 +177,8 @@ def _saved_steps(workdir):
   return sorted(int(p.name) for p in ckpts.glob("*") if p.name.isdigit()) if ckpts.exists() else []
 
 
+@pytest.mark.slow  # ~85 s, the longest test; resume bit-identity after faults stays in the
+# default run (tests/test_train_run_faults.py), the real SIGKILL runs with `make test-slow`
 def test_sigkill_then_rerun_is_bit_identical(tmp_path):
   steps = 16
   reference = _run_main(tmp_path / "ref", steps, *_EVAL_DRIVEN)
