@@ -74,8 +74,9 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
   args = {"origin": origin.to_dict(), "model": config.model.to_dict(),
           "init_from": config.init_from.to_dict(), "data": config.data.to_dict(),
           "splits": list(splits)}
+  args = json.loads(json.dumps(args, default=list))  # as DONE stores it (tuples -> lists)
   out.mkdir(parents=True, exist_ok=True)
-  if done.reuse_finished(out, json.loads(json.dumps(args, default=list)), force):
+  if done.reuse_finished(out, args, force):
     return out
   if config.model.video.get("train_backbones"):
     raise ValueError("smit_features: config.model.video.train_backbones is True (phase 2); "
@@ -137,7 +138,7 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
       {"format": smit_builder.FORMAT, "splits": counts, "origin": origin.to_dict(),
        "model": config.model.to_dict(), "init_from": config.init_from.to_dict()},
       indent=1, default=list))
-  done.mark_finished(out, json.loads(json.dumps(args, default=list)))
+  done.mark_finished(out, args)
   return out
 
 

@@ -45,23 +45,23 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed:
   return out
 
 
-_TOWER = flags.DEFINE_string("tower_workdir", None, "run dir of the trained RGB tower")
-_OUT = flags.DEFINE_string("out", None, "output dataset directory")
-_TRAIN = flags.DEFINE_integer("num_train", 1000, "training videos")
-_VAL = flags.DEFINE_integer("num_val", 500, "validation videos")
-_SEED = flags.DEFINE_integer("seed", 0, "world seed")
-_FPS = flags.DEFINE_float("feature_fps", 1.0, "feature steps per second")
-_FORCE = flags.DEFINE_bool("force", False, "rebuild even if complete")
-
-
 def main(argv):
   del argv
-  if not _TOWER.value or not _OUT.value:
+  f = flags.FLAGS
+  if not f.tower_workdir or not f.out:
     raise app.UsageError("--tower_workdir and --out are required")
-  build_dataset(_OUT.value, tower_workdir=_TOWER.value, num_train=_TRAIN.value,
-                num_val=_VAL.value, seed=_SEED.value, feature_fps=_FPS.value,
-                force=_FORCE.value)
+  build_dataset(f.out, tower_workdir=f.tower_workdir, num_train=f.num_train,
+                num_val=f.num_val, seed=f.seed, feature_fps=f.feature_fps, force=f.force)
 
 
 if __name__ == "__main__":
+  # Defined here, not at import (as every avtext CLI module that is also a library):
+  # importing this module beside avtext.tools.tvr_synthetic defines no flag twice.
+  flags.DEFINE_string("tower_workdir", None, "run dir of the trained RGB tower")
+  flags.DEFINE_string("out", None, "output dataset directory")
+  flags.DEFINE_integer("num_train", 1000, "training videos")
+  flags.DEFINE_integer("num_val", 500, "validation videos")
+  flags.DEFINE_integer("seed", 0, "world seed")
+  flags.DEFINE_float("feature_fps", 1.0, "feature steps per second")
+  flags.DEFINE_bool("force", False, "rebuild even if complete")
   app.run(main)

@@ -53,8 +53,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  # Defined here, not at import: coot_synthetic defines flags of the same names, and
-  # one process may import both modules.
+  # Defined here, not at import (as every avtext CLI module that is also a library):
+  # importing this module beside avtext.tools.coot_synthetic defines no flag twice.
   flags.DEFINE_string("tower_workdir", None, "run dir of the trained RGB tower")
   flags.DEFINE_string("out", None, "output dataset directory")
   flags.DEFINE_integer("num_train", 1000, "training videos")
