@@ -10,13 +10,18 @@ topology's devices), the tests and the benchmarks. The pieces stay independent:
 `avtext.evals.build_evaluators` knows tasks only through the protocols each
 evaluator declares.
 """
+import json
 import pathlib
 
 import ml_collections
 
+from avtext import errors
 from avtext import evals
 from avtext.tasks import registry as tasks_registry
+from avtext.train import checkpointing
+from avtext.train import rundir
 from avtext.train import trainer as trainer_lib
+from avtext.weights import pretrained
 
 
 def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, task=None,
@@ -30,3 +35,79 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, tas
   if evaluators is None:
     evaluators = evals.build_evaluators(config, task, workdir)
   return trainer_lib.Trainer(config, workdir, task, evaluators, devices=devices)
+
+
+# Config fields that name inputs: checked for existence before anything runs.
+_INPUT_PATHS = ("dataset.path", "dataset.data_dir", "data.vocab", "model.vocab")
+
+
+def _get(config, dotted: str):
+  for key in dotted.split("."):
+    if not isinstance(config, (ml_collections.ConfigDict, dict)) or key not in config:
+      return None
+    config = config[key]
+  return config
+
+
+def check_inputs(config: ml_collections.ConfigDict, task) -> None:
+  """Raises `errors.InputNotFound` naming the config field when a file or directory the
+  run needs is missing: dataset paths (`config.dataset`, each `config.evals.*.dataset`),
+  vocabularies, the towers' pretrained weights (`Task.pretrained_towers`) and the
+  `config.init_from` run. It only looks at paths, so it takes milliseconds, and `main`
+  calls it before it creates anything or probes the data."""
+  fields = list(_INPUT_PATHS) + [f"evals.{name}.dataset.path"
+                                 for name in (config.get("evals") or {})]
+  for field in fields:
+    value = _get(config, field)
+    if isinstance(value, str) and value and "://" not in value and not (
+        pathlib.Path(value).expanduser().exists()):
+      raise errors.InputNotFound(f"config.{field}={value!r} does not exist; "
+                                 f"set --config.{field} to the right path")
+  pretrained.check_available(config, task.pretrained_towers())
+  init = config.get("init_from")
+  if init and init.get("workdir") and "://" not in str(init.workdir):
+    workdir = pathlib.Path(init.workdir).expanduser()
+    if not (workdir / rundir.CONFIG_FILE).exists() and not (
+        workdir / checkpointing.LATEST_DIR).exists():
+      raise errors.InputNotFound(
+          f"config.init_from.workdir={str(init.workdir)!r} is not an avtext run directory "
+          f"(no {checkpointing.LATEST_DIR}/ there); train that run first or fix the path")
+
+
+def _flat(tree, prefix=""):
+  if isinstance(tree, dict):
+    out = {}
+    for k, v in tree.items():
+      out.update(_flat(v, f"{prefix}{k}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def identity(config: ml_collections.ConfigDict) -> dict:
+  """What makes a run directory's checkpoints this config's: the task and every
+  `config.model` field, as config.json stores them."""
+  as_json = json.loads(config.to_json_best_effort())
+  return {"task": as_json.get("task"), **_flat(as_json.get("model") or {}, "model.")}
+
+
+def check_workdir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+                  source: str = "this command") -> None:
+  """Raises `errors.WorkdirInUse` when `workdir`'s config.json (the run's identity)
+  names another task or model than `config`; a workdir without one is free."""
+  path = pathlib.Path(workdir) / rundir.CONFIG_FILE
+  if not path.exists():
+    return
+  try:
+    theirs = identity(ml_collections.ConfigDict(json.loads(path.read_text())))
+  except (OSError, ValueError) as e:
+    raise errors.WorkdirInUse(f"{path}: unreadable ({e}); pick another --workdir") from None
+  ours = identity(config)
+  differ = [k for k in sorted(set(ours) & set(theirs)) if ours[k] != theirs[k]]
+  if not differ:
+    return
+  def show(values):
+    return ", ".join(f"{k}={values[k]!r}" for k in differ[:3]) + (
+        f" (+{len(differ) - 3} more)" if len(differ) > 3 else "")
+  raise errors.WorkdirInUse(
+      f"--workdir {workdir} holds another run: its config.json has {show(theirs)}; "
+      f"{source} has {show(ours)}. Pick another --workdir (or delete that one to start over)")

@@ -16,10 +16,13 @@ One process trains a workdir at a time (avtext/train/rundir.py): a second launch
 it exits at once with one line naming the running one.
 """
 import contextlib
+import difflib
 import importlib.util
 import logging as py_logging
 import os
+import pathlib
 import re
+import shutil
 import sys
 
 from absl import app
@@ -27,13 +30,19 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from avtext import cli
+from avtext import errors
+
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "configs/<experiment>.py[:variant]", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics, results)")
+    "config", None, "configs/<experiment>.py[:variant]; --config.<field>=<value> overrides "
+    "a field. With --mode=eval it may be left out: the run's own config.json is used",
+    lock_config=True)
+_WORKDIR = cli.DEFINE_path("workdir", None, "run directory (checkpoints, metrics, results); "
+                           "its config.json is the run's identity")
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"], "what to run")
 _STEP = flags.DEFINE_string("step", None, "--mode=eval: checkpoint step N or 'best' "
                             "(default: latest)")
-_EVAL_DIR = flags.DEFINE_string(
+_EVAL_DIR = cli.DEFINE_path(
     "eval_dir", None, "--mode=eval: directory for results.json, TensorBoard events and "
     "the evaluators' exports (default: the run, when it is writable and not in use)")
 _DISTRIBUTED = flags.DEFINE_bool(
@@ -52,7 +61,7 @@ _ALLOW_CPU = flags.DEFINE_bool(
 _REQUIRE_BACKEND = flags.DEFINE_enum(
     "require_backend", None, ["tpu", "gpu"], "exit at once unless jax.default_backend() "
     "is this (launch/ scripts pass it, so a missing runtime or device is no CPU run)")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flags_as_required(["workdir"])
 
 
 class _QuietLibraries(py_logging.Filter):
@@ -95,7 +104,8 @@ def _log_platform(jax) -> None:
 
 def _why_cpu() -> str:
   """Why JAX's default backend is the CPU, as far as this process can tell."""
-  if forced := os.environ.get("JAX_PLATFORMS"):
+  forced = os.environ.get("JAX_PLATFORMS")
+  if forced and not os.environ.get(cli.AUTO_PLATFORMS_ENV):
     return f"JAX_PLATFORMS={forced}"
   runtimes = {  # installed accelerator runtime -> the devices it drives
       name: device for name, module, device in (
@@ -114,12 +124,11 @@ def _check_backend(config, backend: str) -> None:
   slice in config.target_topology ("v5e:4x4"; demo and tiny variants leave it None):
   without an accelerator runtime (or with JAX_PLATFORMS=cpu) JAX falls back to the
   CPU, where such a run would take months, so training it there needs --allow_cpu.
-  SystemExit: one line on stderr and exit status 1 (app.UsageError would print the
-  whole flag help around it).
+  errors.UserError: one line on stderr, exit status 2 (`avtext.cli.run`).
   """
   if _REQUIRE_BACKEND.value and backend != _REQUIRE_BACKEND.value:
     why = f" ({_why_cpu()})" if backend == "cpu" else ""
-    raise SystemExit(
+    raise errors.UserError(
         f"--require_backend={_REQUIRE_BACKEND.value} but JAX runs on {backend}{why}; "
         f"install the runtime (make venv ACCEL=tpu|cuda12, README 'Run on a TPU pod' / "
         f"'Run on GPUs') and check the devices are visible (nvidia-smi; TPU VM)")
@@ -132,19 +141,80 @@ def _check_backend(config, backend: str) -> None:
     logging.warning("%s targets %s (config.target_topology); training on CPU devices "
                     "anyway (--allow_cpu)", source, target)
     return
-  raise SystemExit(
+  raise errors.UserError(
       f"{source} targets {target} (config.target_topology) but JAX finds only CPU "
       f"devices ({_why_cpu()}); on the accelerator machine install its runtime (make venv "
       f"ACCEL=tpu|cuda12, README 'Run on a TPU pod' / 'Run on GPUs'), or pass "
       f"--allow_cpu to train at paper scale on the CPU anyway, or pick the :demo variant")
 
 
+def _config_or_error():
+  """--config loaded (overrides applied), or one UserError naming the file or field."""
+  source = config_flags.get_config_filename(flags.FLAGS["config"])
+  path = source.split(":")[0]
+  if not os.path.exists(path):
+    folder = os.path.dirname(path) or "."
+    known = sorted(p for p in os.listdir(folder) if p.endswith(".py")) if os.path.isdir(
+        folder) else []
+    close = difflib.get_close_matches(os.path.basename(path), known, n=1)
+    hint = (f" (did you mean {os.path.join(folder, close[0])}?)" if close else
+            f"; {folder}/ has {', '.join(known)}" if known else "")
+    raise errors.InputNotFound(f"--config={source}: no such file{hint}")
+  try:
+    return _CONFIG.value
+  except Exception as e:  # pylint: disable=broad-except
+    raise errors.BadInput(f"--config={source}: {cli.exception_message(e)}") from e
+
+
+def _eval_config(workdir: str):
+  """--mode=eval without --config: the run's own config.json."""
+  from avtext import runs  # pylint: disable=g-import-not-at-top
+  try:
+    return runs.load_config(workdir)
+  except FileNotFoundError:
+    raise errors.InputNotFound(
+        f"--mode=eval: {workdir} is not an avtext run (no config.json there); train it "
+        f"first, fix --workdir, or pass --config") from None
+
+
+def _remove_if_unused(workdir: pathlib.Path) -> None:
+  """Removes a run directory this command created when it saved no checkpoint there."""
+  from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top
+  for name in (checkpointing.LATEST_DIR, checkpointing.BEST_DIR):
+    folder = workdir / name
+    if folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir()):
+      return
+  shutil.rmtree(workdir, ignore_errors=True)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  for flag in (_STEP, _EVAL_DIR):
+    if flag.value is not None and _MODE.value != "eval":
+      raise app.UsageError(f"--{flag.name} goes with --mode=eval")
+  cluster_flags = (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _LOCAL_DEVICES)
+  if not _DISTRIBUTED.value and any(f.present for f in cluster_flags):
+    raise app.UsageError("--coordinator_address/--num_processes/--process_id/"
+                         "--local_device_ids need --distributed")
+  workdir = _WORKDIR.value
+  # Every input is checked before JAX starts or anything is written.
+  if flags.FLAGS["config"].present:
+    config = _config_or_error()
+  elif _MODE.value == "eval":
+    config = _eval_config(workdir)
+  else:
+    raise errors.BadInput("--config is required to train (configs/<experiment>.py[:variant]); "
+                          "see python -m avtext.main --help")
+  from avtext import experiment  # pylint: disable=g-import-not-at-top
+  source = (f"--config={config_flags.get_config_filename(flags.FLAGS['config'])}"
+            if flags.FLAGS["config"].present else "this command")
+  experiment.check_workdir(config, workdir, source=source)
+  from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
+  task = tasks_registry.build_task(config)
+  experiment.check_inputs(config, task)
   # Imported here so --help answers without initializing JAX.
   import jax  # pylint: disable=g-import-not-at-top
-  cluster_flags = (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _LOCAL_DEVICES)
   if _DISTRIBUTED.value:
     # Cross-process collectives on the CPU backend (fake-device tests, CPU
     # clusters); accelerator backends ignore this setting.
@@ -155,37 +225,32 @@ def main(argv):
         process_id=_PROCESS_ID.value,
         local_device_ids=None if _LOCAL_DEVICES.value is None else
         [int(i) for i in _LOCAL_DEVICES.value])
-  elif any(f.present for f in cluster_flags):
-    raise app.UsageError("--coordinator_address/--num_processes/--process_id/"
-                         "--local_device_ids need --distributed")
   logging.set_verbosity(logging.INFO)
   logging.get_absl_handler().addFilter(_QuietLibraries())
   sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
-  for flag in (_STEP, _EVAL_DIR):
-    if flag.value is not None and _MODE.value != "eval":
-      raise app.UsageError(f"--{flag.name} goes with --mode=eval")
-  config = _CONFIG.value
   _log_platform(jax)
   _check_backend(config, jax.default_backend())
   from avtext.train import rundir  # pylint: disable=g-import-not-at-top
-  with contextlib.ExitStack() as stack:
-    if _MODE.value == "train":
-      try:  # before anything else is built, so a second launch exits in seconds
-        stack.enter_context(rundir.lock(_WORKDIR.value, process_index=jax.process_index()))
-      except rundir.RunLockedError as e:
-        raise SystemExit(str(e)) from None
-    # After the checks, so a refused run exits in seconds.
-    from avtext import experiment  # pylint: disable=g-import-not-at-top
-    from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top
-    run = experiment.build(config, _WORKDIR.value)
-    try:
+  from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top
+  workdir_path = pathlib.Path(workdir).absolute()
+  created = _MODE.value == "train" and not workdir_path.exists()
+  try:
+    with contextlib.ExitStack() as stack:
+      if _MODE.value == "train":
+        # Before anything else is built, so a second launch exits in seconds.
+        stack.enter_context(rundir.lock(workdir, process_index=jax.process_index()))
+      run = experiment.build(config, workdir, task=task)
       if _MODE.value == "train":
         run.train()
       else:
         run.evaluate(_STEP.value, eval_dir=_EVAL_DIR.value)
-    except (rundir.RunLockedError, checkpointing.CheckpointSaveError) as e:
-      raise SystemExit(str(e)) from None  # one line, as the messages are
+  except (rundir.RunLockedError, checkpointing.CheckpointSaveError) as e:
+    raise errors.WorkdirInUse(str(e)) from None  # one line, as the messages are
+  except BaseException:
+    if created and jax.process_index() == 0:
+      _remove_if_unused(workdir_path)
+    raise
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -15,7 +15,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "avtext"
 
 FLOORS = (
-    ("registry", "ops", "modalities", "assets"),  # tables, array helpers, offline asset paths
+    ("errors",),     # the user-error types every layer raises
+    ("registry", "ops", "modalities", "assets", "cli"),  # tables, array helpers, asset
+                                                         # paths, the CLIs' shared pieces
     ("text",),       # tokenizers and vocabularies
     ("data",),       # reading, decoding and sampling examples; the synthetic world
     ("metrics",),    # pure numpy/jax scores

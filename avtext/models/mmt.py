@@ -76,6 +76,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from avtext import errors
 from avtext.models import attention
 from avtext.models import layers
 from avtext.models import registry
@@ -245,8 +246,9 @@ def mmt_from_config(cfg) -> MMT:
   vocab_size = cfg.get("vocab_size")
   if not vocab_size:
     if not cfg.get("vocab"):
-      raise ValueError("config.model: set vocab (a word2idx JSON, python -m "
-                       "avtext.tools.caption_vocab) or vocab_size")
+      raise errors.BadInput("config.model.vocab is not set: MMT's word vocabulary, a "
+                            "word2idx JSON (TVCaption's tvc_word2idx.json, or python -m "
+                            "avtext.tools.caption_vocab)")
     vocab_size = len(vocab.WordVocab.load(cfg.vocab))
   compute = registry.compute_from_config(cfg)
   return MMT(vocab_size=int(vocab_size), video_dim=int(cfg.video_dim),

@@ -14,6 +14,7 @@ evaluation is the `captioning` evaluator (`avtext/evals/captioning.py`).
 import ml_collections
 import numpy as np
 
+from avtext import errors
 from avtext.data import pipelines
 from avtext.inference import generate
 from avtext.losses import captioning as caption_losses
@@ -70,6 +71,11 @@ class MmtCaptioningTask(registry.Task):
 
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
+    if not config.model.get("vocab"):  # the model alone can be sized by vocab_size
+      raise errors.BadInput(
+          "config.model.vocab is not set: the MMT task reads and writes captions through "
+          "a word2idx JSON (TVCaption's tvc_word2idx.json, or python -m "
+          "avtext.tools.caption_vocab); config.model.vocab_size only sizes the model")
     self.vocab = vocab_lib.WordVocab.load(config.model.vocab)
     if len(self.vocab) != self.model.vocab_size:
       raise ValueError(f"config.model.vocab has {len(self.vocab)} words but the model "

@@ -6,6 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
+from avtext import errors
+
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
 
 
@@ -69,8 +71,11 @@ class WordVocab:
 
   @classmethod
   def load(cls, path: str | pathlib.Path) -> "WordVocab":
+    if not pathlib.Path(path).expanduser().is_file():
+      raise errors.InputNotFound(f"{path}: no such file; expected a word2idx JSON (TVCaption's "
+                                 "tvc_word2idx.json or python -m avtext.tools.caption_vocab)")
     try:
-      word2idx = json.loads(pathlib.Path(path).read_text())
+      word2idx = json.loads(pathlib.Path(path).expanduser().read_text())
     except (OSError, ValueError) as e:
       raise ValueError(f"{path}: expected a word2idx JSON {{word: id}} (TVCaption's "
                        f"tvc_word2idx.json or python -m avtext.tools.caption_vocab): {e}") from e

@@ -15,6 +15,7 @@ dtypes (else an error naming the weights and the config field) and replaces it. 
 own checkpoints come in after this, through `config.init_from` (train/warm_start.py).
 """
 import dataclasses
+import pathlib
 from typing import Any, Callable
 
 from absl import logging
@@ -23,6 +24,7 @@ import ml_collections
 import numpy as np
 
 from avtext import assets
+from avtext import errors
 from avtext.models import bert
 from avtext.text import tokenizers
 from avtext.weights import bert as bert_weights
@@ -62,6 +64,42 @@ def _gpt2(fresh, cfg, config):
 
 
 LOADERS: dict[str, Loader] = {"bert": _bert, "gpt2": _gpt2, "vit": vit.load_into_video}
+
+
+def _vit_source(cfg) -> None:
+  spec = cfg.get("init_from_vit")
+  if spec and spec.get("path") and not pathlib.Path(spec.path).expanduser().exists():
+    raise errors.InputNotFound(f"config.model.video.init_from_vit.path={spec.path!r}: "
+                               f"not found. {vit.DOWNLOAD}")
+
+
+def _gpt2_source(cfg) -> None:
+  gpt2_weights.weights_dir(cfg.get("weights"))
+  subset = cfg.get("vocab_subset")
+  if subset and not pathlib.Path(subset).expanduser().exists():
+    raise errors.InputNotFound(f"config.model.decoder.vocab_subset={subset!r}: not found; "
+                               "write it with python -m avtext.tools.caption_vocab")
+
+
+# Each loader's files, checked without reading them (`check_available`).
+SOURCES: dict[str, Callable[[Any], None]] = {
+    "bert": lambda cfg: bert.weights_dir(cfg.get("weights")),
+    "gpt2": _gpt2_source, "vit": _vit_source}
+
+
+def check_available(config: ml_collections.ConfigDict, towers) -> None:
+  """Raises (errors.InputNotFound) when weights a tower's config names are missing:
+  before a run probes its data or builds anything, so a missing file costs seconds."""
+  for tower in towers:
+    cfg = config
+    for key in tower.field.split("."):
+      cfg = cfg[key]
+    try:
+      SOURCES[tower.loader](cfg)
+    except FileNotFoundError as e:
+      if isinstance(e, errors.UserError):
+        raise
+      raise errors.InputNotFound(str(e)) from None
 
 
 def _leaves(tree) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -45,6 +45,7 @@ import pathlib
 from absl import logging
 import numpy as np
 
+from avtext import errors
 from avtext.data import builders
 from avtext.data import feature_layout
 from avtext.data import video as video_lib
@@ -81,7 +82,7 @@ def segment_frames(num_frames: int, duration_sec: float, segments, *, add_stop_f
 def _required(cfg, field: str, hint: str):
   value = cfg.get(field)
   if value in (None, "", 0):
-    raise ValueError(f"config.dataset.{field} is not set: {hint}. {_PREPARE}")
+    raise errors.BadInput(f"config.dataset.{field} is not set: {hint}. {_PREPARE}")
   return value
 
 

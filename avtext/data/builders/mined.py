@@ -31,6 +31,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from avtext import errors
 from avtext.data import builders
 from avtext.data.builders import videocc3m
 
@@ -151,7 +152,7 @@ def videocc_mined(dataset: ml_collections.ConfigDict, split: str) -> MinedClips:
                      f'asked for {split!r}; evaluate on another dataset through '
                      'config.evals.<name>.dataset (see configs/videocc_avr.py:mined)')
   if not dataset.get('path'):
-    raise ValueError('config.dataset.path: set it to the --out directory of python -m '
+    raise errors.BadInput('config.dataset.path: set it to the --out directory of python -m '
                      'avtext.mining')
   return MinedClips(dataset.path, decode=dataset.get('decode', 'auto'),
                     fps=dataset.get('fps', 25.0), sample_rate=dataset.get('sample_rate', 16000),

@@ -55,6 +55,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from avtext import errors
 from avtext.data import builders
 from avtext.data import features
 from avtext.data.builders import files
@@ -149,7 +150,7 @@ class SMiTFeatures:
 def smit_features(dataset: ml_collections.ConfigDict, split: str) -> SMiTFeatures:
   path = dataset.get("path")
   if not path:
-    raise ValueError(
+    raise errors.BadInput(
         "config.dataset.path is unset: point it at an smit_features directory "
         "(meta.json + <split>.h5, layout in avtext/data/builders/smit.py). Write one with "
         "`python -m avtext.features.smit --config=<your smit config> --out=DIR`, or, "

@@ -43,6 +43,7 @@ import pathlib
 from absl import logging
 import numpy as np
 
+from avtext import errors
 from avtext.data import builders
 
 DEFAULT_VIDEO_FEATURES = "tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5"
@@ -139,7 +140,7 @@ class TvcSource:
     if split not in SPLITS:
       raise ValueError(f"tvc: unknown split {split!r}; expected one of {SPLITS}")
     if not cfg.get("path"):
-      raise ValueError(f"config.dataset.path is not set: the TVC directory. {_PREPARE}")
+      raise errors.BadInput(f"config.dataset.path is not set: the TVC directory. {_PREPARE}")
     self.path = pathlib.Path(cfg.path)
     self.split = split
     self.clip_length = float(cfg.get("clip_length") or 1.5)

@@ -52,6 +52,7 @@ from typing import Any
 from absl import logging
 import numpy as np
 
+from avtext import errors
 from avtext.data import builders
 from avtext.data.builders import tvc
 
@@ -111,7 +112,7 @@ class TvrSource:
     if split not in SPLITS:
       raise ValueError(f"tvr: unknown split {split!r}; expected one of {SPLITS}")
     if not cfg.get("path"):
-      raise ValueError(f"config.dataset.path is not set: the TVR directory. {_PREPARE}")
+      raise errors.BadInput(f"config.dataset.path is not set: the TVR directory. {_PREPARE}")
     self.path = pathlib.Path(cfg.path)
     self.split = split
     self.clip_length = float(cfg.get("clip_length") or 1.5)

@@ -1,0 +1,230 @@
+"""The shared pieces of the command-line family `python -m avtext.<verb>`.
+
+Every program defines its flags with absl (paths with `DEFINE_path`, which expands
+`~`) and starts with `run(main)`, which gives them the same behaviour:
+
+- `--help` (`-h`, `--helpshort`) prints the program's docstring and its own flags on
+  stdout and exits 0; `--helpfull` adds absl's and JAX's flags.
+- A mistake in the inputs (a flag, the config, a path, the workdir, an index or a run:
+  `avtext.errors.UserError`, a missing file) prints `error: <what is wrong and what to
+  do>` on stderr, at most a few lines, and exits 2. `--debug` or AVTEXT_DEBUG=1 shows
+  the traceback as well. Any other exception is a bug and keeps its traceback.
+- JAX's persistent compilation cache is on (see `compilation_cache_dir`), so running a
+  program again does not recompile what it compiled last time.
+- With libtpu installed (the default venv: it AOT-compiles for TPUs) on a machine
+  without TPU chips, JAX is told not to try the TPU backend, whose failed start
+  prints a dozen lines of libtpu warnings at every run.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import os
+import pathlib
+import re
+import sys
+import traceback
+from typing import Callable
+
+from absl import app
+from absl import flags
+
+from avtext import errors
+
+DEBUG_ENV = "AVTEXT_DEBUG"
+CACHE_ENV = "AVTEXT_COMPILATION_CACHE"  # a directory, or "off"
+# Set when `quiet_tpu_probe` chose JAX_PLATFORMS, so main can still say why it runs on CPU.
+AUTO_PLATFORMS_ENV = "AVTEXT_JAX_PLATFORMS_AUTO"
+USER_ERRORS = (errors.UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+               FileExistsError, PermissionError)
+
+
+def expand(path: str | None) -> str | None:
+  """`~` and `~user` expanded (bash does not after `--flag=`); None stays None."""
+  return os.path.expanduser(path) if path else path
+
+
+class _PathParser(flags.ArgumentParser):
+  syntactic_help = "a path (~ is expanded)"
+
+  def parse(self, argument):
+    return expand(str(argument))
+
+  def flag_type(self):
+    return "path"
+
+
+def DEFINE_path(name: str, default: str | None, help: str, **kwargs):  # pylint: disable=invalid-name,redefined-builtin
+  """A string flag that holds a path, with `~` expanded."""
+  kwargs.setdefault("module_name", _caller_module())
+  return flags.DEFINE(_PathParser(), name, default, help, serializer=flags.ArgumentSerializer(),
+                      **kwargs)
+
+
+def _caller_module() -> str:
+  """The module calling DEFINE_path, named as absl names it (the script for __main__)."""
+  name = sys._getframe(2).f_globals.get("__name__", "")  # pylint: disable=protected-access
+  return sys.argv[0] if name == "__main__" else name
+
+
+def compilation_cache_dir() -> str | None:
+  """JAX's persistent compilation cache: AVTEXT_COMPILATION_CACHE (a directory, or
+  "off"), else $XDG_CACHE_HOME/avtext/jax (~/.cache/avtext/jax)."""
+  value = os.environ.get(CACHE_ENV)
+  if value == "off":
+    return None
+  if value:
+    return expand(value)
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "avtext", "jax")
+
+
+def enable_compilation_cache() -> None:
+  """Points JAX at the cache through its environment (read when jax is imported);
+  entries for every compilation over 0.2 s. A JAX_COMPILATION_CACHE_DIR already set wins."""
+  path = compilation_cache_dir()
+  if path is None or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+  if "jax" in sys.modules:  # already imported (a notebook, a test): set it directly
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.config.update("jax_compilation_cache_dir", path)
+
+
+def _has_tpu_chips() -> bool:
+  dev = pathlib.Path("/dev")
+  return any(dev.glob("accel[0-9]*")) or any(dev.glob("vfio/[0-9]*"))
+
+
+def quiet_tpu_probe() -> None:
+  """With libtpu installed and no TPU chips here, JAX_PLATFORMS without "tpu"."""
+  if os.environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None:
+    return
+  if _has_tpu_chips():
+    return
+  gpu = (importlib.util.find_spec("jax_cuda12_plugin") is not None
+         and os.path.exists("/dev/nvidiactl"))
+  os.environ["JAX_PLATFORMS"] = "cuda,cpu" if gpu else "cpu"
+  os.environ[AUTO_PLATFORMS_ENV] = "1"
+
+
+def _program() -> str:
+  main_module = sys.modules.get("__main__")
+  spec = getattr(main_module, "__spec__", None)
+  if spec is not None and spec.name:
+    name = spec.name[:-len(".__main__")] if spec.name.endswith(".__main__") else spec.name
+    return f"python -m {name}"
+  return os.path.basename(sys.argv[0]) if sys.argv else "avtext"
+
+
+def _print_help(program: str, doc: str | None, full: bool) -> None:
+  print((doc or "").strip() or program)
+  print()
+  fl = flags.FLAGS
+  if full:
+    print(fl.get_help())
+    return
+  own = fl.flags_by_module_dict().get(sys.argv[0], [])
+  print(f"flags of {program}:")
+  for flag in sorted({f.name: f for f in own}.values(),
+                     key=lambda f: f.name):
+    default = "" if flag.default is None else f" (default: {flag.default_as_str})"
+    print(f"  --{flag.name}: {flag.help}{default}")
+  print("\n--helpfull lists every flag (absl's, JAX's).")
+
+
+def _unknown_flag_message(name: str, program: str) -> str:
+  known = [n for n in flags.FLAGS if len(n) > 1]
+  close = difflib.get_close_matches(name, known, n=1)
+  hint = f" (did you mean --{close[0]}?)" if close else ""
+  return f"unknown flag --{name}{hint}; see {program} --help"
+
+
+def parse_flags(argv: list[str], program: str) -> list[str]:
+  """absl's parsing, with one-line errors (UserError) instead of absl's FATAL text."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.UnrecognizedFlagError as e:
+    raise errors.BadInput(_unknown_flag_message(e.flagname, program)) from None
+  except flags.Error as e:
+    text = str(e)
+    if "Traceback (most recent call last)" in text:  # a config file's get_config raised
+      flag = text.split(": ")[0]
+      last = [line.strip() for line in text.splitlines() if line.strip()][-1]
+      last = last.split(": ", 1)[1] if re.match(r"^\w+(Error|Exception): ", last) else last
+      raise errors.BadInput(f"{flag}: {last}") from None
+    raise errors.BadInput(f"{e}; see {program} --help") from None
+  except Exception as e:  # pylint: disable=broad-except
+    # A flag's own parser failed, e.g. ml_collections applying --config.<field>=<value>.
+    overrides = [a.split("=")[0] for a in argv[1:] if a.startswith("--") and "." in
+                 a.split("=")[0]]
+    which = f"{' / '.join(overrides)}: " if overrides else ""
+    raise errors.BadInput(f"{which}{exception_message(e)}; see {program} --help") from None
+
+
+def exception_message(error: BaseException) -> str:
+  """The innermost cause's message on one line, without the repr quoting KeyError and
+  ml_collections add (its "Did you mean" hint comes through)."""
+  chain = [error]
+  while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+    chain.append(chain[-1].__cause__ or chain[-1].__context__)
+  text = next((str(e) for e in chain if "Did you mean" in str(e)), str(chain[-1]))
+  for _ in range(2):
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+      try:
+        text = str(ast.literal_eval(text))
+      except (ValueError, SyntaxError):
+        break
+  return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def debug_requested(argv: list[str]) -> bool:
+  return "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def report(error: BaseException, program: str) -> None:
+  """`error: <message>` on stderr (the message's own lines, at most 6)."""
+  text = str(error).strip()
+  if isinstance(error, FileNotFoundError) and error.filename and error.strerror:
+    text = f"{error.filename}: {error.strerror}"
+  lines = text.splitlines() or [type(error).__name__]
+  if len(lines) > 6:
+    lines = lines[:5] + [f"... ({len(lines) - 5} more lines with --debug)"]
+  print(f"error: {lines[0]}", file=sys.stderr)
+  for line in lines[1:]:
+    print(f"  {line}", file=sys.stderr)
+
+
+def run(main: Callable[[list[str]], object], doc: str | None = None) -> None:
+  """Runs `main(argv)` (argv: the arguments left after the flags) as an avtext program."""
+  program = _program()
+  argv = list(sys.argv)
+  argv[0] = program
+  if doc is None:
+    doc = getattr(sys.modules.get("__main__"), "__doc__", None)
+  if any(a in ("-h", "--help", "--helpshort", "-?") for a in argv[1:]):
+    _print_help(program, doc, full=False)
+    sys.exit(0)
+  if "--helpfull" in argv[1:]:
+    _print_help(program, doc, full=True)
+    sys.exit(0)
+  debug = debug_requested(argv)
+  argv = [a for a in argv if a != "--debug"]
+  quiet_tpu_probe()
+  enable_compilation_cache()
+  def main_with_usage_errors(args):
+    try:
+      return main(args)
+    except app.UsageError as e:  # absl would print the whole flag list around it
+      raise errors.BadInput(f"{e}; see {program} --help") from None
+
+  try:
+    rest = parse_flags(argv, program)
+    app.run(main_with_usage_errors, argv=[program] + rest[1:], flags_parser=lambda a: a)
+  except USER_ERRORS as e:
+    if debug:
+      traceback.print_exc()
+    report(e, program)
+    sys.exit(2)
