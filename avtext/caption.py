@@ -1,6 +1,6 @@
 r"""Caption your own video files with a trained captioning run (VideoCC's GPT-2 captioner).
 
-    python -m avtext.caption --run=workdirs/demo/caption [--step=best] [--beam=4] \
+    python -m avtext.caption --workdir=workdirs/demo/caption [--step=best] [--beam=4] \
         video1.mp4 video2.mkv ...
 
 Each file is read as `avtext.index` reads one (`index.media_source`: a
@@ -14,12 +14,14 @@ its reason (`builders.files.SKIP_REASONS`) and skipped.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Sequence
 
+from absl import flags
 import numpy as np
 
+from avtext import cli
+from avtext import errors
 from avtext import index as index_lib
 
 
@@ -31,11 +33,11 @@ def caption_files(workdir, paths: Sequence[str], *, step=None, beam: int | None 
   from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
   run = runs_lib.load_run(workdir, step)
   if run.config.get("task") != "captioning" or "generation" not in run.config:
-    raise ValueError(f"{workdir}: a {run.config.get('task')!r} run; avtext.caption needs a "
-                     "captioning run (configs/videocc_caption.py)")
+    raise errors.BadInput(f"{workdir}: a {run.config.get('task')!r} run; avtext.caption needs"
+                          " a captioning run (configs/videocc_caption.py)")
   if beam is not None:
     if beam < 1:
-      raise ValueError(f"--beam={beam}: a beam holds at least 1 hypothesis (1 = greedy)")
+      raise errors.BadInput(f"--beam={beam}: a beam holds at least 1 hypothesis (1 = greedy)")
     run.config.generation.beam_size = int(beam)
   task = run.task()
   source = index_lib.media_source(run.config.data, [str(p) for p in paths],
@@ -59,18 +61,24 @@ def caption_files(workdir, paths: Sequence[str], *, step=None, beam: int | None 
   return [(str(p), captions.get(str(p)), skipped.get(str(p), "")) for p in paths]
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m avtext.caption",
-                                   description=__doc__.split("\n\n")[0])
-  parser.add_argument("--run", required=True, help="a captioning run directory")
-  parser.add_argument("--step", default=None, help="checkpoint: N, 'best' or latest (default)")
-  parser.add_argument("--beam", type=int, default=None,
-                      help="beam size (default: the run's config.generation, greedy = 1)")
-  parser.add_argument("files", nargs="+", help="video files")
-  args = parser.parse_args(argv)
-  for path, caption, reason in caption_files(args.run, args.files,
-                                             step=index_lib.parse_step(args.step),
-                                             beam=args.beam, progress=True):
+FLAGS = flags.FlagValues()
+_WORKDIR = cli.DEFINE_path("workdir", None, "a captioning run directory (e.g. "
+                           "workdirs/demo/caption)", flag_values=FLAGS)
+_STEP = flags.DEFINE_string("step", None, "its checkpoint: N, 'best' or the latest (default)",
+                            flag_values=FLAGS)
+_BEAM = flags.DEFINE_integer("beam", None, "beam size (default: the run's "
+                             "config.generation.beam_size; 1 = greedy)", flag_values=FLAGS)
+flags.mark_flag_as_required("workdir", flag_values=FLAGS)
+
+
+def main(argv: Sequence[str]) -> None:
+  paths = [cli.expand(p) for p in argv[1:]]
+  if not paths:
+    raise errors.BadInput("give the video files to caption: python -m avtext.caption "
+                          "--workdir=RUN FILE [FILE ...]")
+  for path, caption, reason in caption_files(_WORKDIR.value, paths,
+                                             step=index_lib.parse_step(_STEP.value),
+                                             beam=_BEAM.value, progress=True):
     if caption is None:
       print(f"{path}\t[skipped: {reason}]", file=sys.stderr)
     else:
@@ -78,4 +86,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, FLAGS)

@@ -1,10 +1,11 @@
 """The shared pieces of the command-line family `python -m avtext.<verb>`.
 
-Every program defines its flags with absl (paths with `DEFINE_path`, which expands
-`~`) and starts with `run(main)`, which gives them the same behaviour:
+Every program defines its flags with absl in a `FlagValues` of its own (paths with
+`DEFINE_path`, which expands `~`; every flag with its help text), so programs and
+tests can import each other, and runs `run(main, FLAGS)`, which gives them the same
+behaviour:
 
-- `--help` (`-h`, `--helpshort`) prints the program's docstring and its own flags on
-  stdout and exits 0; `--helpfull` adds absl's and JAX's flags.
+- `--help` (`-h`) prints the program's docstring and its flags on stdout and exits 0.
 - A mistake in the inputs (a flag, the config, a path, the workdir, an index or a run:
   `avtext.errors.UserError`, a missing file) prints `error: <what is wrong and what to
   do>` on stderr, at most a few lines, and exits 2. `--debug` or AVTEXT_DEBUG=1 shows
@@ -57,15 +58,8 @@ class _PathParser(flags.ArgumentParser):
 
 def DEFINE_path(name: str, default: str | None, help: str, **kwargs):  # pylint: disable=invalid-name,redefined-builtin
   """A string flag that holds a path, with `~` expanded."""
-  kwargs.setdefault("module_name", _caller_module())
   return flags.DEFINE(_PathParser(), name, default, help, serializer=flags.ArgumentSerializer(),
                       **kwargs)
-
-
-def _caller_module() -> str:
-  """The module calling DEFINE_path, named as absl names it (the script for __main__)."""
-  name = sys._getframe(2).f_globals.get("__name__", "")  # pylint: disable=protected-access
-  return sys.argv[0] if name == "__main__" else name
 
 
 def compilation_cache_dir() -> str | None:
@@ -119,35 +113,34 @@ def _program() -> str:
   return os.path.basename(sys.argv[0]) if sys.argv else "avtext"
 
 
-def _print_help(program: str, doc: str | None, full: bool) -> None:
+def _print_help(program: str, doc: str | None, flag_values: flags.FlagValues) -> None:
   print((doc or "").strip() or program)
-  print()
-  fl = flags.FLAGS
-  if full:
-    print(fl.get_help())
-    return
-  own = fl.flags_by_module_dict().get(sys.argv[0], [])
-  print(f"flags of {program}:")
-  for flag in sorted({f.name: f for f in own}.values(),
-                     key=lambda f: f.name):
+  print(f"\nflags of {program}:")
+  for name in sorted(flag_values):
+    flag = flag_values[name]
+    if name != flag.name:  # a short name
+      continue
     default = "" if flag.default is None else f" (default: {flag.default_as_str})"
     print(f"  --{flag.name}: {flag.help}{default}")
-  print("\n--helpfull lists every flag (absl's, JAX's).")
+  print("  --debug: show the traceback of an input error, too (or AVTEXT_DEBUG=1)")
 
 
-def _unknown_flag_message(name: str, program: str) -> str:
-  known = [n for n in flags.FLAGS if len(n) > 1]
+def _unknown_flag_message(name: str, program: str, flag_values: flags.FlagValues) -> str:
+  known = [n for n in flag_values if len(n) > 1]
   close = difflib.get_close_matches(name, known, n=1)
   hint = f" (did you mean --{close[0]}?)" if close else ""
   return f"unknown flag --{name}{hint}; see {program} --help"
 
 
-def parse_flags(argv: list[str], program: str) -> list[str]:
-  """absl's parsing, with one-line errors (UserError) instead of absl's FATAL text."""
+def parse_flags(argv: list[str], program: str, flag_values: flags.FlagValues) -> list[str]:
+  """absl's parsing into `flag_values` (values of an earlier parse dropped), with
+  one-line errors (UserError) instead of absl's FATAL text; returns the positional
+  arguments, argv[0] first."""
+  flag_values.unparse_flags()
   try:
-    return flags.FLAGS(argv)
+    return flag_values(argv)
   except flags.UnrecognizedFlagError as e:
-    raise errors.BadInput(_unknown_flag_message(e.flagname, program)) from None
+    raise errors.BadInput(_unknown_flag_message(e.flagname, program, flag_values)) from None
   except flags.Error as e:
     text = str(e)
     if "Traceback (most recent call last)" in text:  # a config file's get_config raised
@@ -197,32 +190,31 @@ def report(error: BaseException, program: str) -> None:
     print(f"  {line}", file=sys.stderr)
 
 
-def run(main: Callable[[list[str]], object], doc: str | None = None) -> None:
-  """Runs `main(argv)` (argv: the arguments left after the flags) as an avtext program."""
-  program = _program()
-  argv = list(sys.argv)
-  argv[0] = program
+def run(main: Callable[[list[str]], object], flag_values: flags.FlagValues,
+        argv: list[str] | None = None, *, doc: str | None = None) -> None:
+  """Runs `main(args)` as an avtext program: parses `argv` (default sys.argv) into the
+  program's own `flag_values`, then calls main with the positional arguments
+  (args[0]: the program). Returns when main does; exits 0 after --help, 2 on a user
+  error (module docstring). Tests call it in-process with their own argv."""
+  argv = list(sys.argv if argv is None else argv)
+  program = _program() if argv[0] == sys.argv[0] else argv[0]
   if doc is None:
     doc = getattr(sys.modules.get("__main__"), "__doc__", None)
-  if any(a in ("-h", "--help", "--helpshort", "-?") for a in argv[1:]):
-    _print_help(program, doc, full=False)
-    sys.exit(0)
-  if "--helpfull" in argv[1:]:
-    _print_help(program, doc, full=True)
+  if any(a in ("-h", "--help", "--helpshort", "--helpfull", "-?") for a in argv[1:]):
+    _print_help(program, doc, flag_values)
     sys.exit(0)
   debug = debug_requested(argv)
   argv = [a for a in argv if a != "--debug"]
   quiet_tpu_probe()
   enable_compilation_cache()
-  def main_with_usage_errors(args):
-    try:
-      return main(args)
-    except app.UsageError as e:  # absl would print the whole flag list around it
-      raise errors.BadInput(f"{e}; see {program} --help") from None
-
+  if not flags.FLAGS.is_parsed():  # absl's own (logging) flags keep their defaults
+    flags.FLAGS.mark_as_parsed()
   try:
-    rest = parse_flags(argv, program)
-    app.run(main_with_usage_errors, argv=[program] + rest[1:], flags_parser=lambda a: a)
+    args = parse_flags(argv, program, flag_values)
+    try:
+      main([program] + args[1:])
+    except app.UsageError as e:
+      raise errors.BadInput(f"{e}; see {program} --help") from None
   except USER_ERRORS as e:
     if debug:
       traceback.print_exc()

@@ -1,6 +1,6 @@
-r"""Index a folder of your own videos with a trained retrieval run, for `avtext.search`.
+r"""Index a folder of your own videos with a trained retrieval run, for `avtext.search_videos`.
 
-    python -m avtext.index --run=workdirs/demo/avr [--step=best] --videos=~/my_videos \
+    python -m avtext.index --workdir=workdirs/demo/avr [--step=best] --videos=~/my_videos \
         --out=~/my_videos.index
 
 Every video under --videos (recursively; `builders.files.VIDEO_SUFFIXES`) is read through
@@ -20,6 +20,7 @@ INDEX/ holds
                  200k videos, then HNSW: `mining.search.build_index`)
   vectors.npy    the vectors, float32 [N, D], row i = ids[i]
   ids.json       the videos' paths relative to --videos
+  stamps.json    each video's [size, mtime_ns] when it was embedded
   meta.json      the run's identity (absolute workdir, step, sha256 of its config.json),
                  the videos directory, and the files skipped (path, reason, detail) with
                  counts by reason
@@ -27,22 +28,26 @@ Bad files (missing, empty, unreadable, no video stream, shorter than 0.5 s, trun
 are skipped, counted by reason and listed, here and in meta.json; a video without
 sound is indexed with zeros for audio (has_audio False), as the evaluator feeds it.
 
-Re-running with the same --out adds only the files not indexed yet (skipped files are
-tried again). An index holds one run's embeddings of one folder: another --run,
---step (a "best" that moved on included) or --videos is an error.
+Re-running with the same --out brings the index up to date: new files are embedded,
+files whose size or modification time changed are embedded again, files gone from the
+folder are dropped, and it reports how many were added, updated and removed (skipped
+files are tried again). An index holds one run's embeddings of one folder: another
+--workdir, --step (a "best" that moved on included) or --videos is an error.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import hashlib
 import json
 import pathlib
 from typing import Sequence
 
+from absl import flags
 from absl import logging
 import numpy as np
 
+from avtext import cli
+from avtext import errors
 from avtext.data import video_io
 from avtext.data.builders import files
 
@@ -154,9 +159,9 @@ class VideoEmbedder:
     self.task = self.run.task()
     fns = self.task.predict_fns()
     if "embed_video" not in fns or "embed_text" not in fns:
-      raise ValueError(f"{workdir}: a {self.run.config.task!r} run has no embed_video / "
-                       "embed_text; avtext.index needs a retrieval run (e.g. "
-                       "configs/videocc_avr.py)")
+      raise errors.BadInput(f"{workdir}: a {self.run.config.task!r} run has no embed_video"
+                            " / embed_text; avtext.index needs a retrieval run (e.g. "
+                            "configs/videocc_avr.py)")
     self.mesh = run_mesh(self.run.config, str(workdir))
     self.variables = jax.device_put(self.run.variables, partitioning.replicated(self.mesh))
     self._video = jax.jit(fns["embed_video"])
@@ -214,15 +219,19 @@ class VideoIndex:
     self.path = pathlib.Path(path)
     meta_path = self.path / "meta.json"
     if not meta_path.exists():
-      raise FileNotFoundError(f"{self.path}: no meta.json; build it with python -m "
-                              f"avtext.index --run=DIR --videos=DIR --out={self.path}")
+      raise errors.InputNotFound(
+          f"{self.path}: not an avtext index (no meta.json); build it with python -m "
+          f"avtext.index --workdir=RUN --videos=DIR --out={self.path}")
     self.meta = json.loads(meta_path.read_text())
     if self.meta.get("format") != FORMAT:
-      raise ValueError(f"{meta_path}: format {self.meta.get('format')!r}, expected {FORMAT!r}")
+      raise errors.BadInput(f"{meta_path}: format {self.meta.get('format')!r}, expected {FORMAT!r}")
     self.ids = json.loads((self.path / "ids.json").read_text())
     self.vectors = np.load(self.path / "vectors.npy")
+    stamps = self.path / "stamps.json"  # absent in indexes written before it was kept
+    self.stamps = (json.loads(stamps.read_text()) if stamps.exists()
+                   else [None] * len(self.ids))
     if len(self.vectors) != len(self.ids):
-      raise ValueError(f"{self.path}: {len(self.vectors)} vectors for {len(self.ids)} ids (an "
+      raise errors.BadInput(f"{self.path}: {len(self.vectors)} vectors for {len(self.ids)} ids (an "
                        "interrupted write); delete it and index again")
     self._faiss = None
 
@@ -235,75 +244,104 @@ class VideoIndex:
                               min(top, len(self.ids)))
 
 
+def stamp(path: pathlib.Path) -> list[int]:
+  """[size in bytes, mtime in ns]: a file whose stamp changed is embedded again."""
+  st = path.stat()
+  return [int(st.st_size), int(st.st_mtime_ns)]
+
+
 def build(run: str | pathlib.Path, videos: str | pathlib.Path, out: str | pathlib.Path, *,
           step: int | str | None = None, embedder: VideoEmbedder | None = None,
           progress: bool = True) -> dict:
-  """Indexes the videos of `videos` not yet in `out` (module docstring); returns meta.json."""
+  """Brings `out` up to date with `videos` (module docstring): embeds the new files and
+  the changed ones (size or mtime differ), drops the rows of the files gone; returns
+  meta.json, whose last_added / last_updated / last_removed count what changed."""
   import faiss  # pylint: disable=g-import-not-at-top
   from avtext.mining import search as mining_search  # pylint: disable=g-import-not-at-top
   root, out = pathlib.Path(videos).expanduser().absolute(), pathlib.Path(out).expanduser()
   if not root.is_dir():
-    raise FileNotFoundError(f"--videos={videos}: no such directory")
+    raise errors.InputNotFound(f"--videos={videos}: no such directory")
+  old = VideoIndex(out) if (out / "meta.json").exists() else None
+  if old is not None and old.meta["videos"] != str(root):
+    raise errors.BadInput(f"{out}: an index of the videos under {old.meta['videos']}, not "
+                          f"{root}; use another --out")
   emb = embedder or VideoEmbedder(run, step)
-  ids, vectors = [], None
-  if (out / "meta.json").exists():
-    old = VideoIndex(out)
+  ids, vectors, stamps = [], None, []
+  if old is not None:
     if old.meta["run"] != emb.identity:
-      raise ValueError(f"{out}: built with run {old.meta['run']}, not {emb.identity}; an "
-                       "index holds one run's embeddings: use another --out")
-    if old.meta["videos"] != str(root):
-      raise ValueError(f"{out}: an index of the videos under {old.meta['videos']}, not "
-                       f"{root}; use another --out")
-    ids, vectors = old.ids, old.vectors
+      raise errors.BadInput(f"{out}: built with run {old.meta['run']}, not {emb.identity}; "
+                            "an index holds one run's embeddings: use another --out")
+    ids, vectors, stamps = old.ids, old.vectors, old.stamps
+  current = {name: stamp(root / name) for name in list_videos(root)}
+  removed = [name for name in ids if name not in current]
+  updated = [name for name, st in zip(ids, stamps) if name in current and current[name] != st]
+  keep = [i for i, (name, st) in enumerate(zip(ids, stamps)) if current.get(name) == st]
+  ids, stamps = [ids[i] for i in keep], [stamps[i] for i in keep]
+  vectors = vectors[keep] if vectors is not None and keep else None
   known = set(ids)
-  new = [name for name in list_videos(root) if name not in known]
-  source = emb.source([str(root / name) for name in new], new, f"videos under {root}",
+  todo = [name for name in current if name not in known]  # new and updated, sorted
+  source = emb.source([str(root / name) for name in todo], todo, f"videos under {root}",
                       progress=progress)
   skipped = [{"path": s.clip_id, "reason": s.reason, "detail": s.detail}
              for s in source.skipped]
-  added = []
+  embedded = []
   if len(source):
     vecs, failed = emb.embed_videos(source, progress=progress)
     skipped += [{"path": source.entries[i].clip_id, "reason": e.reason, "detail": e.detail}
                 for i, e in sorted(failed.items())]
-    keep = [i for i in range(len(source)) if i not in failed]
-    added = [source.entries[i].clip_id for i in keep]
-    if added:
-      vectors = vecs[keep] if vectors is None else np.concatenate([vectors, vecs[keep]])
-      ids = ids + added
+    good = [i for i in range(len(source)) if i not in failed]
+    embedded = [source.entries[i].clip_id for i in good]
+    if embedded:
+      vectors = vecs[good] if vectors is None else np.concatenate([vectors, vecs[good]])
+      ids = ids + embedded
+      stamps = stamps + [current[name] for name in embedded]
   counts = dict(sorted(collections.Counter(s["reason"] for s in skipped).items()))
   if not ids:
-    raise ValueError(f"{root}: no video could be indexed ({len(skipped)} files skipped: "
-                     f"{counts or 'no video files'})")
+    raise errors.BadInput(f"{root}: no video could be indexed ({len(skipped)} files skipped: "
+                          f"{counts or 'no video files'})")
   out.mkdir(parents=True, exist_ok=True)
   index, kind = mining_search.build_index(vectors, mining_search.IndexConfig())
+  (out / "meta.json").unlink(missing_ok=True)  # written last: its presence marks the index whole
   faiss_tmp = out / "index.faiss.tmp"
   faiss.write_index(index, str(faiss_tmp))
   faiss_tmp.replace(out / "index.faiss")
   np.save(out / "vectors.npy", np.asarray(vectors, np.float32))
   (out / "ids.json").write_text(json.dumps(ids, indent=0))
+  (out / "stamps.json").write_text(json.dumps(stamps))
+  updated_set = set(updated)
   meta = {"format": FORMAT, "run": emb.identity, "videos": str(root), "num_videos": len(ids),
           "dim": int(vectors.shape[1]), "num_clips": int(emb.run.config.data.eval_num_clips),
-          "faiss": kind, "last_added": len(added), "skipped": skipped, "skip_counts": counts}
-  (out / "meta.json").write_text(json.dumps(meta, indent=1))  # last: marks the index whole
+          "faiss": kind, "last_added": sum(name not in updated_set for name in embedded),
+          "last_updated": sum(name in updated_set for name in embedded),
+          "last_removed": len(removed) + sum(name not in set(embedded) for name in updated),
+          "skipped": skipped, "skip_counts": counts}
+  (out / "meta.json").write_text(json.dumps(meta, indent=1))
   return meta
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m avtext.index",
-                                   description=__doc__.split("\n\n")[0])
-  parser.add_argument("--run", required=True, help="a retrieval run directory")
-  parser.add_argument("--step", default=None, help="checkpoint: N, 'best' or latest (default)")
-  parser.add_argument("--videos", required=True, help="a folder of videos (recursive)")
-  parser.add_argument("--out", required=True, help="the index directory (created or extended)")
-  args = parser.parse_args(argv)
-  meta = build(args.run, args.videos, args.out, step=parse_step(args.step))
+FLAGS = flags.FlagValues()
+_WORKDIR = cli.DEFINE_path("workdir", None, "the retrieval run to embed with (e.g. "
+                           "workdirs/demo/avr)", flag_values=FLAGS)
+_STEP = flags.DEFINE_string("step", None, "its checkpoint: N, 'best' or the latest (default)",
+                            flag_values=FLAGS)
+_VIDEOS = cli.DEFINE_path("videos", None, "a folder of videos, searched recursively",
+                          flag_values=FLAGS)
+_OUT = cli.DEFINE_path("out", None, "the index directory: created, or brought up to date",
+                       flag_values=FLAGS)
+flags.mark_flags_as_required(["workdir", "videos", "out"], flag_values=FLAGS)
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
+  meta = build(_WORKDIR.value, _VIDEOS.value, _OUT.value, step=parse_step(_STEP.value))
   counts = ", ".join(f"{k} {v}" for k, v in meta["skip_counts"].items()) or "none"
-  print(f"{args.out}: {meta['num_videos']} videos ({meta['last_added']} added) with "
+  print(f"{_OUT.value}: {meta['num_videos']} videos ({meta['last_added']} added, "
+        f"{meta['last_updated']} updated, {meta['last_removed']} removed) with "
         f"{meta['run']['workdir']} step {meta['run']['step']}; skipped: {counts}")
   for s in meta["skipped"]:
     print(f"  skipped {s['path']}: {s['reason']} ({s['detail']})")
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, FLAGS)

@@ -33,35 +33,42 @@ from ml_collections import config_flags
 from avtext import cli
 from avtext import errors
 
+FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "configs/<experiment>.py[:variant]; --config.<field>=<value> overrides "
     "a field. With --mode=eval it may be left out: the run's own config.json is used",
-    lock_config=True)
+    lock_config=True, flag_values=FLAGS)
 _WORKDIR = cli.DEFINE_path("workdir", None, "run directory (checkpoints, metrics, results); "
-                           "its config.json is the run's identity")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"], "what to run")
+                           "its config.json is the run's identity", flag_values=FLAGS)
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"], "what to run", flag_values=FLAGS)
 _STEP = flags.DEFINE_string("step", None, "--mode=eval: checkpoint step N or 'best' "
-                            "(default: latest)")
+                            "(default: latest)", flag_values=FLAGS)
 _EVAL_DIR = cli.DEFINE_path(
     "eval_dir", None, "--mode=eval: directory for results.json, TensorBoard events and "
-    "the evaluators' exports (default: the run, when it is writable and not in use)")
+    "the evaluators' exports (default: the run, when it is writable and not in use)",
+        flag_values=FLAGS)
 _DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "call jax.distributed.initialize() first (multi-host TPU/GPU)")
+    "distributed", False, "call jax.distributed.initialize() first (multi-host TPU/GPU)",
+        flag_values=FLAGS)
 # Without these, jax.distributed reads the cluster environment (TPU VM, SLURM, Open MPI).
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "--distributed: host:port of process 0's coordinator")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "--distributed: process count")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "--distributed: this process, 0-based")
+    "coordinator_address", None, "--distributed: host:port of process 0's coordinator",
+        flag_values=FLAGS)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "--distributed: process count",
+    flag_values=FLAGS)
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "--distributed: this process, 0-based",
+    flag_values=FLAGS)
 _LOCAL_DEVICES = flags.DEFINE_list(
     "local_device_ids", None, "--distributed: local accelerator ids this process drives "
-    "(e.g. 0 when the scheduler shows each process a single GPU)")
+    "(e.g. 0 when the scheduler shows each process a single GPU)", flag_values=FLAGS)
 _ALLOW_CPU = flags.DEFINE_bool(
     "allow_cpu", False, "--mode=train a config that targets an accelerator "
-    "(config.target_topology) even when JAX finds only CPU devices")
+    "(config.target_topology) even when JAX finds only CPU devices", flag_values=FLAGS)
 _REQUIRE_BACKEND = flags.DEFINE_enum(
     "require_backend", None, ["tpu", "gpu"], "exit at once unless jax.default_backend() "
-    "is this (launch/ scripts pass it, so a missing runtime or device is no CPU run)")
-flags.mark_flags_as_required(["workdir"])
+    "is this (launch/ scripts pass it, so a missing runtime or device is no CPU run)",
+        flag_values=FLAGS)
+flags.mark_flags_as_required(["workdir"], flag_values=FLAGS)
 
 
 class _QuietLibraries(py_logging.Filter):
@@ -136,7 +143,7 @@ def _check_backend(config, backend: str) -> None:
   if not topology or backend != "cpu" or _MODE.value != "train":
     return
   target = f"TPU {topology}" if re.match(r"v\d", str(topology)) else str(topology)
-  source = config_flags.get_config_filename(flags.FLAGS["config"])
+  source = config_flags.get_config_filename(FLAGS["config"])
   if _ALLOW_CPU.value:
     logging.warning("%s targets %s (config.target_topology); training on CPU devices "
                     "anyway (--allow_cpu)", source, target)
@@ -150,7 +157,7 @@ def _check_backend(config, backend: str) -> None:
 
 def _config_or_error():
   """--config loaded (overrides applied), or one UserError naming the file or field."""
-  source = config_flags.get_config_filename(flags.FLAGS["config"])
+  source = config_flags.get_config_filename(FLAGS["config"])
   path = source.split(":")[0]
   if not os.path.exists(path):
     folder = os.path.dirname(path) or "."
@@ -198,8 +205,14 @@ def main(argv):
     raise app.UsageError("--coordinator_address/--num_processes/--process_id/"
                          "--local_device_ids need --distributed")
   workdir = _WORKDIR.value
+  from avtext.train import rundir  # pylint: disable=g-import-not-at-top
+  if _MODE.value == "train":
+    try:  # first, so a second launch on a running workdir exits in seconds
+      rundir.check_free(workdir)
+    except rundir.RunLockedError as e:
+      raise errors.WorkdirInUse(str(e)) from None
   # Every input is checked before JAX starts or anything is written.
-  if flags.FLAGS["config"].present:
+  if FLAGS["config"].present:
     config = _config_or_error()
   elif _MODE.value == "eval":
     config = _eval_config(workdir)
@@ -207,8 +220,8 @@ def main(argv):
     raise errors.BadInput("--config is required to train (configs/<experiment>.py[:variant]); "
                           "see python -m avtext.main --help")
   from avtext import experiment  # pylint: disable=g-import-not-at-top
-  source = (f"--config={config_flags.get_config_filename(flags.FLAGS['config'])}"
-            if flags.FLAGS["config"].present else "this command")
+  source = (f"--config={config_flags.get_config_filename(FLAGS['config'])}"
+            if FLAGS["config"].present else "this command")
   experiment.check_workdir(config, workdir, source=source)
   from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
   task = tasks_registry.build_task(config)
@@ -230,7 +243,6 @@ def main(argv):
   sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
   _log_platform(jax)
   _check_backend(config, jax.default_backend())
-  from avtext.train import rundir  # pylint: disable=g-import-not-at-top
   from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top
   workdir_path = pathlib.Path(workdir).absolute()
   created = _MODE.value == "train" and not workdir_path.exists()
@@ -253,4 +265,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, FLAGS)

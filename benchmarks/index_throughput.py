@@ -24,7 +24,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from avtext import index as index_lib  # pylint: disable=wrong-import-position
-from avtext import search  # pylint: disable=wrong-import-position
+from avtext import search_videos  # pylint: disable=wrong-import-position
 from avtext.data.synthetic import layouts  # pylint: disable=wrong-import-position
 from avtext.data.synthetic import world  # pylint: disable=wrong-import-position
 
@@ -42,7 +42,7 @@ def own_videos(out: pathlib.Path, n: int, spec: world.WorldSpec) -> dict[str, st
   return captions
 
 
-def recall(searcher: search.IndexSearcher, captions: dict[str, str], ks=(1, 5)
+def recall(searcher: search_videos.IndexSearcher, captions: dict[str, str], ks=(1, 5)
            ) -> tuple[dict[int, float], float]:
   """({k: % of videos their caption ranks in the top k}, queries/s)."""
   names = list(captions)
@@ -73,7 +73,7 @@ def main():
                            embedder=embedder, progress=False)
     times.append(time.perf_counter() - t)
   k = meta['num_clips']
-  searcher = search.IndexSearcher(out / 'index1')
+  searcher = search_videos.IndexSearcher(out / 'index1')
   rec, qps = recall(searcher, captions)
   n = meta['num_videos']
   print(f'run {args.run} (step {embedder.step}), {n} videos of {spec.width}x{spec.height}, '

@@ -29,8 +29,9 @@ import numpy as np
 import pytest
 
 from avtext import caption
+from avtext import cli
 from avtext import index as index_lib
-from avtext import search
+from avtext import search_videos
 from avtext.data import video_io
 from avtext.data.synthetic import layouts
 from avtext.data.synthetic import world
@@ -46,11 +47,12 @@ STEPS = 40
 CAPTIONED = ('train00000.mp4', 'notes.mp4', 'more/train00012.mp4')
 
 
-def _cli(main, argv) -> tuple[str, str]:
-  """(stdout, stderr) of an entry point's main(argv)."""
+def _cli(module, argv) -> tuple[str, str]:
+  """(stdout, stderr) of an entry point run in-process (`avtext.cli.run`); a user error
+  (exit 2) is SystemExit."""
   out, err = io.StringIO(), io.StringIO()
   with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    main(argv)
+    cli.run(module.main, module.FLAGS, [module.__name__] + list(argv))
   return out.getvalue(), err.getvalue()
 
 
@@ -113,7 +115,7 @@ def own(tmp_path_factory):
   try:
     _train_captioner(root / 'caption_run')
     files = [str(videos / name) for name in CAPTIONED]
-    captioned = {name: _cli(caption.main, ['--run', str(root / 'caption_run')] + beam + files)
+    captioned = {name: _cli(caption, ['--workdir', str(root / 'caption_run')] + beam + files)
                  for name, beam in (('greedy', []), ('beam1', ['--beam', '1']))}
   finally:
     log, _ = avr.communicate()
@@ -126,14 +128,14 @@ def own(tmp_path_factory):
 def indexed(own):
   """The folder indexed by `python -m avtext.index` (its main); (index dir, its stdout)."""
   out = own['root'] / 'index'
-  printed, _ = _cli(index_lib.main, ['--run', str(own['run']), '--videos', str(own['videos']),
+  printed, _ = _cli(index_lib, ['--workdir', str(own['run']), '--videos', str(own['videos']),
                                      '--out', str(out)])
   return out, printed
 
 
 @pytest.fixture(scope='module')
 def searcher(indexed):
-  return search.IndexSearcher(indexed[0])
+  return search_videos.IndexSearcher(indexed[0])
 
 
 def test_index_cli_lists_and_counts_the_bad_file(own, indexed):
@@ -242,20 +244,19 @@ def test_reindexing_adds_only_new_files_and_keeps_one_run(own, searcher, tmp_pat
     index_lib.build(own['run'], own['videos'], out, embedder=emb, progress=False)
 
 
-def test_search_cli_text_and_video(own, indexed, searcher, capsys):
+def test_search_cli_text_and_video(own, indexed, searcher):
   index, _ = indexed
   query = own['captions']['more/train00009.mp4']
-  search.main(['--index', str(index), '--top', '3', query])
-  out = capsys.readouterr().out.strip().splitlines()
+  out, _ = _cli(search_videos, ['--index', str(index), '--top', '3', query])
   expected = searcher.texts([query], top=3)[0]
-  assert out == [f'query: {query}'] + [f'  {r:3d}. {s:8.4f}  {v}'
-                                       for r, (v, s) in enumerate(expected, 1)]
+  assert out.strip().splitlines() == [f'query: {query}'] + [
+      f'  {r:3d}. {s:8.4f}  {v}' for r, (v, s) in enumerate(expected, 1)]
   captions = own['root'] / 'captions.txt'
   captions.write_text('\n'.join(own['captions'].values()) + '\n')
   video = own['videos'] / 'more' / 'train00009.mp4'
-  search.main(['--index', str(index), '--video', str(video), '--captions', str(captions),
-               '--top', str(NUM_VIDEOS), '--json'])
-  line = json.loads(capsys.readouterr().out)
+  out, _ = _cli(search_videos, ['--index', str(index), '--video', str(video), '--captions',
+                                str(captions), '--top', str(NUM_VIDEOS), '--json'])
+  line = json.loads(out)
   assert line['video'] == str(video)
   assert sorted(c['caption'] for c in line['captions']) == sorted(own['captions'].values())
   # video -> text scores a (video, caption) pair as text -> video does.
@@ -263,12 +264,55 @@ def test_search_cli_text_and_video(own, indexed, searcher, capsys):
   t2v = dict(searcher.texts([query], top=NUM_VIDEOS)[0])
   assert v2t[query] == pytest.approx(t2v['more/train00009.mp4'], rel=1e-5, abs=1e-6)
   for argv, message in ((['--index', str(index)], 'give a query'),
-                        (['--index', str(index), '--workdir', 'x', 'q'], 'XML moment search'),
+                        (['--index', str(index), '--workdir', 'x', 'q'], 'unknown flag --workdir'),
                         (['--index', str(index), '--video', str(video)], '--captions'),
-                        (['--workdir', 'x', '--corpus', 'y', 'q'], 'go with --index')):
-    with pytest.raises(SystemExit):
-      search.main(argv)
-    assert message in capsys.readouterr().err
+                        (['--index', str(index), '--captions', str(captions), 'q'],
+                         'goes with --video')):
+    with pytest.raises(SystemExit) as e:
+      _cli(search_videos, argv)
+    assert e.value.code == 2
+
+
+def test_search_expands_tilde_in_index_and_video(own, indexed, searcher, monkeypatch):
+  """bash does not expand ~ after --flag=; the CLIs do (the README's own examples)."""
+  index, _ = indexed
+  monkeypatch.setenv('HOME', str(index.parent))
+  query = own['captions']['more/train00009.mp4']
+  out, _ = _cli(search_videos, [f'--index=~/{index.name}', '--top', '2', query])
+  assert out.strip().splitlines()[1:] == [
+      f'  {r:3d}. {s:8.4f}  {v}' for r, (v, s) in enumerate(searcher.texts([query], 2)[0], 1)]
+  captions = index.parent / 'caps.txt'
+  captions.write_text(query + '\nsomething else\n')
+  shutil.copy(own['videos'] / 'more' / 'train00009.mp4', index.parent / 'clip.mp4')
+  out, _ = _cli(search_videos, [f'--index=~/{index.name}', '--video=~/clip.mp4',
+                                '--captions=~/caps.txt', '--json'])
+  assert json.loads(out)['video'] == str(index.parent / 'clip.mp4')
+
+
+def test_reindexing_drops_removed_and_reembeds_changed_files(own, searcher, tmp_path):
+  folder, out = tmp_path / 'videos', tmp_path / 'index'
+  folder.mkdir()
+  for name in ('a.mp4', 'b.mp4', 'c.mp4'):
+    shutil.copy(own['videos'] / 'train00001.mp4', folder / name)
+  emb = searcher.embedder
+  first = index_lib.build(own['run'], folder, out, embedder=emb, progress=False)
+  assert (first['num_videos'], first['last_added']) == (3, 3)
+  (folder / 'a.mp4').unlink()
+  shutil.copy(own['videos'] / 'more' / 'train00009.mp4', folder / 'b.mp4')  # overwritten
+  second = index_lib.build(own['run'], folder, out, embedder=emb, progress=False)
+  assert (second['num_videos'], second['last_added'], second['last_updated'],
+          second['last_removed']) == (2, 0, 1, 1)
+  assert json.loads((out / 'ids.json').read_text()) == ['c.mp4', 'b.mp4']
+  vectors = np.load(out / 'vectors.npy')
+  rows = {n: searcher.index.ids.index(n) for n in ('train00001.mp4', 'more/train00009.mp4')}
+  np.testing.assert_allclose(vectors[1], searcher.index.vectors[rows['more/train00009.mp4']],
+                             rtol=1e-5, atol=1e-6)  # b.mp4 is the new file's embedding
+  np.testing.assert_allclose(vectors[0], searcher.index.vectors[rows['train00001.mp4']],
+                             rtol=1e-5, atol=1e-6)
+  found = search_videos.IndexSearcher(out, embedder=emb).texts(['anything'], top=5)[0]
+  assert sorted(v for v, _ in found) == ['b.mp4', 'c.mp4']  # a.mp4 is gone
+  third = index_lib.build(own['run'], folder, out, embedder=emb, progress=False)
+  assert (third['last_added'], third['last_updated'], third['last_removed']) == (0, 0, 0)
 
 
 def test_caption_cli_greedy_equals_beam_one(own):
@@ -291,5 +335,5 @@ def test_demo_run_finds_own_videos_by_their_captions(tmp_path):
     pytest.skip(f'needs {run}: make workdirs/demo/avr/results.json')
   captions = index_throughput.own_videos(tmp_path, 50, world.WorldSpec())
   index_lib.build(run, tmp_path / 'videos', tmp_path / 'index', progress=False)
-  rec, _ = index_throughput.recall(search.IndexSearcher(tmp_path / 'index'), captions)
+  rec, _ = index_throughput.recall(search_videos.IndexSearcher(tmp_path / 'index'), captions)
   assert rec[5] >= 60, rec

@@ -71,6 +71,29 @@ def lock(workdir: str | pathlib.Path, *, process_index: int = 0) -> Iterator[Non
       _release(workdir / LOCK_FILE, _fds.pop(key))
 
 
+def check_free(workdir: str | pathlib.Path) -> None:
+  """Raises RunLockedError, as `lock` would, when a live process holds `workdir`'s lock;
+  creates nothing (`main` asks before it validates the rest, then takes the lock)."""
+  path = pathlib.Path(workdir).absolute() / LOCK_FILE
+  if os.path.realpath(path.parent) in _held:
+    return
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:  # no lock file (or no directory): nobody holds it
+    return
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+  except BlockingIOError:
+    owner = _read_owner(fd)
+    raise RunLockedError(
+        f"{path.parent} is in use by {_describe(owner, path)}; only one run may write it: "
+        "wait for that one to finish or stop it, then re-run") from None
+  except OSError:
+    pass
+  finally:
+    os.close(fd)
+
+
 def _acquire(path: pathlib.Path) -> int:
   while True:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -1,0 +1,133 @@
+r"""Search the moments of a stored corpus with an XML run (TVR video corpus moment retrieval).
+
+    python -m avtext.search_moments --workdir=workdirs/demo/xml --step=best \
+        --corpus=workdirs/demo/xml/corpus/test_step840 --queries=queries.txt [--top=10]
+    echo "Alice : we should talk about the weather" | python -m avtext.search_moments \
+        --workdir=workdirs/demo/xml --corpus=... --queries=-
+
+The corpus is a store written by the `moments` evaluator (`workdir/corpus/<eval>_step<N>/`,
+kept with `keep_corpus=True`) or by `avtext.inference.vcmr.CorpusWriter`; it must come
+from the same run and step (the encodings depend on the weights). Each query line is
+encoded as the query features were (`config.dataset.query_encoder`: a local HF BERT
+directory, default the offline MiniLM-L6, and its hidden state, default -2; tokens
+without [CLS] / [SEP], L2-normalized), then answered by `vcmr.search` (VR over the whole
+corpus, eq. 8 on the top videos). Prints, per query, rank, video, start-end seconds,
+score; `--json` prints one JSON object per query instead.
+"""
+import json
+import os
+import sys
+from typing import Sequence
+
+from absl import flags
+import jax
+import numpy as np
+
+from avtext import cli
+from avtext import errors
+from avtext import index as index_lib
+from avtext import runs as runs_lib
+from avtext.data.builders import tvr
+from avtext.features import text as text_lib
+from avtext.features import tvr_text
+from avtext.inference import vcmr
+
+
+class Searcher:
+  """A run + a stored corpus: `__call__(texts) -> per query, [(vid_name, st, ed, score)]`."""
+
+  def __init__(self, workdir, corpus, *, step=None, bert_dir=None, layer=None,
+               search: dict | None = None):
+    self.run = runs_lib.load_run(workdir, step)
+    config, model = self.run.config, self.run.model
+    if config.model.name != "xml":
+      raise errors.BadInput(f"{workdir}: a {config.model.name!r} run; avtext.search_moments "
+                            "needs an XML run (configs/xml_tvr.py)")
+    self.store = vcmr.CorpusStore(corpus)
+    streams = tuple(model.context.split("_"))
+    if self.store.streams != streams:
+      raise errors.BadInput(f"{corpus}: streams {self.store.streams} but the run's context is "
+                       f"{model.context!r}: encode the corpus with this run")
+    enc = dict(config.dataset.get("query_encoder") or {})
+    self.encoder = text_lib.TextEncoder(bert_dir or enc.get("bert_dir"),
+                                        (layer if layer is not None
+                                         else enc.get("layer", -2),))
+    self.normalize = bool(config.dataset.get("normalize_text", True))
+    evals = config.get("evals") or {}
+    defaults = next((dict(e.get("search") or {}) for e in evals.values()
+                     if e.get("type") == "moments"), {})
+    self.cfg = vcmr.SearchConfig(**{**defaults, **(search or {})})
+    variables = self.run.variables
+    self._query = jax.jit(lambda q, m: model.apply(variables, q, m, method=model.encode_query))
+    self._span = lambda v, q, h1, m: model.apply(v, q, h1, m, method=model.span_logits)
+
+  def encode(self, texts: Sequence[str]) -> np.ndarray:
+    ids = {str(i): self.encoder.sentence_ids(t, tvr_text.MAX_QUERY_TOKENS)
+           for i, t in enumerate(texts)}
+    feats = self.encoder.run(ids, desc="queries")
+    max_len = self.run.model.max_query_len
+    q = np.zeros((len(texts), max_len, self.encoder.dim), np.float32)
+    mask = np.zeros((len(texts), max_len), np.int32)
+    for i in range(len(texts)):
+      x = feats[str(i)][1:-1] if len(feats[str(i)]) > 2 else feats[str(i)]
+      x = tvr.l2_normalize(x) if self.normalize else x
+      q[i, :len(x[:max_len])], mask[i, :len(x[:max_len])] = x[:max_len], 1
+    return np.asarray(self._query(q, mask))
+
+  def __call__(self, texts: Sequence[str], top: int = 10) -> list[list[tuple]]:
+    results = vcmr.search(self.store, self.encode(texts), self._span, self.cfg,
+                          params=self.run.variables)
+    cl = self.store.clip_length
+    return [[(self.store.videos[v], s * cl, (e + 1) * cl, score)
+             for v, s, e, score in results["VCMR"][i][:top]] for i in range(len(texts))]
+
+
+
+FLAGS = flags.FlagValues()
+_WORKDIR = cli.DEFINE_path("workdir", None, "an XML run directory", flag_values=FLAGS)
+_STEP = flags.DEFINE_string("step", None, "its checkpoint: N, 'best' or the latest (default)",
+                            flag_values=FLAGS)
+_CORPUS = cli.DEFINE_path("corpus", None, "a corpus store of that run and step "
+                          "(workdir/corpus/<eval>_step<N>)", flag_values=FLAGS)
+_QUERIES = cli.DEFINE_path("queries", None, "a text file, one query per line; - reads "
+                           "standard input", flag_values=FLAGS)
+_TOP = flags.DEFINE_integer("top", 10, "moments per query", lower_bound=1, flag_values=FLAGS)
+_BERT_DIR = cli.DEFINE_path("bert_dir", None, "a local HF BERT directory for the queries "
+                            "(default: the run's config.dataset.query_encoder)",
+                            flag_values=FLAGS)
+_JSON = flags.DEFINE_bool("json", False, "print one JSON object per query", flag_values=FLAGS)
+flags.mark_flags_as_required(["workdir", "corpus", "queries"], flag_values=FLAGS)
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise errors.BadInput(f"unexpected arguments {list(argv[1:])}: the queries come from "
+                          "--queries (a file, or - for standard input)")
+  if not os.path.isdir(_CORPUS.value):
+    raise errors.InputNotFound(f"--corpus={_CORPUS.value}: no such directory; the moments "
+                               "evaluator writes it under workdir/corpus/ (keep_corpus=True)")
+  if _QUERIES.value == "-":
+    if sys.stdin.isatty():
+      raise errors.BadInput("--queries=-: type the queries, one per line, then Ctrl-D; or "
+                            "pipe them in, or pass --queries=FILE")
+    texts = [line.strip() for line in sys.stdin if line.strip()]
+  else:
+    with open(_QUERIES.value, encoding="utf-8") as f:
+      texts = [line.strip() for line in f if line.strip()]
+  if not texts:
+    raise errors.BadInput(f"--queries={_QUERIES.value}: no queries in it")
+  searcher = Searcher(_WORKDIR.value, _CORPUS.value, step=index_lib.parse_step(_STEP.value),
+                      bert_dir=_BERT_DIR.value)
+  for text, moments in zip(texts, searcher(texts, top=_TOP.value)):
+    if _JSON.value:
+      print(json.dumps({"query": text, "moments": [
+          {"vid_name": v, "st": round(s, 2), "ed": round(e, 2), "score": sc}
+          for v, s, e, sc in moments]}))
+      continue
+    print(f"query: {text}")
+    for rank, (vid, s, e, score) in enumerate(moments, 1):
+      print(f"  {rank:3d}. {vid}  {s:7.1f} - {e:7.1f} s   score {score:.4g}")
+
+
+if __name__ == "__main__":
+  cli.run(main, FLAGS)
