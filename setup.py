@@ -36,7 +36,7 @@ def _pins(path):
 _LOCK = _pins("requirements.lock")
 _EXTRAS = {"dev": "requirements-dev.txt", "tpu": "requirements-tpu.txt",
            "cuda12": "requirements-cuda12.txt",
-           # torch for avtext.tools.import_checkpoint (official PyTorch checkpoints) only
+           # torch for avtext.import_checkpoint (official PyTorch checkpoints) only
            "convert": "requirements-convert.txt"}
 
 setuptools.setup(

@@ -256,8 +256,10 @@ def main(argv):
         run.train()
       else:
         run.evaluate(_STEP.value, eval_dir=_EVAL_DIR.value)
-  except (rundir.RunLockedError, checkpointing.CheckpointSaveError) as e:
+  except rundir.RunLockedError as e:
     raise errors.WorkdirInUse(str(e)) from None  # one line, as the messages are
+  except checkpointing.CheckpointSaveError as e:  # e.g. a full disk: what to do is known
+    raise errors.UserError(str(e)) from None
   except BaseException:
     if created and jax.process_index() == 0:
       _remove_if_unused(workdir_path)

@@ -11,7 +11,7 @@ Called by benchmarks/parity_official.py (`run`). Steps:
    biases with noise around their init) so a wrong mapping or transposition shows.
 2. Saved as nntrainer's `_save_checkpoint` saves it:
    th.save(model_mgr.get_model_state(), "model_0.pth") ({network: state_dict}).
-3. Imported with `avtext.tools.import_checkpoint.import_checkpoint("coot", ...)` into a
+3. Imported with `avtext.import_checkpoint.import_checkpoint("coot", ...)` into a
    temporary run directory with the default config (configs/coot_activitynet.py: the
    official function by default), opened with `avtext.runs.load_run`; the model is
    rebuilt from the run's config with config.model.dtype=float32 (the paper config
@@ -157,7 +157,7 @@ def run(official_dir: pathlib.Path, seed: int = 0):
   from avtext.losses import coot as coot_losses  # pylint: disable=g-import-not-at-top
   from avtext.models import registry as models_registry  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
-  from avtext.tools import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
+  from avtext import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
 
   from parity_official import max_abs_diff  # pylint: disable=g-import-not-at-top
 

@@ -13,7 +13,7 @@ past its gap to the best word at ~4 % of the batch's positions, so greedy captio
 at different lengths. It is saved as the official
 train.py saves it (torch.save of {"model": state_dict, "model_cfg": EasyDict, "opt":
 argparse.Namespace, "epoch"}) beside a word2idx.json, imported with
-`avtext.tools.import_checkpoint.import_checkpoint("mmt", ...)` into the default paper
+`avtext.import_checkpoint.import_checkpoint("mmt", ...)` into the default paper
 config (computed in float32, the paper config's bfloat16 aside) and loaded with
 `avtext.runs.load_run`.
 
@@ -116,7 +116,7 @@ def run(official_dir: pathlib.Path, seed: int = 0):
   import jax  # pylint: disable=g-import-not-at-top
   from avtext import runs  # pylint: disable=g-import-not-at-top
   from avtext.text import vocab  # pylint: disable=g-import-not-at-top
-  from avtext.tools import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
+  from avtext import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
 
 
   torch.set_grad_enabled(False)

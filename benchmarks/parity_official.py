@@ -10,7 +10,7 @@ r"""avtext against the official PyTorch code, same weights: max |diff| of every 
 
 Each system's check (benchmarks/parity_<system>.py) builds the official model with random
 weights (eval mode, float32), saves its state dict as the official code does, imports it
-with `avtext.tools.import_checkpoint` (the same path a researcher uses), feeds both the
+with `avtext.import_checkpoint` (the same path a researcher uses), feeds both the
 same batch, padded as the official collate pads it (items of different lengths), and
 compares every intermediate and the training loss. The official code is imported from
 --official at run time; nothing of it is vendored here.

@@ -13,7 +13,7 @@ r"""XML parity: the official TVR XML (jayleicn/TVRetrieval) against its import i
    scale 1 + N(0, 0.1); the ConvSE filters keep PyTorch's default. eval(), float32.
 2. Saved as train.py saves it, torch.save({"model": state_dict, "model_cfg":
    model.config (the EasyDict), "epoch": ...}), imported with
-   `avtext.tools.import_checkpoint.import_checkpoint("xml", ...)` onto
+   `avtext.import_checkpoint.import_checkpoint("xml", ...)` onto
    configs/xml_tvr.py:tiny (feature widths set to the official model's), opened with
    `avtext.runs.load_run`.
 3. One batch of 4 (query, video) pairs of different lengths (clips 11, 8, 6, 9; tokens
@@ -107,7 +107,7 @@ def run(official_dir: pathlib.Path, seed: int):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from avtext import runs  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
-  from avtext.tools import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
+  from avtext import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
 
 
   with tempfile.TemporaryDirectory() as tmp:

@@ -31,7 +31,7 @@ Variants:
            batch's longest video) and divides by the real count, so an embedding
            depends on the other videos of its batch; the masked mean averages the
            real clips only (avtext/models/coot.py). Default: official, so imported
-           official checkpoints (avtext.tools.import_checkpoint) compute their function.
+           official checkpoints (avtext.import_checkpoint) compute their function.
 Ablations (BENCHMARKS.md, benchmarks/coot_ablation.py) are command-line overrides:
   --config.model.local_pooler=max|avg   Attention-FA off
   --config.loss.cycle_weight=0           CMC off

@@ -27,7 +27,7 @@ The model and loss are the official functions: the official decoder layer (no
 output Linear after its attentions, a single Linear as its feed-forward part;
 avtext/models/mmt.py) and the official label-smoothed KL summed over the batch's
 words (avtext/losses/captioning.py, "kl_sum"); official checkpoints import with
-`python -m avtext.tools.import_checkpoint --system=mmt` (avtext/weights/official_mmt.py).
+`python -m avtext.import_checkpoint --system=mmt` (avtext/weights/official_mmt.py).
 Remaining difference from the official code: optax AdamW (bias-corrected) in place
 of BertAdam.
 

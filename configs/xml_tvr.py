@@ -34,7 +34,7 @@ its labels predicts the annotated span, and 2-clip moments stay reachable
 (the synthetic scenes are 2-5 clips long).
 
 The model computes the official function (official checkpoints import with
-`python -m avtext.tools.import_checkpoint --system=xml`): the Cross-Encoder is
+`python -m avtext.import_checkpoint --system=xml`): the Cross-Encoder is
 LN(x + CrossAttn(x, c)) without the paper's linear layer, and ConvSE reads S at
 padded clips as the official code does (the last k//2 real clips' logits depend on
 the padding; our pipeline always pads to max_ctx_len, so they are one function of

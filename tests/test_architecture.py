@@ -30,7 +30,8 @@ FLOORS = (
     ("runs",),       # opening a run directory: config + model + variables
     ("evals",),      # evaluators over the tasks' declared protocols
     ("experiment",),  # one config -> task + evaluators + trainer
-    ("main", "aot"),  # train / eval / compile a config
+    ("main", "aot", "import_checkpoint", "materialize"),  # train / eval / compile a config,
+    # import an official checkpoint, store a dataset as TFDS
     ("features",),   # running a model to write feature files
     ("tools",),      # one-off converters and CLIs (checkpoint import, vocab, TVR eval)
     ("mining",),     # the VideoCC mining pipeline

@@ -65,7 +65,7 @@ def test_main_refuses_a_targeted_config_on_cpu(topology_config, tmp_path):
   assert seconds < 20, seconds  # before the task, its data or any compile
   assert "Traceback" not in out, out
   line, = [l for l in out.splitlines() if "(config.target_topology)" in l]
-  assert line.startswith(f"{topology_config} targets TPU {TOPOLOGY} (config.target_topology) "
+  assert line.startswith(f"error: {topology_config} targets TPU {TOPOLOGY} (config.target_topology) "
                          "but JAX finds only CPU devices (JAX_PLATFORMS=cpu)"), line
   for hint in ("make venv ACCEL=tpu|cuda12", "--allow_cpu", ":demo"):
     assert hint in line, line

@@ -519,7 +519,7 @@ def test_early_stopped_xml_run_imports_evaluates_and_continues(early_stopped_run
   config, workdir, _, results = early_stopped_run
   config = ml_collections.ConfigDict(config.to_dict())  # the fixture's stays as it ran
   from avtext import runs  # pylint: disable=g-import-not-at-top
-  from avtext.tools import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
+  from avtext import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
   from avtext.weights import official  # pylint: disable=g-import-not-at-top
   from avtext.weights import official_xml  # pylint: disable=g-import-not-at-top
   run = runs.load_run(workdir, step=3)

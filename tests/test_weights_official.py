@@ -125,10 +125,10 @@ def test_cli_stops_with_one_line_naming_the_file(tmp_path):
   import sys  # pylint: disable=g-import-not-at-top
   missing = tmp_path / "model.ckpt"
   proc = subprocess.run(
-      [sys.executable, "-m", "avtext.tools.import_checkpoint", "--system=xml",
+      [sys.executable, "-m", "avtext.import_checkpoint", "--system=xml",
        f"--checkpoint={missing}", f"--out={tmp_path / 'run'}"],
       capture_output=True, text=True, check=False, timeout=120)
-  assert proc.returncode == 1, proc.stderr
+  assert proc.returncode == 2, proc.stderr
   assert proc.stderr.strip().splitlines()[-1] == (
-      f"import_checkpoint: --checkpoint={missing}: no such file")
+      f"error: --checkpoint={missing}: no such file")
   assert not (tmp_path / "run").exists()

@@ -6,7 +6,7 @@ import pytest
 
 from avtext import runs
 from avtext.models import coot
-from avtext.tools import import_checkpoint as import_tool
+from avtext import import_checkpoint as import_tool
 from avtext.weights import official
 
 CONFIG = "configs/coot_activitynet.py:tiny"

@@ -13,7 +13,7 @@ from avtext import runs
 from avtext.models import mmt
 from avtext.models import registry as models_registry
 from avtext.text import vocab
-from avtext.tools import import_checkpoint as import_tool
+from avtext import import_checkpoint as import_tool
 from avtext.weights import official
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))

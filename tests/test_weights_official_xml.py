@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from avtext import runs
-from avtext.tools import import_checkpoint as import_tool
+from avtext import import_checkpoint as import_tool
 from avtext.weights import official
 from avtext.weights import official_xml
 

@@ -238,7 +238,7 @@ class Trainer:
     state, opt_pieces = self._init_state(dataset[0], warm_start_params=not resuming)
     if resuming:
       state, data_state, step = self.checkpointer.restore(state)
-      if data_state:  # an imported checkpoint (avtext.tools.import_checkpoint) has none
+      if data_state:  # an imported checkpoint (avtext.import_checkpoint) has none
         data_iter.set_state(data_state)
       logging.info("resumed from %s at step %d", self.checkpointer.directory, step)
     self._reconcile_best()

@@ -1,6 +1,6 @@
 """Official PyTorch checkpoints -> avtext run directories: the shared part.
 
-`python -m avtext.tools.import_checkpoint --system=S --checkpoint=FILE --out=RUNDIR` reads
+`python -m avtext.import_checkpoint --system=S --checkpoint=FILE --out=RUNDIR` reads
 the checkpoint (`read_checkpoint`, here), lets the system's converter
 (`avtext/weights/official_<S>.py`) map the official hyper-parameters onto the config and
 the official tensors onto the model's parameters through a `Porter` (here), and writes a

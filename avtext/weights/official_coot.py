@@ -1,6 +1,6 @@
 r"""Official COOT checkpoints (gingsi/coot-videotext) -> the avtext `coot` model.
 
-    python -m avtext.tools.import_checkpoint --system=coot \
+    python -m avtext.import_checkpoint --system=coot \
         --checkpoint=<exp>/models/model_<epoch>.pth --out=RUNDIR \
         [--config=configs/coot_youcook2.py]
 

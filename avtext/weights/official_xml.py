@@ -1,6 +1,6 @@
 r"""Official TVR XML checkpoint (jayleicn/TVRetrieval) -> avtext `XML` parameters.
 
-    python -m avtext.tools.import_checkpoint --system=xml --checkpoint=model.ckpt --out=RUNDIR
+    python -m avtext.import_checkpoint --system=xml --checkpoint=model.ckpt --out=RUNDIR
 
 The checkpoint: baselines/crossmodal_moment_localization/train.py writes
 `torch.save({"model": model.state_dict(), "model_cfg": model.config, "epoch": i}, ...)`

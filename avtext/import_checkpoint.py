@@ -1,6 +1,6 @@
 r"""Official checkpoint -> avtext run directory.
 
-    python -m avtext.tools.import_checkpoint --system=coot|xml|mmt \
+    python -m avtext.import_checkpoint --system=coot|xml|mmt \
         --checkpoint=FILE --out=RUNDIR [--config=configs/<x>.py[:variant]] [--config.k=v]
 
 FILE: the official code's PyTorch checkpoint (needs torch: pip install -e .[convert]) or
@@ -32,13 +32,15 @@ import tempfile
 import zlib
 from typing import Any
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
+from ml_collections import config_flags
 
+from avtext import cli
+from avtext import errors
 from avtext import runs
 from avtext.tasks import registry as tasks
 from avtext.train import checkpointing
@@ -150,36 +152,34 @@ def import_checkpoint(system: str, checkpoint_path: str | pathlib.Path,
   return write_run(out, config, variables, checkpoint=checkpoint, system=system)
 
 
-def _define_flags() -> dict:
-  """The CLI's flags, defined when run as a program only (the library functions above
-  are imported by tests and benchmarks beside other tools' flags)."""
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  out = dict(
-      system=flags.DEFINE_enum("system", None, list(SYSTEMS), "which official code wrote it"),
-      checkpoint=flags.DEFINE_string("checkpoint", None, "the official checkpoint file"),
-      out=flags.DEFINE_string("out", None, "the run directory to write (must not hold a run)"),
-      config=config_flags.DEFINE_config_file(
-          "config", None, "configs/<x>.py[:variant] (default: the system's paper config)",
-          lock_config=False))
-  flags.mark_flags_as_required(["system", "checkpoint", "out"])
-  return out
+FLAGS = flags.FlagValues()
+_SYSTEM = flags.DEFINE_enum("system", None, list(SYSTEMS), "which official code wrote the "
+                            "checkpoint", flag_values=FLAGS)
+_CHECKPOINT = cli.DEFINE_path("checkpoint", None, "the official checkpoint file (PyTorch, "
+                              "or the same state dict as .npz)", flag_values=FLAGS)
+_OUT = cli.DEFINE_path("out", None, "the run directory to write (must not hold a run)",
+                       flag_values=FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "configs/<x>.py[:variant] (default: the system's paper config); "
+    "--config.<field>=<value> overrides", lock_config=False, flag_values=FLAGS)
+flags.mark_flags_as_required(["system", "checkpoint", "out"], flag_values=FLAGS)
 
 
-def main(argv, flag_values: dict) -> int:
+def main(argv) -> None:
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  v = {k: f.value for k, f in flag_values.items()}
+    raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
   try:
-    run = import_checkpoint(v["system"], v["checkpoint"], v["out"], v["config"])
-  except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
-    print(f"import_checkpoint: {e}", file=sys.stderr)
-    return 1
-  logging.info("imported the official %s checkpoint %s into %s", v["system"], v["checkpoint"],
-               run)
+    config = _CONFIG.value
+  except Exception as e:  # pylint: disable=broad-except
+    raise errors.BadInput(f"--config: {cli.exception_message(e)}") from e
+  try:
+    run = import_checkpoint(_SYSTEM.value, _CHECKPOINT.value, _OUT.value, config)
+  except (ValueError, ImportError) as e:  # the converters' messages name the tensor / file
+    raise errors.BadInput(str(e)) from None
+  logging.info("imported the official %s checkpoint %s into %s", _SYSTEM.value,
+               _CHECKPOINT.value, run)
   print(run)
-  return 0
 
 
 if __name__ == "__main__":
-  _FLAGS = _define_flags()
-  app.run(lambda argv: main(argv, _FLAGS))
+  cli.run(main, FLAGS)
