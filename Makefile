@@ -61,7 +61,7 @@ COOT_TRAIN ?= 1000
 COOT_VAL ?= 500
 demo-coot: $(STAMP)
 	$(PY) -m avtext.main --config=configs/synthetic_video_pretrain.py --workdir=$(WORKDIR)/video_pretrain
-	$(PY) -m avtext.tools.coot_synthetic --tower_workdir=$(WORKDIR)/video_pretrain \
+	$(PY) -m avtext.tools.coot_synthetic --workdir=$(WORKDIR)/video_pretrain \
 	  --out=$(WORKDIR)/coot_data --num_train=$(COOT_TRAIN) --num_val=$(COOT_VAL)
 	$(PY) -m avtext.main --config=configs/coot_activitynet.py:demo --workdir=$(WORKDIR)/coot \
 	  --config.dataset.path=$(WORKDIR)/coot_data
@@ -90,7 +90,7 @@ TVC_TRAIN ?= 600
 TVC_VAL ?= 150
 TVC_TEST ?= 250
 demo-tvc: $(STAMP) $(WORKDIR)/video_pretrain/results.json
-	$(PY) -m avtext.tools.tvr_synthetic --tower_workdir=$(WORKDIR)/video_pretrain \
+	$(PY) -m avtext.tools.tvr_synthetic --workdir=$(WORKDIR)/video_pretrain \
 	  --out=$(WORKDIR)/tvr_data --num_train=$(TVC_TRAIN) --num_val=$(TVC_VAL) --num_test=$(TVC_TEST)
 	$(PY) -m avtext.tools.caption_vocab --config=configs/mmt_tvc.py:demo \
 	  --config.dataset.path=$(WORKDIR)/tvr_data --out=$(WORKDIR)/tvc_word2idx.json
@@ -105,7 +105,7 @@ demo-tvc: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 # which answers test_public's queries (VCMR / SVMR / VR R@K beside a random-span baseline);
 # the official eval script's numbers are then recomputed from the written submission file.
 demo-xml: $(STAMP) $(WORKDIR)/video_pretrain/results.json
-	$(PY) -m avtext.tools.tvr_synthetic --tower_workdir=$(WORKDIR)/video_pretrain \
+	$(PY) -m avtext.tools.tvr_synthetic --workdir=$(WORKDIR)/video_pretrain \
 	  --out=$(WORKDIR)/tvr_data --num_train=$(TVC_TRAIN) --num_val=$(TVC_VAL) --num_test=$(TVC_TEST)
 	$(PY) -m avtext.main --config=configs/xml_tvr.py:demo --workdir=$(WORKDIR)/xml \
 	  --config.dataset.path=$(WORKDIR)/tvr_data
@@ -120,7 +120,7 @@ demo-xml: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 # phase 1's best checkpoint on the test split, then phase 2 from it (backbones train, from
 # frames); each test report is the S-MiT protocol (5 x 1k subsets) beside chance and oracle.
 demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
-	$(PY) -m avtext.features.smit --config=configs/smit_language_amm.py:demo \
+	$(PY) -m avtext.features smit --config=configs/smit_language_amm.py:demo \
 	  --config.init_from.workdir=$(WORKDIR)/video_pretrain --out=$(WORKDIR)/smit_features
 	$(PY) -m avtext.main --config=configs/smit_language_amm.py:demo --workdir=$(WORKDIR)/smit_p1 \
 	  --config.dataset.path=$(WORKDIR)/smit_features \

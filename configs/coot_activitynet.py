@@ -16,7 +16,7 @@ Data (`config.dataset`, the `coot` dataset, layout in avtext/data/feature_layout
        (+ _sentence_splits.json)                 BERT last two layers per token, 1536-d
 The official setup (README of coot-videotext) downloads the first two; the text
 features can be built with
-    python -m avtext.features.coot_text --dataset_dir=<path> \
+    python -m avtext.features coot_text --dataset_dir=<path> \
         --bert_dir=<HF bert-base-uncased dir>
 Without them training stops with what to prepare.
 

@@ -5,14 +5,14 @@ Two phases, two runs chained by init_from (app. B):
   phase 1 (default)  visual backbones and language model frozen; only the two projection
                      heads train; Adam, fixed lr 1e-3; it reads the frozen parts'
                      outputs precomputed once (`smit_features`, written by
-                     `python -m avtext.features.smit`), which is the same model.
+                     `python -m avtext.features smit`), which is the same model.
   phase2             the visual backbones train too (from frames); Adam, fixed lr 1e-5;
                      the language model stays frozen; starts from phase 1's best
                      checkpoint on the validation split (init_from.step="best").
 
     # the paper's setup on real S-MiT (says what to prepare until the files exist);
     # S-MiT as DIR/{train,val,test}.csv + the files (avtext/data/builders/smit.py)
-    python -m avtext.features.smit --config=configs/smit_language_amm.py \
+    python -m avtext.features smit --config=configs/smit_language_amm.py \
         --config.features_source.path=DIR --out=<smit_features dir>   # or your own
     python -m avtext.main --config=configs/smit_language_amm.py --workdir=workdirs/smit_p1 \
         --config.dataset.path=<smit_features dir>

@@ -7,7 +7,7 @@ a speech encoder trained from scratch in both phases, then the projection head.
 
     # the synthetic S-MiT: the demo's RGB tower (make demo's stage 1), then the
     # features of 20k train clips (~7 min), phase 1 (~7 min at width 8), phase 2
-    python -m avtext.features.smit --config=configs/smit_spoken_amm.py:demo \
+    python -m avtext.features smit --config=configs/smit_spoken_amm.py:demo \
         --config.init_from.workdir=workdirs/demo/video_pretrain \
         --out=workdirs/demo/smit_spoken_features
     python -m avtext.main --config=configs/smit_spoken_amm.py:demo \

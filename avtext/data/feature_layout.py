@@ -34,7 +34,7 @@ A COOT dataset directory `<path>` (COOT: `data/activitynet`, `data/youcook2`) ho
                                              first time a split is opened (COOT's loader
                                              does the same) and trusted afterwards
 
-  text features (`python -m avtext.features.coot_text`, COOT's
+  text features (`python -m avtext.features coot_text`, COOT's
   precompute_text.py):
       <text_features>.h5                     one dataset per key, float32 [num_tokens, Dt]:
                                              the listed hidden layers of BERT concatenated

@@ -1,6 +1,6 @@
 r"""COOT text features of a dataset's meta file (the official precompute_text.py).
 
-    python -m avtext.features.coot_text --dataset_dir=/data/coot/activitynet \
+    python -m avtext.features coot_text --dataset_dir=/data/coot/activitynet \
         [--metadata_name=all] [--bert_dir=/models/bert-base-uncased] [--layers=-2,-1] \
         [--name=<output name>] [--batch_size=16] [--force]
 
@@ -26,13 +26,16 @@ WordPiece does it). Each string is tokenized on its own (no special tokens
 added), so [CLS] counts to sentence 1 and every sentence ends in [SEP]; the
 paragraph's tokens are their concatenation and go through BERT at once.
 """
-import argparse
 import pathlib
 import re
 from typing import Mapping, Sequence
 
+from absl import flags
 from absl import logging
 import numpy as np
+
+from avtext import cli
+from avtext import errors
 
 from avtext.data import feature_layout
 from avtext.features import text as text_lib
@@ -142,7 +145,7 @@ def parse_layers(text: str) -> tuple[int, ...]:
   try:
     return tuple(int(x) for x in text.split(","))
   except ValueError as e:
-    raise argparse.ArgumentTypeError(
+    raise errors.BadInput(
         f"--layers={text!r}: expected comma-separated integers, e.g. -2,-1") from e
 
 
@@ -161,7 +164,7 @@ def precompute(dataset_dir, *, metadata_name: str = "all", bert_dir: str | None 
   directory = pathlib.Path(dataset_dir)
   meta_file = feature_layout.meta_path(directory, metadata_name)
   if not meta_file.is_file():
-    raise FileNotFoundError(f"{meta_file} not found: the COOT meta file (segments and their "
+    raise errors.InputNotFound(f"{meta_file} not found: the COOT meta file (segments and their "
                             "texts; COOT's data_read_activitynet_meta.py / "
                             "data_read_youcook2_meta.py write it)")
   name = name or default_name(directory, metadata_name, bert_dir, layers)
@@ -182,30 +185,27 @@ def precompute(dataset_dir, *, metadata_name: str = "all", bert_dir: str | None 
   return out
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(
-      prog="python -m avtext.features.coot_text",
-      description="COOT text features of a dataset's meta file (avtext/data/feature_layout.py).")
-  parser.add_argument("--dataset_dir", required=True,
-                      help="COOT dataset directory (holds meta_<metadata_name>.json)")
-  parser.add_argument("--metadata_name", default="all", help="reads meta_<metadata_name>.json")
-  parser.add_argument("--bert_dir", default=None,
-                      help="local HF BERT directory (default: the offline MiniLM-L6)")
-  parser.add_argument("--layers", default="-2,-1", type=parse_layers,
-                      help="hidden states to concatenate (HF numbering, -1 = last layer)")
-  parser.add_argument("--name", default=None, help="output name (default: the official naming)")
-  parser.add_argument("--batch_size", default=16, type=int, help="paragraphs per forward pass")
-  parser.add_argument("--force", action="store_true", help="overwrite existing features")
-  return parser.parse_args(argv)
+FLAGS = flags.FlagValues()
+_DATASET_DIR = cli.DEFINE_path("dataset_dir", None, "the COOT dataset directory (holds "
+                               "meta_<metadata_name>.json)", flag_values=FLAGS)
+_METADATA_NAME = flags.DEFINE_string("metadata_name", "all", "reads "
+                                     "meta_<metadata_name>.json", flag_values=FLAGS)
+_BERT_DIR = cli.DEFINE_path("bert_dir", None, "a local HF BERT directory (default: the "
+                            "offline MiniLM-L6)", flag_values=FLAGS)
+_LAYERS = flags.DEFINE_string("layers", "-2,-1", "hidden states to concatenate (HF "
+                              "numbering, -1 = the last layer)", flag_values=FLAGS)
+_NAME = flags.DEFINE_string("name", None, "output name (default: the official naming)",
+                            flag_values=FLAGS)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 16, "paragraphs per forward pass",
+                                   lower_bound=1, flag_values=FLAGS)
+_FORCE = flags.DEFINE_bool("force", False, "overwrite existing features", flag_values=FLAGS)
+flags.mark_flag_as_required("dataset_dir", flag_values=FLAGS)
 
 
-def main(argv: Sequence[str] | None = None) -> pathlib.Path:
-  args = parse_args(argv)
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
   logging.set_verbosity(logging.INFO)
-  return precompute(args.dataset_dir, metadata_name=args.metadata_name, bert_dir=args.bert_dir,
-                    layers=args.layers, name=args.name, batch_size=args.batch_size,
-                    force=args.force)
-
-
-if __name__ == "__main__":
-  main()
+  print(precompute(_DATASET_DIR.value, metadata_name=_METADATA_NAME.value,
+                   bert_dir=_BERT_DIR.value, layers=parse_layers(_LAYERS.value),
+                   name=_NAME.value, batch_size=_BATCH_SIZE.value, force=_FORCE.value))

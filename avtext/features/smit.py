@@ -1,6 +1,6 @@
 r"""Precomputes what S-MiT's phase 1 keeps frozen, in the `smit_features` layout.
 
-    python -m avtext.features.smit --config=configs/smit_language_amm.py:demo \
+    python -m avtext.features smit --config=configs/smit_language_amm.py:demo \
         --config.init_from.workdir=workdirs/demo/video_pretrain \
         --out=workdirs/demo/smit_features [--splits=train,val,test] [--batch_size=64]
 
@@ -24,7 +24,6 @@ directory is reused when the command is the same (--force rebuilds).
 import json
 import pathlib
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
@@ -33,6 +32,8 @@ from ml_collections import config_flags
 import numpy as np
 from tqdm import tqdm
 
+from avtext import cli
+from avtext import errors
 from avtext.data import audio
 from avtext.data import builders
 from avtext.data.builders import smit as smit_builder
@@ -42,15 +43,17 @@ from avtext.train import warm_start
 
 
 
-def _define_flags() -> None:
-  """Command-line flags, defined only when run as a program (other tools that tests
-  import in the same process define their own --out)."""
-  config_flags.DEFINE_config_file("config", None, "an S-MiT config", lock_config=False)
-  flags.DEFINE_string("out", None, "output directory")
-  flags.DEFINE_list("splits", ["train", "val", "test"], "splits to write")
-  flags.DEFINE_integer("batch_size", 64, "clips per forward pass")
-  flags.DEFINE_bool("force", False, "rebuild even when finished")
-  flags.mark_flags_as_required(["config", "out"])
+FLAGS = flags.FlagValues()
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "an S-MiT config (configs/smit_*.py[:variant]; --config.<field>=<value> "
+    "overrides)", lock_config=False, flag_values=FLAGS)
+_OUT = cli.DEFINE_path("out", None, "the smit_features directory to write", flag_values=FLAGS)
+_SPLITS = flags.DEFINE_list("splits", ["train", "val", "test"], "the splits to write",
+                            flag_values=FLAGS)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 64, "clips per forward pass", lower_bound=1,
+                                   flag_values=FLAGS)
+_FORCE = flags.DEFINE_bool("force", False, "rebuild even when finished", flag_values=FLAGS)
+flags.mark_flags_as_required(["config", "out"], flag_values=FLAGS)
 
 
 def phase1_variables(config: ml_collections.ConfigDict, task) -> dict:
@@ -144,12 +147,11 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
+  try:
+    config = _CONFIG.value
+  except Exception as e:  # pylint: disable=broad-except
+    raise errors.BadInput(f"--config: {cli.exception_message(e)}") from e
   logging.set_verbosity(logging.INFO)
-  f = flags.FLAGS
-  extract(f.config, f.out, splits=tuple(f.splits), batch_size=f.batch_size, force=f.force)
-
-
-if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  extract(config, _OUT.value, splits=tuple(_SPLITS.value), batch_size=_BATCH_SIZE.value,
+          force=_FORCE.value)

@@ -1,6 +1,6 @@
 r"""TVR's query and subtitle token features (the layout `builders.tvr` reads).
 
-    python -m avtext.features.tvr_text --data=/data/tvr [--bert_dir=/models/roberta-ft] \
+    python -m avtext.features tvr_text --data=/data/tvr [--bert_dir=/models/roberta-ft] \
         [--layer=-2] [--subtitles=tvqa_preprocessed_subtitles.jsonl] \
         [--video_features=tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5] [--force]
 
@@ -22,13 +22,16 @@ subtitles (768-d); the default here is the offline MiniLM-L6 as is (384-d),
 so the configs set query_dim / sub_dim accordingly. Existing files are kept
 unless `--force`.
 """
-import argparse
 import math
 import pathlib
 from typing import Sequence
 
+from absl import flags
 from absl import logging
 import numpy as np
+
+from avtext import cli
+from avtext import errors
 
 from avtext.data import feature_layout
 from avtext.data.builders import tvc
@@ -123,23 +126,28 @@ def write(data_dir, *, bert_dir=None, layer: int = -2, subtitles: str = tvc.DEFA
   return query_out, sub_out
 
 
-def main(argv: Sequence[str] | None = None):
-  parser = argparse.ArgumentParser(prog="python -m avtext.features.tvr_text",
-                                   description=__doc__.split("\n\n")[0])
-  parser.add_argument("--data", required=True, help="TVR directory (builders/tvr.py layout)")
-  parser.add_argument("--bert_dir", default=None, help="local HF BERT dir (default MiniLM-L6)")
-  parser.add_argument("--layer", default=-2, type=int, help="hidden state (HF numbering)")
-  parser.add_argument("--subtitles", default=tvc.DEFAULT_SUBTITLES)
-  parser.add_argument("--video_features", default=tvr.DEFAULT_VIDEO_FEATURES[0],
-                      help="video feature h5 name giving the clip count per video")
-  parser.add_argument("--clip_length", default=1.5, type=float)
-  parser.add_argument("--force", action="store_true")
-  args = parser.parse_args(argv)
+FLAGS = flags.FlagValues()
+_DATA = cli.DEFINE_path("data", None, "the TVR directory (avtext/data/builders/tvr.py "
+                        "layout)", flag_values=FLAGS)
+_BERT_DIR = cli.DEFINE_path("bert_dir", None, "a local HF BERT directory (default: the "
+                            "offline MiniLM-L6)", flag_values=FLAGS)
+_LAYER = flags.DEFINE_integer("layer", -2, "the hidden state to store (HF numbering)",
+                              flag_values=FLAGS)
+_SUBTITLES = flags.DEFINE_string("subtitles", tvc.DEFAULT_SUBTITLES, "the subtitle file's "
+                                 "name under --data", flag_values=FLAGS)
+_VIDEO_FEATURES = flags.DEFINE_string(
+    "video_features", tvr.DEFAULT_VIDEO_FEATURES[0], "the video feature h5 under --data "
+    "that gives each video's clip count", flag_values=FLAGS)
+_CLIP_LENGTH = flags.DEFINE_float("clip_length", 1.5, "seconds per clip (TVR: 1.5)",
+                                  flag_values=FLAGS)
+_FORCE = flags.DEFINE_bool("force", False, "overwrite existing features", flag_values=FLAGS)
+flags.mark_flag_as_required("data", flag_values=FLAGS)
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
   logging.set_verbosity(logging.INFO)
-  return write(args.data, bert_dir=args.bert_dir, layer=args.layer, subtitles=args.subtitles,
-               video_features=args.video_features, clip_length=args.clip_length,
-               force=args.force)
-
-
-if __name__ == "__main__":
-  main()
+  write(_DATA.value, bert_dir=_BERT_DIR.value, layer=_LAYER.value, subtitles=_SUBTITLES.value,
+        video_features=_VIDEO_FEATURES.value, clip_length=_CLIP_LENGTH.value,
+        force=_FORCE.value)

@@ -22,7 +22,7 @@ Inputs (`SMiTExamples`) come from either source kind:
             augmentation (the paper names none, and phase 1 reads features computed
             once). Language: the ASR 'transcript' tokenized with word numbers.
             Spoken: the 'spoken_caption' waveform -> `audio.speech_features`.
-  features  (`smit_features`, written by `python -m avtext.features.smit`): the
+  features  (`smit_features`, written by `python -m avtext.features smit`): the
             frozen backbones' 'image_embedding' / 'temporal_embedding', the frozen
             text encoder's per-word 'words' and the whole spoken caption's 'log_mel';
             exactly what the phase-1 model computes from clips, at a fraction of

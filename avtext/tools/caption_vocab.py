@@ -21,20 +21,27 @@ synthetic world with a few hundred words. Point
 with a token outside the subset is an error at training time, never a
 silent drop.
 """
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 import tqdm
 
+from avtext import cli
+from avtext import errors
 from avtext.data import builders
 from avtext.data import pipelines
 from avtext.text import tokenizers
 from avtext.text import vocab as vocab_lib
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "captioning experiment config")
-_OUT = flags.DEFINE_string("out", None, "output JSON path", required=True)
-_NUM = flags.DEFINE_integer("num", None, "read the first NUM training captions (default all)")
-_MIN_COUNT = flags.DEFINE_integer("min_count", 5, "MMT: keep words seen more than this")
+FLAGS = flags.FlagValues()
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "the captioning experiment config (configs/videocc_caption.py or "
+    "configs/mmt_tvc.py[:variant]; --config.<field>=<value> overrides)", flag_values=FLAGS)
+_OUT = cli.DEFINE_path("out", None, "the JSON file to write", flag_values=FLAGS)
+_NUM = flags.DEFINE_integer("num", None, "read the first NUM training captions (default: "
+                            "all)", flag_values=FLAGS)
+_MIN_COUNT = flags.DEFINE_integer("min_count", 5, "MMT: keep the words seen more than this",
+                                  flag_values=FLAGS)
+flags.mark_flags_as_required(["config", "out"], flag_values=FLAGS)
 
 
 def word_vocab(config, out: str, num: int | None, min_count: int) -> None:
@@ -48,8 +55,12 @@ def word_vocab(config, out: str, num: int | None, min_count: int) -> None:
 
 
 def main(argv):
-  del argv
-  config = _CONFIG.value
+  if len(argv) > 1:
+    raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
+  try:
+    config = _CONFIG.value
+  except Exception as e:  # pylint: disable=broad-except
+    raise errors.BadInput(f"--config: {cli.exception_message(e)}") from e
   if config.model.get("name") == "mmt":
     word_vocab(config, _OUT.value, _NUM.value, _MIN_COUNT.value)
     return
@@ -61,4 +72,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, FLAGS)

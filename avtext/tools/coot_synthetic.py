@@ -1,12 +1,12 @@
 r"""Writes the synthetic paragraph videos in COOT's feature layout (`make demo-coot`).
 
-    python -m avtext.tools.coot_synthetic --tower_workdir=workdirs/demo/video_pretrain \
+    python -m avtext.tools.coot_synthetic --workdir=workdirs/demo/video_pretrain \
         --out=workdirs/demo/coot_data --num_train=1000 --num_val=500 [--force]
 
 The layout and its names: `avtext.data.synthetic.coot_layout`. Video features:
 one per time step at `--feature_fps` (default 1 per second, at the centre of each
 step; 2/s doubles the tower time and the sequence lengths), the [CLS] embedding of
-the trained RGB tower in `--tower_workdir` (`configs/synthetic_video_pretrain.py`)
+the trained RGB tower in `--workdir` (`configs/synthetic_video_pretrain.py`)
 on the tower's own input: `data.num_frames` frames `data.frame_stride` apart around
 that centre (clamped to the video), normalized as in training, like the I3D / S3D /
 Inception features of the real datasets (`avtext.features.tower`). Text features:
@@ -17,10 +17,11 @@ file DONE with the arguments) is reused, `--force` rebuilds.
 import pathlib
 import time
 
-from absl import app
 from absl import flags
 from absl import logging
 
+from avtext import cli
+from avtext import errors
 from avtext.data.synthetic import coot_layout
 from avtext.features import coot_text
 from avtext.features import done
@@ -45,23 +46,26 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed:
   return out
 
 
+FLAGS = flags.FlagValues()
+_WORKDIR = cli.DEFINE_path("workdir", None, "the run directory of the trained RGB tower "
+                           "(stage 1: configs/synthetic_video_pretrain.py)", flag_values=FLAGS)
+_OUT = cli.DEFINE_path("out", None, "the dataset directory to write", flag_values=FLAGS)
+_NUM_TRAIN = flags.DEFINE_integer("num_train", 1000, "training videos", flag_values=FLAGS)
+_NUM_VAL = flags.DEFINE_integer("num_val", 500, "validation videos", flag_values=FLAGS)
+_FEATURE_FPS = flags.DEFINE_float("feature_fps", 1.0, "feature steps per second",
+                                  flag_values=FLAGS)
+_SEED = flags.DEFINE_integer("seed", 0, "the world's seed", flag_values=FLAGS)
+_FORCE = flags.DEFINE_bool("force", False, "rebuild even when complete", flag_values=FLAGS)
+flags.mark_flags_as_required(["workdir", "out"], flag_values=FLAGS)
+
+
 def main(argv):
-  del argv
-  f = flags.FLAGS
-  if not f.tower_workdir or not f.out:
-    raise app.UsageError("--tower_workdir and --out are required")
-  build_dataset(f.out, tower_workdir=f.tower_workdir, num_train=f.num_train,
-                num_val=f.num_val, seed=f.seed, feature_fps=f.feature_fps, force=f.force)
+  if len(argv) > 1:
+    raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
+  build_dataset(_OUT.value, tower_workdir=_WORKDIR.value, num_train=_NUM_TRAIN.value,
+                num_val=_NUM_VAL.value, seed=_SEED.value, feature_fps=_FEATURE_FPS.value,
+                force=_FORCE.value)
 
 
 if __name__ == "__main__":
-  # Defined here, not at import (as every avtext CLI module that is also a library):
-  # importing this module beside avtext.tools.tvr_synthetic defines no flag twice.
-  flags.DEFINE_string("tower_workdir", None, "run dir of the trained RGB tower")
-  flags.DEFINE_string("out", None, "output dataset directory")
-  flags.DEFINE_integer("num_train", 1000, "training videos")
-  flags.DEFINE_integer("num_val", 500, "validation videos")
-  flags.DEFINE_integer("seed", 0, "world seed")
-  flags.DEFINE_float("feature_fps", 1.0, "feature steps per second")
-  flags.DEFINE_bool("force", False, "rebuild even if complete")
-  app.run(main)
+  cli.run(main, FLAGS)

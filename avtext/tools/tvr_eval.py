@@ -9,7 +9,6 @@ official standalone_eval/eval.py). With `--official_script`, that script (not pa
 avtext; a checkout of jayleicn/TVRetrieval) is run on the same files and every metric
 is compared; the exit status is 1 when any differs.
 """
-import argparse
 import json
 import math
 import subprocess
@@ -17,6 +16,10 @@ import sys
 import tempfile
 from typing import Sequence
 
+from absl import flags
+
+from avtext import cli
+from avtext import errors
 from avtext.metrics import vcmr
 
 
@@ -45,20 +48,26 @@ def differences(ours: dict, official: dict) -> list[str]:
   return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m avtext.tools.tvr_eval",
-                                   description=__doc__.split("\n\n")[0])
-  parser.add_argument("--submission", required=True)
-  parser.add_argument("--ground_truth", required=True, help="tvr_<split>_release.jsonl")
-  parser.add_argument("--official_script", default=None, help="TVRetrieval's eval.py")
-  args = parser.parse_args(argv)
-  ours = vcmr.evaluate_predictions(args.submission, args.ground_truth)
-  print(f"{args.submission}\n{table(ours)}")
-  if not args.official_script:
-    return 0
+FLAGS = flags.FlagValues()
+_SUBMISSION = cli.DEFINE_path("submission", None, "the submission JSON (the moments "
+                              "evaluator's export)", flag_values=FLAGS)
+_GROUND_TRUTH = cli.DEFINE_path("ground_truth", None, "tvr_<split>_release.jsonl",
+                                flag_values=FLAGS)
+_OFFICIAL = cli.DEFINE_path("official_script", None, "TVRetrieval's standalone_eval/eval.py: "
+                            "also run it and compare every metric", flag_values=FLAGS)
+flags.mark_flags_as_required(["submission", "ground_truth"], flag_values=FLAGS)
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
+  ours = vcmr.evaluate_predictions(_SUBMISSION.value, _GROUND_TRUTH.value)
+  print(f"{_SUBMISSION.value}\n{table(ours)}")
+  if not _OFFICIAL.value:
+    return
   with tempfile.NamedTemporaryFile(suffix=".json") as out:
-    subprocess.run([sys.executable, args.official_script, "--submission_path",
-                    args.submission, "--gt_path", args.ground_truth, "--save_path", out.name,
+    subprocess.run([sys.executable, _OFFICIAL.value, "--submission_path", _SUBMISSION.value,
+                    "--gt_path", _GROUND_TRUTH.value, "--save_path", out.name,
                     "--not_verbose"], check=True)
     official = json.loads(open(out.name, encoding="utf-8").read())
   diff = differences(ours, official)
@@ -66,8 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f"official script: {'all ' + str(n) + ' metrics equal' if not diff else 'DIFFERS'}")
   for line in diff:
     print("  " + line)
-  return 1 if diff else 0
+  if diff:
+    sys.exit(1)
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  cli.run(main, FLAGS)

@@ -1,6 +1,6 @@
 r"""Writes the synthetic long videos in the official TVR / TVC layout (`make demo-tvc`).
 
-    python -m avtext.tools.tvr_synthetic --tower_workdir=workdirs/demo/video_pretrain \
+    python -m avtext.tools.tvr_synthetic --workdir=workdirs/demo/video_pretrain \
         --out=workdirs/demo/tvr_data --num_train=1000 --num_val=200 --num_test=300 [--force]
 
 The layout and its names: `avtext.data.synthetic.tvr_layout`. Video features: one
@@ -13,10 +13,11 @@ import functools
 import pathlib
 import time
 
-from absl import app
 from absl import flags
 from absl import logging
 
+from avtext import cli
+from avtext import errors
 from avtext.data.synthetic import tvr_layout
 from avtext.features import done
 from avtext.features import tower
@@ -43,23 +44,25 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, num_t
   return out
 
 
+FLAGS = flags.FlagValues()
+_WORKDIR = cli.DEFINE_path("workdir", None, "the run directory of the trained RGB tower "
+                           "(stage 1: configs/synthetic_video_pretrain.py)", flag_values=FLAGS)
+_OUT = cli.DEFINE_path("out", None, "the dataset directory to write", flag_values=FLAGS)
+_NUM_TRAIN = flags.DEFINE_integer("num_train", 1000, "training videos", flag_values=FLAGS)
+_NUM_VAL = flags.DEFINE_integer("num_val", 200, "validation videos", flag_values=FLAGS)
+_NUM_TEST = flags.DEFINE_integer("num_test", 300, "test_public videos", flag_values=FLAGS)
+_SEED = flags.DEFINE_integer("seed", 0, "the world's seed", flag_values=FLAGS)
+_FORCE = flags.DEFINE_bool("force", False, "rebuild even when complete", flag_values=FLAGS)
+flags.mark_flags_as_required(["workdir", "out"], flag_values=FLAGS)
+
+
 def main(argv):
-  del argv
-  f = flags.FLAGS
-  if not f.tower_workdir or not f.out:
-    raise app.UsageError("--tower_workdir and --out are required")
-  build_dataset(f.out, tower_workdir=f.tower_workdir, num_train=f.num_train,
-                num_val=f.num_val, num_test=f.num_test, seed=f.seed, force=f.force)
+  if len(argv) > 1:
+    raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
+  build_dataset(_OUT.value, tower_workdir=_WORKDIR.value, num_train=_NUM_TRAIN.value,
+                num_val=_NUM_VAL.value, num_test=_NUM_TEST.value, seed=_SEED.value,
+                force=_FORCE.value)
 
 
 if __name__ == "__main__":
-  # Defined here, not at import (as every avtext CLI module that is also a library):
-  # importing this module beside avtext.tools.coot_synthetic defines no flag twice.
-  flags.DEFINE_string("tower_workdir", None, "run dir of the trained RGB tower")
-  flags.DEFINE_string("out", None, "output dataset directory")
-  flags.DEFINE_integer("num_train", 1000, "training videos")
-  flags.DEFINE_integer("num_val", 200, "validation videos")
-  flags.DEFINE_integer("num_test", 300, "test_public videos")
-  flags.DEFINE_integer("seed", 0, "world seed")
-  flags.DEFINE_bool("force", False, "rebuild even if complete")
-  app.run(main)
+  cli.run(main, FLAGS)

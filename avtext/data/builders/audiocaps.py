@@ -33,7 +33,7 @@ PREPARE = ('Download AudioCaps\' train.csv / val.csv / test.csv into DIR and the
            'segments they list into DIR/media/<youtube_id>_<start_time>.wav (or .mp4 with '
            'video), and set --config.dataset.path=DIR; layout in '
            'avtext/data/builders/audiocaps.py. The synthetic '
-           'world in this layout: python -m avtext.data.synthetic.layouts --layout=audiocaps')
+           'world in this layout: python -m avtext.tools.synthetic_layout --layout=audiocaps')
 COLUMNS = ('audiocap_id', 'youtube_id', 'start_time', 'caption')
 
 

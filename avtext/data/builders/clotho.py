@@ -29,7 +29,7 @@ CAPTIONS = tuple(f'caption_{k}' for k in range(1, 6))
 PREPARE = ('Download Clotho v2 (clotho_captions_{development,validation,evaluation}.csv and '
            'the audio folders development/, validation/, evaluation/) into DIR and set '
            '--config.dataset.path=DIR; layout in avtext/data/builders/clotho.py. The synthetic '
-           'world in this layout: python -m avtext.data.synthetic.layouts --layout=clotho')
+           'world in this layout: python -m avtext.tools.synthetic_layout --layout=clotho')
 
 
 def entries(root: pathlib.Path, split: str) -> list[files.Entry]:

@@ -38,7 +38,7 @@ PREPARE = ('Download MSR-VTT (the videos and MSRVTT_data.json, MSRVTT_JSFUSION_t
            'MSRVTT_train.9k.csv as CLIP4Clip distributes them) into DIR with the videos under '
            'DIR/videos/all/, and set --config.dataset.path=DIR (README: "Evaluate on '
            'MSR-VTT"); layout in avtext/data/builders/msrvtt.py. The synthetic '
-           'world in this layout: python -m avtext.data.synthetic.layouts --layout=msrvtt; '
+           'world in this layout: python -m avtext.tools.synthetic_layout --layout=msrvtt; '
            'end to end on the synthetic world: configs/videocc_avr.py:demo')
 
 

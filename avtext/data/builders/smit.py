@@ -19,7 +19,7 @@
                    log_mel_offsets     int64 [N + 1]
                    transcript, caption str [N]              (optional, for reading)
 
-`python -m avtext.features.smit` writes it from any clips dataset and a config's
+`python -m avtext.features smit` writes it from any clips dataset and a config's
 frozen backbones and text encoder; real S-MiT users who extracted ResNet-152 / TSM
 features themselves write the same datasets (either embedding may be absent when
 the model has no such backbone). A split is read into memory when it opens (S-MiT's
@@ -75,7 +75,7 @@ class SMiTFeatures:
     if not os.path.isfile(self.path):
       raise FileNotFoundError(f"{self.path}: no such file; an smit_features directory holds "
                               "<split>.h5 for each split (avtext/data/builders/smit.py; write "
-                              "one with `python -m avtext.features.smit`)")
+                              "one with `python -m avtext.features smit`)")
     self.arrays: dict[str, np.ndarray] = {}
     with h5py.File(self.path, "r") as f:
       if "ids" not in f:
@@ -153,7 +153,7 @@ def smit_features(dataset: ml_collections.ConfigDict, split: str) -> SMiTFeature
     raise errors.BadInput(
         "config.dataset.path is unset: point it at an smit_features directory "
         "(meta.json + <split>.h5, layout in avtext/data/builders/smit.py). Write one with "
-        "`python -m avtext.features.smit --config=<your smit config> --out=DIR`, or, "
+        "`python -m avtext.features smit --config=<your smit config> --out=DIR`, or, "
         "for real S-MiT, from your own ResNet-152 / TSM-R50 features in that layout")
   meta_file = os.path.join(os.fspath(path), "meta.json")
   if not os.path.isfile(meta_file):
@@ -177,8 +177,8 @@ PREPARE = (
     "DIR/{train,val,test}.csv with the header video_id,video,spoken_caption,transcript "
     "(paths relative to DIR; layout in avtext/data/builders/smit.py), then set "
     "--config.dataset.path=DIR (phase 2) or --config.features_source.path=DIR "
-    "(`python -m avtext.features.smit`, phase 1). The synthetic S-MiT in this layout: "
-    "python -m avtext.data.synthetic.layouts --layout=smit --out=DIR; the whole experiment "
+    "(`python -m avtext.features smit`, phase 1). The synthetic S-MiT in this layout: "
+    "python -m avtext.tools.synthetic_layout --layout=smit --out=DIR; the whole experiment "
     "on the synthetic S-MiT: `make demo-smit` or the ':demo' variant")
 
 

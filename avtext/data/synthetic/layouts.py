@@ -1,7 +1,7 @@
 r"""The synthetic world written as the real datasets' files: MSR-VTT, VideoCC3M, AudioCaps,
 Clotho, S-MiT.
 
-    python -m avtext.data.synthetic.layouts --layout=msrvtt --out=DIR \
+    python -m avtext.tools.synthetic_layout --layout=msrvtt --out=DIR \
         [--num_train=64 --num_val=16 --num_test=32] [--faults=truncated,empty,...]
 
 writes DIR in the layout the `msrvtt` / `videocc3m` / `audiocaps` / `clotho` / `smit` builder reads
@@ -24,7 +24,6 @@ kept with zeros and has_audio False in a video dataset.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import json
@@ -209,28 +208,3 @@ def _annotations(layout: str, root: pathlib.Path, items: dict, spec: world.World
         w.writerow(['file_name'] + [f'caption_{k}' for k in range(1, 6)])
         for _, stem, caps in rows:
           w.writerow([f'{stem}.wav'] + (caps + caps * 5)[:5])
-
-
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--layout', required=True, choices=LAYOUTS)
-  parser.add_argument('--out', required=True)
-  parser.add_argument('--num_train', type=int, default=64)
-  parser.add_argument('--num_val', type=int, default=16)
-  parser.add_argument('--num_test', type=int, default=32)
-  parser.add_argument('--height', type=int, default=64)
-  parser.add_argument('--width', type=int, default=64)
-  parser.add_argument('--duration_s', type=float, default=10.0)
-  parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument('--faults', default='', help=f'comma-separated, of {FAULTS}')
-  args = parser.parse_args(argv)
-  spec = world.WorldSpec(height=args.height, width=args.width, duration_s=args.duration_s)
-  sizes = {'train': args.num_train, 'val': args.num_val, 'test': args.num_test}
-  faults = tuple(f for f in args.faults.split(',') if f)
-  written = write(args.layout, args.out, sizes=sizes, spec=spec, seed=args.seed, faults=faults)
-  print(f'wrote the synthetic world as {args.layout} under {written.root}: '
-        + ', '.join(f'{s} {len(r)}' for s, r in written.items.items()))
-
-
-if __name__ == '__main__':
-  main()
