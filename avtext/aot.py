@@ -41,29 +41,27 @@ import tempfile
 import time
 from typing import Any
 
-from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 import numpy as np
 
+from avtext import cli
+from avtext import errors
 
-def _define_flags() -> dict:
-  """The CLI's flags, defined only when run as a program: a library import (tests,
-  notebooks) must not claim absl's global --config."""
-  return {
-      "config": config_flags.DEFINE_config_file(
-          "config", None, "configs/<experiment>.py[:variant]", lock_config=True),
-      "topology": flags.DEFINE_string(
-          "topology", None,
-          "TPU slice, e.g. v5e:4x4 or v4:2x2x4 (default: config.target_topology)"),
-      "json": flags.DEFINE_bool("json", False, "print one JSON object instead of the report"),
-      "evals": flags.DEFINE_bool("evals", True,
-                                 "also compile the evaluators' predict functions"),
-  }
+FLAGS = flags.FlagValues()
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "configs/<experiment>.py[:variant]; --config.<field>=<value> overrides",
+    lock_config=True, flag_values=FLAGS)
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", None, "TPU slice, e.g. v5e:4x4 or v4:2x2x4 (default: config.target_topology)",
+    flag_values=FLAGS)
+_JSON = flags.DEFINE_bool("json", False, "print one JSON object instead of the report",
+                          flag_values=FLAGS)
+_EVALS = flags.DEFINE_bool("evals", True, "also compile the evaluators' predict functions",
+                           flag_values=FLAGS)
+flags.mark_flag_as_required("config", flag_values=FLAGS)
 
-
-_FLAGS: dict = {}
 
 GIB = 2 ** 30
 
@@ -396,18 +394,19 @@ def format_report(r: dict) -> str:
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
+  try:
+    config = _CONFIG.value
+  except Exception as e:  # pylint: disable=broad-except
+    raise errors.BadInput(f"--config: {cli.exception_message(e)}") from e
   logging.set_verbosity(logging.WARNING)
   try:
-    report = analyze(_FLAGS["config"].value, _FLAGS["topology"].value,
-                     evals=_FLAGS["evals"].value)
+    report = analyze(config, _TOPOLOGY.value, evals=_EVALS.value)
   except (ValueError, RuntimeError) as e:
-    raise app.UsageError(str(e)) from None
-  print(json.dumps(report, indent=2, sort_keys=True) if _FLAGS["json"].value
+    raise errors.BadInput(str(e)) from None
+  print(json.dumps(report, indent=2, sort_keys=True) if _JSON.value
         else format_report(report))
 
 
 if __name__ == "__main__":
-  _FLAGS.update(_define_flags())
-  flags.mark_flags_as_required(["config"])
-  app.run(main)
+  cli.run(main, FLAGS)

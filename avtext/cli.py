@@ -30,6 +30,7 @@ from typing import Callable
 
 from absl import app
 from absl import flags
+from absl import logging as absl_logging
 
 from avtext import errors
 
@@ -209,6 +210,7 @@ def run(main: Callable[[list[str]], object], flag_values: flags.FlagValues,
   enable_compilation_cache()
   if not flags.FLAGS.is_parsed():  # absl's own (logging) flags keep their defaults
     flags.FLAGS.mark_as_parsed()
+  absl_logging.use_absl_handler()  # as absl's app.run: its format, main's filters
   try:
     args = parse_flags(argv, program, flag_values)
     try:

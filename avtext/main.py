@@ -244,6 +244,9 @@ def main(argv):
   _log_platform(jax)
   _check_backend(config, jax.default_backend())
   from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top
+  if _MODE.value == "train":
+    task.train_source  # pylint: disable=pointless-statement
+    # ^ opens (and checks) the training data before the workdir is created
   workdir_path = pathlib.Path(workdir).absolute()
   created = _MODE.value == "train" and not workdir_path.exists()
   try:

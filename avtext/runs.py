@@ -4,6 +4,8 @@
     run = runs.load_run("workdirs/demo/avr")          # latest checkpoint
     run = runs.load_run("workdirs/demo/avr", step=250)
     run = runs.load_run("workdirs/demo/avr", step="best")   # with config.eval.select
+    (a relative path not found under the current directory is taken from the repository
+    root: `resolve_workdir`)
     video_emb = run.model.apply(run.variables, inputs, method=run.model.encode_video)
 
 The model is rebuilt from the run's `config.json` alone (`config.model` through
@@ -52,6 +54,24 @@ class Run:
     return registry.build_task(self.config)
 
 
+def repo_root() -> pathlib.Path | None:
+  """The checkout avtext runs from (the directory holding avtext/ and setup.py), or None
+  for an installed copy."""
+  root = pathlib.Path(__file__).resolve().parent.parent
+  return root if (root / "setup.py").exists() else None
+
+
+def resolve_workdir(path: str | pathlib.Path) -> pathlib.Path:
+  """A run directory as given (~ expanded); a relative one that is not under the current
+  directory is taken from the repository root, so `workdirs/demo/avr` opens the same run
+  from a notebook in notebooks/ as from the root."""
+  path = pathlib.Path(path).expanduser()
+  if path.is_absolute() or path.exists():
+    return path.absolute()
+  root = repo_root()
+  return (root / path) if root is not None and (root / path).exists() else path.absolute()
+
+
 def config_file(spec: str) -> ml_collections.ConfigDict:
   """The config of "configs/<x>.py[:variant]", as `--config=` reads it (get_config(variant))."""
   import importlib.util  # pylint: disable=g-import-not-at-top
@@ -74,7 +94,7 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
 
 def load_run(workdir: str | pathlib.Path, step: int | str | None = None) -> Run:
   """(config, model, params) of the run in `workdir` at `step` (None: latest, "best", N)."""
-  workdir = pathlib.Path(workdir).absolute()
+  workdir = resolve_workdir(workdir)
   config = load_config(workdir)
   state, step = checkpointing.restore_raw(workdir, step)
   return Run(config=config, model=models_registry.build_model(config.model),

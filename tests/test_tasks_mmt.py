@@ -10,6 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from avtext import errors
 from avtext import experiment
 from avtext.data import builders
 from avtext.data import feature_layout
@@ -210,6 +211,22 @@ def test_config_defaults_are_official_and_variants_name_ours():
   assert (ours.model.decoder_layer, ours.loss.name) == ("standard", "nll")
   with pytest.raises(ValueError, match="unknown variant"):
     mmt_tvc.get_config("ours")
+
+
+def test_vocab_size_alone_sizes_the_model_and_the_task_asks_for_the_vocab():
+  """config.model.vocab_size without config.model.vocab builds the model (AOT sizing), and
+  the task, which reads and writes captions through the vocabulary, says to set it."""
+  config = mmt_tvc.get_config()
+  config.model.vocab_size = 100
+  assert config.model.vocab is None
+  assert registry.build_task.__module__  # the registry itself imports
+  model = mmt.mmt_from_config(config.model)
+  assert model.vocab_size == 100
+  with pytest.raises(errors.BadInput, match=r"config\.model\.vocab is not set.*caption_vocab"):
+    registry.build_task(config)
+  config.model.vocab_size = None
+  with pytest.raises(errors.BadInput, match=r"config\.model\.vocab is not set"):
+    mmt.mmt_from_config(config.model)
 
 
 @pytest.mark.slow  # ~18 s; cached decoding = teacher forcing stays in the default run
