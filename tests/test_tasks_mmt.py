@@ -403,7 +403,8 @@ def test_default_config_says_what_to_prepare(tmp_path):
   config = mmt_tvc.get_config()
   assert (config.model.hidden_size, config.model.num_layers, config.data.max_v_len,
           config.data.max_sub_len, config.data.max_cap_len) == (768, 2, 20, 30, 20)
-  with pytest.raises(ValueError, match=r"set vocab \(a word2idx JSON, python -m "
+  with pytest.raises(ValueError, match=r"config.model.vocab is not set: .*a word2idx JSON "
+                                       r"\(TVCaption's tvc_word2idx.json, or python -m "
                                        r"avtext.tools.caption_vocab\)"):
     registry.build_task(config)
   vocab_lib.WordVocab.build([]).save(tmp_path / "w.json")
