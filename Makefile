@@ -12,7 +12,7 @@ WORKDIR ?= workdirs/demo
 # pip's log goes to a file and is shown (minus local-index noise) only on failure.
 pip = $(PY) -m pip install $(PIP_FLAGS) $(1) > $(VENV)/pip.log 2>&1 || { grep -v "is ignored: it is neither" $(VENV)/pip.log; exit 1; }
 
-# Accelerator runtime of .venv (README "Run on a TPU pod" / "Run on GPUs"):
+# Accelerator runtime of .venv (docs/scale.md "Run on a TPU pod" / "Run on GPUs"):
 #   ACCEL=cpu (default) requirements.lock + requirements-tpu.txt: libtpu, which runs a
 #             TPU VM and lets any machine AOT-compile for TPU topologies (the tests do);
 #   ACCEL=tpu the same set as the default;

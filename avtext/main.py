@@ -137,7 +137,7 @@ def _check_backend(config, backend: str) -> None:
     why = f" ({_why_cpu()})" if backend == "cpu" else ""
     raise errors.UserError(
         f"--require_backend={_REQUIRE_BACKEND.value} but JAX runs on {backend}{why}; "
-        f"install the runtime (make venv ACCEL=tpu|cuda12, README 'Run on a TPU pod' / "
+        f"install the runtime (make venv ACCEL=tpu|cuda12, docs/scale.md 'Run on a TPU pod' / "
         f"'Run on GPUs') and check the devices are visible (nvidia-smi; TPU VM)")
   topology = config.get("target_topology")
   if not topology or backend != "cpu" or _MODE.value != "train":
@@ -151,7 +151,7 @@ def _check_backend(config, backend: str) -> None:
   raise errors.UserError(
       f"{source} targets {target} (config.target_topology) but JAX finds only CPU "
       f"devices ({_why_cpu()}); on the accelerator machine install its runtime (make venv "
-      f"ACCEL=tpu|cuda12, README 'Run on a TPU pod' / 'Run on GPUs'), or pass "
+      f"ACCEL=tpu|cuda12, docs/scale.md 'Run on a TPU pod' / 'Run on GPUs'), or pass "
       f"--allow_cpu to train at paper scale on the CPU anyway, or pick the :demo variant")
 
 

@@ -9,7 +9,7 @@ a folder of mp4s (`avtext.data.synthetic.layouts`, MSR-VTT layout), indexes them
 `avtext.index.build` (probe + decode + K = 4 clips per video + the run's video tower)
 and prints markdown: videos/s and clips/s of indexing (a second pass over a copy of
 the folder, so JIT compilation is not counted; the first pass is shown too), text
-queries/s of `avtext.search`, and the share of the videos whose generating caption
+queries/s of `avtext.search_videos`, and the share of the videos whose generating caption
 ranks them in the top 1 / 5 (chance 1/N, 5/N).
 """
 import argparse

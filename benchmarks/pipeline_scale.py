@@ -12,7 +12,7 @@ r"""Input pipeline at paper scale (AVR): train clips/s per host core, and cores 
    grey levels to every frame before encoding (2.5: ~400 kbit/s, 4: ~3.5 Mbit/s at 360p),
    standing in for the bits real footage costs.
 2. Stores the same clips as array_record with `avtext.data.materialize` (frames resized on
-   decode to `--short_side`, as `python -m avtext.data.materialize --short_side` does), and
+   decode to `--short_side`, as `python -m avtext.materialize --short_side` does), and
    (source `jpeg`, a sketch: avtext has no such store) re-encodes that copy's frames as one
    JPEG each (`JpegClips`), so a read decodes only the sampled frames.
 3. Times the TRAIN examples of the paper config (`configs/videocc_avr.py`, task AVR's

@@ -6,7 +6,7 @@ r"""VideoCC audio-visual retrieval (AVR): MBT video encoder + BERT text encoder,
 
 Variants (after the colon, comma-separated):
   (none)  the paper's setup (VideoCC §5.2, app. C) on VideoCC3M, MBT from ImageNet-21k
-          ViT-B/16 (README "Starting MBT from ViT weights").
+          ViT-B/16 (docs/videocc.md "Starting MBT from ViT weights").
   demo    small MBT + MiniLM-L6 text tower on the synthetic world; `make demo`
           runs it after configs/synthetic_video_pretrain.py, whose RGB tower it
           starts from (without init_from.workdir the MBT starts from scratch).
@@ -18,7 +18,7 @@ Variants (after the colon, comma-separated):
   rgb / audio   V-only or A-only video encoder (default rgb+audio).
   msrvtt  (with demo / tiny) also evaluate zero-shot on MSR-VTT 1k-A from your files:
           --config.evals.msrvtt.dataset.path=DIR (layout: avtext/data/builders/msrvtt.py;
-          README "Evaluate a run on MSR-VTT"); frames decoded at the model's image size.
+          docs/videocc.md "Evaluate a run on MSR-VTT"); frames decoded at the model's image size.
   tiny    seconds-long smoke run (tests).
 
 Evaluation: `config.evals` (avtext/evals): zero-shot MSR-VTT retrieval for the
@@ -50,7 +50,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.dataset = ml_collections.ConfigDict()
   config.dataset.name = "videocc3m"
   # The release CSV + your downloaded videos (layout: avtext/data/builders/videocc3m.py);
-  # or a materialized copy: name="tfds:<name>", data_dir=<dir> (avtext.data.materialize).
+  # or a materialized copy: name="tfds:<name>", data_dir=<dir> (python -m avtext.materialize).
   config.dataset.path = ml_collections.config_dict.placeholder(str)
   config.dataset.data_dir = ml_collections.config_dict.placeholder(str)  # for tfds:<name>
 
@@ -82,8 +82,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.video = ml_collections.ConfigDict()
   config.model.video.name = "mbt"
   config.model.video.modalities = "rgb+audio"
-  # §5.2: both towers start from ImageNet-21k ViT-B/16 (avtext/weights/vit.py; README
-  # "Starting MBT from ViT weights"). path: the vit_jax ViT-B_16.npz or a HF ViTModel dir
+  # §5.2: both towers start from ImageNet-21k ViT-B/16 (avtext/weights/vit.py;
+  # docs/videocc.md "Starting MBT from ViT weights"). path: the vit_jax ViT-B_16.npz or a HF ViTModel dir
   # (a missing file stops the run saying what to get; path= (empty) starts from scratch);
   # format: auto | npz | hf; rgb_init: central_frame (ViViT's best) | average; towers.
   config.model.video.init_from_vit = ml_collections.ConfigDict(dict(
@@ -223,7 +223,7 @@ def tiny_schedule(config: ml_collections.ConfigDict, *, num_steps: int, every_st
 def paper_scale(config: ml_collections.ConfigDict, topology: str | None, *,
                 dtype: str = "bfloat16", remat: str = "none", attention: str = "xla",
                 fsdp: bool = False, scan_layers: bool = False) -> None:
-  """The accelerator fields every config has (README "Paper scale"): the TPU slice the
+  """The accelerator fields every config has (docs/scale.md "Paper scale"): the TPU slice the
   paper setup is sized for (`python -m avtext.aot` proves the fit), compute dtype,
   remat, attention, scanned layers and FSDP. Synthetic variants call it with topology None and the
   float32 defaults, so their numbers stay as they were."""

@@ -91,7 +91,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       sub_dim=768,
       query_features="bert_feature/sub_query/tvr_query_pretrained_w_sub_query.h5",
       query_dim=768, normalize_text=True, clip_length=1.5, max_queries=-1,
-      # How `python -m avtext.search` encodes new queries: it must match query_features
+      # How `python -m avtext.search_moments` encodes new queries: it must match query_features
       # (official: a RoBERTa fine-tuned on TVR, layer -2; pass its local directory).
       query_encoder=dict(bert_dir=ml_collections.config_dict.placeholder(str), layer=-2)))
 

@@ -5,7 +5,7 @@
 # environment, every host feeds its slice of the global batch, and orbax
 # writes one checkpoint to the (shared, e.g. GCS) workdir.
 # Every host needs a checkout of the repository at ~/avtext, Python 3.11 and make
-# (README "Run on a TPU pod"). Each host runs `make venv ACCEL=tpu` first (libtpu,
+# (docs/scale.md "Run on a TPU pod"). Each host runs `make venv ACCEL=tpu` first (libtpu,
 # pinned in requirements-tpu.txt; a no-op once installed), and --require_backend=tpu
 # stops a host that finds no TPU at once instead of letting it train on its CPU.
 # Check that the config fits its slice beforehand, on any machine:

@@ -27,7 +27,6 @@ _LONG_FILES = (
     "test_data_files.py")
 
 
-def pytest_collection_modifyitems(session, config, items):
-  del session, config
+def pytest_collection_modifyitems(items):
   rank = {name: i for i, name in enumerate(_LONG_FILES)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order within

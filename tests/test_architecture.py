@@ -1,6 +1,6 @@
 """The package's floors: every import of `avtext` runs down, none runs in a circle.
 
-The floors, ground first (README "Architecture"). A module may import modules of
+The floors, ground first (docs/architecture.md). A module may import modules of
 its own package and of any lower floor; packages that share a floor do not import
 each other. Imports inside functions count too: a lazy import that runs back up a
 floor is still a dependency the lower floor cannot be read without.
@@ -93,7 +93,7 @@ def _room(module: str) -> str:
 def test_every_package_has_a_floor():
   floors = _floor_of()
   rooms = {_room(m) for m in _modules()} - {""}
-  assert sorted(rooms - set(floors)) == [], "new packages need a floor in FLOORS (and the README)"
+  assert sorted(rooms - set(floors)) == [], "new packages need a floor in FLOORS (and docs/architecture.md)"
 
 
 def test_imports_run_down_the_floors():

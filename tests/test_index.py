@@ -1,4 +1,4 @@
-"""Your own videos: `avtext.index` over a folder of mp4s, `avtext.search --index`, `avtext.caption`.
+"""Your own videos: `avtext.index` over a folder of mp4s, `avtext.search_videos`, `avtext.caption`.
 
 The folder: the mp4s `layouts` writes for the first 16 clips of the tiny world's train
 split (half of them in a subfolder), a file that is not a video (skipped when probed)

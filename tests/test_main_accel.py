@@ -1,4 +1,4 @@
-"""Accelerator installs and main's CPU guard (README "Run on a TPU pod" / "Run on GPUs").
+"""Accelerator installs and main's CPU guard (docs/scale.md "Run on a TPU pod" / "Run on GPUs").
 
 - `python -m avtext.main` refuses, in seconds and with one line, to train a config
   whose config.target_topology names an accelerator slice when JAX finds only CPU

@@ -36,7 +36,7 @@ and e.g. TensorFlow is imported only by a config that reads TFDS files):
   clotho                   Clotho v2 captions + audio (audio only)
                            (these four read the user's media files lazily through
                            `builders.files.MediaClips`: layouts in their modules; bad files
-                           are counted by reason; `python -m avtext.data.materialize`
+                           are counted by reason; `python -m avtext.materialize`
                            stores them as array_record)
 
 A factory `(dataset_config, split) -> source` is registered with

@@ -9,7 +9,7 @@ caption) and hand it to `MediaClips`, a 'clips' source (see `avtext.data.builder
   render_frames(i, frame_idx)    decodes only those frames (seek + forward decode,
                                  resized on decode to `short_side`)
   render_audio(i, start, n)      16 kHz mono, zero-padded past the file's end
-  __getitem__(i)                 the whole clip (what `avtext.data.materialize` stores)
+  __getitem__(i)                 the whole clip (what `avtext.materialize` stores)
 
 Opening a source probes every file once (headers only; `verify="decode"` decodes each
 file end to end instead) with a progress bar, and puts each entry whose file is bad out

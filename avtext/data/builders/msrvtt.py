@@ -36,8 +36,8 @@ from avtext.data.builders import files
 SPLITS = ('train', 'val', 'test', 'test_1ka', 'test_full')
 PREPARE = ('Download MSR-VTT (the videos and MSRVTT_data.json, MSRVTT_JSFUSION_test.csv, '
            'MSRVTT_train.9k.csv as CLIP4Clip distributes them) into DIR with the videos under '
-           'DIR/videos/all/, and set --config.dataset.path=DIR (README: "Evaluate on '
-           'MSR-VTT"); layout in avtext/data/builders/msrvtt.py. The synthetic '
+           'DIR/videos/all/, and set --config.dataset.path=DIR (docs/videocc.md: "Evaluate '
+           'a run on MSR-VTT"); layout in avtext/data/builders/msrvtt.py. The synthetic '
            'world in this layout: python -m avtext.tools.synthetic_layout --layout=msrvtt; '
            'end to end on the synthetic world: configs/videocc_avr.py:demo')
 

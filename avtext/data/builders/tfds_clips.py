@@ -44,5 +44,5 @@ def tfds_clips(dataset: ml_collections.ConfigDict, split: str) -> TfdsClips:
   except Exception as e:  # TFDS raises several types for a missing dataset
     raise FileNotFoundError(
         f"{dataset.data_dir}: cannot open {name!r} split {tfds_split!r} as array_record "
-        f"({type(e).__name__}: {e}); materialize it first (see README, 'Datasets')") from e
+        f"({type(e).__name__}: {e}); materialize it first (see docs/videocc.md, 'Datasets')") from e
   return TfdsClips(records)

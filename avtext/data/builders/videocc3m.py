@@ -20,7 +20,7 @@ counted and logged by reason (`builders.files`); the rest train. Only a 'train' 
 Frames at `dataset.fps` (25, VideoCC app. C) over [start, end), 16 kHz mono audio, zeros
 and has_audio False for a video without sound. Shared fields: `builders.files.options`
 (short_side, min_seconds, on_bad, verify, probe_cache). `dataset.num_train` keeps the
-first N rows. `python -m avtext.data.materialize` stores the clips as array_record.
+first N rows. `python -m avtext.materialize` stores the clips as array_record.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Clotho, S-MiT.
 writes DIR in the layout the `msrvtt` / `videocc3m` / `audiocaps` / `clotho` / `smit` builder reads
 (their module docstrings): the clips of the `synthetic_clips` world encoded as H.264 +
 AAC mp4s (16-bit wav for the audio datasets) with PyAV, and the annotation files naming
-them. So the builders, `avtext.data.materialize`, `avtext.index` and the README's MSR-VTT
+them. So the builders, `avtext.materialize`, `avtext.index` and docs/videocc.md's MSR-VTT
 walk-through run on this machine without a download, and the tests compare what the
 builders decode with the frames the world rendered.
 
