@@ -63,16 +63,22 @@ def DEFINE_path(name: str, default: str | None, help: str, **kwargs):  # pylint:
                       **kwargs)
 
 
-def compilation_cache_dir() -> str | None:
-  """JAX's persistent compilation cache: AVTEXT_COMPILATION_CACHE (a directory, or
-  "off"), else $XDG_CACHE_HOME/avtext/jax (~/.cache/avtext/jax)."""
-  value = os.environ.get(CACHE_ENV)
+def cache_dir(env: str, name: str) -> str | None:
+  """A cache directory: the environment variable `env` (a directory, or "off"), else
+  $XDG_CACHE_HOME/avtext/<name> (~/.cache/avtext/<name>)."""
+  value = os.environ.get(env)
   if value == "off":
     return None
   if value:
     return expand(value)
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(base, "avtext", "jax")
+  return os.path.join(base, "avtext", name)
+
+
+def compilation_cache_dir() -> str | None:
+  """JAX's persistent compilation cache: AVTEXT_COMPILATION_CACHE (a directory, or
+  "off"), else ~/.cache/avtext/jax."""
+  return cache_dir(CACHE_ENV, "jax")
 
 
 def enable_compilation_cache() -> None:
@@ -83,9 +89,11 @@ def enable_compilation_cache() -> None:
     return
   os.environ["JAX_COMPILATION_CACHE_DIR"] = path
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
-  if "jax" in sys.modules:  # already imported (a notebook, a test): set it directly
+  if "jax" in sys.modules:  # already imported (by the program's imports): set it directly
     import jax  # pylint: disable=g-import-not-at-top
     jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 
 def _has_tpu_chips() -> bool:

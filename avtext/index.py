@@ -50,6 +50,7 @@ from avtext import cli
 from avtext import errors
 from avtext.data import video_io
 from avtext.data.builders import files
+from avtext.inference import exported
 
 FORMAT = "avtext.video_index/1"
 MIN_SECONDS = 0.5  # shorter files are skipped ('short'): too little for one clip
@@ -164,8 +165,11 @@ class VideoEmbedder:
                             "configs/videocc_avr.py)")
     self.mesh = run_mesh(self.run.config, str(workdir))
     self.variables = jax.device_put(self.run.variables, partitioning.replicated(self.mesh))
-    self._video = jax.jit(fns["embed_video"])
-    self._text = jax.jit(fns["embed_text"])
+    # Traced and lowered once per model config and shapes, then kept on disk.
+    identity, single = config_hash(self.workdir), self.mesh.devices.size == 1
+    self._video = exported.CachedJit(fns["embed_video"], "embed_video", identity,
+                                     enabled=single)
+    self._text = exported.CachedJit(fns["embed_text"], "embed_text", identity, enabled=single)
 
   @property
   def identity(self) -> dict:

@@ -15,11 +15,15 @@ have can still be inspected. Nothing is trained or written, no lock is taken
 state is not loaded.
 """
 import dataclasses
+import hashlib
+import os
 import pathlib
 from typing import Any
 
 import ml_collections
+import numpy as np
 
+from avtext import cli
 from avtext.models import registry as models_registry
 from avtext.train import checkpointing
 from avtext.train import rundir
@@ -92,11 +96,104 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
       path, fix="re-running the run's training command rewrites it"))
 
 
+RUN_CACHE_ENV = "AVTEXT_RUN_CACHE"  # a directory, or "off"; default ~/.cache/avtext/runs
+_SNAPSHOT_MAX_BYTES = 4 << 30
+
+
+def _snapshot(workdir: pathlib.Path, step) -> tuple[pathlib.Path | None, int | None]:
+  """(the snapshot file of the variables at `step` of the run, the step) when the
+  checkpoint can be named without reading it: a given step, or the latest sealed one
+  (None). Its key holds the run's real path, the step and the checkpoint's checksum
+  file (or orbax's commit metadata; size and mtime), so a checkpoint written again gets
+  a new snapshot."""
+  root = cli.cache_dir(RUN_CACHE_ENV, "runs")
+  if root is None or step == "best":
+    return None, None
+  folder = workdir / checkpointing.LATEST_DIR
+  if step is None:
+    steps = sorted((int(p.name) for p in folder.glob("[0-9]*") if p.name.isdigit()),
+                   reverse=True) if folder.is_dir() else []
+    if not steps:
+      return None, None
+    step = steps[0]
+  step_dir = folder / str(int(step))
+  # Written when the checkpoint was committed (orbax) and sealed (our checksums).
+  stamps = [step_dir / name for name in (checkpointing.CHECKSUMS, "_CHECKPOINT_METADATA")]
+  sums = next((p for p in stamps if p.exists()), None)
+  if sums is None:  # not committed: read it the long way
+    return None, None
+  st = sums.stat()
+  key = hashlib.sha1(f"{os.path.realpath(workdir)}|{int(step)}|{st.st_size}|"
+                     f"{st.st_mtime_ns}".encode()).hexdigest()
+  return pathlib.Path(root) / f"{key}.npz", int(step)
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+  """{"a/b/c": array}; dtypes numpy cannot store (bfloat16, ...) as raw unsigned
+  integers of their width under "a/b/c::<dtype>"."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flatten(value, f"{prefix}{key}/"))
+      continue
+    value = np.asarray(value)
+    if value.dtype.type.__module__.startswith("ml_dtypes"):
+      out[f"{prefix}{key}::{value.dtype.name}"] = value.view(f"u{value.dtype.itemsize}")
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def _unflatten(flat) -> dict:
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  tree: dict = {}
+  for name in flat.files:
+    path, _, dtype = name.partition("::")
+    *parents, leaf = path.split("/")
+    node = tree
+    for part in parents:
+      node = node.setdefault(part, {})
+    value = flat[name]
+    node[leaf] = value.view(getattr(ml_dtypes, dtype)) if dtype else value
+  return tree
+
+
+def read_variables(workdir: pathlib.Path, step: int | str | None = None) -> tuple[dict, int]:
+  """({"params": ..., "model_state": ...} as nested numpy dicts, step) of a run.
+
+  The first read of a checkpoint goes through orbax (checksums, the whole train state,
+  optimizer moments included) and leaves a snapshot of the variables alone in the run
+  cache (AVTEXT_RUN_CACHE, default ~/.cache/avtext/runs; "off" disables it); the next
+  program that opens the same checkpoint reads that one file instead."""
+  path, known = _snapshot(workdir, step)
+  if path is not None and path.exists():
+    try:
+      with np.load(path, allow_pickle=False) as flat:
+        tree = _unflatten(flat)
+      return {"params": tree.get("params", {}), "model_state": tree.get("model_state", {})}, known
+    except (OSError, ValueError):  # a cut-off snapshot: read the checkpoint again
+      path.unlink(missing_ok=True)
+  state, step = checkpointing.restore_raw(workdir, step)
+  variables = {"params": state["params"], "model_state": dict(state.get("model_state") or {})}
+  path, known = _snapshot(workdir, step)
+  if path is not None and known == step:
+    flat = _flatten(variables)
+    if sum(v.nbytes for v in flat.values()) <= _SNAPSHOT_MAX_BYTES:
+      try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+        np.savez(tmp, **flat)
+        tmp.replace(path)
+      except OSError:  # a read-only or full cache only costs the next reader time
+        pass
+  return variables, step
+
+
 def load_run(workdir: str | pathlib.Path, step: int | str | None = None) -> Run:
   """(config, model, params) of the run in `workdir` at `step` (None: latest, "best", N)."""
   workdir = resolve_workdir(workdir)
   config = load_config(workdir)
-  state, step = checkpointing.restore_raw(workdir, step)
+  variables, step = read_variables(workdir, step)
   return Run(config=config, model=models_registry.build_model(config.model),
-             params=state["params"], model_state=dict(state.get("model_state") or {}),
+             params=variables["params"], model_state=variables["model_state"],
              step=step, workdir=workdir)

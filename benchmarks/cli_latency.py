@@ -28,8 +28,11 @@ sys.path.insert(0, str(REPO))
 from benchmarks import index_throughput  # pylint: disable=wrong-import-position
 
 
-def timed(cmd: list[str], cache: pathlib.Path) -> float:
-  env = dict(os.environ, AVTEXT_COMPILATION_CACHE=str(cache))
+def timed(cmd: list[str], cache: pathlib.Path, runs: bool = True) -> float:
+  """Seconds of `cmd` with its caches under `cache`: JAX's compilation cache and (with
+  `runs`, else off) the run cache of checkpoint snapshots."""
+  env = dict(os.environ, AVTEXT_COMPILATION_CACHE=str(cache / "jax"),
+             AVTEXT_RUN_CACHE=str(cache / "runs") if runs else "off")
   start = time.perf_counter()
   subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL,
                  stderr=subprocess.DEVNULL)
@@ -55,21 +58,23 @@ def main() -> None:
       "search": [sys.executable, "-m", "avtext.search_videos", f"--index={index}",
                  next(iter(captions.values()))],
   }
-  print("| command | cold cache s (median) | warm cache s (median) | cold / warm |")
-  print("|---|---|---|---|")
+  print("| command | cold s | warm: compilation cache only, s | warm: both caches, s | "
+        "cold / warm (compilation only) | cold / warm (both) |")
+  print("|---|---|---|---|---|---|")
   for name, cmd in commands.items():
     warm_dir = out / f"cache_warm_{name}"
     shutil.rmtree(warm_dir, ignore_errors=True)
-    timed(cmd, warm_dir)  # fills the warm cache
-    cold, warm = [], []
+    timed(cmd, warm_dir)  # fills both caches
+    cold, compiled, warm = [], [], []
     for k in range(a.repeats):
       cold_dir = out / f"cache_cold_{name}_{k}"
       shutil.rmtree(cold_dir, ignore_errors=True)
       cold.append(timed(cmd, cold_dir))
+      compiled.append(timed(cmd, warm_dir, runs=False))
       warm.append(timed(cmd, warm_dir))
       shutil.rmtree(cold_dir, ignore_errors=True)
-    c, w = statistics.median(cold), statistics.median(warm)
-    print(f"| {name} | {c:.1f} | {w:.1f} | {c / w:.2f}x |", flush=True)
+    c, j, w = (statistics.median(x) for x in (cold, compiled, warm))
+    print(f"| {name} | {c:.2f} | {j:.2f} | {w:.2f} | {c / j:.2f}x | {c / w:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

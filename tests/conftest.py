@@ -4,13 +4,24 @@ Eight fake CPU devices are configured before JAX is imported anywhere, so
 sharding tests can build meshes of 1 or 8 devices in the same process.
 Unsharded code still runs on device 0 only.
 """
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The programs' caches (compilation, exported programs, run snapshots) in one directory
+# per test run, never the user's ~/.cache.
+if "AVTEXT_TEST_CACHES" not in os.environ:  # the controller; xdist workers inherit it
+  os.environ["AVTEXT_TEST_CACHES"] = tempfile.mkdtemp(prefix="avtext_test_caches_")
+  atexit.register(shutil.rmtree, os.environ["AVTEXT_TEST_CACHES"], True)
+os.environ.setdefault("AVTEXT_COMPILATION_CACHE",
+                      os.path.join(os.environ["AVTEXT_TEST_CACHES"], "jax"))
+os.environ.setdefault("AVTEXT_RUN_CACHE", os.path.join(os.environ["AVTEXT_TEST_CACHES"], "runs"))
 
 
 # Files whose tests take minutes (measured with --durations on a fresh clone),

@@ -88,6 +88,31 @@ def test_matches_reference_wordpiece(bert_vocab_path):
   assert "##board" in _ref_wordpieces("skateboarder", vocab)  # a real sub-word split
 
 
+def test_same_ids_as_transformers_bert_tokenizer_fast(bert_vocab_path, tmp_path):
+  """`bert_wordpiece` builds what transformers' BertTokenizerFast runs (the reference,
+  without its seconds-long import): same ids, masks and word ids, cased and uncased,
+  with accents, Chinese characters, control characters, special tokens written in the
+  text, long words (WordPiece's 100-character limit -> [UNK]) and cropping."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  texts = ["The skateboarder's tricks impressed everyone!",
+           "Café crème, s'il vous plaît -- Ünïcödé ÀÉÎ two dogs chase a frisbee in 4K.",
+           "一个男人在弹吉他 and a man plays 吉他", "tab\there\x00 null\u200b zero-width",
+           "[CLS] a man [SEP] plays [MASK] guitar [PAD]", "x" * 120 + " word",
+           " ".join(["antidisestablishmentarianism"] * 20), ""]
+  for lowercase in (True, False):
+    ref = transformers.BertTokenizerFast(vocab_file=str(bert_vocab_path),
+                                         do_lower_case=lowercase)
+    tok = tokenizers.Tokenizer(bert_vocab_path, max_len=24, lowercase=lowercase)
+    ours = tok(texts, with_words=True)
+    want = ref(texts, max_length=24, truncation=True, padding="max_length")
+    np.testing.assert_array_equal(ours["input_ids"], want["input_ids"])
+    np.testing.assert_array_equal(ours["attention_mask"], want["attention_mask"])
+    for i in range(len(texts)):
+      np.testing.assert_array_equal(
+          ours["word_index"][i], [-1 if w is None else w for w in want.word_ids(i)])
+      assert tok.wordpiece(texts[i]) == ref(texts[i], add_special_tokens=False)["input_ids"]
+
+
 def test_crop_keeps_sep_last(bert_vocab_path):
   vocab = _read_vocab(bert_vocab_path)
   words = ("one two three four five six seven eight nine ten " * 4).split()
@@ -134,13 +159,12 @@ def test_tokenizer_pickles_before_and_after_use(bert_vocab_path):
 def test_tokenizer_first_use_from_many_threads(bert_vocab_path):
   """grain's reader threads tokenize at once on a fresh tokenizer: every call must work.
 
-  Run in a fresh interpreter, where transformers is not imported yet; its lazy
-  module import used to fail in all but one thread.
+  Run in a fresh interpreter: the tokenizer must not need transformers (whose lazy
+  module import used to fail in all but one thread, and takes seconds).
   """
   script = textwrap.dedent(f"""
       import sys, threading
       from avtext.text import tokenizers
-      assert "transformers" not in sys.modules
       tok = tokenizers.Tokenizer({str(bert_vocab_path)!r}, max_len=8)
       out, errors = [], []
       def work():
@@ -153,6 +177,7 @@ def test_tokenizer_first_use_from_many_threads(bert_vocab_path):
         t.start()
       for t in threads:
         t.join()
+      assert "transformers" not in sys.modules
       print(len(out), len(set(map(tuple, out))), errors[:1])
       """)
   run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -13,9 +13,6 @@ import math
 from typing import Sequence
 
 import numpy as np
-import scipy.fft
-import scipy.signal
-import scipy.sparse
 
 from avtext.data import video
 
@@ -162,7 +159,7 @@ def mel_weight_matrix(num_mel_bins: int, fft_length: int, sample_rate: float,
 
 
 @functools.lru_cache(maxsize=16)
-def _sparse_mel_weights_t(*args) -> scipy.sparse.csr_matrix:
+def _sparse_mel_weights_t(*args):
   """CSR [num_mel_bins, fft_length // 2 + 1] of `mel_weight_matrix(*args)`.
 
   Each FFT bin feeds at most two mel bands; a sparse product is ~10x faster
@@ -170,6 +167,7 @@ def _sparse_mel_weights_t(*args) -> scipy.sparse.csr_matrix:
   workers sharing the CPU (multi-threaded OpenBLAS measured 5-20x slower under
   load).
   """
+  import scipy.sparse  # pylint: disable=g-import-not-at-top  (a second of imports)
   return scipy.sparse.csr_matrix(mel_weight_matrix(*args).T)
 
 
@@ -269,6 +267,7 @@ def log_mel_spectrogram(waveform: np.ndarray, *, sample_rate: int = SAMPLE_RATE,
   if frame_indices is not None:
     frames = frames[np.asarray(frame_indices, np.intp)]
   window = _hamming(win)
+  import scipy.fft  # pylint: disable=g-import-not-at-top  (scipy's imports take a second)
   out = np.empty((len(frames), num_mel_bins), np.float32)
   # Blocks of frames keep the FFT's buffers in cache; one FFT over a long
   # recording measured 3-4x slower. scipy's FFT stays in float32 (numpy's
@@ -325,6 +324,7 @@ def audio_features(waveform: np.ndarray | None, *, num_frames: int,
   wave = to_mono(waveform)
   if sample_rate != SAMPLE_RATE:
     g = math.gcd(int(sample_rate), SAMPLE_RATE)
+    import scipy.signal  # pylint: disable=g-import-not-at-top
     wave = scipy.signal.resample_poly(wave, SAMPLE_RATE // g, int(sample_rate) // g)
   total = num_log_mel_frames(len(wave), hop_ms=hop_ms)
   rows = _segment_rows(total, num_frames // segment_frames, segment_frames,

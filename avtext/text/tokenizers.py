@@ -19,6 +19,19 @@ from avtext import assets
 _TOKENIZER_LOCK = threading.Lock()  # see Tokenizer.backend
 
 
+def bert_wordpiece(vocab_path: str | pathlib.Path, lowercase: bool = True):
+  """The `tokenizers.Tokenizer` that transformers' BertTokenizerFast(vocab_file,
+  do_lower_case=lowercase) runs (its converter builds the same pipeline: BERT normalizer
+  with clean_text, Chinese characters split, accents stripped when lowercasing; BERT
+  pre-tokenizer; WordPiece with [UNK] and '##'; [CLS] A [SEP]; the special tokens
+  written in text kept whole), built directly: importing transformers takes seconds."""
+  from tokenizers import implementations  # pylint: disable=g-import-not-at-top
+  wrapper = implementations.BertWordPieceTokenizer(
+      str(vocab_path), clean_text=True, handle_chinese_chars=True, strip_accents=None,
+      lowercase=lowercase, wordpieces_prefix="##")
+  return wrapper._tokenizer  # pylint: disable=protected-access
+
+
 class Tokenizer:
   """Uncased BERT WordPiece to fixed-length ids (VideoCC §5.2: 32 tokens).
 
@@ -26,10 +39,10 @@ class Tokenizer:
   `max_len` keeping [SEP] last ([CLS] + the first max_len - 2 wordpieces +
   [SEP]), shorter ones padded with [PAD] (id 0 in BERT's vocab) and attention_mask 0. The
   vocabulary is a bert-base-uncased style `vocab.txt`; text is lowercased and
-  accents stripped (BertTokenizerFast with do_lower_case).
+  accents stripped (BertTokenizerFast with do_lower_case: `bert_wordpiece`).
 
   Picklable for grain: only the vocab path and settings are pickled, the
-  HuggingFace tokenizer is built on first use in each process.
+  tokenizer is built on first use in each process.
   """
 
   def __init__(self, vocab_path: str | pathlib.Path | None = None, *, max_len: int = 32,
@@ -52,17 +65,13 @@ class Tokenizer:
   @property
   def backend(self):
     """The `tokenizers.Tokenizer` doing the work, padding/cropping to max_len."""
-    # grain's reader threads reach this at the same time on a fresh tokenizer;
-    # transformers' lazy module import is not thread-safe, so build under a lock.
+    # grain's reader threads reach this at the same time on a fresh tokenizer.
     with _TOKENIZER_LOCK:
       if self._backend is None:
-        import transformers  # slow import, and only needed where text is tokenized
-        hf = transformers.BertTokenizerFast(vocab_file=str(self.vocab_path),
-                                            do_lower_case=self.lowercase)
-        backend = hf.backend_tokenizer
+        backend = bert_wordpiece(self.vocab_path, self.lowercase)
         backend.enable_truncation(max_length=self.max_len)
-        backend.enable_padding(length=self.max_len, pad_id=hf.pad_token_id,
-                               pad_token=hf.pad_token)
+        backend.enable_padding(length=self.max_len, pad_id=backend.token_to_id("[PAD]"),
+                               pad_token="[PAD]")
         self._backend = backend
     return self._backend
 
@@ -78,10 +87,8 @@ class Tokenizer:
     """
     with _TOKENIZER_LOCK:
       if getattr(self, "_raw", None) is None:
-        import transformers  # pylint: disable=g-import-not-at-top
-        self._raw = transformers.BertTokenizerFast(vocab_file=str(self.vocab_path),
-                                                   do_lower_case=self.lowercase)
-    return list(self._raw(text, add_special_tokens=False)["input_ids"])
+        self._raw = bert_wordpiece(self.vocab_path, self.lowercase)
+    return list(self._raw.encode(text, add_special_tokens=False).ids)
 
   def __call__(self, texts: str | Sequence[str], *, with_words: bool = False
                ) -> dict[str, np.ndarray]:
