@@ -211,7 +211,7 @@ def main(argv):
       rundir.check_free(workdir)
     except rundir.RunLockedError as e:
       raise errors.WorkdirInUse(str(e)) from None
-  # Every input is checked before JAX starts or anything is written.
+  # Every input is checked before anything is written.
   if FLAGS["config"].present:
     config = _config_or_error()
   elif _MODE.value == "eval":
@@ -223,9 +223,6 @@ def main(argv):
   source = (f"--config={config_flags.get_config_filename(FLAGS['config'])}"
             if FLAGS["config"].present else "this command")
   experiment.check_workdir(config, workdir, source=source)
-  from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
-  task = tasks_registry.build_task(config)
-  experiment.check_inputs(config, task)
   # Imported here so --help answers without initializing JAX.
   import jax  # pylint: disable=g-import-not-at-top
   if _DISTRIBUTED.value:
@@ -243,6 +240,10 @@ def main(argv):
   sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
   _log_platform(jax)
   _check_backend(config, jax.default_backend())
+  # The run's files (weights, vocabularies, dataset paths), before the data is probed.
+  from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
+  task = tasks_registry.build_task(config)
+  experiment.check_inputs(config, task)
   from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top
   if _MODE.value == "train":
     task.train_source  # pylint: disable=pointless-statement
