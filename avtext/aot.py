@@ -395,10 +395,7 @@ def format_report(r: dict) -> str:
 def main(argv):
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
-  try:
-    config = _CONFIG.value
-  except Exception as e:  # pylint: disable=broad-except
-    raise errors.BadInput(f"--config: {cli.exception_message(e)}") from e
+  config = cli.config_value(_CONFIG)
   logging.set_verbosity(logging.WARNING)
   try:
     report = analyze(config, _TOPOLOGY.value, evals=_EVALS.value)

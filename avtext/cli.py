@@ -134,22 +134,25 @@ def _print_help(program: str, doc: str | None, flag_values: flags.FlagValues) ->
   print("  --debug: show the traceback of an input error, too (or AVTEXT_DEBUG=1)")
 
 
-def _unknown_flag_message(name: str, program: str, flag_values: flags.FlagValues) -> str:
-  known = [n for n in flag_values if len(n) > 1]
+def unknown_flag_message(name: str, program: str, flag_values: flags.FlagValues,
+                         also: tuple[str, ...] = ()) -> str:
+  """"unknown flag --name (did you mean --x?); see <program> --help"."""
+  known = [n for n in flag_values if len(n) > 1] + list(also)
   close = difflib.get_close_matches(name, known, n=1)
   hint = f" (did you mean --{close[0]}?)" if close else ""
   return f"unknown flag --{name}{hint}; see {program} --help"
 
 
-def parse_flags(argv: list[str], program: str, flag_values: flags.FlagValues) -> list[str]:
+def parse_flags(argv: list[str], program: str, flag_values: flags.FlagValues,
+                known_only: bool = False) -> list[str]:
   """absl's parsing into `flag_values` (values of an earlier parse dropped), with
   one-line errors (UserError) instead of absl's FATAL text; returns the positional
-  arguments, argv[0] first."""
+  arguments, argv[0] first (with `known_only`, the flags it does not know too)."""
   flag_values.unparse_flags()
   try:
-    return flag_values(argv)
+    return flag_values(argv, known_only=known_only)
   except flags.UnrecognizedFlagError as e:
-    raise errors.BadInput(_unknown_flag_message(e.flagname, program, flag_values)) from None
+    raise errors.BadInput(unknown_flag_message(e.flagname, program, flag_values)) from None
   except flags.Error as e:
     text = str(e)
     if "Traceback (most recent call last)" in text:  # a config file's get_config raised
@@ -182,6 +185,15 @@ def exception_message(error: BaseException) -> str:
   return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
+def config_value(holder) -> object:
+  """The ConfigDict of a `config_flags.DEFINE_config_file` flag, or one UserError naming
+  what is wrong with the file or an override (ml_collections raises while loading)."""
+  try:
+    return holder.value
+  except Exception as e:  # pylint: disable=broad-except
+    raise errors.BadInput(f"--{holder.name}: {exception_message(e)}") from e
+
+
 def debug_requested(argv: list[str]) -> bool:
   return "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
@@ -200,11 +212,14 @@ def report(error: BaseException, program: str) -> None:
 
 
 def run(main: Callable[[list[str]], object], flag_values: flags.FlagValues,
-        argv: list[str] | None = None, *, doc: str | None = None) -> None:
+        argv: list[str] | None = None, *, doc: str | None = None,
+        known_only: bool = False) -> None:
   """Runs `main(args)` as an avtext program: parses `argv` (default sys.argv) into the
   program's own `flag_values`, then calls main with the positional arguments
   (args[0]: the program). Returns when main does; exits 0 after --help, 2 on a user
-  error (module docstring). Tests call it in-process with their own argv."""
+  error (module docstring). Tests call it in-process with their own argv. `known_only`:
+  flags the program does not define go to main with the positional arguments (a program
+  that passes them on, e.g. Beam's options, checks them itself)."""
   argv = list(sys.argv if argv is None else argv)
   program = _program() if argv[0] == sys.argv[0] else argv[0]
   if doc is None:
@@ -220,7 +235,7 @@ def run(main: Callable[[list[str]], object], flag_values: flags.FlagValues,
     flags.FLAGS.mark_as_parsed()
   absl_logging.use_absl_handler()  # as absl's app.run: its format, main's filters
   try:
-    args = parse_flags(argv, program, flag_values)
+    args = parse_flags(argv, program, flag_values, known_only)
     try:
       main([program] + args[1:])
     except app.UsageError as e:

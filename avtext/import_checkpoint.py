@@ -168,10 +168,7 @@ flags.mark_flags_as_required(["system", "checkpoint", "out"], flag_values=FLAGS)
 def main(argv) -> None:
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
-  try:
-    config = _CONFIG.value
-  except Exception as e:  # pylint: disable=broad-except
-    raise errors.BadInput(f"--config: {cli.exception_message(e)}") from e
+  config = cli.config_value(_CONFIG)
   try:
     run = import_checkpoint(_SYSTEM.value, _CHECKPOINT.value, _OUT.value, config)
   except (ValueError, ImportError) as e:  # the converters' messages name the tensor / file

@@ -45,10 +45,7 @@ flags.mark_flags_as_required(["config", "name", "data_dir"], flag_values=FLAGS)
 def main(argv):
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
-  try:
-    config = _CONFIG.value
-  except Exception as e:  # pylint: disable=broad-except
-    raise errors.BadInput(f"--config: {cli.exception_message(e)}") from e
+  config = cli.config_value(_CONFIG)
   dataset = materialize_lib.dataset_config(config, _DATASET_OF.value)
   if _SHORT_SIDE.value:
     dataset.short_side = _SHORT_SIDE.value

@@ -148,10 +148,7 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
 def main(argv):
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
-  try:
-    config = _CONFIG.value
-  except Exception as e:  # pylint: disable=broad-except
-    raise errors.BadInput(f"--config: {cli.exception_message(e)}") from e
+  config = cli.config_value(_CONFIG)
   logging.set_verbosity(logging.INFO)
   extract(config, _OUT.value, splits=tuple(_SPLITS.value), batch_size=_BATCH_SIZE.value,
           force=_FORCE.value)

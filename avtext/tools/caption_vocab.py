@@ -57,10 +57,7 @@ def word_vocab(config, out: str, num: int | None, min_count: int) -> None:
 def main(argv):
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
-  try:
-    config = _CONFIG.value
-  except Exception as e:  # pylint: disable=broad-except
-    raise errors.BadInput(f"--config: {cli.exception_message(e)}") from e
+  config = cli.config_value(_CONFIG)
   if config.model.get("name") == "mmt":
     word_vocab(config, _OUT.value, _NUM.value, _MIN_COUNT.value)
     return
