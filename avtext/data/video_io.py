@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 from typing import Sequence
 
 import numpy as np
@@ -80,7 +81,15 @@ def _open(path):
   try:
     return av.open(os.fspath(p))
   except (av.error.FFmpegError, UnicodeDecodeError) as e:
-    raise VideoReadError(path, 'unreadable', str(e)) from e
+    raise VideoReadError(path, 'unreadable', ffmpeg_message(e)) from e
+
+
+def ffmpeg_message(error: Exception) -> str:
+  """FFmpeg's words for `error`, without PyAV's "[Errno -1094995529]" and the file name
+  the skip record already holds: "Invalid data found when processing input"."""
+  text = getattr(error, 'strerror', None) or str(error)
+  text = re.sub(r'^\[Errno -?\d+\]\s*', '', str(text))
+  return re.sub(r":\s*'[^']*'$", '', text).strip() or type(error).__name__
 
 
 def _video_stream(container, path):
@@ -168,7 +177,7 @@ def verify(path, *, video: bool = True, audio: bool = False) -> VideoInfo:
             last = float(frame.pts * tb)
       except av.error.FFmpegError as e:
         raise VideoReadError(path, 'truncated', f'{stream.type} decoding failed after '
-                             f'{max(last, 0):.2f} s: {e}') from e
+                             f'{max(last, 0):.2f} s: {ffmpeg_message(e)}') from e
       tolerance = 2.0 / rate if stream.type == 'video' else 0.25
       if info.duration_s - last > tolerance + (1.0 / rate if stream.type == 'video' else 0):
         raise VideoReadError(path, 'truncated', f'{stream.type} ends at {max(last, 0):.2f} s '
@@ -225,7 +234,8 @@ def read_frames(path, times_s: Sequence[float] | np.ndarray, *,
           break
         prev, last_t = frame, t
     except av.error.FFmpegError as e:
-      raise VideoReadError(path, 'truncated', f'decoding failed after {last_t:.2f} s: {e}') from e
+      raise VideoReadError(path, 'truncated',
+                           f'decoding failed after {last_t:.2f} s: {ffmpeg_message(e)}') from e
     if j < len(order):
       if prev is None or duration - last_t > 2.0 / max(float(stream.average_rate or 1), 1.0):
         raise VideoReadError(path, 'truncated',
