@@ -189,9 +189,22 @@ def config_value(holder) -> object:
   """The ConfigDict of a `config_flags.DEFINE_config_file` flag, or one UserError naming
   what is wrong with the file or an override (ml_collections raises while loading)."""
   try:
-    return holder.value
+    config = holder.value
   except Exception as e:  # pylint: disable=broad-except
     raise errors.BadInput(f"--{holder.name}: {exception_message(e)}") from e
+  return expand_config_paths(config)
+
+
+def expand_config_paths(config):
+  """`config` with every string field that starts with ~ expanded (paths given as
+  --config.dataset.path=~/data: bash does not expand after =); returns it."""
+  for key in list(config.keys()):
+    value = config[key]
+    if isinstance(value, str) and value.startswith("~"):
+      config[key] = os.path.expanduser(value)
+    elif hasattr(value, "keys") and not isinstance(value, str):
+      expand_config_paths(value)
+  return config
 
 
 def debug_requested(argv: list[str]) -> bool:

@@ -168,9 +168,10 @@ def _config_or_error():
             f"; {folder}/ has {', '.join(known)}" if known else "")
     raise errors.InputNotFound(f"--config={source}: no such file{hint}")
   try:
-    return _CONFIG.value
+    config = _CONFIG.value
   except Exception as e:  # pylint: disable=broad-except
     raise errors.BadInput(f"--config={source}: {cli.exception_message(e)}") from e
+  return cli.expand_config_paths(config)
 
 
 def _eval_config(workdir: str):
