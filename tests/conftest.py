@@ -22,6 +22,12 @@ if "AVTEXT_TEST_CACHES" not in os.environ:  # the controller; xdist workers inhe
 os.environ.setdefault("AVTEXT_COMPILATION_CACHE",
                       os.path.join(os.environ["AVTEXT_TEST_CACHES"], "jax"))
 os.environ.setdefault("AVTEXT_RUN_CACHE", os.path.join(os.environ["AVTEXT_TEST_CACHES"], "runs"))
+if os.environ.get("AVTEXT_TEST_JAX_CACHE", "1") != "0":
+  # In-process tests share JAX's persistent compilation cache of this run (the CLIs'
+  # processes use it through avtext.cli): the same small models compile once.
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_compilation_cache_dir", os.environ["AVTEXT_COMPILATION_CACHE"])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 # Files whose tests take minutes (measured with --durations on a fresh clone),
@@ -35,7 +41,7 @@ _LONG_FILES = (
     "test_train_rundir.py", "test_index.py", "test_models_scan_layers.py",
     "test_tasks_example_spec.py", "test_tasks_mmt.py", "test_tasks_coot.py",
     "test_models_gpt2.py", "test_models_coot.py", "test_weights_official_mmt.py",
-    "test_data_files.py")
+    "test_data_files.py", "test_cli.py", "test_mining.py", "test_notebook.py")
 
 
 def pytest_collection_modifyitems(items):
