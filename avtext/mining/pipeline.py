@@ -61,15 +61,12 @@ import dataclasses
 import hashlib
 import json
 import logging
-import pathlib
 import time
 from typing import Sequence
 
-import numpy as np
-
 from avtext.mining import files
 from avtext.mining import search as search_lib
-
+from avtext.mining import stages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +78,7 @@ class MiningConfig:
   one_per_video: bool = True  # see avtext.mining.search
   tau_grid: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9)  # Fig. 5
   shard_videos: int = 256
+  shard_seeds: int = 100_000  # seeds a worker holds at once (module docstring)
   index: search_lib.IndexConfig = search_lib.IndexConfig()
   recall_sample: int = 256
   embed_batch: int = 128
@@ -90,206 +88,157 @@ class MiningConfig:
   def search_tau(self) -> float:
     return min((self.tau,) + tuple(self.tau_grid))
 
+  def __post_init__(self):
+    for name in ('top_k', 'shard_videos', 'shard_seeds', 'embed_batch'):
+      if getattr(self, name) < 1:
+        raise ValueError(f'--{name} must be >= 1, got {getattr(self, name)}')
+
 
 def shard_of(video_id: str, num_shards: int) -> int:
   return int(hashlib.sha1(video_id.encode()).hexdigest()[:8], 16) % num_shards
 
 
-# ------------------------------------------------------------------ per-worker work
-def embed_seed_batch(rows: Sequence[tuple[str, str, str]], embedder, size) -> list:
-  images = [files.load_image(p, size) for _, p, _ in rows]
-  shapes = {im.shape for im in images}
-  if len(shapes) > 1:
-    raise ValueError(f'seed images differ in size {sorted(shapes)[:3]}; pass --image_size=H,W')
-  vecs = embedder(np.stack(images))
-  return [(sid, np.asarray(v, np.float32)) for (sid, _, _), v in zip(rows, vecs)]
 
 
-def decode_and_embed(video_id: str, path: str, embedder, cfg: MiningConfig
-                     ) -> tuple[dict | None, dict | None]:
-  """(record, None) for a usable video, (None, skip) for a skipped one, where record
-  holds id, path, duration, has_audio, frame times and unit frame vectors."""
-  from avtext.data import video_io  # pylint: disable=g-import-not-at-top
-  if files.is_remote(path):  # PyAV reads local files: copy the video to the worker's disk
-    import tempfile  # pylint: disable=g-import-not-at-top
-    with tempfile.NamedTemporaryFile(suffix=pathlib.PurePosixPath(path).suffix) as tmp:
-      tmp.write(files.read_bytes(path))
-      tmp.flush()
-      record, skip = decode_and_embed(video_id, tmp.name, embedder, cfg)
-    for r in (record, skip):
-      if r is not None:
-        r['path'] = path
-    return record, skip
-  try:
-    info = video_io.probe(path)
-    if not info.duration_s >= cfg.clip_seconds:
-      return None, {'video_id': video_id, 'path': path, 'reason': 'short',
-                    'detail': f'{info.duration_s:.2f} s < t = {cfg.clip_seconds} s'}
-    times = video_io.sample_times(info.duration_s, cfg.frames_hz)
-    frames = video_io.read_frames(path, times, size=cfg.image_size)
-  except video_io.VideoReadError as e:
-    return None, {'video_id': video_id, 'path': path, 'reason': e.reason, 'detail': e.detail}
-  vecs = embedder(frames) if len(frames) else np.zeros((0, 1), np.float32)
-  return {'video_id': video_id, 'path': path, 'duration_s': info.duration_s,
-          'has_audio': info.has_audio, 'times': times.astype(np.float64),
-          'vecs': np.asarray(vecs, np.float32)}, None
-
-
-def search_records(records: Sequence[dict], seed_ids: Sequence[str], seed_vecs: np.ndarray,
-                   cfg: MiningConfig, *, recall_rows: np.ndarray | None = None
-                   ) -> tuple[list[tuple[str, tuple]], dict]:
-  """One shard: [(seed id, (sim, video id, frame time, duration, has_audio, path))] and
-  info (index, frames, seconds, recall hits / total when approximate)."""
-  records = sorted(records, key=lambda r: r['video_id'])
-  records = [r for r in records if len(r['times'])]
-  if not records:
-    return [], {'index': 'none', 'frames': 0, 'seconds': 0.0}
-  frames = np.concatenate([r['vecs'] for r in records])
-  frame_video = np.concatenate([np.full(len(r['times']), k) for k, r in enumerate(records)])
-  times = np.concatenate([r['times'] for r in records])
-  kw = dict(tau=cfg.search_tau, top_k=cfg.top_k, one_per_video=cfg.one_per_video)
-  found, info = search_lib.search_shard(seed_vecs, frames, frame_video,
-                                        index_cfg=cfg.index, **kw)
-  if info['index'] != 'flat' and recall_rows is not None and len(recall_rows):
-    exact, exact_info = search_lib.search_shard(seed_vecs[recall_rows], frames, frame_video,
-                                                force_exact=True, **kw)
-    hits = total = 0
-    for row, ex in zip(recall_rows, exact):
-      want = {(m.video, m.frame) for m in ex}
-      hits += len(want & {(m.video, m.frame) for m in found[row]})
-      total += len(want)
-    info.update(recall_hits=hits, recall_total=total, exact_seconds=exact_info['seconds'],
-                recall_queries=len(recall_rows))
+def seed_batches(num_seeds: int, cfg: MiningConfig) -> list[tuple[int, int]]:
+  """[start, stop) rows of the seed batches: `embed_batch` rows, cut at seed-shard ends so
+  that each batch lies in one shard; the same batches on every runner."""
   out = []
-  for row, matches in enumerate(found):
-    for m in matches:
-      r = records[m.video]
-      out.append((seed_ids[row], (m.sim, r['video_id'], float(times[m.frame]),
-                                  r['duration_s'], r['has_audio'], r['path'])))
-  info['queries'] = len(seed_vecs)
-  return out, info
-
-
-def recall_rows(num_seeds: int, sample: int) -> np.ndarray:
-  """Evenly spaced seed rows whose exact answers measure an approximate index's recall."""
-  if sample <= 0:
-    return np.zeros(0, np.int64)
-  return np.unique(np.linspace(0, num_seeds - 1, min(sample, num_seeds)).round().astype(np.int64))
+  for shard_start in range(0, num_seeds, cfg.shard_seeds):
+    shard_stop = min(num_seeds, shard_start + cfg.shard_seeds)
+    out += [(a, min(shard_stop, a + cfg.embed_batch))
+            for a in range(shard_start, shard_stop, cfg.embed_batch)]
+  return out
 
 
 # ------------------------------------------------------------------ the Beam pipeline
 def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
-                  cfg: MiningConfig, beam_args: Sequence[str] = ()) -> dict:
+                  cfg: MiningConfig, beam_args: Sequence[str] = (), *,
+                  seed_features: str | None = None) -> dict:
   """Run the pipeline; write the outputs (`outputs.write`); return run info."""
   import apache_beam as beam  # pylint: disable=g-import-not-at-top
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from avtext.mining import outputs  # pylint: disable=g-import-not-at-top
+  from avtext.mining import runners  # pylint: disable=g-import-not-at-top
 
   seeds = files.read_seeds(seeds_tsv)
   videos = files.list_videos(videos_dir)
   if not videos:
     raise ValueError(f'--videos {videos_dir}: no files with extensions {files.VIDEO_EXTENSIONS}')
-  num_shards = max(1, -(-len(videos) // cfg.shard_videos))
+  if seed_features:
+    shape, _, _ = stages.npy_header(seed_features)
+    if shape[0] != len(seeds):
+      raise ValueError(f'--seed_features {seed_features}: {shape[0]} rows for the '
+                       f'{len(seeds)} seeds of {seeds_tsv}')
+  num_video_shards = max(1, -(-len(videos) // cfg.shard_videos))
+  num_seeds = len(seeds)
   captions = {sid: cap for sid, _, cap in seeds}
-  # The workers hand their results to this process through files under out/_beam
-  # (Beam's FileSystems: a local path, or gs:// etc. on a remote runner).
-  staging = files.join(str(out), '_beam')
+  # Workers hand seed shards and results over through files under OUT/_beam/RUN (Beam's
+  # FileSystems: a local path on one machine, shared or gs:// storage on a cluster).
   run_tag = hashlib.sha1(f'{time.time_ns()}'.encode()).hexdigest()[:8]
+  staging = files.join(files.join(str(out), '_beam'), run_tag)
+  int_any = beam.typehints.Tuple[int, beam.typehints.Any]  # GroupByKey keys are ints
 
   class EmbedSeeds(beam.DoFn):
 
-    def setup(self):
-      from avtext.mining import embed  # pylint: disable=g-import-not-at-top
-      self.embedder = embed.resolve(embedder_name)
-
     def process(self, batch):
-      yield from embed_seed_batch(batch, self.embedder, cfg.image_size)
+      start, stop, paths = batch
+      vecs = stages.seed_vectors(start, stop, paths, embedder_name, seed_features, cfg)
+      stages.note_peak_rss(staging)
+      yield start // cfg.shard_seeds, (start, vecs)
 
   class DecodeEmbed(beam.DoFn):
-    SKIPPED = 'skipped'
-
-    def infer_output_type(self, input_type):
-      return beam.typehints.Tuple[int, beam.typehints.Any]  # main output; skips are tagged
 
     def setup(self):
-      from avtext.mining import embed  # pylint: disable=g-import-not-at-top
-      self.embedder = embed.resolve(embedder_name)
       self.done = 0
 
     def process(self, item):
       video_id, path = item
-      record, skip = decode_and_embed(video_id, path, self.embedder, cfg)
+      record, skip = stages.decode_and_embed(video_id, path, embedder_name, cfg)
       self.done += 1
       if self.done % 50 == 0:
         logging.info('mining: this worker decoded and embedded %d videos', self.done)
+      stages.note_peak_rss(staging)
       if skip is not None:
-        beam.metrics.Metrics.counter('mining', f'skipped_{skip["reason"]}').inc()
         logging.warning('mining: skipped %s (%s: %s)', video_id, skip['reason'],
                         skip['detail'])
-        yield beam.pvalue.TaggedOutput(self.SKIPPED, skip)
+        yield 'skip', -1, skip
         return
-      beam.metrics.Metrics.counter('mining', 'videos').inc()
-      beam.metrics.Metrics.counter('mining', 'frames').inc(len(record['times']))
       if not record['has_audio']:
-        beam.metrics.Metrics.counter('mining', 'no_audio').inc()
         logging.warning('mining: %s has no audio stream (kept, flagged)', video_id)
-      yield shard_of(video_id, num_shards), record
+      yield 'video', shard_of(video_id, num_video_shards), record
 
-  class SearchShard(beam.DoFn):
-    INFO = 'info'
+  def fan_out(seed_shard):  # a seed shard file, to every video shard
+    for v in range(num_video_shards):
+      yield v, ('seeds', seed_shard)
 
-    def process(self, item, seed_table):
-      _, records = item
-      ids, vecs = seed_table
-      matches, info = search_records(list(records), ids, vecs, cfg,
-                                     recall_rows=recall_rows(len(ids), cfg.recall_sample))
-      for m in matches:
-        yield m
-      yield beam.pvalue.TaggedOutput(self.INFO, info)
+  def search(video_shard, items):
+    items = list(items)
+    records = [x for kind, x in items if kind == 'video']
+    seed_shards = [x for kind, x in items if kind == 'seeds']
+    yield from stages.search_video_shard(video_shard, records, seed_shards, num_seeds, cfg,
+                                         staging)
 
-  def seed_table(pairs):
-    pairs = sorted(pairs, key=lambda p: p[0])
-    return [p[0] for p in pairs], np.stack([p[1] for p in pairs])
+  def summary(_, items):
+    by_kind = {'skip': [], 'info': [], 'matches': []}
+    for kind, x in items:
+      by_kind[kind].append(x)
+    path = files.join(staging, 'summary.json')
+    files.write_bytes(path, json.dumps(by_kind, sort_keys=True).encode())
+    stages.note_peak_rss(staging)
+    return path
 
-  def write_list(items, name):
-    files.write_bytes(files.join(staging, f'{run_tag}-{name}'),
-                      json.dumps(items, sort_keys=True).encode())
-
-  options = PipelineOptions(list(beam_args))
+  # One pipeline for every runner, within what Beam 2.77's DaskRunner executes: no side
+  # inputs (it recomputes their whole graph inside each task), no TaggedOutputs (it
+  # mixes them into the main output), no BatchElements or other output from
+  # finish_bundle (dropped), no metrics (not collected), and one sink (it computes only
+  # the last transform's bag): every branch ends in 'Summary'.
+  p = beam.Pipeline(options=PipelineOptions(list(beam_args)))
+  batches = [(a, b, None if seed_features else [seeds[r][1] for r in range(a, b)])
+             for a, b in seed_batches(num_seeds, cfg)]
+  seed_shards = (p | 'SeedBatches' >> beam.Create(batches)
+                 | 'EmbedSeeds' >> beam.ParDo(EmbedSeeds()).with_output_types(int_any)
+                 | 'BySeedShard' >> beam.GroupByKey()
+                 | 'WriteSeedShards' >> beam.MapTuple(
+                     lambda j, blocks: stages.write_seed_shard(staging, j, blocks))
+                 | 'ToVideoShards' >> beam.FlatMap(fan_out).with_output_types(int_any))
+  decoded = (p | 'Videos' >> beam.Create(videos)
+             | 'Spread' >> beam.Reshuffle()
+             | 'DecodeEmbed' >> beam.ParDo(DecodeEmbed()))
+  records = (decoded | 'Usable' >> beam.Filter(lambda x: x[0] == 'video')
+             | 'KeyByVideoShard' >> beam.Map(
+                 lambda x: (x[1], ('video', x[2]))).with_output_types(int_any))
+  searched = ((records, seed_shards) | 'ShardInputs' >> beam.Flatten()
+              | 'ByVideoShard' >> beam.GroupByKey()
+              | 'Search' >> beam.FlatMapTuple(search))
+  match_files = (searched | 'Matches' >> beam.Filter(lambda x: x[0] == 'match')
+                 | 'KeyBySeed' >> beam.Map(lambda x: (x[1], x[2])).with_output_types(int_any)
+                 | 'BySeed' >> beam.GroupByKey()
+                 | 'Merge' >> beam.MapTuple(lambda row, ms: (
+                     row // cfg.shard_seeds, (row, search_lib.merge_top([list(ms)], cfg.top_k)))
+                     ).with_output_types(int_any)
+                 | 'ByMergedSeedShard' >> beam.GroupByKey()
+                 | 'WriteMatches' >> beam.MapTuple(
+                     lambda j, tops: ('matches', stages.write_matches(staging, j, tops))))
+  skips = decoded | 'Skips' >> beam.Filter(lambda x: x[0] == 'skip') | 'SkipRecords' >> beam.Map(
+      lambda x: ('skip', x[2]))
+  infos = searched | 'Infos' >> beam.Filter(lambda x: x[0] == 'info')
+  _ = ((match_files, skips, infos) | 'Results' >> beam.Flatten()
+       | 'OneKey' >> beam.Map(lambda x: (0, x)).with_output_types(int_any)
+       | 'AllResults' >> beam.GroupByKey()
+       | 'Summary' >> beam.MapTuple(summary))
   t0 = time.perf_counter()
-  with beam.Pipeline(options=options) as p:
-    seed_vecs = (p | 'Seeds' >> beam.Create(seeds)
-                 | 'BatchSeeds' >> beam.BatchElements(min_batch_size=cfg.embed_batch,
-                                                      max_batch_size=cfg.embed_batch)
-                 | 'EmbedSeeds' >> beam.ParDo(EmbedSeeds())
-                 | 'SeedList' >> beam.combiners.ToList()
-                 | 'SeedTable' >> beam.Map(seed_table))
-    decoded = (p | 'Videos' >> beam.Create(videos)
-               | 'Spread' >> beam.Reshuffle()
-               | 'DecodeEmbed' >> beam.ParDo(DecodeEmbed()).with_outputs(
-                   DecodeEmbed.SKIPPED, main='records'))
-    searched = (decoded.records
-                | 'Shard' >> beam.GroupByKey()
-                | 'Search' >> beam.ParDo(SearchShard(), beam.pvalue.AsSingleton(seed_vecs))
-                .with_outputs(SearchShard.INFO, main='matches'))
-    (searched.matches
-     | 'BySeed' >> beam.GroupByKey()
-     | 'Merge' >> beam.MapTuple(
-         lambda sid, ms: (sid, search_lib.merge_top([list(ms)], cfg.top_k)))
-     | 'MatchList' >> beam.combiners.ToList()
-     | 'WriteMatches' >> beam.Map(lambda ms: write_list(
-         [[sid, list(m)] for sid, top in ms for m in top], 'matches.json')))
-    (decoded.skipped | 'SkipList' >> beam.combiners.ToList()
-     | 'WriteSkips' >> beam.Map(lambda s: write_list(s, 'skipped.json')))
-    (searched.info | 'InfoList' >> beam.combiners.ToList()
-     | 'WriteInfo' >> beam.Map(lambda s: write_list(s, 'shards.json')))
+  runners.run(p)
   seconds = time.perf_counter() - t0
-  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  staged = {name: files.join(staging, f'{run_tag}-{name}')
-            for name in ('matches.json', 'skipped.json', 'shards.json')}
-  matches, skipped, shards = (json.loads(files.read_bytes(staged[n])) for n in
-                              ('matches.json', 'skipped.json', 'shards.json'))
-  FileSystems.delete(list(staged.values()))
+
+  done = json.loads(files.read_bytes(files.join(staging, 'summary.json')))
+  matches = []
+  for path in sorted(done['matches']):
+    for row, top in json.loads(files.read_bytes(path)):
+      matches += [[seeds[row][0], m] for m in top]
+  workers = [json.loads(files.read_bytes(w)) for w in files.match(files.join(staging, 'workers/*'))]
+  files.delete_tree(staging)
   return outputs.write(out, cfg=cfg, seeds=seeds, captions=captions, videos=videos,
-                       matches=matches, skipped=skipped, shards=shards,
-                       seconds=seconds, videos_dir=videos_dir, embedder=embedder_name)
+                       matches=matches, skipped=done['skip'], shards=done['info'],
+                       seconds=seconds, videos_dir=videos_dir, embedder=embedder_name,
+                       workers=workers)
