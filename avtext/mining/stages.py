@@ -36,8 +36,8 @@ _PEAK_RSS_WRITTEN: dict[str, int] = {}
 
 
 def embedder(name: str) -> embed.Embedder:
-  """The process' one copy of embedder `name` (a tower compiles once per worker process,
-  not once per bundle: the DaskRunner sets DoFns up for every partition)."""
+  """The process' one copy of embedder `name` (unit rows; a tower compiles once per
+  worker process, not once per bundle: the DaskRunner sets DoFns up per partition)."""
   if name not in _EMBEDDERS:
     _EMBEDDERS[name] = embed.resolve(name)
   return _EMBEDDERS[name]
@@ -108,8 +108,7 @@ def seed_vectors(start: int, stop: int, paths: Sequence[str] | None, embedder_na
   shapes = {im.shape for im in images}
   if len(shapes) > 1:
     raise ValueError(f'seed images differ in size {sorted(shapes)[:3]}; pass --image_size=H,W')
-  return embed.l2_normalize(embed_fixed(embedder(embedder_name), np.stack(images),
-                                        cfg.embed_batch))
+  return embed_fixed(embedder(embedder_name), np.stack(images), cfg.embed_batch)
 
 
 def write_seed_shard(staging: str, shard: int, blocks: Iterable[tuple[int, np.ndarray]]
@@ -157,8 +156,8 @@ def decode_and_embed(video_id: str, path: str, embedder_name: str, cfg
     frames = video_io.read_frames(path, times, size=cfg.image_size)
   except video_io.VideoReadError as e:
     return None, {'video_id': video_id, 'path': path, 'reason': e.reason, 'detail': e.detail}
-  vecs = (embed.l2_normalize(embed_fixed(embedder(embedder_name), frames, cfg.embed_batch))
-          if len(frames) else np.zeros((0, 1), np.float32))
+  vecs = (embed_fixed(embedder(embedder_name), frames, cfg.embed_batch) if len(frames)
+          else np.zeros((0, 1), np.float32))
   return {'video_id': video_id, 'path': path, 'duration_s': info.duration_s,
           'has_audio': info.has_audio, 'times': times.astype(np.float64),
           'vecs': np.asarray(vecs, np.float32)}, None
