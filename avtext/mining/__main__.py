@@ -77,9 +77,11 @@ def main(argv=None):
     prec = row.get('precision')
     print(f"{row['tau']:.2f}  {row['matches']:7d}  {row['clips']:5d}  {row['videos']:6d}  "
           f"{row['captions']:8d}  {'-' if prec is None else f'{100 * prec:.1f} %'}")
-  if info['workers']:
-    print(f"peak worker memory (RSS): {info['peak_worker_rss_mb']:.0f} MiB, max over "
-          f"{len(info['workers'])} worker processes (run.json)")
+  if info['peak_worker_rss_mb'] is not None:
+    driver = next(w['peak_rss_mb'] for w in info['workers'] if w['worker'] == 'driver')
+    print(f"peak memory (RSS): {info['peak_worker_rss_mb']:.0f} MiB in the largest of "
+          f"{len(info['workers']) - 1} worker processes, {driver:.0f} MiB in this one "
+          "(run.json)")
   if info['approx_recall'] is not None:
     print(f"approximate index recall vs exact: {100 * info['approx_recall']:.1f} %")
   print(json.dumps({'csv': f'{a.out}/videocc.csv', 'dataset': f'{a.out}/dataset.json'}))

@@ -15,8 +15,10 @@ out/
                    knows its truth (a synthetic corpus: `world.json` beside its videos);
                    skip counts by reason; the same for two runs of the same command
   run.json         wall time, video shards (index kind, frames, build and search
-                   seconds, recall of the approximate index vs exact), each worker
-                   process' peak resident memory - the only file that varies between runs
+                   seconds, recall of the approximate index vs exact), the peak resident
+                   memory of each worker process and of the driver ('driver'; the same
+                   process as the workers on an in-process runner) - the only file that
+                   varies between runs
   plots/matches_vs_tau.png, plots/clips_per_caption.png
 """
 from __future__ import annotations
@@ -179,7 +181,8 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
          'search_seconds': sum(s['seconds'] for s in shards),
          'approx_recall': (recall_hits / recall_total) if recall_total else None,
          'workers': sorted(workers, key=lambda w: w['worker']),
-         'peak_worker_rss_mb': max((w['peak_rss_mb'] for w in workers), default=None)}
+         'peak_worker_rss_mb': max((w['peak_rss_mb'] for w in workers
+                                    if w['worker'] != 'driver'), default=None)}
   (out_dir / 'run.json').write_text(json.dumps(run, indent=1, sort_keys=True) + '\n')
   return {**run, 'stats': stats}
 

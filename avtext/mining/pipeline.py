@@ -193,9 +193,10 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
   # mixes them into the main output), no BatchElements or other output from
   # finish_bundle (dropped), no metrics (not collected), and one sink (it computes only
   # the last transform's bag): every branch ends in 'Summary'.
-  p = beam.Pipeline(options=PipelineOptions(list(beam_args)))
   batches = [(a, b, None if seed_features else [seeds[r][1] for r in range(a, b)])
              for a, b in seed_batches(num_seeds, cfg)]
+  beam_args = runners.partition_args(beam_args, min(len(batches), len(videos)))
+  p = beam.Pipeline(options=PipelineOptions(beam_args))
   seed_shards = (p | 'SeedBatches' >> beam.Create(batches)
                  | 'EmbedSeeds' >> beam.ParDo(EmbedSeeds()).with_output_types(int_any)
                  | 'BySeedShard' >> beam.GroupByKey()
@@ -238,6 +239,7 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
       matches += [[seeds[row][0], m] for m in top]
   workers = [json.loads(files.read_bytes(w)) for w in files.match(files.join(staging, 'workers/*'))]
   files.delete_tree(staging)
+  workers.append({'worker': 'driver', 'peak_rss_mb': stages.peak_rss_mb()})
   return outputs.write(out, cfg=cfg, seeds=seeds, captions=captions, videos=videos,
                        matches=matches, skipped=done['skip'], shards=done['info'],
                        seconds=seconds, videos_dir=videos_dir, embedder=embedder_name,

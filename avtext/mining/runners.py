@@ -8,11 +8,13 @@ cluster, existing or started here (`python -m avtext.mining --runner=DaskRunner 
   --dask_local_workers=N    a `LocalCluster` of N worker processes (1 thread each) on this
                             machine, started for the run and closed after it.
 
-Beam 2.77's own DaskRunner options (`--dask_client_address`, `--dask_npartitions`, ...)
-pass through; `--dask_npartitions` defaults here to 4 per worker thread, as the runner
-otherwise puts up to 128 elements (videos, seed batches) in one Dask partition, i.e.
-on one worker. A partition's outputs are held in memory until it ends (Dask bags are
-not streamed), so a larger corpus wants more partitions, not fewer.
+Beam 2.77's own DaskRunner options (`--dask_client_address`, `--dask_npartitions`,
+`--dask_partition_size`) pass through. Unless one of the last two is given,
+`partition_args` sizes the partitions of every `beam.Create` (and so of the stages
+after it): the runner's default puts up to 128 elements (videos, seed batches) in one
+Dask partition, i.e. on one worker, and a partition's outputs stay in the worker's
+memory until the partition ends (Dask bags are not streamed). Here: at most 16 elements
+a partition, and at least 4 partitions per worker thread for the smaller input.
 """
 from __future__ import annotations
 
@@ -86,10 +88,20 @@ def beam_args_for(beam_args: Sequence[str], *, dask_address: str | None = None,
                  len(client.nthreads()), threads)
     if given is None:
       beam_args.append(f'--dask_client_address={address}')
-    if _flag(beam_args, 'dask_npartitions') is None and \
-        _flag(beam_args, 'dask_partition_size') is None:
-      beam_args.append(f'--dask_npartitions={4 * threads}')
     yield beam_args
+
+
+def partition_args(beam_args: Sequence[str], smallest_input: int) -> list[str]:
+  """beam_args plus the Dask partition size for inputs of >= smallest_input elements
+  (module docstring), unless they name one or do not run on Dask."""
+  beam_args = list(beam_args)
+  if not is_dask(beam_args) or _flag(beam_args, 'dask_npartitions') is not None or \
+      _flag(beam_args, 'dask_partition_size') is not None:
+    return beam_args
+  with connect(_flag(beam_args, 'dask_client_address')) as client:
+    threads = sum(client.nthreads().values())
+  size = max(1, min(16, smallest_input // (4 * max(1, threads))))
+  return beam_args + [f'--dask_partition_size={size}']
 
 
 def run(pipeline) -> None:

@@ -32,7 +32,7 @@ from avtext.mining import files
 from avtext.mining import search as search_lib
 
 _EMBEDDERS: dict[str, embed.Embedder] = {}
-_PEAK_RSS_WRITTEN: dict[str, int] = {}
+_PEAK_RSS_WRITTEN: dict[str, float] = {}
 
 
 def embedder(name: str) -> embed.Embedder:
@@ -57,18 +57,23 @@ def embed_fixed(f: embed.Embedder, x: np.ndarray, batch: int) -> np.ndarray:
   return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
+def peak_rss_mb() -> float:
+  """This process' peak resident memory so far, MiB."""
+  import resource  # pylint: disable=g-import-not-at-top
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak / (2**20 if sys.platform == 'darwin' else 2**10)  # bytes on macOS, KiB on Linux
+
+
 def note_peak_rss(staging: str) -> None:
   """Record this process' peak resident memory so far in STAGING/workers/HOST-PID.json
   (rewritten when it grew): how the driver learns each worker's peak on any runner."""
-  import resource  # pylint: disable=g-import-not-at-top
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  peak *= 1 if sys.platform == 'darwin' else 1024  # bytes on macOS, KiB on Linux
+  peak = peak_rss_mb()
   if peak <= _PEAK_RSS_WRITTEN.get(staging, 0):
     return
   _PEAK_RSS_WRITTEN[staging] = peak
   worker = f'{socket.gethostname()}-{os.getpid()}'
   files.write_bytes(files.join(staging, f'workers/{worker}.json'),
-                    json.dumps({'worker': worker, 'peak_rss_mb': peak / 2**20}).encode())
+                    json.dumps({'worker': worker, 'peak_rss_mb': peak}).encode())
 
 
 # ------------------------------------------------------------------ seeds
