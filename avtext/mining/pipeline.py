@@ -1,7 +1,9 @@
 r"""VideoCC mining (§3.1) as an Apache Beam pipeline: image captions -> video clips.
 
     python -m avtext.mining --seeds=SEEDS.tsv --videos=DIR --embedder=run:RUN_DIR \
-        --out=OUT [--tau=0.6 --top_k=10 --clip_seconds=10] [Beam options]
+        --out=OUT [--tau=0.6 --top_k=10 --clip_seconds=10 --shard_seeds=100000] \
+        [--runner=DaskRunner --dask_local_workers=N | --dask_address=HOST:PORT] \
+        [Beam options]
 
 Inputs
   seeds.tsv   one seed image per line: `seed_id <TAB> image path <TAB> caption` (the
@@ -11,19 +13,43 @@ Inputs
               it, recursively, is a corpus video whose id is its path relative to the
               directory without the extension.
 
-Stages (each a Beam transform; Reshuffle spreads the videos over workers)
-  1. seed features f(x_seed): images -> embedder (`avtext.mining.embed`), batched.
+Stages (each a Beam transform; `avtext.mining.stages` holds the work of each)
+  1. seed features f(x_seed): seeds.tsv in fixed batches of `embed_batch` rows ->
+     embedder (`avtext.mining.embed`), or rows of `--seed_features` (a [num_seeds, D]
+     .npy computed elsewhere); grouped into seed shards of `shard_seeds` rows, each
+     written to a file under OUT/_beam/RUN.
   2. frames at `frames_hz` (1 fps) of each video -> f(x_v); a video that cannot be read
      (`video_io.REASONS`), or is shorter than the clip length t ('short'), is a
      counted, logged skip; a video without audio is counted ('no_audio') and kept,
      flagged, as VideoCC's AVR pads missing audio with zeros (app. C).
-  3. videos are hashed into shards of ~`shard_videos`; each shard builds its own FAISS
-     index over its frames and finds every seed's top_k matches >= tau there
-     (`avtext.mining.search`); shards' lists are merged per seed into the global top_k
-     (exact, as shards hold whole videos). Approximate shards also search
-     `recall_sample` seeds exactly and report the approximate index's recall.
+  3. videos are hashed into shards of ~`shard_videos`; each video shard builds one FAISS
+     index over its frames and searches it with every seed shard in turn, one seed
+     shard file in memory at a time, for every seed's top_k matches >= tau there
+     (`avtext.mining.search`); the (seed shard x video shard) lists are merged per seed
+     into the global top_k (exact, as shards hold whole videos). Approximate shards also
+     search `recall_sample` seeds exactly and report the approximate index's recall.
   4. each match becomes a clip of t = `clip_seconds` centred on the matched frame,
      shifted to stay inside the video, and takes the seed's caption.
+
+Which side fans out. The work is the cross product seed shards x video shards. At CC3M
+scale the seeds are S = 1.25M x 256 float32 = 1.3 GB and the frames F = 150M videos x
+~10 frames x 1 KB = 1.5 TB. Whichever side moves is read once per shard of the side
+that stays: moving the seeds costs S x F / (video shard bytes), moving the frames
+F x S / (seed shard bytes), so the two are equal for equal shard bytes and the choice
+falls to what else each costs. The frames stay: (a) they are grouped into video shards
+once anyway, where they are decoded (one shuffle of F); moving them would add one more
+copy of F per seed shard (10 x 1.5 TB at 100k seeds a shard), while moving the seeds
+reads 1.3 GB per video shard, 1.9 TB in all at 1M-frame (~1 GB) video shards, 13 TB at
+200k-frame ones; (b) the FAISS index is built over the stationary side, once per video
+shard, and an HNSW / IVF build (13 s / 8 s at 200k frames here) is amortized over all
+1.25M queries instead of being redone per seed shard; (c) top_k per seed is a
+query-side question, so the seeds must be the queries. So the seed shards fan out, as
+files (Beam's DaskRunner has no usable side inputs, and a side input of all seeds is
+what a worker must not hold): a worker holds one video shard, its index and one seed
+shard (`shard_seeds` x D x 4 bytes, 100 MB at the default 100k x 256), whatever the
+number of seeds, and each video shard's search emits at most top_k matches per seed.
+On a cluster, make `shard_videos` as large as a worker's memory allows (fewer reads of
+the seeds) and `shard_seeds` small enough to sit beside it.
 
 The search runs at the lowest threshold of `tau_grid` and `tau`, so the statistics
 for every τ of Fig. 5 come from one run (top_k of the matches >= τ is the matches >=
@@ -36,13 +62,20 @@ dataset.json (what `dataset.name="videocc_mined"` reads), stats.json (+ Fig. 5 /
 plots as PNG under plots/) and run.json (timings, index kinds, recall; the only file
 that differs between two runs of the same command).
 
-Runners: the default is Beam's direct runner with `--direct_num_workers=2
+Runners (`avtext.mining.runners`; docs/mining.md has the cluster recipes): the default
+is Beam's direct runner with `--direct_num_workers=2
 --direct_running_mode=multi_processing`, named `--runner=FnApiRunner`: that is the engine
 `--runner=DirectRunner` runs, after first trying Prism, a binary it would download from
 GitHub at run time (nothing is fetched here; DirectRunner still works, logging the failed
-download). Any Beam runner takes the standard options,
-e.g. Dataflow (the embedder's run directory and the inputs must then be on GCS and
-avtext installed on the workers, e.g. --setup_file=./setup.py):
+download). `--runner=DaskRunner` runs the same pipeline on a `dask.distributed` cluster:
+`--dask_address=HOST:PORT` (an existing one) or `--dask_local_workers=N` (a local one
+of N processes, started for the run). Both are exercised here: the tests mine the tiny
+corpus on the direct runner and on a 2-process local Dask cluster and get the same files,
+byte for byte, as a brute-force loop; `benchmarks/mining_dask_scale.py` measures both up
+to 10k videos and 1M seeds. The pipeline keeps to what Beam 2.77's DaskRunner executes
+(see `build_and_run`). Any other Beam runner takes the standard options, e.g. Dataflow
+(the embedder's run directory and the inputs must then be on GCS and avtext installed
+on the workers, e.g. --setup_file=./setup.py):
 
     python -m avtext.mining --seeds=gs://B/cc3m/seeds.tsv --videos=gs://B/videos \
         --embedder=run:gs://B/runs/tower --out=gs://B/videocc \
@@ -50,10 +83,16 @@ avtext installed on the workers, e.g. --setup_file=./setup.py):
         --temp_location=gs://B/tmp --setup_file=./setup.py --num_workers=64
     (Flink / Spark: --runner=FlinkRunner --flink_master=HOST:8081, --runner=SparkRunner)
 
-Every path may be local or remote (gs://, s3://, ...: Beam's FileSystems): seeds.tsv,
-the images, the video listing, the workers' hand-over files under OUT/_beam; a remote
-video is copied to the worker's disk before PyAV decodes it. Only the local runner is
-exercised here (tests and benchmarks); the remote runners are documented, not run.
+Dataflow, Flink and Spark are documented, not run here. Every path may be local or
+remote (gs://, s3://, ...: Beam's FileSystems): seeds.tsv, the images, the video listing,
+the workers' hand-over files under OUT/_beam; a remote video is copied to the worker's
+disk before PyAV decodes it. On a cluster OUT must be storage every worker reaches.
+
+Determinism: the files (all but run.json) are the same bytes on every runner, worker
+count and sharding of one machine: batches of the embedder have one shape
+(`stages.embed_fixed`), similarities are summed in float64 (`search.similarity`),
+FAISS only proposes candidates (`search.MARGIN`), every sort key is total. Another CPU
+can round f itself differently (BENCHMARKS.md "Determinism of the mined set").
 """
 from __future__ import annotations
 
