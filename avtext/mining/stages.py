@@ -45,15 +45,19 @@ def embedder(name: str) -> embed.Embedder:
 
 def embed_fixed(f: embed.Embedder, x: np.ndarray, batch: int) -> np.ndarray:
   """f on the rows of x in calls of exactly `batch` rows, the last one padded with copies
-  of its first row: a compiled f (XLA) sees one shape, and a row's vector does not
-  depend on how many rows shared its call."""
+  of its first row, with one BLAS / OpenMP thread: a compiled f (XLA) sees one shape,
+  and a row's vector depends neither on how many rows shared its call nor on the
+  runner (OpenBLAS's float32 GEMM rounds differently on 1 and 2 threads, and Dask's
+  workers default to 1, Beam's to all cores)."""
+  import threadpoolctl  # pylint: disable=g-import-not-at-top
   out = []
-  for a in range(0, len(x), batch):
-    chunk = x[a:a + batch]
-    pad = batch - len(chunk)
-    if pad:
-      chunk = np.concatenate([chunk, np.repeat(chunk[:1], pad, 0)])
-    out.append(np.asarray(f(chunk), np.float32)[:batch - pad])
+  with threadpoolctl.threadpool_limits(limits=1):
+    for a in range(0, len(x), batch):
+      chunk = x[a:a + batch]
+      pad = batch - len(chunk)
+      if pad:
+        chunk = np.concatenate([chunk, np.repeat(chunk[:1], pad, 0)])
+      out.append(np.asarray(f(chunk), np.float32)[:batch - pad])
   return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
