@@ -17,7 +17,8 @@ Prints markdown tables:
      it, then Gaussian random 256-d vectors (`--seed_features`) up to the seed count.
   2. per-frame costs for the CC3M extrapolation: decode at 1 fps (64x64 H.264 with AAC,
      the demo world's format), the demo RGB tower on stills (if --tower exists), and the
-     shard search (1000 queries against 200k 256-d frames: flat, HNSW32, IVF).
+     shard search (`mining_scale.search_rows`: 1000 queries against 200k 256-d frames,
+     flat, HNSW32, IVF).
 """
 import argparse
 import json
@@ -141,7 +142,6 @@ def unit_costs(a, scratch):
   from avtext.data.synthetic import mining_corpus  # pylint: disable=g-import-not-at-top
   from avtext.mining import embed  # pylint: disable=g-import-not-at-top
   from avtext.mining import files  # pylint: disable=g-import-not-at-top
-  from avtext.mining import search  # pylint: disable=g-import-not-at-top
   root = scratch / 'demo_format'  # the demo world's 64x64, 64-144 s videos with AAC
   mining_corpus.write(root, mining.MiningWorld(num_seeds=10, num_videos=6), (), workers=2)
   frames, t_dec = [], 0.0
@@ -166,17 +166,11 @@ def unit_costs(a, scratch):
   owner = np.repeat(np.arange(20_000), 10)  # 20k videos x 10 frames
   vecs = embed.l2_normalize(centres[owner % 2000] + 0.3 * rng.normal(size=(len(owner), 256)))
   queries = embed.l2_normalize(centres[:1000] + 0.3 * rng.normal(size=(1000, 256)))
-  print('\n| index over 200k frames (256-d) | build s | queries/s (1000 seeds, top 10 videos) |'
-        '\n|---|---|---|')
-  for name, cfg, force in (
-      ('exact (flat)', search.IndexConfig(), True),
-      ('HNSW32, efSearch 128', search.IndexConfig(exact_max_frames=0), False),
-      ('IVF 4√N lists, nprobe 16', search.IndexConfig(exact_max_frames=0, approx='ivf'), False)):
-    t = time.perf_counter()
-    index, _ = search.build_index(vecs, cfg, force_exact=force)
-    build = time.perf_counter() - t
-    _, info = search.search_shard(queries, vecs, owner, tau=0.5, top_k=10, index=index)
-    print(f"| {name} | {build:.1f} | {len(queries) / info['seconds']:.0f} |", flush=True)
+  from benchmarks import mining_scale  # pylint: disable=g-import-not-at-top
+  print('\n| frames | index | N | build s | queries/s | recall of exact top 10 (%) |'
+        '\n|---|---|---|---|---|---|')
+  print('\n'.join(mining_scale.search_rows(queries, vecs, owner, '20k videos x 10, 256-d')),
+        flush=True)
 
 
 def main():

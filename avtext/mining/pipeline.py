@@ -234,7 +234,7 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
   # the last transform's bag): every branch ends in 'Summary'.
   batches = [(a, b, None if seed_features else [seeds[r][1] for r in range(a, b)])
              for a, b in seed_batches(num_seeds, cfg)]
-  beam_args = runners.partition_args(beam_args, min(len(batches), len(videos)))
+  beam_args = runners.partition_args(beam_args, max(len(batches), len(videos)))
   p = beam.Pipeline(options=PipelineOptions(beam_args))
   seed_shards = (p | 'SeedBatches' >> beam.Create(batches)
                  | 'EmbedSeeds' >> beam.ParDo(EmbedSeeds()).with_output_types(int_any)

@@ -10,11 +10,13 @@ cluster, existing or started here (`python -m avtext.mining --runner=DaskRunner 
 
 Beam 2.77's own DaskRunner options (`--dask_client_address`, `--dask_npartitions`,
 `--dask_partition_size`) pass through. Unless one of the last two is given,
-`partition_args` sizes the partitions of every `beam.Create` (and so of the stages
-after it): the runner's default puts up to 128 elements (videos, seed batches) in one
-Dask partition, i.e. on one worker, and a partition's outputs stay in the worker's
-memory until the partition ends (Dask bags are not streamed). Here: at most 16 elements
-a partition, and at least 4 partitions per worker thread for the smaller input.
+`partition_args` sets the number of Dask partitions of every `beam.Create` (and so of
+the stages after it) to max(4 per worker thread, larger input / 128): the runner's own
+default puts up to 128 elements in a partition, so a small corpus would run on one
+worker, while a partition's outputs stay in its worker's memory until it ends (Dask
+bags are not streamed) and each partition adds tasks to every shuffle (a GroupByKey).
+Measured (BENCHMARKS.md): partitions of <= 16 elements made 1000 videos 3x slower on
+Dask than on the direct runner.
 """
 from __future__ import annotations
 
@@ -91,17 +93,17 @@ def beam_args_for(beam_args: Sequence[str], *, dask_address: str | None = None,
     yield beam_args
 
 
-def partition_args(beam_args: Sequence[str], smallest_input: int) -> list[str]:
-  """beam_args plus the Dask partition size for inputs of >= smallest_input elements
-  (module docstring), unless they name one or do not run on Dask."""
+def partition_args(beam_args: Sequence[str], largest_input: int) -> list[str]:
+  """beam_args plus the number of Dask partitions for inputs of at most largest_input
+  elements (module docstring), unless they name one or do not run on Dask."""
   beam_args = list(beam_args)
   if not is_dask(beam_args) or _flag(beam_args, 'dask_npartitions') is not None or \
       _flag(beam_args, 'dask_partition_size') is not None:
     return beam_args
   with connect(_flag(beam_args, 'dask_client_address')) as client:
     threads = sum(client.nthreads().values())
-  size = max(1, min(16, smallest_input // (4 * max(1, threads))))
-  return beam_args + [f'--dask_partition_size={size}']
+  partitions = max(4 * max(1, threads), -(-largest_input // 128))
+  return beam_args + [f'--dask_npartitions={partitions}']
 
 
 def run(pipeline) -> None:
