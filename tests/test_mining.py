@@ -332,8 +332,8 @@ def test_embedder_always_sees_embed_batch_rows_and_seed_features_read_by_rows(tm
   np.save(tmp_path / 'feat.npy', x.reshape(37, -1).astype(np.float32))
   np.testing.assert_array_equal(stages.read_npy_rows(str(tmp_path / 'feat.npy'), 5, 9),
                                 x.reshape(37, -1)[5:9])
-  assert pipeline.seed_batches(37, pipeline.MiningConfig(shard_seeds=20, embed_batch=16)) == \
-      [(0, 16), (16, 20), (20, 36), (36, 37)]
+  assert pipeline.seed_shards(37, pipeline.MiningConfig(shard_seeds=20)) == \
+      [(0, 0, 20), (1, 20, 37)]
 
 
 def test_mining_does_not_import_the_trainer_or_tasks():

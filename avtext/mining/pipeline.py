@@ -14,10 +14,10 @@ Inputs
               directory without the extension.
 
 Stages (each a Beam transform; `avtext.mining.stages` holds the work of each)
-  1. seed features f(x_seed): seeds.tsv in fixed batches of `embed_batch` rows ->
-     embedder (`avtext.mining.embed`), or rows of `--seed_features` (a [num_seeds, D]
-     .npy computed elsewhere); grouped into seed shards of `shard_seeds` rows, each
-     written to a file under OUT/_beam/RUN.
+  1. seed features f(x_seed): each seed shard (`shard_seeds` rows of seeds.tsv) is one
+     task: its images through the embedder (`avtext.mining.embed`) `embed_batch` at a
+     time, or its rows of `--seed_features` (a [num_seeds, D] .npy computed elsewhere),
+     written to a file under OUT/_beam/RUN; seed vectors never pass through a shuffle.
   2. frames at `frames_hz` (1 fps) of each video -> f(x_v); a video that cannot be read
      (`video_io.REASONS`), or is shorter than the clip length t ('short'), is a
      counted, logged skip; a video without audio is counted ('no_audio') and kept,
@@ -139,15 +139,10 @@ def shard_of(video_id: str, num_shards: int) -> int:
 
 
 
-def seed_batches(num_seeds: int, cfg: MiningConfig) -> list[tuple[int, int]]:
-  """[start, stop) rows of the seed batches: `embed_batch` rows, cut at seed-shard ends so
-  that each batch lies in one shard; the same batches on every runner."""
-  out = []
-  for shard_start in range(0, num_seeds, cfg.shard_seeds):
-    shard_stop = min(num_seeds, shard_start + cfg.shard_seeds)
-    out += [(a, min(shard_stop, a + cfg.embed_batch))
-            for a in range(shard_start, shard_stop, cfg.embed_batch)]
-  return out
+def seed_shards(num_seeds: int, cfg: MiningConfig) -> list[tuple[int, int, int]]:
+  """(shard, start row, stop row) of each seed shard: `shard_seeds` rows, the last fewer."""
+  return [(j, a, min(num_seeds, a + cfg.shard_seeds))
+          for j, a in enumerate(range(0, num_seeds, cfg.shard_seeds))]
 
 
 # ------------------------------------------------------------------ the Beam pipeline
@@ -178,13 +173,12 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
   staging = files.join(files.join(str(out), '_beam'), run_tag)
   int_any = beam.typehints.Tuple[int, beam.typehints.Any]  # GroupByKey keys are ints
 
-  class EmbedSeeds(beam.DoFn):
+  class SeedShard(beam.DoFn):
 
-    def process(self, batch):
-      start, stop, paths = batch
-      vecs = stages.seed_vectors(start, stop, paths, embedder_name, seed_features, cfg)
-      stages.note_peak_rss(staging)
-      yield start // cfg.shard_seeds, (start, vecs)
+    def process(self, shard):
+      j, start, stop, paths = shard
+      yield stages.seed_shard(staging, j, start, stop, paths, embedder_name, seed_features,
+                              cfg)
 
   class DecodeEmbed(beam.DoFn):
 
@@ -214,8 +208,8 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
   def search(video_shard, items):
     items = list(items)
     records = [x for kind, x in items if kind == 'video']
-    seed_shards = [x for kind, x in items if kind == 'seeds']
-    yield from stages.search_video_shard(video_shard, records, seed_shards, num_seeds, cfg,
+    seed_files = [x for kind, x in items if kind == 'seeds']
+    yield from stages.search_video_shard(video_shard, records, seed_files, num_seeds, cfg,
                                          staging)
 
   def summary(_, items):
@@ -231,24 +225,24 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
   # inputs (it recomputes their whole graph inside each task), no TaggedOutputs (it
   # mixes them into the main output), no BatchElements or other output from
   # finish_bundle (dropped), no metrics (not collected), and one sink (it computes only
-  # the last transform's bag): every branch ends in 'Summary'.
-  batches = [(a, b, None if seed_features else [seeds[r][1] for r in range(a, b)])
-             for a, b in seed_batches(num_seeds, cfg)]
-  beam_args = runners.partition_args(beam_args, max(len(batches), len(videos)))
+  # the last transform's bag): every branch ends in 'Summary'. Seed vectors go from the
+  # task that makes a shard to the searches through files, never through a shuffle,
+  # which would hold all of them in the workers' (Dask) or the runner's (FnApiRunner)
+  # memory at once.
+  shards = [(j, a, b, None if seed_features else [seeds[r][1] for r in range(a, b)])
+            for j, a, b in seed_shards(num_seeds, cfg)]
+  beam_args = runners.partition_args(beam_args, len(videos))
   p = beam.Pipeline(options=PipelineOptions(beam_args))
-  seed_shards = (p | 'SeedBatches' >> beam.Create(batches)
-                 | 'EmbedSeeds' >> beam.ParDo(EmbedSeeds()).with_output_types(int_any)
-                 | 'BySeedShard' >> beam.GroupByKey()
-                 | 'WriteSeedShards' >> beam.MapTuple(
-                     lambda j, blocks: stages.write_seed_shard(staging, j, blocks))
-                 | 'ToVideoShards' >> beam.FlatMap(fan_out).with_output_types(int_any))
+  seed_files = (p | 'SeedShards' >> beam.Create(shards)
+                | 'EmbedSeedShards' >> beam.ParDo(SeedShard())
+                | 'ToVideoShards' >> beam.FlatMap(fan_out).with_output_types(int_any))
   decoded = (p | 'Videos' >> beam.Create(videos)
              | 'Spread' >> beam.Reshuffle()
              | 'DecodeEmbed' >> beam.ParDo(DecodeEmbed()))
   records = (decoded | 'Usable' >> beam.Filter(lambda x: x[0] == 'video')
              | 'KeyByVideoShard' >> beam.Map(
                  lambda x: (x[1], ('video', x[2]))).with_output_types(int_any))
-  searched = ((records, seed_shards) | 'ShardInputs' >> beam.Flatten()
+  searched = ((records, seed_files) | 'ShardInputs' >> beam.Flatten()
               | 'ByVideoShard' >> beam.GroupByKey()
               | 'Search' >> beam.FlatMapTuple(search))
   match_files = (searched | 'Matches' >> beam.Filter(lambda x: x[0] == 'match')

@@ -3,9 +3,8 @@
 The stages (`avtext.mining.pipeline` wires them) hand seed vectors to each other through
 files under the run's staging directory (OUT/_beam/RUN), so a worker holds one seed shard
 at a time, never the seed table:
-  seed_vectors       one batch of seed rows -> unit vectors (embedded, or rows of a
-                     precomputed --seed_features .npy)
-  write_seed_shard   a seed shard's vectors -> seeds-J.npy
+  seed_shard         one seed shard's rows -> unit vectors (embedded, or rows of a
+                     precomputed --seed_features .npy) -> seeds-J.npy
   decode_and_embed   one video -> its frames' unit vectors (or a skip record)
   search_video_shard one video shard's frames, one FAISS index, every seed shard file in
                      turn -> each seed's top_k matches in the shard
@@ -107,36 +106,37 @@ def read_npy_rows(path: str, start: int, stop: int) -> np.ndarray:
   return np.frombuffer(data, dtype).reshape(stop - start, shape[1])
 
 
-def seed_vectors(start: int, stop: int, paths: Sequence[str] | None, embedder_name: str,
-                 seed_features: str | None, cfg) -> np.ndarray:
-  """Unit vectors [stop - start, D] of seed rows [start, stop): f on their images, or
-  rows of the precomputed seed_features array (paths None)."""
+def seed_shard(staging: str, shard: int, start: int, stop: int, paths: Sequence[str] | None,
+               embedder_name: str, seed_features: str | None, cfg) -> tuple[int, int, str]:
+  """Seed rows [start, stop) -> their unit vectors in STAGING/seeds-SHARD.npy; (shard,
+  start, the file). The vectors come from f on the seed images (`paths`), `embed_batch`
+  images at a time, or from rows of the precomputed seed_features array (paths None).
+  One task writes a whole shard, so seed vectors never pass through a shuffle and a
+  worker holds one shard (~3 copies of it at the write) whatever the number of seeds."""
   if seed_features:
-    return embed.l2_normalize(read_npy_rows(seed_features, start, stop))
-  images = [files.load_image(p, cfg.image_size) for p in paths]
-  shapes = {im.shape for im in images}
-  if len(shapes) > 1:
-    raise ValueError(f'seed images differ in size {sorted(shapes)[:3]}; pass --image_size=H,W')
-  return embed_fixed(embedder(embedder_name), np.stack(images), cfg.embed_batch)
-
-
-def write_seed_shard(staging: str, shard: int, blocks: Iterable[tuple[int, np.ndarray]]
-                     ) -> tuple[int, int, str]:
-  """A seed shard's (start row, vectors) blocks -> STAGING/seeds-SHARD.npy;
-  (shard, its first row, the file)."""
-  blocks = sorted(blocks, key=lambda b: b[0])
-  for (a, x), (b, _) in zip(blocks, blocks[1:]):
-    if a + len(x) != b:
-      raise RuntimeError(f'seed shard {shard}: rows {a + len(x)}..{b} missing')
-  buf = io.BytesIO()
-  np.save(buf, np.concatenate([x for _, x in blocks]).astype(np.float32))
+    vecs = embed.l2_normalize(read_npy_rows(seed_features, start, stop))
+  else:
+    blocks = []
+    for a in range(0, stop - start, cfg.embed_batch):
+      images = [files.load_image(p, cfg.image_size) for p in paths[a:a + cfg.embed_batch]]
+      shapes = {im.shape for im in images}
+      if len(shapes) > 1:
+        raise ValueError(f'seed images differ in size {sorted(shapes)[:3]}; pass '
+                         '--image_size=H,W')
+      blocks.append(embed_fixed(embedder(embedder_name), np.stack(images), cfg.embed_batch))
+    vecs = np.concatenate(blocks)
   path = files.join(staging, f'seeds-{shard:06d}.npy')
-  files.write_bytes(path, buf.getvalue())
+  buf = io.BytesIO()
+  np.save(buf, np.ascontiguousarray(vecs, np.float32))
+  del vecs
+  files.write_bytes(path, buf.getbuffer())
   note_peak_rss(staging)
-  return shard, blocks[0][0], path
+  return shard, start, path
 
 
 def load_npy(path: str) -> np.ndarray:
+  if not files.is_remote(path):
+    return np.load(path, allow_pickle=False)
   return np.load(io.BytesIO(files.read_bytes(path)), allow_pickle=False)
 
 
