@@ -303,7 +303,12 @@ def write_video(path, frames: np.ndarray, fps: float, *, audio: np.ndarray | Non
                 sample_rate: int = 16000, crf: int = 18, faststart: bool = False) -> None:
   """Encode uint8 [T, H, W, 3] frames (H, W even) as H.264 and `audio` (float32 mono in
   [-1, 1]) as AAC into an .mp4: index at the end, as most encoders write it, or at the
-  start with `faststart` (as streaming sites serve files)."""
+  start with `faststart` (as streaming sites serve files).
+
+  The same arguments give the same bytes: x264's macroblock-tree rate control (mbtree,
+  on by default) is off, as with it the same frames encoded twice in one process came
+  out different in ~1 of 6 encodes (the first GOP's QPs; BENCHMARKS.md "Determinism of
+  the mined set")."""
   import av  # pylint: disable=g-import-not-at-top
   frames = np.asarray(frames)
   if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
@@ -315,7 +320,7 @@ def write_video(path, frames: np.ndarray, fps: float, *, audio: np.ndarray | Non
     vs = container.add_stream('libx264', rate=Fraction(fps).limit_denominator(1001))
     vs.height, vs.width = frames.shape[1:3]
     vs.pix_fmt = 'yuv420p'
-    vs.options = {'crf': str(crf), 'preset': 'veryfast'}
+    vs.options = {'crf': str(crf), 'preset': 'veryfast', 'x264-params': 'mbtree=0'}
     as_ = None
     if audio is not None:
       as_ = container.add_stream('aac', rate=sample_rate, layout='mono')

@@ -59,6 +59,25 @@ def write_bytes(path: str, data: bytes) -> None:
     f.write(data)
 
 
+def match(pattern: str) -> list[str]:
+  """Paths matching a glob, local or remote, sorted."""
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  return sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+
+
+def delete_tree(root: str) -> None:
+  """Delete every file under root (the run's staging files), then root itself if local."""
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  found = match(f"{str(root).rstrip('/')}/**") if is_remote(root) else [
+      str(p) for p in pathlib.Path(root).rglob('*') if p.is_file()]
+  if found:
+    FileSystems.delete(found)
+  if not is_remote(root):
+    for d in sorted(pathlib.Path(root).rglob('*'), reverse=True) + [pathlib.Path(root)]:
+      if d.is_dir():
+        d.rmdir()
+
+
 def read_seeds(path: str | pathlib.Path) -> list[tuple[str, str, str]]:
   """[(seed id, image path, caption)] from seeds.tsv (module docstring)."""
   path = str(path)

@@ -14,8 +14,11 @@ out/
                    clips per caption (Fig. 8 histogram), and precision when the corpus
                    knows its truth (a synthetic corpus: `world.json` beside its videos);
                    skip counts by reason; the same for two runs of the same command
-  run.json         wall time, shards (index kind, frames, search seconds, recall of the
-                   approximate index vs exact) - the only file that varies between runs
+  run.json         wall time, video shards (index kind, frames, build and search
+                   seconds, recall of the approximate index vs exact), the peak resident
+                   memory of each worker process and of the driver ('driver'; the same
+                   process as the workers on an in-process runner) - the only file that
+                   varies between runs
   plots/matches_vs_tau.png, plots/clips_per_caption.png
 """
 from __future__ import annotations
@@ -133,7 +136,8 @@ def write(out: str | pathlib.Path, **kwargs) -> dict:
 
 
 def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skipped, shards,
-           seconds: float, videos_dir: str, embedder: str) -> dict:
+           seconds: float, videos_dir: str, embedder: str, workers: Sequence[dict] = ()
+           ) -> dict:
   out_dir.mkdir(parents=True, exist_ok=True)
   rows = _clip_rows(matches, captions, cfg)
   at_tau = [r for r in rows if r['sim'] >= cfg.tau]
@@ -175,7 +179,10 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
   run = {'seconds': seconds, 'shards': sorted(shards, key=lambda s: -s['frames']),
          'frames': sum(s['frames'] for s in shards),
          'search_seconds': sum(s['seconds'] for s in shards),
-         'approx_recall': (recall_hits / recall_total) if recall_total else None}
+         'approx_recall': (recall_hits / recall_total) if recall_total else None,
+         'workers': sorted(workers, key=lambda w: w['worker']),
+         'peak_worker_rss_mb': max((w['peak_rss_mb'] for w in workers
+                                    if w['worker'] != 'driver'), default=None)}
   (out_dir / 'run.json').write_text(json.dumps(run, indent=1, sort_keys=True) + '\n')
   return {**run, 'stats': stats}
 

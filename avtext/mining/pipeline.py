@@ -1,7 +1,9 @@
 r"""VideoCC mining (§3.1) as an Apache Beam pipeline: image captions -> video clips.
 
     python -m avtext.mining --seeds=SEEDS.tsv --videos=DIR --embedder=run:RUN_DIR \
-        --out=OUT [--tau=0.6 --top_k=10 --clip_seconds=10] [Beam options]
+        --out=OUT [--tau=0.6 --top_k=10 --clip_seconds=10 --shard_seeds=100000] \
+        [--runner=DaskRunner --dask_local_workers=N | --dask_address=HOST:PORT] \
+        [Beam options]
 
 Inputs
   seeds.tsv   one seed image per line: `seed_id <TAB> image path <TAB> caption` (the
@@ -11,19 +13,43 @@ Inputs
               it, recursively, is a corpus video whose id is its path relative to the
               directory without the extension.
 
-Stages (each a Beam transform; Reshuffle spreads the videos over workers)
-  1. seed features f(x_seed): images -> embedder (`avtext.mining.embed`), batched.
+Stages (each a Beam transform; `avtext.mining.stages` holds the work of each)
+  1. seed features f(x_seed): each seed shard (`shard_seeds` rows of seeds.tsv) is one
+     task: its images through the embedder (`avtext.mining.embed`) `embed_batch` at a
+     time, or its rows of `--seed_features` (a [num_seeds, D] .npy computed elsewhere),
+     written to a file under OUT/_beam/RUN; seed vectors never pass through a shuffle.
   2. frames at `frames_hz` (1 fps) of each video -> f(x_v); a video that cannot be read
      (`video_io.REASONS`), or is shorter than the clip length t ('short'), is a
      counted, logged skip; a video without audio is counted ('no_audio') and kept,
      flagged, as VideoCC's AVR pads missing audio with zeros (app. C).
-  3. videos are hashed into shards of ~`shard_videos`; each shard builds its own FAISS
-     index over its frames and finds every seed's top_k matches >= tau there
-     (`avtext.mining.search`); shards' lists are merged per seed into the global top_k
-     (exact, as shards hold whole videos). Approximate shards also search
-     `recall_sample` seeds exactly and report the approximate index's recall.
+  3. videos are hashed into shards of ~`shard_videos`; each video shard builds one FAISS
+     index over its frames and searches it with every seed shard in turn, one seed
+     shard file in memory at a time, for every seed's top_k matches >= tau there
+     (`avtext.mining.search`); the (seed shard x video shard) lists are merged per seed
+     into the global top_k (exact, as shards hold whole videos). Approximate shards also
+     search `recall_sample` seeds exactly and report the approximate index's recall.
   4. each match becomes a clip of t = `clip_seconds` centred on the matched frame,
      shifted to stay inside the video, and takes the seed's caption.
+
+Which side fans out. The work is the cross product seed shards x video shards. At CC3M
+scale the seeds are S = 1.25M x 256 float32 = 1.3 GB and the frames F = 150M videos x
+~10 frames x 1 KB = 1.5 TB. Whichever side moves is read once per shard of the side
+that stays: moving the seeds costs S x F / (video shard bytes), moving the frames
+F x S / (seed shard bytes), so the two are equal for equal shard bytes and the choice
+falls to what else each costs. The frames stay: (a) they are grouped into video shards
+once anyway, where they are decoded (one shuffle of F); moving them would add one more
+copy of F per seed shard (10 x 1.5 TB at 100k seeds a shard), while moving the seeds
+reads 1.3 GB per video shard, 1.9 TB in all at 1M-frame (~1 GB) video shards, 13 TB at
+200k-frame ones; (b) the FAISS index is built over the stationary side, once per video
+shard, and an HNSW / IVF build (13 s / 8 s at 200k frames here) is amortized over all
+1.25M queries instead of being redone per seed shard; (c) top_k per seed is a
+query-side question, so the seeds must be the queries. So the seed shards fan out, as
+files (Beam's DaskRunner has no usable side inputs, and a side input of all seeds is
+what a worker must not hold): a worker holds one video shard, its index and one seed
+shard (`shard_seeds` x D x 4 bytes, 100 MB at the default 100k x 256), whatever the
+number of seeds, and each video shard's search emits at most top_k matches per seed.
+On a cluster, make `shard_videos` as large as a worker's memory allows (fewer reads of
+the seeds) and `shard_seeds` small enough to sit beside it.
 
 The search runs at the lowest threshold of `tau_grid` and `tau`, so the statistics
 for every τ of Fig. 5 come from one run (top_k of the matches >= τ is the matches >=
@@ -36,13 +62,20 @@ dataset.json (what `dataset.name="videocc_mined"` reads), stats.json (+ Fig. 5 /
 plots as PNG under plots/) and run.json (timings, index kinds, recall; the only file
 that differs between two runs of the same command).
 
-Runners: the default is Beam's direct runner with `--direct_num_workers=2
+Runners (`avtext.mining.runners`; docs/mining.md has the cluster recipes): the default
+is Beam's direct runner with `--direct_num_workers=2
 --direct_running_mode=multi_processing`, named `--runner=FnApiRunner`: that is the engine
 `--runner=DirectRunner` runs, after first trying Prism, a binary it would download from
 GitHub at run time (nothing is fetched here; DirectRunner still works, logging the failed
-download). Any Beam runner takes the standard options,
-e.g. Dataflow (the embedder's run directory and the inputs must then be on GCS and
-avtext installed on the workers, e.g. --setup_file=./setup.py):
+download). `--runner=DaskRunner` runs the same pipeline on a `dask.distributed` cluster:
+`--dask_address=HOST:PORT` (an existing one) or `--dask_local_workers=N` (a local one
+of N processes, started for the run). Both are exercised here: the tests mine the tiny
+corpus on the direct runner and on a 2-process local Dask cluster and get the same files,
+byte for byte, as a brute-force loop; `benchmarks/mining_dask_scale.py` measures both up
+to 10k videos and 1M seeds. The pipeline keeps to what Beam 2.77's DaskRunner executes
+(see `build_and_run`). Any other Beam runner takes the standard options, e.g. Dataflow
+(the embedder's run directory and the inputs must then be on GCS and avtext installed
+on the workers, e.g. --setup_file=./setup.py):
 
     python -m avtext.mining --seeds=gs://B/cc3m/seeds.tsv --videos=gs://B/videos \
         --embedder=run:gs://B/runs/tower --out=gs://B/videocc \
@@ -50,10 +83,16 @@ avtext installed on the workers, e.g. --setup_file=./setup.py):
         --temp_location=gs://B/tmp --setup_file=./setup.py --num_workers=64
     (Flink / Spark: --runner=FlinkRunner --flink_master=HOST:8081, --runner=SparkRunner)
 
-Every path may be local or remote (gs://, s3://, ...: Beam's FileSystems): seeds.tsv,
-the images, the video listing, the workers' hand-over files under OUT/_beam; a remote
-video is copied to the worker's disk before PyAV decodes it. Only the local runner is
-exercised here (tests and benchmarks); the remote runners are documented, not run.
+Dataflow, Flink and Spark are documented, not run here. Every path may be local or
+remote (gs://, s3://, ...: Beam's FileSystems): seeds.tsv, the images, the video listing,
+the workers' hand-over files under OUT/_beam; a remote video is copied to the worker's
+disk before PyAV decodes it. On a cluster OUT must be storage every worker reaches.
+
+Determinism: the files (all but run.json) are the same bytes on every runner, worker
+count and sharding of one machine: batches of the embedder have one shape
+(`stages.embed_fixed`), similarities are summed in float64 (`search.similarity`),
+FAISS only proposes candidates (`search.MARGIN`), every sort key is total. Another CPU
+can round f itself differently (BENCHMARKS.md "Determinism of the mined set").
 """
 from __future__ import annotations
 
@@ -61,15 +100,12 @@ import dataclasses
 import hashlib
 import json
 import logging
-import pathlib
 import time
 from typing import Sequence
 
-import numpy as np
-
 from avtext.mining import files
 from avtext.mining import search as search_lib
-
+from avtext.mining import stages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +117,7 @@ class MiningConfig:
   one_per_video: bool = True  # see avtext.mining.search
   tau_grid: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9)  # Fig. 5
   shard_videos: int = 256
+  shard_seeds: int = 100_000  # seeds a worker holds at once (module docstring)
   index: search_lib.IndexConfig = search_lib.IndexConfig()
   recall_sample: int = 256
   embed_batch: int = 128
@@ -90,206 +127,153 @@ class MiningConfig:
   def search_tau(self) -> float:
     return min((self.tau,) + tuple(self.tau_grid))
 
+  def __post_init__(self):
+    for name in ('top_k', 'shard_videos', 'shard_seeds', 'embed_batch'):
+      if getattr(self, name) < 1:
+        raise ValueError(f'--{name} must be >= 1, got {getattr(self, name)}')
+
 
 def shard_of(video_id: str, num_shards: int) -> int:
   return int(hashlib.sha1(video_id.encode()).hexdigest()[:8], 16) % num_shards
 
 
-# ------------------------------------------------------------------ per-worker work
-def embed_seed_batch(rows: Sequence[tuple[str, str, str]], embedder, size) -> list:
-  images = [files.load_image(p, size) for _, p, _ in rows]
-  shapes = {im.shape for im in images}
-  if len(shapes) > 1:
-    raise ValueError(f'seed images differ in size {sorted(shapes)[:3]}; pass --image_size=H,W')
-  vecs = embedder(np.stack(images))
-  return [(sid, np.asarray(v, np.float32)) for (sid, _, _), v in zip(rows, vecs)]
 
 
-def decode_and_embed(video_id: str, path: str, embedder, cfg: MiningConfig
-                     ) -> tuple[dict | None, dict | None]:
-  """(record, None) for a usable video, (None, skip) for a skipped one, where record
-  holds id, path, duration, has_audio, frame times and unit frame vectors."""
-  from avtext.data import video_io  # pylint: disable=g-import-not-at-top
-  if files.is_remote(path):  # PyAV reads local files: copy the video to the worker's disk
-    import tempfile  # pylint: disable=g-import-not-at-top
-    with tempfile.NamedTemporaryFile(suffix=pathlib.PurePosixPath(path).suffix) as tmp:
-      tmp.write(files.read_bytes(path))
-      tmp.flush()
-      record, skip = decode_and_embed(video_id, tmp.name, embedder, cfg)
-    for r in (record, skip):
-      if r is not None:
-        r['path'] = path
-    return record, skip
-  try:
-    info = video_io.probe(path)
-    if not info.duration_s >= cfg.clip_seconds:
-      return None, {'video_id': video_id, 'path': path, 'reason': 'short',
-                    'detail': f'{info.duration_s:.2f} s < t = {cfg.clip_seconds} s'}
-    times = video_io.sample_times(info.duration_s, cfg.frames_hz)
-    frames = video_io.read_frames(path, times, size=cfg.image_size)
-  except video_io.VideoReadError as e:
-    return None, {'video_id': video_id, 'path': path, 'reason': e.reason, 'detail': e.detail}
-  vecs = embedder(frames) if len(frames) else np.zeros((0, 1), np.float32)
-  return {'video_id': video_id, 'path': path, 'duration_s': info.duration_s,
-          'has_audio': info.has_audio, 'times': times.astype(np.float64),
-          'vecs': np.asarray(vecs, np.float32)}, None
-
-
-def search_records(records: Sequence[dict], seed_ids: Sequence[str], seed_vecs: np.ndarray,
-                   cfg: MiningConfig, *, recall_rows: np.ndarray | None = None
-                   ) -> tuple[list[tuple[str, tuple]], dict]:
-  """One shard: [(seed id, (sim, video id, frame time, duration, has_audio, path))] and
-  info (index, frames, seconds, recall hits / total when approximate)."""
-  records = sorted(records, key=lambda r: r['video_id'])
-  records = [r for r in records if len(r['times'])]
-  if not records:
-    return [], {'index': 'none', 'frames': 0, 'seconds': 0.0}
-  frames = np.concatenate([r['vecs'] for r in records])
-  frame_video = np.concatenate([np.full(len(r['times']), k) for k, r in enumerate(records)])
-  times = np.concatenate([r['times'] for r in records])
-  kw = dict(tau=cfg.search_tau, top_k=cfg.top_k, one_per_video=cfg.one_per_video)
-  found, info = search_lib.search_shard(seed_vecs, frames, frame_video,
-                                        index_cfg=cfg.index, **kw)
-  if info['index'] != 'flat' and recall_rows is not None and len(recall_rows):
-    exact, exact_info = search_lib.search_shard(seed_vecs[recall_rows], frames, frame_video,
-                                                force_exact=True, **kw)
-    hits = total = 0
-    for row, ex in zip(recall_rows, exact):
-      want = {(m.video, m.frame) for m in ex}
-      hits += len(want & {(m.video, m.frame) for m in found[row]})
-      total += len(want)
-    info.update(recall_hits=hits, recall_total=total, exact_seconds=exact_info['seconds'],
-                recall_queries=len(recall_rows))
-  out = []
-  for row, matches in enumerate(found):
-    for m in matches:
-      r = records[m.video]
-      out.append((seed_ids[row], (m.sim, r['video_id'], float(times[m.frame]),
-                                  r['duration_s'], r['has_audio'], r['path'])))
-  info['queries'] = len(seed_vecs)
-  return out, info
-
-
-def recall_rows(num_seeds: int, sample: int) -> np.ndarray:
-  """Evenly spaced seed rows whose exact answers measure an approximate index's recall."""
-  if sample <= 0:
-    return np.zeros(0, np.int64)
-  return np.unique(np.linspace(0, num_seeds - 1, min(sample, num_seeds)).round().astype(np.int64))
+def seed_shards(num_seeds: int, cfg: MiningConfig) -> list[tuple[int, int, int]]:
+  """(shard, start row, stop row) of each seed shard: `shard_seeds` rows, the last fewer."""
+  return [(j, a, min(num_seeds, a + cfg.shard_seeds))
+          for j, a in enumerate(range(0, num_seeds, cfg.shard_seeds))]
 
 
 # ------------------------------------------------------------------ the Beam pipeline
 def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
-                  cfg: MiningConfig, beam_args: Sequence[str] = ()) -> dict:
+                  cfg: MiningConfig, beam_args: Sequence[str] = (), *,
+                  seed_features: str | None = None) -> dict:
   """Run the pipeline; write the outputs (`outputs.write`); return run info."""
   import apache_beam as beam  # pylint: disable=g-import-not-at-top
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from avtext.mining import outputs  # pylint: disable=g-import-not-at-top
+  from avtext.mining import runners  # pylint: disable=g-import-not-at-top
 
   seeds = files.read_seeds(seeds_tsv)
   videos = files.list_videos(videos_dir)
   if not videos:
     raise ValueError(f'--videos {videos_dir}: no files with extensions {files.VIDEO_EXTENSIONS}')
-  num_shards = max(1, -(-len(videos) // cfg.shard_videos))
+  if seed_features:
+    shape, _, _ = stages.npy_header(seed_features)
+    if shape[0] != len(seeds):
+      raise ValueError(f'--seed_features {seed_features}: {shape[0]} rows for the '
+                       f'{len(seeds)} seeds of {seeds_tsv}')
+  num_video_shards = max(1, -(-len(videos) // cfg.shard_videos))
+  num_seeds = len(seeds)
   captions = {sid: cap for sid, _, cap in seeds}
-  # The workers hand their results to this process through files under out/_beam
-  # (Beam's FileSystems: a local path, or gs:// etc. on a remote runner).
-  staging = files.join(str(out), '_beam')
+  # Workers hand seed shards and results over through files under OUT/_beam/RUN (Beam's
+  # FileSystems: a local path on one machine, shared or gs:// storage on a cluster).
   run_tag = hashlib.sha1(f'{time.time_ns()}'.encode()).hexdigest()[:8]
+  staging = files.join(files.join(str(out), '_beam'), run_tag)
+  int_any = beam.typehints.Tuple[int, beam.typehints.Any]  # GroupByKey keys are ints
 
-  class EmbedSeeds(beam.DoFn):
+  class SeedShard(beam.DoFn):
 
-    def setup(self):
-      from avtext.mining import embed  # pylint: disable=g-import-not-at-top
-      self.embedder = embed.resolve(embedder_name)
-
-    def process(self, batch):
-      yield from embed_seed_batch(batch, self.embedder, cfg.image_size)
+    def process(self, shard):
+      j, start, stop, paths = shard
+      yield stages.seed_shard(staging, j, start, stop, paths, embedder_name, seed_features,
+                              cfg)
 
   class DecodeEmbed(beam.DoFn):
-    SKIPPED = 'skipped'
-
-    def infer_output_type(self, input_type):
-      return beam.typehints.Tuple[int, beam.typehints.Any]  # main output; skips are tagged
 
     def setup(self):
-      from avtext.mining import embed  # pylint: disable=g-import-not-at-top
-      self.embedder = embed.resolve(embedder_name)
       self.done = 0
 
     def process(self, item):
       video_id, path = item
-      record, skip = decode_and_embed(video_id, path, self.embedder, cfg)
+      record, skip = stages.decode_and_embed(video_id, path, embedder_name, cfg)
       self.done += 1
       if self.done % 50 == 0:
         logging.info('mining: this worker decoded and embedded %d videos', self.done)
+      stages.note_peak_rss(staging)
       if skip is not None:
-        beam.metrics.Metrics.counter('mining', f'skipped_{skip["reason"]}').inc()
         logging.warning('mining: skipped %s (%s: %s)', video_id, skip['reason'],
                         skip['detail'])
-        yield beam.pvalue.TaggedOutput(self.SKIPPED, skip)
+        yield 'skip', -1, skip
         return
-      beam.metrics.Metrics.counter('mining', 'videos').inc()
-      beam.metrics.Metrics.counter('mining', 'frames').inc(len(record['times']))
       if not record['has_audio']:
-        beam.metrics.Metrics.counter('mining', 'no_audio').inc()
         logging.warning('mining: %s has no audio stream (kept, flagged)', video_id)
-      yield shard_of(video_id, num_shards), record
+      yield 'video', shard_of(video_id, num_video_shards), record
 
-  class SearchShard(beam.DoFn):
-    INFO = 'info'
+  def fan_out(seed_shard):  # a seed shard file, to every video shard
+    for v in range(num_video_shards):
+      yield v, ('seeds', seed_shard)
 
-    def process(self, item, seed_table):
-      _, records = item
-      ids, vecs = seed_table
-      matches, info = search_records(list(records), ids, vecs, cfg,
-                                     recall_rows=recall_rows(len(ids), cfg.recall_sample))
-      for m in matches:
-        yield m
-      yield beam.pvalue.TaggedOutput(self.INFO, info)
+  def search(video_shard, items):
+    items = list(items)
+    records = [x for kind, x in items if kind == 'video']
+    seed_files = [x for kind, x in items if kind == 'seeds']
+    yield from stages.search_video_shard(video_shard, records, seed_files, num_seeds, cfg,
+                                         staging)
 
-  def seed_table(pairs):
-    pairs = sorted(pairs, key=lambda p: p[0])
-    return [p[0] for p in pairs], np.stack([p[1] for p in pairs])
+  def summary(_, items):
+    by_kind = {'skip': [], 'info': [], 'matches': []}
+    for kind, x in items:
+      by_kind[kind].append(x)
+    path = files.join(staging, 'summary.json')
+    files.write_bytes(path, json.dumps(by_kind, sort_keys=True).encode())
+    stages.note_peak_rss(staging)
+    return path
 
-  def write_list(items, name):
-    files.write_bytes(files.join(staging, f'{run_tag}-{name}'),
-                      json.dumps(items, sort_keys=True).encode())
-
-  options = PipelineOptions(list(beam_args))
+  # One pipeline for every runner, within what Beam 2.77's DaskRunner executes: no side
+  # inputs (it recomputes their whole graph inside each task), no TaggedOutputs (it
+  # mixes them into the main output), no BatchElements or other output from
+  # finish_bundle (dropped), no metrics (not collected), and one sink (it computes only
+  # the last transform's bag): every branch ends in 'Summary'. Seed vectors go from the
+  # task that makes a shard to the searches through files, never through a shuffle,
+  # which would hold all of them in the workers' (Dask) or the runner's (FnApiRunner)
+  # memory at once.
+  shards = [(j, a, b, None if seed_features else [seeds[r][1] for r in range(a, b)])
+            for j, a, b in seed_shards(num_seeds, cfg)]
+  beam_args = runners.partition_args(beam_args, len(videos))
+  p = beam.Pipeline(options=PipelineOptions(beam_args))
+  seed_files = (p | 'SeedShards' >> beam.Create(shards)
+                | 'EmbedSeedShards' >> beam.ParDo(SeedShard())
+                | 'ToVideoShards' >> beam.FlatMap(fan_out).with_output_types(int_any))
+  decoded = (p | 'Videos' >> beam.Create(videos)
+             | 'Spread' >> beam.Reshuffle()
+             | 'DecodeEmbed' >> beam.ParDo(DecodeEmbed()))
+  records = (decoded | 'Usable' >> beam.Filter(lambda x: x[0] == 'video')
+             | 'KeyByVideoShard' >> beam.Map(
+                 lambda x: (x[1], ('video', x[2]))).with_output_types(int_any))
+  searched = ((records, seed_files) | 'ShardInputs' >> beam.Flatten()
+              | 'ByVideoShard' >> beam.GroupByKey()
+              | 'Search' >> beam.FlatMapTuple(search))
+  match_files = (searched | 'Matches' >> beam.Filter(lambda x: x[0] == 'match')
+                 | 'KeyBySeed' >> beam.Map(lambda x: (x[1], x[2])).with_output_types(int_any)
+                 | 'BySeed' >> beam.GroupByKey()
+                 | 'Merge' >> beam.MapTuple(lambda row, ms: (
+                     row // cfg.shard_seeds, (row, search_lib.merge_top([list(ms)], cfg.top_k)))
+                     ).with_output_types(int_any)
+                 | 'ByMergedSeedShard' >> beam.GroupByKey()
+                 | 'WriteMatches' >> beam.MapTuple(
+                     lambda j, tops: ('matches', stages.write_matches(staging, j, tops))))
+  skips = decoded | 'Skips' >> beam.Filter(lambda x: x[0] == 'skip') | 'SkipRecords' >> beam.Map(
+      lambda x: ('skip', x[2]))
+  infos = searched | 'Infos' >> beam.Filter(lambda x: x[0] == 'info')
+  _ = ((match_files, skips, infos) | 'Results' >> beam.Flatten()
+       | 'OneKey' >> beam.Map(lambda x: (0, x)).with_output_types(int_any)
+       | 'AllResults' >> beam.GroupByKey()
+       | 'Summary' >> beam.MapTuple(summary))
   t0 = time.perf_counter()
-  with beam.Pipeline(options=options) as p:
-    seed_vecs = (p | 'Seeds' >> beam.Create(seeds)
-                 | 'BatchSeeds' >> beam.BatchElements(min_batch_size=cfg.embed_batch,
-                                                      max_batch_size=cfg.embed_batch)
-                 | 'EmbedSeeds' >> beam.ParDo(EmbedSeeds())
-                 | 'SeedList' >> beam.combiners.ToList()
-                 | 'SeedTable' >> beam.Map(seed_table))
-    decoded = (p | 'Videos' >> beam.Create(videos)
-               | 'Spread' >> beam.Reshuffle()
-               | 'DecodeEmbed' >> beam.ParDo(DecodeEmbed()).with_outputs(
-                   DecodeEmbed.SKIPPED, main='records'))
-    searched = (decoded.records
-                | 'Shard' >> beam.GroupByKey()
-                | 'Search' >> beam.ParDo(SearchShard(), beam.pvalue.AsSingleton(seed_vecs))
-                .with_outputs(SearchShard.INFO, main='matches'))
-    (searched.matches
-     | 'BySeed' >> beam.GroupByKey()
-     | 'Merge' >> beam.MapTuple(
-         lambda sid, ms: (sid, search_lib.merge_top([list(ms)], cfg.top_k)))
-     | 'MatchList' >> beam.combiners.ToList()
-     | 'WriteMatches' >> beam.Map(lambda ms: write_list(
-         [[sid, list(m)] for sid, top in ms for m in top], 'matches.json')))
-    (decoded.skipped | 'SkipList' >> beam.combiners.ToList()
-     | 'WriteSkips' >> beam.Map(lambda s: write_list(s, 'skipped.json')))
-    (searched.info | 'InfoList' >> beam.combiners.ToList()
-     | 'WriteInfo' >> beam.Map(lambda s: write_list(s, 'shards.json')))
+  runners.run(p)
   seconds = time.perf_counter() - t0
-  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  staged = {name: files.join(staging, f'{run_tag}-{name}')
-            for name in ('matches.json', 'skipped.json', 'shards.json')}
-  matches, skipped, shards = (json.loads(files.read_bytes(staged[n])) for n in
-                              ('matches.json', 'skipped.json', 'shards.json'))
-  FileSystems.delete(list(staged.values()))
+
+  done = json.loads(files.read_bytes(files.join(staging, 'summary.json')))
+  matches = []
+  for path in sorted(done['matches']):
+    for row, top in json.loads(files.read_bytes(path)):
+      matches += [[seeds[row][0], m] for m in top]
+  workers = [json.loads(files.read_bytes(w)) for w in files.match(files.join(staging, 'workers/*'))]
+  files.delete_tree(staging)
+  workers.append({'worker': 'driver', 'peak_rss_mb': stages.peak_rss_mb()})
   return outputs.write(out, cfg=cfg, seeds=seeds, captions=captions, videos=videos,
-                       matches=matches, skipped=skipped, shards=shards,
-                       seconds=seconds, videos_dir=videos_dir, embedder=embedder_name)
+                       matches=matches, skipped=done['skip'], shards=done['info'],
+                       seconds=seconds, videos_dir=videos_dir, embedder=embedder_name,
+                       workers=workers)

@@ -12,10 +12,21 @@ Index per shard: exact inner product (`IndexFlatIP`) while the shard has at most
 efSearch=`hnsw_ef_search`) or IVF (`IndexIVFFlat`, `ivf_nlist` lists, default
 4 sqrt(N), `ivf_nprobe` probed). The index returns frame candidates; a seed's search
 widens (k x 4) until it has `top_k` distinct videos at >= tau or has run below tau;
-the kept videos' best frames and similarities are then recomputed exactly in numpy
-(float32 dot products, earliest frame on ties), so an exact index gives exactly the
-brute-force answer and an approximate one differs only in which videos it finds.
-Shards hold whole videos, so merging shards' top-k lists (`merge_top`) is exact.
+the kept videos' best frames and similarities are then recomputed in numpy, so an
+exact index gives exactly the brute-force answer and an approximate one differs only in
+which videos it finds. Shards hold whole videos, so merging shards' top-k lists
+(`merge_top`) is exact.
+
+Determinism. The similarity of a seed and a frame is defined as `similarity`: the dot
+product of the float32 vectors summed in float64, then rounded to float32. Every
+product of two float32 is exact in float64 and the float64 sum's rounding error is
+~1e-16, so the float32 result does not depend on the summation order of the BLAS
+kernel, its thread count or the CPU's vector width (ties that FAISS's own float32 sums
+would break differently on another machine). FAISS only proposes candidates: a search
+keeps widening until the candidates reach `MARGIN` below the top_k-th distinct video
+(and below tau - `MARGIN`), far more than FAISS's float32 error on unit vectors
+(<= D x 2^-24, 1.5e-5 at D = 256), so rounding in FAISS never drops a video from the
+exact answer. Ranks break ties by (similarity desc, video, frame): a total order.
 """
 from __future__ import annotations
 
@@ -62,6 +73,15 @@ def build_index(x: np.ndarray, cfg: IndexConfig, *, force_exact: bool = False):
   return index, desc
 
 
+MARGIN = 1e-4  # candidates reach this far below the k-th / tau (module docstring)
+
+
+def similarity(frames: np.ndarray, q: np.ndarray) -> np.ndarray:
+  """float32 dot products of rows of `frames` with `q`, summed in float64 (module
+  docstring: the same bits on every machine and BLAS)."""
+  return (np.asarray(frames, np.float64) @ np.asarray(q, np.float64)).astype(np.float32)
+
+
 @dataclasses.dataclass(frozen=True)
 class Match:
   seed: int  # row of the seed matrix
@@ -75,7 +95,7 @@ def _best_frames(q: np.ndarray, frames: np.ndarray, video_start: np.ndarray,
   out = []
   for v in videos:
     a, b = int(video_start[v]), int(video_stop[v])
-    s = frames[a:b] @ q
+    s = similarity(frames[a:b], q)
     j = int(np.argmax(s))  # first maximum: the earliest frame on ties
     out.append((float(s[j]), int(v), a + j))
   return out
@@ -108,22 +128,26 @@ def search_shard(seeds: np.ndarray, frames: np.ndarray, frame_video: np.ndarray,
     index, desc = build_index(frames, index_cfg, force_exact=force_exact)
   else:
     desc = 'given'
-  k = min(n, top_k * 8 if one_per_video else top_k)
+  k = min(n, top_k * 8 if one_per_video else top_k * 2)
   pending = np.arange(len(seeds))
   candidates: dict[int, list[int]] = {}
   while len(pending):
     sims, ids = index.search(seeds[pending], k)
     again = []
     for row, s, i in zip(pending, sims, ids):
-      ok = (i >= 0) & (s >= tau)
-      hit = i[ok]
+      ok = (i >= 0) & (s >= tau - MARGIN)
+      hit, hit_sims = i[ok], s[ok]
       if one_per_video:
-        vids = list(dict.fromkeys(frame_video[hit].tolist()))  # first-seen order
-        done = len(vids) >= top_k or not ok.all() or k >= n
-        candidates[int(row)] = vids
+        _, first = np.unique(frame_video[hit], return_index=True)
+        unit_sims = hit_sims[np.sort(first)]  # each video's first (best) frame, rank order
+        candidates[int(row)] = frame_video[hit][np.sort(first)].tolist()
       else:
-        done = True
+        unit_sims = hit_sims
         candidates[int(row)] = hit.tolist()
+      # Done when the candidates reach MARGIN below the top_k-th unit, or below tau, or
+      # are everything: no unit FAISS ranked lower can be in the exact top_k.
+      reached = len(unit_sims) >= top_k and s[-1] < unit_sims[top_k - 1] - MARGIN
+      done = reached or not ok.all() or k >= n
       if not done:
         again.append(row)
     pending = np.asarray(again, np.int64)
@@ -133,7 +157,8 @@ def search_shard(seeds: np.ndarray, frames: np.ndarray, frame_video: np.ndarray,
     if one_per_video:
       scored = _best_frames(q, frames, video_start, video_stop, cand)
     else:
-      scored = [(float(frames[f] @ q), int(frame_video[f]), int(f)) for f in cand]
+      exact = similarity(frames[cand], q) if cand else []
+      scored = [(float(x), int(frame_video[f]), int(f)) for x, f in zip(exact, cand)]
     scored = [t for t in scored if t[0] >= tau]
     scored.sort(key=lambda t: (-t[0], t[1], t[2]))
     results[row] = [Match(row, v, f, s) for s, v, f in scored[:top_k]]

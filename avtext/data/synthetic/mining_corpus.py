@@ -94,7 +94,8 @@ def write(out: str | pathlib.Path, w: mining.MiningWorld, faults: tuple[str, ...
   seeds_dir, videos_dir = out / 'seeds', out / 'videos'
   meta = world_meta(w, tuple(faults))
   meta_path = videos_dir / 'world.json'
-  same = meta_path.exists() and json.loads(meta_path.read_text()) == meta
+  # Compared as JSON: the world's tuples (num_scenes, ...) come back from the file as lists.
+  same = meta_path.exists() and json.loads(meta_path.read_text()) == json.loads(json.dumps(meta))
   if not same and meta_path.exists():
     raise FileExistsError(f'{out}: holds a different mining world; choose another --out or '
                           'delete it')
