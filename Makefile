@@ -142,11 +142,11 @@ MINING_STEPS ?= 100
 MINING_TEST ?= 500
 MINING_TAUS ?= 0.6,0.9,0.95,0.97,0.98,0.99
 demo-mining: $(STAMP) $(WORKDIR)/video_pretrain/results.json
-	$(PY) -m avtext.data.synthetic.mining_corpus --out=$(WORKDIR)/mining/world --num_seeds=$(MINING_SEEDS) \
+	$(PY) -m avtext.tools.mining_world --out=$(WORKDIR)/mining/world --num_seeds=$(MINING_SEEDS) \
 	  --num_videos=$(MINING_VIDEOS) --seed_scene_rate=0.5 \
 	  --faults=truncated,empty,not_video,audio_only,short,no_audio
-	$(PY) -m avtext.mining --seeds=$(WORKDIR)/mining/world/seeds/seeds.tsv \
-	  --videos=$(WORKDIR)/mining/world/videos --embedder=run:$(WORKDIR)/video_pretrain \
+	$(PY) -m avtext.mine --seeds=$(WORKDIR)/mining/world/seeds/seeds.tsv \
+	  --videos=$(WORKDIR)/mining/world/videos --workdir=$(WORKDIR)/video_pretrain \
 	  --out=$(WORKDIR)/mining/mined --tau_grid=$(MINING_TAUS) --direct_num_workers=2
 	$(PY) -m avtext.main --config=configs/videocc_avr.py:demo,mined --workdir=$(WORKDIR)/mining/avr_mined \
 	  --config.dataset.path=$(WORKDIR)/mining/mined --config.init_from.workdir=$(WORKDIR)/video_pretrain \
@@ -154,8 +154,8 @@ demo-mining: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 	$(PY) -m avtext.main --config=configs/videocc_avr.py:demo --workdir=$(WORKDIR)/mining/avr_truth \
 	  --config.init_from.workdir=$(WORKDIR)/video_pretrain --config.train.num_steps=$(MINING_STEPS) \
 	  --config.dataset.num_eval=$(MINING_TEST)
-	$(PY) -m avtext.mining.report --mined=$(WORKDIR)/mining/mined \
-	  --run=mined:$(WORKDIR)/mining/avr_mined --run="ground truth:$(WORKDIR)/mining/avr_truth"
+	$(PY) -m avtext.tools.mining_report --mined=$(WORKDIR)/mining/mined \
+	  --workdir=mined=$(WORKDIR)/mining/avr_mined --workdir="ground truth=$(WORKDIR)/mining/avr_truth"
 
 # Side-by-side benchmarks with official PyTorch code (benchmarks/bench_coot_train_step.py):
 # a separate venv, so torch never enters the default install.

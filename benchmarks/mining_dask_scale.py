@@ -5,7 +5,7 @@ local Dask cluster, and the per-frame costs that extrapolate to CC3M (issue 34).
         [--tower=workdirs/demo/video_pretrain] [--grid=full|small]
 
 Prints markdown tables:
-  1. `python -m avtext.mining` (a subprocess, as a user runs it) on a grid of corpus
+  1. `python -m avtext.mine` (a subprocess, as a user runs it) on a grid of corpus
      sizes: 100 / 1k / 10k videos at 10k seeds and 10k / 100k / 1M seeds at 100 videos,
      each on the direct runner (FnApiRunner, 2 worker processes) and on a 2-worker local
      Dask cluster (`--dask_local_workers=2`): wall time of the command, pipeline seconds,
@@ -97,7 +97,7 @@ def seeds(scratch: pathlib.Path, base: pathlib.Path, n: int) -> tuple[pathlib.Pa
 
 
 def mine(scratch, tsv, npy, videos, runner: str, out: pathlib.Path) -> dict:
-  cmd = [sys.executable, '-m', 'avtext.mining', f'--seeds={tsv}', f'--seed_features={npy}',
+  cmd = [sys.executable, '-m', 'avtext.mine', f'--seeds={tsv}', f'--seed_features={npy}',
          f'--videos={videos}', f'--embedder={EMBEDDER}', f'--out={out}', '--tau=0.5']
   cmd += (['--runner=DaskRunner', '--dask_local_workers=2'] if runner == 'dask'
           else ['--direct_num_workers=2'])

@@ -10,7 +10,7 @@ Prints markdown:
      with the exact index and with HNSW / IVF, on the corpus' frames and on 200k frames
      (the corpus' frames plus jittered copies, as 20x more videos), and their recall of
      the exact answer;
-  3. the whole pipeline's wall time (`python -m avtext.mining`, 2 direct-runner workers,
+  3. the whole pipeline's wall time (`python -m avtext.mine`, 2 direct-runner workers,
      process start included) for corpora of `sizes` videos (the first N of the world);
   4. precision of the mined clips vs τ for the tower and for a colour-histogram f.
 """
@@ -78,8 +78,9 @@ def search_rows(seeds, vecs, owner, label):
 
 def mine(world: pathlib.Path, videos_dir: pathlib.Path, embedder: str, out: pathlib.Path,
          taus: str) -> tuple[float, dict]:
-  cmd = [sys.executable, "-m", "avtext.mining", f"--seeds={world}/seeds/seeds.tsv",
-         f"--videos={videos_dir}", f"--embedder={embedder}", f"--out={out}",
+  cmd = [sys.executable, "-m", "avtext.mine", f"--seeds={world}/seeds/seeds.tsv",
+         f"--videos={videos_dir}", f"--out={out}",
+         (f"--workdir={embedder[4:]}" if embedder.startswith("run:") else f"--embedder={embedder}"),
          f"--tau_grid={taus}", "--direct_num_workers=2"]
   t = time.perf_counter()
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

@@ -10,7 +10,7 @@ Variants (after the colon, comma-separated):
   demo    small MBT + MiniLM-L6 text tower on the synthetic world; `make demo`
           runs it after configs/synthetic_video_pretrain.py, whose RGB tower it
           starts from (without init_from.workdir the MBT starts from scratch).
-  mined   (with demo) train on the clips `python -m avtext.mining` found in the synthetic
+  mined   (with demo) train on the clips `python -m avtext.mine` found in the synthetic
           mining corpus (dataset `videocc_mined` at --config.dataset.path, VideoCC §3)
           instead of the world's own captioned clips; evaluated zero-shot on the same
           held-out synthetic test split. `make demo-mining` runs it beside `make demo`'s

@@ -22,7 +22,7 @@ Variants (after the colon, comma-separated):
             256 over the GPT-2 BPE tokens the synthetic captions use
             (`python -m avtext.tools.caption_vocab`), 2 baselines.
   tiny      seconds-long smoke run (tests).
-  mined     (with demo) train on the clips `python -m avtext.mining` found
+  mined     (with demo) train on the clips `python -m avtext.mine` found
             (--config.dataset.path=<its --out>), test on the synthetic test split.
 
 The decoder is GPT-2 117M by default. No GPT-2 weights exist offline here, so

@@ -36,7 +36,7 @@ FLOORS = (
     ("tools",),      # one-off converters and CLIs (checkpoint import, vocab, TVR eval)
     ("mining",),     # the VideoCC mining pipeline
     ("index",),      # own-video index
-    ("search_videos", "search_moments", "caption"),  # the user-facing query CLIs
+    ("search_videos", "search_moments", "caption", "mine"),  # the user-facing CLIs above them
 )
 MAX_LINES = 600
 

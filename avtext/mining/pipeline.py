@@ -1,6 +1,6 @@
 r"""VideoCC mining (§3.1) as an Apache Beam pipeline: image captions -> video clips.
 
-    python -m avtext.mining --seeds=SEEDS.tsv --videos=DIR --embedder=run:RUN_DIR \
+    python -m avtext.mine --seeds=SEEDS.tsv --videos=DIR --workdir=RUN_DIR \
         --out=OUT [--tau=0.6 --top_k=10 --clip_seconds=10 --shard_seeds=100000] \
         [--runner=DaskRunner --dask_local_workers=N | --dask_address=HOST:PORT] \
         [Beam options]
@@ -77,8 +77,8 @@ to 10k videos and 1M seeds. The pipeline keeps to what Beam 2.77's DaskRunner ex
 (the embedder's run directory and the inputs must then be on GCS and avtext installed
 on the workers, e.g. --setup_file=./setup.py):
 
-    python -m avtext.mining --seeds=gs://B/cc3m/seeds.tsv --videos=gs://B/videos \
-        --embedder=run:gs://B/runs/tower --out=gs://B/videocc \
+    python -m avtext.mine --seeds=gs://B/cc3m/seeds.tsv --videos=gs://B/videos \
+        --workdir=gs://B/runs/tower --out=gs://B/videocc \
         --runner=DataflowRunner --project=P --region=us-central1 \
         --temp_location=gs://B/tmp --setup_file=./setup.py --num_workers=64
     (Flink / Spark: --runner=FlinkRunner --flink_master=HOST:8081, --runner=SparkRunner)

@@ -1,5 +1,5 @@
 """Where the mining pipeline runs: Beam's direct runner, or Beam's DaskRunner on a Dask
-cluster, existing or started here (`python -m avtext.mining --runner=DaskRunner ...`).
+cluster, existing or started here (`python -m avtext.mine --runner=DaskRunner ...`).
 
   --dask_address=HOST:PORT  an existing `dask.distributed` scheduler (dask-jobqueue on
                             SLURM, dask-kubernetes, the Dask helm chart, `dask scheduler`

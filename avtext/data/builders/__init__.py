@@ -27,7 +27,7 @@ and e.g. TensorFlow is imported only by a config that reads TFDS files):
   tvr                      TV show Retrieval queries and their split's video corpus in the
                            official TVRetrieval layout (annotation jsonl, video / subtitle /
                            query feature h5) under config.dataset.path, see `builders.tvr`
-  videocc_mined            the clips `python -m avtext.mining` found (its CSV + the corpus
+  videocc_mined            the clips `python -m avtext.mine` found (its CSV + the corpus
                            videos) under config.dataset.path, see `builders.mined`
   videocc3m                the VideoCC release CSV + your downloaded videos / clips
   msrvtt                   MSR-VTT videos + annotations: train (9k), val, test (= test_1ka,

@@ -1,4 +1,4 @@
-"""`videocc_mined`: the clips a run of the mining pipeline (`python -m avtext.mining`) found.
+"""`videocc_mined`: the clips a run of the mining pipeline (`python -m avtext.mine`) found.
 
     --config.dataset.name=videocc_mined --config.dataset.path=<the mining --out directory>
 
@@ -49,7 +49,7 @@ class MinedClips:
     if not meta_path.exists():
       raise FileNotFoundError(
           f'config.dataset.path={path}: no dataset.json; point it at the --out directory of '
-          '`python -m avtext.mining` (make demo-mining writes workdirs/demo/mining/mined)')
+          '`python -m avtext.mine` (make demo-mining writes workdirs/demo/mining/mined)')
     meta = json.loads(meta_path.read_text())
     if meta.get('format') != FORMAT:
       raise ValueError(f'{meta_path}: format {meta.get("format")!r}, expected {FORMAT!r}')

@@ -1,6 +1,6 @@
 r"""Write the synthetic mining world (`avtext.data.synthetic.mining`) as files to mine.
 
-    python -m avtext.data.synthetic.mining_corpus --out=DIR --num_seeds=2000 --num_videos=200 \
+    python -m avtext.tools.mining_world --out=DIR --num_seeds=2000 --num_videos=200 \
         [--faults=truncated,empty,not_video,audio_only,no_audio,short]
 
 DIR/seeds/seeds.tsv + DIR/seeds/<seed id>.png   the seed images and captions
@@ -22,7 +22,6 @@ Writing is deterministic and skips files that already exist with the same world.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import pathlib
@@ -126,23 +125,3 @@ def write(out: str | pathlib.Path, w: mining.MiningWorld, faults: tuple[str, ...
       _write_video(job)
   meta_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + '\n')
   return meta
-
-
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--out', required=True)
-  p.add_argument('--num_seeds', type=int, default=2000)
-  p.add_argument('--num_videos', type=int, default=200)
-  p.add_argument('--seed_scene_rate', type=float, default=0.3)
-  p.add_argument('--seed', type=int, default=0)
-  p.add_argument('--faults', default='', help=f'comma-separated, from {FAULTS}')
-  p.add_argument('--workers', type=int, default=2, help='processes writing videos')
-  a = p.parse_args(argv)
-  w = mining.MiningWorld(num_seeds=a.num_seeds, num_videos=a.num_videos,
-                         seed_scene_rate=a.seed_scene_rate, seed=a.seed,
-                         spec=world.WorldSpec(height=64, width=64, fps=25, duration_s=10.0))
-  write(a.out, w, tuple(filter(None, a.faults.split(','))), workers=a.workers)
-
-
-if __name__ == '__main__':
-  main()

@@ -1,11 +1,16 @@
-"""Print a mining run's statistics beside zero-shot retrieval of AVR runs trained on what
-it mined and on ground truth:
+r"""Print a mining run's statistics beside zero-shot retrieval of AVR runs trained on what
+it mined and on ground truth (`make demo-mining`):
 
-    python -m avtext.mining.report --mined=DIR --run=mined:RUN_DIR --run="ground truth:RUN_DIR"
+    python -m avtext.tools.mining_report --mined=DIR --workdir=mined=RUN_DIR \
+        --workdir="ground truth=RUN_DIR"
 """
-import argparse
 import json
 import pathlib
+
+from absl import flags
+
+from avtext import cli
+from avtext import errors
 
 from avtext.train import rundir
 
@@ -21,12 +26,28 @@ def test_metrics(workdir: str) -> tuple[int, dict]:
   return steps[0], results[str(steps[0])]
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--mined', required=True)
-  p.add_argument('--run', action='append', default=[], help='NAME:RUN_DIR (repeatable)')
-  a = p.parse_args(argv)
-  stats = json.loads((pathlib.Path(a.mined) / 'stats.json').read_text())
+FLAGS = flags.FlagValues()
+_MINED = cli.DEFINE_path("mined", None, "the --out directory of python -m avtext.mine",
+                         flag_values=FLAGS)
+_WORKDIRS = flags.DEFINE_multi_string("workdir", [], "LABEL=RUN_DIR: an AVR run to report "
+                                      "(repeatable)", flag_values=FLAGS)
+flags.mark_flag_as_required("mined", flag_values=FLAGS)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
+  runs = []
+  for spec in _WORKDIRS.value:
+    name, sep, workdir = spec.partition("=")
+    if not sep or not workdir:
+      raise errors.BadInput(f"--workdir={spec}: expected LABEL=RUN_DIR")
+    runs.append((name, cli.expand(workdir)))
+  stats_file = pathlib.Path(_MINED.value) / 'stats.json'
+  if not stats_file.exists():
+    raise errors.InputNotFound(f'--mined={_MINED.value}: no stats.json; run python -m '
+                               'avtext.mine first')
+  stats = json.loads(stats_file.read_text())
   tau = stats['config']['tau']
   at = next(r for r in stats['per_tau'] if r['tau'] == tau)
   prec = at.get('precision')
@@ -37,8 +58,7 @@ def main(argv=None):
   print(f"{'trained on':<16} {'step':>5} {'t2v R@1':>8} {'R@5':>6} {'R@10':>6} {'v2t R@1':>8} "
         f"{'R@5':>6} {'R@10':>6}")
   chance = oracle = None
-  for spec in a.run:
-    name, _, workdir = spec.rpartition(':')
+  for name, workdir in runs:
     step, m = test_metrics(workdir)
     chance, oracle = m.get('test/chance_r1'), m.get('test/oracle_t2v_r1')
     print(f"{name:<16} {step:>5} {m['test/t2v_R@1']:>8.1f} {m['test/t2v_R@5']:>6.1f} "
@@ -49,4 +69,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  cli.run(main, FLAGS)

@@ -1,0 +1,185 @@
+r"""Mine video clips for image captions (VideoCC §3.1) with Apache Beam.
+
+    python -m avtext.mine --seeds=SEEDS.tsv --videos=DIR --workdir=TOWER_RUN [--step=N] \
+        --out=OUT [--tau=0.6 --top_k=10 --clip_seconds=10] [Beam options]
+
+The pipeline, its inputs and outputs: `avtext.mining.pipeline`; runners, clusters and
+Dataflow: docs/mining.md. The frame and image embedder is the vision tower of an avtext
+run (--workdir, --step), or --embedder=callable:MODULE:NAME, any Python callable
+`frames [N, H, W, 3] uint8 -> [N, D]`. Flags this program does not define are Beam
+pipeline options (--runner, --direct_num_workers, --project, ...); an unknown one is an
+error. Without --runner it runs on Beam's local engine with 2 worker processes;
+--runner=DaskRunner with --dask_local_workers=N (a local Dask cluster) or
+--dask_address=HOST:PORT (an existing one).
+"""
+import json
+import logging
+import os
+
+from absl import flags
+
+from avtext import cli
+from avtext import errors
+from avtext.mining import pipeline
+from avtext.mining import runners
+from avtext.mining import search
+
+_D = pipeline.MiningConfig()
+FLAGS = flags.FlagValues()
+_SEEDS = cli.DEFINE_path("seeds", None, "seeds.tsv: seed_id <TAB> image path <TAB> caption "
+                         "(paths relative to the file)", flag_values=FLAGS)
+_VIDEOS = cli.DEFINE_path("videos", None, "the corpus: every video file under this "
+                          "directory (local or gs:// ...)", flag_values=FLAGS)
+_WORKDIR = cli.DEFINE_path("workdir", None, "the run whose vision tower embeds frames and "
+                           "seed images (e.g. workdirs/demo/video_pretrain)", flag_values=FLAGS)
+_STEP = flags.DEFINE_string("step", None, "its checkpoint: N or the latest (default)",
+                            flag_values=FLAGS)
+_EMBEDDER = flags.DEFINE_string("embedder", None, "instead of --workdir: "
+                                "callable:MODULE:NAME, frames -> [N, D]", flag_values=FLAGS)
+_OUT = cli.DEFINE_path("out", None, "the output directory (videocc.csv, dataset.json, "
+                       "stats.json, ...)", flag_values=FLAGS)
+_TAU = flags.DEFINE_float("tau", _D.tau, "the similarity threshold of a match (§3.2.1)",
+                          flag_values=FLAGS)
+_TOP_K = flags.DEFINE_integer("top_k", _D.top_k, "matches kept per seed (§3.1)",
+                              lower_bound=1, flag_values=FLAGS)
+_CLIP_SECONDS = flags.DEFINE_float("clip_seconds", _D.clip_seconds, "the length t of a mined "
+                                   "clip, centred on the matched frame", flag_values=FLAGS)
+_FRAMES_HZ = flags.DEFINE_float("frames_hz", _D.frames_hz, "frames per second searched",
+                                flag_values=FLAGS)
+_ALL_FRAMES = flags.DEFINE_bool("all_frames", False, "let a seed match several frames of one "
+                                "video (default: one per video)", flag_values=FLAGS)
+_TAU_GRID = flags.DEFINE_list("tau_grid", [str(t) for t in _D.tau_grid], "the thresholds "
+                              "whose statistics stats.json reports (Fig. 5)", flag_values=FLAGS)
+_SHARD_VIDEOS = flags.DEFINE_integer("shard_videos", _D.shard_videos, "videos per shard: one "
+                                     "FAISS index each", lower_bound=1, flag_values=FLAGS)
+_SHARD_SEEDS = flags.DEFINE_integer("shard_seeds", _D.shard_seeds, "seeds per shard: a worker "
+                                    "holds one seed shard at a time", lower_bound=1,
+                                    flag_values=FLAGS)
+_SEED_FEATURES = cli.DEFINE_path("seed_features", None, "a [num_seeds, D] .npy of precomputed "
+                                 "seed vectors (row i = line i of --seeds) instead of "
+                                 "embedding the seed images", flag_values=FLAGS)
+_DASK_ADDRESS = flags.DEFINE_string("dask_address", None, "with --runner=DaskRunner: "
+                                    "HOST:PORT of an existing Dask scheduler",
+                                    flag_values=FLAGS)
+_DASK_LOCAL = flags.DEFINE_integer("dask_local_workers", None, "with --runner=DaskRunner: "
+                                   "start a local Dask cluster of N worker processes",
+                                   flag_values=FLAGS)
+_EXACT_MAX = flags.DEFINE_integer("exact_max_frames", _D.index.exact_max_frames, "a shard "
+                                  "with more frames searches an approximate index",
+                                  flag_values=FLAGS)
+_APPROX = flags.DEFINE_enum("approx", _D.index.approx, ["hnsw", "ivf"], "the approximate "
+                            "index of large shards", flag_values=FLAGS)
+_EF = flags.DEFINE_integer("hnsw_ef_search", _D.index.hnsw_ef_search, "HNSW's efSearch",
+                           flag_values=FLAGS)
+_NPROBE = flags.DEFINE_integer("ivf_nprobe", _D.index.ivf_nprobe, "IVF's nprobe",
+                               flag_values=FLAGS)
+_RECALL = flags.DEFINE_integer("recall_sample", _D.recall_sample, "seeds searched exactly "
+                               "too, to report an approximate index's recall",
+                               flag_values=FLAGS)
+_EMBED_BATCH = flags.DEFINE_integer("embed_batch", _D.embed_batch, "images per embedder call",
+                                    lower_bound=1, flag_values=FLAGS)
+_IMAGE_SIZE = flags.DEFINE_list("image_size", None, "H,W to resize frames and seed images to "
+                                "(default: as decoded)", flag_values=FLAGS)
+flags.mark_flags_as_required(["seeds", "videos", "out"], flag_values=FLAGS)
+
+
+def beam_options(args: list[str], program: str) -> list[str]:
+  """The Beam options among `args`, checked against every option Beam defines; an
+  unknown flag (a typo of ours or of Beam's) is an error naming the closest one."""
+  # Beam's import warns of GCP client libraries a local run does not use.
+  logging.getLogger("apache_beam").setLevel(logging.ERROR)
+  from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
+  parser = pipeline_options._BeamArgumentParser(allow_abbrev=False)  # pylint: disable=protected-access
+  pending = list(pipeline_options.PipelineOptions.__subclasses__())
+  while pending:
+    cls = pending.pop()
+    pending.extend(cls.__subclasses__())
+    cls._add_argparse_args(parser)  # pylint: disable=protected-access
+  beam_names = tuple(a.lstrip("-") for action in parser._actions  # pylint: disable=protected-access
+                     for a in action.option_strings)
+  positional = [a for a in args if not a.startswith("-")]
+  if positional:
+    raise errors.BadInput(f"unexpected arguments {positional}; see {program} --help")
+  _, unknown = parser.parse_known_args(args)
+  for arg in unknown:
+    if arg.startswith("--"):
+      raise errors.BadInput(cli.unknown_flag_message(arg[2:].split("=")[0], program, FLAGS,
+                                                     beam_names).replace(
+          "unknown flag", "unknown flag (neither this program's nor a Beam option)"))
+  return list(args)
+
+
+def embedder_name() -> str:
+  if bool(_WORKDIR.value) == bool(_EMBEDDER.value):
+    raise errors.BadInput("give the embedder: --workdir=RUN [--step=N] (a run's vision "
+                          "tower) or --embedder=callable:MODULE:NAME")
+  if _EMBEDDER.value:
+    if not _EMBEDDER.value.startswith("callable:"):
+      raise errors.BadInput(f"--embedder={_EMBEDDER.value}: expected callable:MODULE:NAME "
+                            "(a run's tower: --workdir=RUN [--step=N])")
+    return _EMBEDDER.value
+  workdir = _WORKDIR.value if "://" in _WORKDIR.value else os.path.abspath(_WORKDIR.value)
+  if "://" not in workdir and not os.path.exists(os.path.join(workdir, "config.json")):
+    raise errors.InputNotFound(f"--workdir={_WORKDIR.value}: not an avtext run (no "
+                               "config.json); train the tower first (make demo) or fix it")
+  return f"run:{workdir}" + (f"@{_STEP.value}" if _STEP.value else "")
+
+
+def main(argv):
+  program = argv[0]
+  beam_args = beam_options(list(argv[1:]), program)
+  for flag in (_SEEDS, _SEED_FEATURES):
+    if flag.value and "://" not in flag.value and not os.path.isfile(flag.value):
+      raise errors.InputNotFound(f"--{flag.name}={flag.value}: no such file")
+  if "://" not in _VIDEOS.value and not os.path.isdir(_VIDEOS.value):
+    raise errors.InputNotFound(f"--videos={_VIDEOS.value}: no such directory")
+  embedder = embedder_name()
+  if not any(x.startswith("--runner") for x in beam_args):
+    # The direct runner's engine itself: Beam's DirectRunner first tries Prism, a binary
+    # it downloads from GitHub at run time, and falls back to this one.
+    beam_args = ["--runner=FnApiRunner"] + beam_args
+    if not any(x.startswith("--direct_num_workers") for x in beam_args):
+      beam_args += ["--direct_num_workers=2"]
+    if not any(x.startswith("--direct_running_mode") for x in beam_args):
+      beam_args += ["--direct_running_mode=multi_processing"]
+  try:
+    image_size = tuple(int(x) for x in _IMAGE_SIZE.value) if _IMAGE_SIZE.value else None
+    tau_grid = tuple(float(t) for t in _TAU_GRID.value if t)
+  except ValueError as e:
+    raise errors.BadInput(f"--image_size / --tau_grid: {e}") from None
+  cfg = pipeline.MiningConfig(
+      tau=_TAU.value, top_k=_TOP_K.value, clip_seconds=_CLIP_SECONDS.value,
+      frames_hz=_FRAMES_HZ.value, one_per_video=not _ALL_FRAMES.value, tau_grid=tau_grid,
+      shard_videos=_SHARD_VIDEOS.value, shard_seeds=_SHARD_SEEDS.value,
+      index=search.IndexConfig(exact_max_frames=_EXACT_MAX.value, approx=_APPROX.value,
+                               hnsw_ef_search=_EF.value, ivf_nprobe=_NPROBE.value),
+      recall_sample=_RECALL.value, embed_batch=_EMBED_BATCH.value, image_size=image_size)
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+  # Beam's own INFO lines (and its relay of each worker's log, which the workers also
+  # print themselves) would bury the pipeline's progress and skip messages.
+  logging.getLogger("apache_beam").setLevel(logging.WARNING)
+  with runners.beam_args_for(beam_args, dask_address=_DASK_ADDRESS.value,
+                             dask_local_workers=_DASK_LOCAL.value) as beam_args:
+    info = pipeline.build_and_run(_SEEDS.value, _VIDEOS.value, embedder, _OUT.value, cfg,
+                                  beam_args, seed_features=_SEED_FEATURES.value)
+  stats = info["stats"]
+  print(f"mined {_OUT.value}: {stats['videos_searched']}/{stats['videos_listed']} videos "
+        f"searched, skipped {stats['skipped'] or 'none'}; {info['frames']} frames in "
+        f"{info['seconds']:.1f} s")
+  print("tau   matches  clips  videos  captions  precision")
+  for row in stats["per_tau"]:
+    prec = row.get("precision")
+    print(f"{row['tau']:.2f}  {row['matches']:7d}  {row['clips']:5d}  {row['videos']:6d}  "
+          f"{row['captions']:8d}  {'-' if prec is None else f'{100 * prec:.1f} %'}")
+  if info["peak_worker_rss_mb"] is not None:
+    driver = next(w["peak_rss_mb"] for w in info["workers"] if w["worker"] == "driver")
+    print(f"peak memory (RSS): {info['peak_worker_rss_mb']:.0f} MiB in the largest of "
+          f"{len(info['workers']) - 1} worker processes, {driver:.0f} MiB in this one "
+          "(run.json)")
+  if info["approx_recall"] is not None:
+    print(f"approximate index recall vs exact: {100 * info['approx_recall']:.1f} %")
+  print(json.dumps({"csv": f"{_OUT.value}/videocc.csv", "dataset": f"{_OUT.value}/dataset.json"}))
+
+
+if __name__ == "__main__":
+  cli.run(main, FLAGS, known_only=True)
