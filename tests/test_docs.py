@@ -27,11 +27,6 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README] + DOCS
 README_MAX_LINES = 200
 
-# docs/mining.md is written on another branch; until it is merged, links to it are
-# skipped when the file is missing. Remove this once docs/mining.md is in main.
-MAY_BE_MISSING = {ROOT / "docs" / "mining.md"}
-
-
 def _rel(path: pathlib.Path) -> str:
   return str(path.relative_to(ROOT))
 
@@ -130,8 +125,6 @@ def test_relative_links_resolve(page):
       bad.append(f"{target}: outside the repository")
       continue
     if not dest.exists():
-      if dest in MAY_BE_MISSING:
-        continue
       bad.append(f"{target}: no such file")
       continue
     if anchor:
