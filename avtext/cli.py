@@ -197,7 +197,10 @@ def config_value(holder) -> object:
 
 def expand_config_paths(config):
   """`config` with every string field that starts with ~ expanded (paths given as
-  --config.dataset.path=~/data: bash does not expand after =); returns it."""
+  --config.dataset.path=~/data: bash does not expand after =); returns it (None, for an
+  optional config flag left out, stays None)."""
+  if config is None:
+    return None
   for key in list(config.keys()):
     value = config[key]
     if isinstance(value, str) and value.startswith("~"):
