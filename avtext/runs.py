@@ -25,7 +25,6 @@ import numpy as np
 
 from avtext import cli
 from avtext.models import registry as models_registry
-from avtext.train import checkpointing
 from avtext.train import rundir
 
 
@@ -109,7 +108,7 @@ def _snapshot(workdir: pathlib.Path, step) -> tuple[pathlib.Path | None, int | N
   root = cli.cache_dir(RUN_CACHE_ENV, "runs")
   if root is None or step == "best":
     return None, None
-  folder = workdir / checkpointing.LATEST_DIR
+  folder = workdir / rundir.LATEST_DIR
   if step is None:
     steps = sorted((int(p.name) for p in folder.glob("[0-9]*") if p.name.isdigit()),
                    reverse=True) if folder.is_dir() else []
@@ -118,7 +117,7 @@ def _snapshot(workdir: pathlib.Path, step) -> tuple[pathlib.Path | None, int | N
     step = steps[0]
   step_dir = folder / str(int(step))
   # Written when the checkpoint was committed (orbax) and sealed (our checksums).
-  stamps = [step_dir / name for name in (checkpointing.CHECKSUMS, "_CHECKPOINT_METADATA")]
+  stamps = [step_dir / name for name in (rundir.CHECKSUMS, "_CHECKPOINT_METADATA")]
   sums = next((p for p in stamps if p.exists()), None)
   if sums is None:  # not committed: read it the long way
     return None, None
@@ -173,6 +172,7 @@ def read_variables(workdir: pathlib.Path, step: int | str | None = None) -> tupl
       return {"params": tree.get("params", {}), "model_state": tree.get("model_state", {})}, known
     except (OSError, ValueError):  # a cut-off snapshot: read the checkpoint again
       path.unlink(missing_ok=True)
+  from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top  (orbax)
   state, step = checkpointing.restore_raw(workdir, step)
   variables = {"params": state["params"], "model_state": dict(state.get("model_state") or {})}
   path, known = _snapshot(workdir, step)

@@ -43,9 +43,9 @@ import orbax.checkpoint as ocp
 from avtext.train import rundir
 
 
-LATEST_DIR = "checkpoints"
-BEST_DIR = "best_checkpoints"
-CHECKSUMS = "checksums.json"
+LATEST_DIR = rundir.LATEST_DIR
+BEST_DIR = rundir.BEST_DIR
+CHECKSUMS = rundir.CHECKSUMS
 _DATA_FILE = "data/metadata"  # where ocp.JsonCheckpointHandler puts the iterator state
 
 

@@ -31,6 +31,10 @@ from absl import logging
 LOCK_FILE = "run.lock"
 RESULTS_FILE = "results.json"
 CONFIG_FILE = "config.json"
+# The checkpoint directories (`checkpointing`, which imports orbax, re-exports them).
+LATEST_DIR = "checkpoints"
+BEST_DIR = "best_checkpoints"
+CHECKSUMS = "checksums.json"  # in each step directory, once the checkpoint is sealed
 
 _held: dict[str, int] = {}  # locked directory -> nesting depth, in this process
 _fds: dict[str, int] = {}  # locked directory -> the open lock file holding the flock
