@@ -10,7 +10,6 @@ topology's devices), the tests and the benchmarks. The pieces stay independent:
 `avtext.evals.build_evaluators` knows tasks only through the protocols each
 evaluator declares.
 """
-import json
 import pathlib
 
 import ml_collections
@@ -72,42 +71,3 @@ def check_inputs(config: ml_collections.ConfigDict, task) -> None:
       raise errors.InputNotFound(
           f"config.init_from.workdir={str(init.workdir)!r} is not an avtext run directory "
           f"(no {checkpointing.LATEST_DIR}/ there); train that run first or fix the path")
-
-
-def _flat(tree, prefix=""):
-  if isinstance(tree, dict):
-    out = {}
-    for k, v in tree.items():
-      out.update(_flat(v, f"{prefix}{k}."))
-    return out
-  return {prefix[:-1]: tree}
-
-
-def identity(config: ml_collections.ConfigDict) -> dict:
-  """What makes a run directory's checkpoints this config's: the task and every
-  `config.model` field, as config.json stores them."""
-  as_json = json.loads(config.to_json_best_effort())
-  return {"task": as_json.get("task"), **_flat(as_json.get("model") or {}, "model.")}
-
-
-def check_workdir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
-                  source: str = "this command") -> None:
-  """Raises `errors.WorkdirInUse` when `workdir`'s config.json (the run's identity)
-  names another task or model than `config`; a workdir without one is free."""
-  path = pathlib.Path(workdir) / rundir.CONFIG_FILE
-  if not path.exists():
-    return
-  try:
-    theirs = identity(ml_collections.ConfigDict(json.loads(path.read_text())))
-  except (OSError, ValueError) as e:
-    raise errors.WorkdirInUse(f"{path}: unreadable ({e}); pick another --workdir") from None
-  ours = identity(config)
-  differ = [k for k in sorted(set(ours) & set(theirs)) if ours[k] != theirs[k]]
-  if not differ:
-    return
-  def show(values):
-    return ", ".join(f"{k}={values[k]!r}" for k in differ[:3]) + (
-        f" (+{len(differ) - 3} more)" if len(differ) > 3 else "")
-  raise errors.WorkdirInUse(
-      f"--workdir {workdir} holds another run: its config.json has {show(theirs)}; "
-      f"{source} has {show(ours)}. Pick another --workdir (or delete that one to start over)")

@@ -220,10 +220,9 @@ def main(argv):
   else:
     raise errors.BadInput("--config is required to train (configs/<experiment>.py[:variant]); "
                           "see python -m avtext.main --help")
-  from avtext import experiment  # pylint: disable=g-import-not-at-top
   source = (f"--config={config_flags.get_config_filename(FLAGS['config'])}"
             if FLAGS["config"].present else "this command")
-  experiment.check_workdir(config, workdir, source=source)
+  rundir.check_workdir(config, workdir, source=source)
   # Imported here so --help answers without initializing JAX.
   import jax  # pylint: disable=g-import-not-at-top
   if _DISTRIBUTED.value:
@@ -242,6 +241,7 @@ def main(argv):
   _log_platform(jax)
   _check_backend(config, jax.default_backend())
   # The run's files (weights, vocabularies, dataset paths), before the data is probed.
+  from avtext import experiment  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
   task = tasks_registry.build_task(config)
   experiment.check_inputs(config, task)

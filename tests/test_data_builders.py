@@ -69,7 +69,7 @@ def test_real_dataset_without_its_files_says_what_to_prepare(tmp_path):
     builders.get_source(ml_collections.ConfigDict({"name": "msrvtt"}), "test")
   message = str(e.value)
   assert message.startswith("config.dataset.path: set it to your MSR-VTT directory")
-  assert "MSRVTT_JSFUSION_test.csv" in message and "layouts --layout=msrvtt" in message
+  assert "MSRVTT_JSFUSION_test.csv" in message and "synthetic_layout --layout=msrvtt" in message
   with pytest.raises(FileNotFoundError, match=r"MSRVTT_JSFUSION_test.csv: not found"):
     builders.get_source(ml_collections.ConfigDict({"name": "msrvtt", "path": str(tmp_path)}),
                         "test")

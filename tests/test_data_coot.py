@@ -7,6 +7,8 @@ from np.random.RandomState exactly as the official code draws from numpy's
 global state, and transformers' FlaxBertModel hidden states for the text
 features. Also the multi-scene world and the demo's feature windows.
 """
+import contextlib
+import io
 import json
 import pickle
 
@@ -15,6 +17,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from avtext import cli
 from avtext.data import builders
 from avtext.data import feature_layout
 from avtext.data import video as video_lib
@@ -493,8 +496,12 @@ def test_precompute_command_writes_what_the_dataset_reads(tiny_bert, tmp_path):
   name = "text_feat_mydata_meta_all_transformers_tiny-bert_-2,-1"
   assert tool.default_name(data, "all", str(directory), (-2, -1)) == name
   assert tool.parse_layers("-2,-1") == (-2, -1)
-  assert tool.main([f"--dataset_dir={data}", f"--bert_dir={directory}", "--layers=-2,-1",
-                    "--batch_size=2"]) == data / f"{name}.h5"
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):  # the program, as `python -m avtext.features`
+    cli.run(tool.main, tool.FLAGS, ["python -m avtext.features coot_text",
+                                    f"--dataset_dir={data}", f"--bert_dir={directory}",
+                                    "--layers=-2,-1", "--batch_size=2"])
+  assert printed.getvalue().strip() == str(data / f"{name}.h5")
   splits = json.loads((data / f"{name}_sentence_splits.json").read_text())
   assert splits["vidB_train"] == [5, 3]  # [CLS] he sit ##s [SEP] | the dog [SEP]
   source = builders.get_source(

@@ -27,6 +27,9 @@ import sys
 from typing import Any, Iterator
 
 from absl import logging
+import ml_collections
+
+from avtext import errors
 
 LOCK_FILE = "run.lock"
 RESULTS_FILE = "results.json"
@@ -186,3 +189,43 @@ def read_json(path: str | pathlib.Path, *, fix: str) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
   except (ValueError, UnicodeDecodeError) as e:
     raise RunFileError(f"{path}: not valid JSON ({e}); {fix}") from None
+
+
+# ---- the run's identity: its config.json (`main` refuses a workdir of another run)
+def _flat(tree, prefix=""):
+  if isinstance(tree, dict):
+    out = {}
+    for k, v in tree.items():
+      out.update(_flat(v, f"{prefix}{k}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def identity(config: ml_collections.ConfigDict) -> dict:
+  """What makes a run directory's checkpoints this config's: the task and every
+  `config.model` field, as config.json stores them."""
+  as_json = json.loads(config.to_json_best_effort())
+  return {"task": as_json.get("task"), **_flat(as_json.get("model") or {}, "model.")}
+
+
+def check_workdir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+                  source: str = "this command") -> None:
+  """Raises `errors.WorkdirInUse` when `workdir`'s config.json (the run's identity)
+  names another task or model than `config`; a workdir without one is free."""
+  path = pathlib.Path(workdir) / CONFIG_FILE
+  if not path.exists():
+    return
+  try:
+    theirs = identity(ml_collections.ConfigDict(json.loads(path.read_text())))
+  except (OSError, ValueError) as e:
+    raise errors.WorkdirInUse(f"{path}: unreadable ({e}); pick another --workdir") from None
+  ours = identity(config)
+  differ = [k for k in sorted(set(ours) & set(theirs)) if ours[k] != theirs[k]]
+  if not differ:
+    return
+  def show(values):
+    return ", ".join(f"{k}={values[k]!r}" for k in differ[:3]) + (
+        f" (+{len(differ) - 3} more)" if len(differ) > 3 else "")
+  raise errors.WorkdirInUse(
+      f"--workdir {workdir} holds another run: its config.json has {show(theirs)}; "
+      f"{source} has {show(ours)}. Pick another --workdir (or delete that one to start over)")
