@@ -1,13 +1,10 @@
 """Opening a run from a program: the variables' snapshot cache of `avtext.runs` and the
 lowered-program cache of `avtext.inference.exported` give what the slow paths give."""
-import ml_dtypes
 import jax
-import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
-import pytest
 
 from avtext import runs
-from avtext.inference import exported
 from avtext.train import checkpointing
 
 
@@ -63,33 +60,45 @@ def test_snapshot_gives_the_checkpoint_and_follows_a_rewrite(tmp_path, monkeypat
                                 _params(7)["dense"]["kernel"])
 
 
-def test_cached_jit_equals_jit_and_reuses_its_export(tmp_path, monkeypatch):
-  monkeypatch.setenv("AVTEXT_COMPILATION_CACHE", str(tmp_path / "jax"))
+_CACHED_JIT_SCRIPT = """
+import json, os, sys
+import jax, jax.numpy as jnp, numpy as np
+from avtext.inference import exported
+traced = []
+def fn(params, batch):
+  traced.append(1)
+  h = jnp.tanh(batch["x"] @ params["w"] + params["b"])
+  return {"y": h.sum(-1), "n": jnp.linalg.norm(h, axis=-1)}
+rng = np.random.default_rng(0)
+params = {"w": rng.normal(size=(5, 7)).astype(np.float32),
+          "b": rng.normal(size=(7,)).astype(np.float32)}
+batch = {"x": rng.normal(size=(int(sys.argv[1]), 5)).astype(np.float32)}
+got = exported.CachedJit(fn, "fn", sys.argv[2])(params, batch)
+n = len(traced)
+want = jax.jit(lambda p, b: fn(p, b))(params, batch)
+print(json.dumps({"traced": n, "devices": jax.device_count(),
+                  "equal": all(np.array_equal(np.asarray(got[k]), np.asarray(want[k]))
+                               for k in want)}))
+"""
 
-  def fn(params, batch):
-    h = jnp.tanh(batch["x"] @ params["w"] + params["b"])
-    return {"y": h.sum(-1), "n": jnp.linalg.norm(h, axis=-1)}
 
-  rng = np.random.default_rng(0)
-  params = {"w": rng.normal(size=(5, 7)).astype(np.float32),
-            "b": rng.normal(size=(7,)).astype(np.float32)}
-  batch = {"x": rng.normal(size=(3, 5)).astype(np.float32)}
-  want = jax.jit(fn)(params, batch)
-  got = exported.CachedJit(fn, "fn", "identity-a")(params, batch)
-  for k in want:
-    np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
-  files = list((tmp_path / "jax" / "exports").glob("fn-*.jaxexport"))
-  assert len(files) == 1
+def test_cached_jit_equals_jit_and_a_second_program_loads_it(tmp_path):
+  """Run as programs are, on one device: the first compiles and saves the executable,
+  the next with the same function, identity and shapes loads it (no tracing) and
+  gives the same bits; another identity or shape compiles its own."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ, XLA_FLAGS="", AVTEXT_COMPILATION_CACHE=str(tmp_path / "jax"))
 
-  from jax import export  # pylint: disable=g-import-not-at-top
-  with monkeypatch.context() as m:  # a new program: deserialized, not traced again
-    m.setattr(export, "export", lambda *a, **k: pytest.fail("traced again"))
-    again = exported.CachedJit(fn, "fn", "identity-a")(params, batch)
-  np.testing.assert_array_equal(np.asarray(again["y"]), np.asarray(want["y"]))
-  # Another identity, other shapes: other entries.
-  exported.CachedJit(fn, "fn", "identity-b")(params, batch)
-  exported.CachedJit(fn, "fn", "identity-a")(params, {"x": batch["x"][:2]})
-  assert len(list((tmp_path / "jax" / "exports").glob("fn-*.jaxexport"))) == 3
-  monkeypatch.setenv("AVTEXT_COMPILATION_CACHE", "off")
-  off = exported.CachedJit(fn, "fn", "identity-a")(params, batch)
-  np.testing.assert_array_equal(np.asarray(off["n"]), np.asarray(want["n"]))
+  def program(rows, identity):
+    out = subprocess.run([sys.executable, "-c", _CACHED_JIT_SCRIPT, str(rows), identity],
+                         env=env, capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+  first, second = program(3, "a"), program(3, "a")
+  assert first == {"traced": 1, "devices": 1, "equal": True}, first
+  assert second == {"traced": 0, "devices": 1, "equal": True}, second
+  assert program(3, "b")["traced"] == 1 and program(2, "a")["traced"] == 1
+  assert len(list((tmp_path / "jax" / "exports").glob("fn-*.executable"))) == 3

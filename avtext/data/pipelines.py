@@ -9,7 +9,6 @@ resumed run sees exactly the batches an uninterrupted one would.
 import json
 from typing import Any, Callable, Sequence
 
-import grain
 import ml_collections
 import numpy as np
 
@@ -24,7 +23,7 @@ from avtext.text import tokenizers
 def train_batches(num_examples: int, example_fn: Callable[[int, np.random.Generator], dict],
                   *, batch_size: int, seed: int, process_index: int = 0,
                   process_count: int = 1,
-                  collate: Callable[[Sequence[dict]], dict] | None = None) -> grain.MapDataset:
+                  collate: Callable[[Sequence[dict]], dict] | None = None) -> "grain.MapDataset":
   """Infinite, deterministic, shuffled batches of `example_fn(index, rng)`.
 
   `batch_size` is the per-process size L. All processes walk one global
@@ -39,6 +38,7 @@ def train_batches(num_examples: int, example_fn: Callable[[int, np.random.Genera
   if num_examples < global_size:
     raise ValueError(f"{num_examples} training examples, fewer than one batch of "
                      f"{global_size} ({process_count} process(es) x {batch_size})")
+  import grain  # pylint: disable=g-import-not-at-top  (with orbax: a quarter second)
   ds = grain.MapDataset.range(num_examples).seed(seed).shuffle().repeat()
   # random_map seeds each example by its stream position, so the rows are
   # picked after it; MapDatasets are lazy, so a process only builds its own.
