@@ -98,6 +98,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # MBT's strided conv stem ("matmul": the same function as one matmul, layers.PatchMatmul;
   # on v5e it needs 2.7 GiB of temporaries a chip for 16 clips against the conv's 1.7).
   config.model.video.patch_embed = "conv"
+  # Channel widths of a convolutional stem before the RGB patches (models/layers.ConvStem,
+  # the hybrid ViT); () is ViT-B's linear patch embedding, as in the paper.
+  config.model.video.rgb_stem = ()
   config.model.video.n_bottlenecks = 4  # §5.2: B = 4 fusion tokens
   config.model.video.fusion_layer = 8  # §5.2: l_f = 8
   config.model.video.dropout_rate = 0.0

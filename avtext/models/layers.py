@@ -439,6 +439,32 @@ class PatchMatmul(nn.Conv):
     return y + bias.astype(self.dtype)
 
 
+class ConvStem(nn.Module):
+  """The hybrid ViT's convolutional stem (Dosovitskiy et al. 2021 §3.1, "Hybrid
+  Architecture"; the small stride-2 stack of Xiao et al. 2021, "Early Convolutions Help
+  Transformers See Better"): per image, `len(features)` 3x3 convolutions of stride 2
+  (SAME padding), each followed by a LayerNorm over channels and a GELU. The patch
+  embedding that follows cuts the [H / 2^n, W / 2^n] feature map into patches.
+
+  Parameters: conv_<i> {kernel [3, 3, C_in, features[i]], bias}, norm_<i> {scale, bias}.
+  """
+  features: Sequence[int]
+  layer_norm_eps: float = 1e-6
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """x: [..., H, W, C] -> [..., H / 2^n, W / 2^n, features[-1]]."""
+    lead = x.shape[:-3]
+    x = x.reshape((-1,) + x.shape[-3:])
+    for i, width in enumerate(self.features):
+      x = nn.Conv(width, kernel_size=(3, 3), strides=(2, 2), padding="SAME",
+                  dtype=self.dtype, name=f"conv_{i}")(x)
+      x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name=f"norm_{i}")(x)
+      x = nn.gelu(x, approximate=False)
+    return x.reshape(lead + x.shape[1:])
+
+
 class AddPositionEmbedding(nn.Module):
   """Adds a learned embedding per token position (ViT; init as in BERT).
 

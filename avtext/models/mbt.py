@@ -13,7 +13,9 @@ modalities' [CLS] outputs (VideoCC §4.1, "Joint embedding").
 Parameters:
   bottleneck            [1, n_bottlenecks, D]
   rgb | audio           one tower per modality:
-    patch_embedding     Conv, kernel [t, h, w, 3, D] (rgb), [h, w, 1, D] (audio)
+    stem                rgb with rgb_stem only: layers.ConvStem, conv_<i> / norm_<i>
+    patch_embedding     Conv, kernel [t, h, w, 3, D] (rgb), [h, w, 1, D] (audio);
+                        rgb with an n-layer stem: [t, h / 2^n, w / 2^n, C_n, D]
     cls                 [1, 1, D]
     posembed            {pos_embedding [1 + N, D]}
     encoderblock_<i>    layers.EncoderBlock, pre-LN
@@ -74,13 +76,18 @@ class ModalityTower(nn.Module):
   remat: str = "none"
   attention: str = "xla"
   patch_embed: str = "conv"
+  stem_features: Sequence[int] = ()
 
   def setup(self):
-    # Non-overlapping patches (ViT), tubelets for frames (MBT's 3D-conv stem).
+    # Non-overlapping patches (ViT), tubelets for frames (MBT's 3D-conv stem); after a
+    # conv stem, patches of its feature map that cover the same pixels (same token grid).
     embed = {"conv": nn.Conv, "matmul": layers.PatchMatmul}[self.patch_embed]
     self.patch_embedding = embed(
-        self.hidden_size, kernel_size=self.patch_size, strides=self.patch_size,
+        self.hidden_size, kernel_size=self._embed_patch(), strides=self._embed_patch(),
         padding="VALID", dtype=self.dtype)
+    if self.stem_features:
+      self.stem = layers.ConvStem(tuple(self.stem_features),
+                                  layer_norm_eps=self.layer_norm_eps, dtype=self.dtype)
     self.cls = self.param("cls", nn.initializers.zeros,
                           (1, 1, self.hidden_size), jnp.float32)
     self.posembed = layers.AddPositionEmbedding()
@@ -89,6 +96,18 @@ class ModalityTower(nn.Module):
                          for i in range(self.num_layers)]
     self.encoder_norm = nn.LayerNorm(epsilon=self.layer_norm_eps,
                                      dtype=self.dtype)
+
+  def _embed_patch(self) -> tuple[int, ...]:
+    if not self.stem_features:
+      return tuple(self.patch_size)
+    t, h, w = self.patch_size
+    n = len(self.stem_features)
+    scale = 2 ** n
+    if h % scale or w % scale:
+      raise ValueError(f"rgb_patch {tuple(self.patch_size)}: a {n}-layer rgb_stem "
+                       f"halves the frame {n} times, so the patch height and "
+                       f"width must be multiples of {scale}")
+    return (t, h // scale, w // scale)
 
   def tokens(self, x: Array) -> Array:
     """Raw input -> [B, 1 + N, D]: [CLS] then patch tokens, plus positions."""
@@ -103,7 +122,10 @@ class ModalityTower(nn.Module):
             f"{x.shape}")
       _check_divisible("audio", x.shape[1:3], self.patch_size, "(T, mel)")
       x = x[..., None]  # One-channel image (AST).
-    x = self.patch_embedding(x.astype(self.dtype))
+    x = x.astype(self.dtype)
+    if self.stem_features:
+      x = self.stem(x)
+    x = self.patch_embedding(x)
     x = x.reshape(x.shape[0], -1, x.shape[-1])  # Row-major over the grid.
     cls = jnp.broadcast_to(self.cls.astype(x.dtype),
                            (x.shape[0], 1, x.shape[2]))
@@ -138,6 +160,9 @@ class MBT(nn.Module):
       stochastic_depth > 0 needs the unscanned layers, whose rates differ).
     patch_embed: "conv" (nn.Conv) or "matmul" (`layers.PatchMatmul`: the same
       parameters and function as one matmul).
+    rgb_stem: channel widths of a convolutional stem before the RGB patch embedding
+      (`layers.ConvStem`, the hybrid ViT); () is ViT's linear patch embedding (the paper).
+      The token grid stays rgb_patch_size's, so each layer needs it divisible by 2.
   """
   modalities: str | Sequence[str] = ("rgb", "audio")
   hidden_size: int = 768
@@ -157,6 +182,7 @@ class MBT(nn.Module):
   remat: str = "none"
   attention: str = "xla"
   patch_embed: str = "conv"
+  rgb_stem: Sequence[int] = ()
   scan_layers: bool = False
 
   @nn.compact
@@ -208,6 +234,7 @@ class MBT(nn.Module):
             remat=self.remat,
             attention=self.attention,
             patch_embed=self.patch_embed,
+            stem_features=tuple(self.rgb_stem) if m == "rgb" else (),
             name=m) for m in modalities
     }
     x = {m: towers[m].tokens(inputs[m]) for m in modalities}
@@ -305,7 +332,8 @@ def mbt_from_config(cfg) -> MBT:
       n_bottlenecks=cfg.n_bottlenecks, fusion_layer=cfg.fusion_layer,
       dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
       stochastic_depth=cfg.get("stochastic_depth", 0.0),
-      patch_embed=cfg.get("patch_embed") or "conv", **_compute_kwargs(cfg))
+      patch_embed=cfg.get("patch_embed") or "conv", rgb_stem=tuple(cfg.get("rgb_stem") or ()),
+      **_compute_kwargs(cfg))
 
 
 def _compute_kwargs(cfg) -> dict:
