@@ -269,6 +269,27 @@ def test_rgb_stem_needs_patches_divisible_by_its_strides():
     model.init(jax.random.PRNGKey(0), _inputs(), train=False)
 
 
+@pytest.mark.parametrize("modalities", ["rgb", "rgb+audio", "audio"])
+def test_rgb_max_pool_replaces_the_rgb_cls_in_the_embedding(fused, modalities):
+  """rgb_pool="max": the same parameters and tokens; the RGB tower enters the embedding as
+  the channel-wise max over its patch tokens (the [CLS] row excluded)."""
+  _, params, inputs = fused
+  cfg = {**TINY, "modalities": modalities}
+  params = {k: v for k, v in params.items() if k in modalities or k == "bottleneck"}
+  if modalities != "rgb+audio":
+    params.pop("bottleneck")
+  base = _apply(mbt_lib.MBT(**cfg), params, inputs)
+  out = _apply(mbt_lib.MBT(**cfg, rgb_pool="max"), params, inputs)
+  jax.tree.map(np.testing.assert_array_equal, out["tokens"], base["tokens"])
+  tokens = {m: np.asarray(t) for m, t in base["tokens"].items()}
+  parts = [tokens[m][:, 0] if m == "audio" else
+           np.stack([tokens["rgb"][b, 1:].max(axis=0) for b in range(2)])
+           for m in modalities.split("+")]
+  np.testing.assert_allclose(out["embedding"], np.mean(parts, axis=0), rtol=1e-6, atol=1e-7)
+  with pytest.raises(ValueError, match="rgb_pool must be 'cls' or 'max', got 'mean'"):
+    _apply(mbt_lib.MBT(**cfg, rgb_pool="mean"), params, inputs)
+
+
 def _perturbed(inputs, key):
   out = dict(inputs)
   out[key] = inputs[key] + 1.0

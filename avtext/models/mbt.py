@@ -10,6 +10,11 @@ modalities produce are averaged (MBT eq. 8-9). Cross-modal information passes
 only through the bottleneck. The video embedding is the mean of the
 modalities' [CLS] outputs (VideoCC §4.1, "Joint embedding").
 
+Two options of the RGB tower serve the synthetic demos, whose objects cover ~5 % of a
+64x64 frame (BENCHMARKS.md "Stage 1"); both are off in the paper config: `rgb_stem`,
+the hybrid ViT's convolutional stem before the tubelets, and `rgb_pool="max"`, the
+RGB tower's embedding as the max over its output tokens instead of its [CLS].
+
 Parameters:
   bottleneck            [1, n_bottlenecks, D]
   rgb | audio           one tower per modality:
@@ -163,6 +168,10 @@ class MBT(nn.Module):
     rgb_stem: channel widths of a convolutional stem before the RGB patch embedding
       (`layers.ConvStem`, the hybrid ViT); () is ViT's linear patch embedding (the paper).
       The token grid stays rgb_patch_size's, so each layer needs it divisible by 2.
+    rgb_pool: what the RGB tower gives the embedding: "cls" (its [CLS] output, the
+      paper) or "max" (the max over its final-LayerNorm patch tokens, channel by channel:
+      a small object anywhere in the clip reaches the embedding without the [CLS]
+      attention first learning where to look).
   """
   modalities: str | Sequence[str] = ("rgb", "audio")
   hidden_size: int = 768
@@ -183,6 +192,7 @@ class MBT(nn.Module):
   attention: str = "xla"
   patch_embed: str = "conv"
   rgb_stem: Sequence[int] = ()
+  rgb_pool: str = "cls"
   scan_layers: bool = False
 
   @nn.compact
@@ -196,7 +206,8 @@ class MBT(nn.Module):
       train: enables dropout and stochastic depth (needs the 'dropout' rng).
 
     Returns:
-      embedding: [B, D], mean of the modalities' [CLS] outputs.
+      embedding: [B, D], mean of the modalities' [CLS] outputs (rgb_pool="max": the
+        RGB tower's max over its patch tokens in place of its [CLS]).
       cls: {modality: [B, D]}, final-LayerNorm [CLS] outputs.
       tokens: {modality: [B, 1 + N_m, D]}, all final-LayerNorm outputs.
       bottleneck: [B, n_bottlenecks, D], the fused tokens after the last
@@ -265,8 +276,13 @@ class MBT(nn.Module):
 
     tokens = {m: towers[m].final(x[m]) for m in modalities}
     cls = {m: tokens[m][:, 0] for m in modalities}
+    if self.rgb_pool not in ("cls", "max"):
+      raise ValueError(f"rgb_pool must be 'cls' or 'max', got {self.rgb_pool!r}")
+    pooled = dict(cls)
+    if "rgb" in modalities and self.rgb_pool == "max":
+      pooled["rgb"] = jnp.max(tokens["rgb"][:, 1:], axis=1)  # [B, D]
     outputs = {
-        "embedding": jnp.mean(jnp.stack([cls[m] for m in modalities]), axis=0),
+        "embedding": jnp.mean(jnp.stack([pooled[m] for m in modalities]), axis=0),
         "cls": cls,
         "tokens": tokens,
     }
@@ -333,6 +349,7 @@ def mbt_from_config(cfg) -> MBT:
       dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
       stochastic_depth=cfg.get("stochastic_depth", 0.0),
       patch_embed=cfg.get("patch_embed") or "conv", rgb_stem=tuple(cfg.get("rgb_stem") or ()),
+      rgb_pool=cfg.get("rgb_pool") or "cls",
       **_compute_kwargs(cfg))
 
 
