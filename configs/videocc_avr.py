@@ -102,6 +102,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the hybrid ViT); () is ViT-B's linear patch embedding, as in the paper.
   config.model.video.rgb_stem = ()
   config.model.video.rgb_pool = "cls"
+  config.model.video.layer_scale = 0.0  # off (ViT); > 0: CaiT's LayerScale init
   config.model.video.n_bottlenecks = 4  # §5.2: B = 4 fusion tokens
   config.model.video.fusion_layer = 8  # §5.2: l_f = 8
   config.model.video.dropout_rate = 0.0

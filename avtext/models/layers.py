@@ -278,6 +278,9 @@ class EncoderBlock(nn.Module):
     attention_dropout_rate: dropout on attention probabilities.
     dropout_masks: "jax" (flax's) or "hash" (`dropout`), for every dropout.
     stochastic_depth: per-example drop probability of each residual branch.
+    layer_scale: 0 (off), or CaiT's LayerScale (Touvron et al. 2021, eq. 3): each
+      residual branch times a learned per-channel vector `<branch>_scale` [D] that starts
+      at this value, so a stack starts near the identity.
     kernel_init: initializer of every kernel (xavier for ViT, normal(0.02)
       for BERT).
     dtype: computation dtype; parameters stay float32.
@@ -302,6 +305,7 @@ class EncoderBlock(nn.Module):
   attention_dropout_rate: float = 0.0
   dropout_masks: str = "jax"
   stochastic_depth: float = 0.0
+  layer_scale: float = 0.0
   kernel_init: Initializer = nn.initializers.xavier_uniform()
   dtype: Any = jnp.float32
   remat: str = "none"
@@ -402,6 +406,9 @@ class EncoderBlock(nn.Module):
       norm = make_layer_norm(self.layer_norm, self.layer_norm_eps, self.dtype,
                              f"{name}_norm")
       y = branch(norm(x) if self.pre_norm else x)
+      if self.layer_scale:
+        y = y * self.param(f"{name}_scale", nn.initializers.constant(self.layer_scale),
+                           (y.shape[-1],), jnp.float32).astype(y.dtype)
       if name == "mlp" or projected:
         y = attn.dropout(y, self.dropout_rate, deterministic=deterministic,
                          masks=self.dropout_masks)

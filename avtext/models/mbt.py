@@ -56,6 +56,7 @@ def _block_kwargs(module: nn.Module, index: int) -> dict[str, Any]:
       dropout_rate=module.dropout_rate,
       attention_dropout_rate=module.attention_dropout_rate,
       stochastic_depth=module.stochastic_depth * index / max(module.num_layers - 1, 1),
+      layer_scale=module.layer_scale,
       dtype=module.dtype, remat=module.remat, attention_impl=module.attention)
 
 
@@ -78,6 +79,7 @@ class ModalityTower(nn.Module):
   attention_dropout_rate: float
   stochastic_depth: float
   dtype: Any
+  layer_scale: float = 0.0
   remat: str = "none"
   attention: str = "xla"
   patch_embed: str = "conv"
@@ -193,6 +195,7 @@ class MBT(nn.Module):
   patch_embed: str = "conv"
   rgb_stem: Sequence[int] = ()
   rgb_pool: str = "cls"
+  layer_scale: float = 0.0
   scan_layers: bool = False
 
   @nn.compact
@@ -242,6 +245,7 @@ class MBT(nn.Module):
             attention_dropout_rate=self.attention_dropout_rate,
             stochastic_depth=self.stochastic_depth,
             dtype=self.dtype,
+            layer_scale=self.layer_scale,
             remat=self.remat,
             attention=self.attention,
             patch_embed=self.patch_embed,
@@ -349,7 +353,7 @@ def mbt_from_config(cfg) -> MBT:
       dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
       stochastic_depth=cfg.get("stochastic_depth", 0.0),
       patch_embed=cfg.get("patch_embed") or "conv", rgb_stem=tuple(cfg.get("rgb_stem") or ()),
-      rgb_pool=cfg.get("rgb_pool") or "cls",
+      rgb_pool=cfg.get("rgb_pool") or "cls", layer_scale=cfg.get("layer_scale") or 0.0,
       **_compute_kwargs(cfg))
 
 
