@@ -161,6 +161,8 @@ class MBT(nn.Module):
     activation, layer_norm_eps: ViT's tanh-GELU and 1e-6.
     dropout_rate, attention_dropout_rate, stochastic_depth: regularization
       (stochastic depth is the maximum, reached at the last layer).
+    layer_scale: 0 (ViT, the paper) or the initial value of CaiT's LayerScale on every
+      residual branch (`layers.EncoderBlock`).
     dtype: computation dtype; remat, attention, scan_layers: see `layers.Compute`
       (scan_layers runs the unimodal layers of each tower as one `layers.scan_layers`
       and the fusion layers as another; same parameters; training with
