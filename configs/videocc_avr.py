@@ -17,7 +17,7 @@ Variants (after the colon, comma-separated):
           run on ground-truth captions.
   rgb / audio   V-only or A-only video encoder (default rgb+audio).
   hybrid  (with demo) the RGB tower with a conv stem, max-pooled tokens and LayerScale
-          (BENCHMARKS.md "Stage 1 candidates": shape 49 % against 32 %); stage 1 must
+          (BENCHMARKS.md "Stage 1 candidates for shape": 49 % against 32 %); stage 1 must
           use it too (configs/synthetic_video_pretrain.py:hybrid).
   msrvtt  (with demo / tiny) also evaluate zero-shot on MSR-VTT 1k-A from your files:
           --config.evals.msrvtt.dataset.path=DIR (layout: avtext/data/builders/msrvtt.py;

@@ -10,10 +10,11 @@ modalities produce are averaged (MBT eq. 8-9). Cross-modal information passes
 only through the bottleneck. The video embedding is the mean of the
 modalities' [CLS] outputs (VideoCC §4.1, "Joint embedding").
 
-Two options of the RGB tower serve the synthetic demos, whose objects cover ~5 % of a
-64x64 frame (BENCHMARKS.md "Stage 1"); both are off in the paper config: `rgb_stem`,
-the hybrid ViT's convolutional stem before the tubelets, and `rgb_pool="max"`, the
-RGB tower's embedding as the max over its output tokens instead of its [CLS].
+Three options, all off in the paper config, are for the synthetic demos, whose objects
+cover ~5 % of a 64x64 frame (BENCHMARKS.md "Stage 1 candidates for shape"): `rgb_stem`,
+the hybrid ViT's convolutional stem before the tubelets; `rgb_pool="max"`, the RGB
+tower's embedding as the max over its output tokens instead of its [CLS]; `layer_scale`,
+CaiT's LayerScale on every block.
 
 Parameters:
   bottleneck            [1, n_bottlenecks, D]
@@ -354,8 +355,9 @@ def mbt_from_config(cfg) -> MBT:
       n_bottlenecks=cfg.n_bottlenecks, fusion_layer=cfg.fusion_layer,
       dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
       stochastic_depth=cfg.get("stochastic_depth", 0.0),
-      patch_embed=cfg.get("patch_embed") or "conv", rgb_stem=tuple(cfg.get("rgb_stem") or ()),
-      rgb_pool=cfg.get("rgb_pool") or "cls", layer_scale=cfg.get("layer_scale") or 0.0,
+      patch_embed=cfg.get("patch_embed") or "conv",
+      rgb_stem=tuple(cfg.get("rgb_stem") or ()), rgb_pool=cfg.get("rgb_pool") or "cls",
+      layer_scale=cfg.get("layer_scale") or 0.0,
       **_compute_kwargs(cfg))
 
 
