@@ -16,7 +16,9 @@ Only the RGB tower is pretrained (VideoCC's audio tower also starts from the
 image ViT; here the audio tower learns its easier sounds from scratch).
 Labels are from the train split only; the retrieval test split is disjoint.
 
-Variants: (none) the demo's tower; tiny: the tiny AVR config's tower (tests).
+Variants: (none) the demo's tower; hybrid: `videocc_avr.py:demo,hybrid`'s tower (a conv
+stem, max-pooled tokens, LayerScale; BENCHMARKS.md "Stage 1 candidates for shape"); tiny:
+the tiny AVR config's tower (tests).
 """
 import pathlib
 import sys
@@ -28,9 +30,11 @@ import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = videocc_avr.parse_variants(arg, ("tiny",), "configs/synthetic_video_pretrain.py")
+  variants = videocc_avr.parse_variants(arg, ("tiny", "hybrid"),
+                                        "configs/synthetic_video_pretrain.py")
   tiny = "tiny" in variants
-  avr = videocc_avr.get_config("tiny" if tiny else "demo")
+  tower = ["tiny" if tiny else "demo"] + sorted(variants - {"tiny"})
+  avr = videocc_avr.get_config(",".join(tower))
 
   config = ml_collections.ConfigDict()
   config.task = "video_cls"

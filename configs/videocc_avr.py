@@ -16,6 +16,9 @@ Variants (after the colon, comma-separated):
           held-out synthetic test split. `make demo-mining` runs it beside `make demo`'s
           run on ground-truth captions.
   rgb / audio   V-only or A-only video encoder (default rgb+audio).
+  hybrid  (with demo) the RGB tower with a conv stem, max-pooled tokens and LayerScale
+          (BENCHMARKS.md "Stage 1 candidates for shape": 49 % against 32 %); stage 1 must
+          use it too (configs/synthetic_video_pretrain.py:hybrid).
   msrvtt  (with demo / tiny) also evaluate zero-shot on MSR-VTT 1k-A from your files:
           --config.evals.msrvtt.dataset.path=DIR (layout: avtext/data/builders/msrvtt.py;
           docs/videocc.md "Evaluate a run on MSR-VTT"); frames decoded at the model's image size.
@@ -31,11 +34,14 @@ import ml_collections
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = parse_variants(arg, ("demo", "tiny", "rgb", "audio", "mined", "msrvtt"),
+  variants = parse_variants(arg, ("demo", "tiny", "rgb", "audio", "mined", "msrvtt", "hybrid"),
                             "configs/videocc_avr.py")
   if "msrvtt" in variants and not variants & {"demo", "tiny"}:
     raise ValueError("configs/videocc_avr.py: the paper setup already evaluates on MSR-VTT "
                      "(config.evals.msrvtt); 'msrvtt' adds it to demo / tiny")
+  if "hybrid" in variants and "demo" not in variants:
+    raise ValueError("configs/videocc_avr.py: 'hybrid' is a variant of the demo's RGB tower; "
+                     "use it with 'demo'")
   if "mined" in variants and not variants & {"demo", "tiny"}:
     raise ValueError("configs/videocc_avr.py: 'mined' goes with 'demo' or 'tiny' (the "
                      "synthetic mining corpus); for a real mining output set "
@@ -98,6 +104,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # MBT's strided conv stem ("matmul": the same function as one matmul, layers.PatchMatmul;
   # on v5e it needs 2.7 GiB of temporaries a chip for 16 clips against the conv's 1.7).
   config.model.video.patch_embed = "conv"
+  # Channel widths of a convolutional stem before the RGB patches (models/layers.ConvStem,
+  # the hybrid ViT); () is ViT-B's linear patch embedding, as in the paper.
+  config.model.video.rgb_stem = ()
+  config.model.video.rgb_pool = "cls"
+  config.model.video.layer_scale = 0.0  # off (ViT); > 0: CaiT's LayerScale init
   config.model.video.n_bottlenecks = 4  # §5.2: B = 4 fusion tokens
   config.model.video.fusion_layer = 8  # §5.2: l_f = 8
   config.model.video.dropout_rate = 0.0
@@ -185,6 +196,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         dataset=dict(name="msrvtt", path=ml_collections.config_dict.placeholder(str),
                      short_side=config.data.image_size,
                      data_dir=ml_collections.config_dict.placeholder(str))))
+  if "hybrid" in variants:
+    v = config.model.video
+    v.rgb_stem, v.rgb_pool, v.layer_scale = (32, 64), "max", 0.1
   if "rgb" in variants:
     config.model.video.modalities = "rgb"
   if "audio" in variants:

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.special
 
 from avtext.models import attention as attention_lib
 from avtext.models import layers
@@ -517,3 +518,27 @@ def test_block_without_attention_output_and_with_linear_feed_forward_matches_num
   with pytest.raises(ValueError, match="attention_output"):
     layers.EncoderBlock(num_heads=2, mlp_dim=4, attention_output="linear").init(
         jax.random.PRNGKey(0), x, deterministic=True)
+
+
+def test_layer_scale_multiplies_each_pre_norm_branch_by_its_learned_vector():
+  """CaiT eq. 3: x1 = x + s_a * Attn(LN(x)), out = x1 + s_m * MLP(LN(x1)), s_a and s_m
+  per-channel vectors starting at layer_scale."""
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+  block = layers.EncoderBlock(num_heads=2, mlp_dim=16, layer_scale=0.1)
+  params = jax.tree.map(np.asarray, block.init(jax.random.PRNGKey(0), x,
+                                               deterministic=True)["params"])
+  for name in ("attention_scale", "mlp_scale"):
+    np.testing.assert_array_equal(params[name], np.full(8, 0.1, np.float32))
+    params[name] = rng.standard_normal(8).astype(np.float32)
+  got = block.apply({"params": params}, x, deterministic=True)
+  p = params
+  ln = lambda y, n: _np_layer_norm(y, p[n]["scale"], p[n]["bias"], 1e-6)  # noqa: E731
+  att = _np_attention(ln(x, "attention_norm"), ln(x, "attention_norm"), p["attention"], 2,
+                      np.ones((2, 5)))
+  att = np.einsum("blhk,hkd->bld", att.reshape(2, 5, 2, 4), p["attention"]["out"]["kernel"])
+  x1 = x + p["attention_scale"] * (att + p["attention"]["out"]["bias"])
+  h = ln(x1, "mlp_norm") @ p["mlp"]["dense_in"]["kernel"] + p["mlp"]["dense_in"]["bias"]
+  h = 0.5 * h * (1 + scipy.special.erf(h / np.sqrt(2)))  # the default exact GELU
+  want = x1 + p["mlp_scale"] * (h @ p["mlp"]["dense_out"]["kernel"] + p["mlp"]["dense_out"]["bias"])
+  np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)

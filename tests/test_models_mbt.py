@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.special
 
 from avtext.models import mbt as mbt_lib
 
@@ -104,11 +105,40 @@ def _ref_block(x, p):
   return x + h @ p["mlp"]["dense_out"]["kernel"] + p["mlp"]["dense_out"]["bias"]
 
 
+def _ref_conv_stride2_same(x, kernel, bias):
+  """3x3 conv of stride 2 with TF/XLA 'SAME' padding, by loops: out = ceil(in / 2), the
+  total padding max((out - 1) * 2 + 3 - in, 0), its smaller half before. x [N, H, W, C]."""
+  n, h, w, _ = x.shape
+  out_h, out_w = -(-h // 2), -(-w // 2)
+  pad_h, pad_w = max((out_h - 1) * 2 + 3 - h, 0), max((out_w - 1) * 2 + 3 - w, 0)
+  padded = np.pad(x, ((0, 0), (pad_h // 2, pad_h - pad_h // 2),
+                      (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
+  y = np.zeros((n, out_h, out_w, kernel.shape[-1]))
+  for i in range(out_h):
+    for j in range(out_w):
+      window = padded[:, 2 * i:2 * i + 3, 2 * j:2 * j + 3, :]  # [N, 3, 3, C]
+      y[:, i, j] = np.einsum("nhwc,hwcd->nd", window, kernel)
+  return y + bias
+
+
+def _ref_stem(x, p):
+  """Hybrid stem per frame: (conv 3x3 / 2 -> LayerNorm -> exact GELU) per layer."""
+  lead = x.shape[:-3]
+  x = x.reshape((-1,) + x.shape[-3:])
+  for i in range(len(p) // 2):
+    x = _ref_conv_stride2_same(x, p[f"conv_{i}"]["kernel"], p[f"conv_{i}"]["bias"])
+    x = _ref_layer_norm(x, p[f"norm_{i}"])
+    x = 0.5 * x * (1 + scipy.special.erf(x / np.sqrt(2)))
+  return x.reshape(lead + x.shape[1:])
+
+
 def _ref_mbt(params, inputs, modalities, num_layers, fusion_layer):
   p, inputs = _np(params), _np(inputs)
   x = {}
   for m in modalities:
     raw = inputs[m] if m == "rgb" else inputs[m][..., None]
+    if "stem" in p[m]:
+      raw = _ref_stem(raw, p[m]["stem"])
     tok = _ref_patchify(raw, p[m]["patch_embedding"]["kernel"],
                         p[m]["patch_embedding"]["bias"])
     cls = np.repeat(p[m]["cls"], tok.shape[0], axis=0)
@@ -195,6 +225,69 @@ def test_patch_embedding_equals_reshape_matmul():
                            p[m]["encoder_norm"])
     assert tok.shape[1] == 8  # (4/2)*(16/8)*(16/8) tubelets; (16/4)*(8/4).
     np.testing.assert_allclose(out["tokens"][m][:, 1:], want, atol=1e-5)
+
+
+def test_rgb_conv_stem_matches_numpy_reference():
+  """The hybrid stem (rgb_stem): its convolutions, norms and GELUs by loops, then the
+  patch embedding on the [H/4, W/4] feature map, through fusion, against the reference."""
+  model = mbt_lib.MBT(**{**TINY, "rgb_stem": (4, 6)})
+  inputs = _inputs()
+  params = _init(model, inputs)
+  out = _apply(model, params, inputs)
+  cls, z = _ref_mbt(params, inputs, ("rgb", "audio"), TINY["num_layers"],
+                    TINY["fusion_layer"])
+  for m in ("rgb", "audio"):
+    np.testing.assert_allclose(out["cls"][m], cls[m], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(out["bottleneck"], z, atol=1e-5, rtol=1e-5)
+
+
+def test_rgb_conv_stem_parameters_and_token_grid():
+  """The stem adds rgb/stem/{conv,norm}_<i>, the tubelet kernel covers the same pixels on
+  the stem's map, the token grid (and so the position table) is the pure model's; the
+  audio tower has no stem."""
+  inputs = _inputs()
+  plain = jax.eval_shape(lambda: mbt_lib.MBT(**TINY).init(
+      jax.random.PRNGKey(0), inputs, train=False))["params"]
+  hybrid = jax.eval_shape(lambda: mbt_lib.MBT(**{**TINY, "rgb_stem": (4, 6)}).init(
+      jax.random.PRNGKey(0), inputs, train=False))["params"]
+  shapes = lambda tree: {"/".join(k.key for k in path): leaf.shape  # noqa: E731
+                         for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+  plain, hybrid = shapes(plain), shapes(hybrid)
+  assert {k: v for k, v in hybrid.items() if "/stem/" in k} == {
+      "rgb/stem/conv_0/kernel": (3, 3, 3, 4), "rgb/stem/conv_0/bias": (4,),
+      "rgb/stem/norm_0/scale": (4,), "rgb/stem/norm_0/bias": (4,),
+      "rgb/stem/conv_1/kernel": (3, 3, 4, 6), "rgb/stem/conv_1/bias": (6,),
+      "rgb/stem/norm_1/scale": (6,), "rgb/stem/norm_1/bias": (6,)}
+  assert hybrid.pop("rgb/patch_embedding/kernel") == (2, 2, 2, 6, 32)  # (2, 8/4, 8/4)
+  assert plain.pop("rgb/patch_embedding/kernel") == (2, 8, 8, 3, 32)
+  assert {k: v for k, v in hybrid.items() if "/stem/" not in k} == plain
+
+
+def test_rgb_stem_needs_patches_divisible_by_its_strides():
+  model = mbt_lib.MBT(**{**TINY, "modalities": "rgb", "rgb_stem": (4, 4, 4, 4)})
+  with pytest.raises(ValueError, match=r"4-layer rgb_stem .* multiples of 16"):
+    model.init(jax.random.PRNGKey(0), _inputs(), train=False)
+
+
+@pytest.mark.parametrize("modalities", ["rgb", "rgb+audio", "audio"])
+def test_rgb_max_pool_replaces_the_rgb_cls_in_the_embedding(fused, modalities):
+  """rgb_pool="max": the same parameters and tokens; the RGB tower enters the embedding as
+  the channel-wise max over its patch tokens (the [CLS] row excluded)."""
+  _, params, inputs = fused
+  cfg = {**TINY, "modalities": modalities}
+  params = {k: v for k, v in params.items() if k in modalities or k == "bottleneck"}
+  if modalities != "rgb+audio":
+    params.pop("bottleneck")
+  base = _apply(mbt_lib.MBT(**cfg), params, inputs)
+  out = _apply(mbt_lib.MBT(**cfg, rgb_pool="max"), params, inputs)
+  jax.tree.map(np.testing.assert_array_equal, out["tokens"], base["tokens"])
+  tokens = {m: np.asarray(t) for m, t in base["tokens"].items()}
+  parts = [tokens[m][:, 0] if m == "audio" else
+           np.stack([tokens["rgb"][b, 1:].max(axis=0) for b in range(2)])
+           for m in modalities.split("+")]
+  np.testing.assert_allclose(out["embedding"], np.mean(parts, axis=0), rtol=1e-6, atol=1e-7)
+  with pytest.raises(ValueError, match="rgb_pool must be 'cls' or 'max', got 'mean'"):
+    _apply(mbt_lib.MBT(**cfg, rgb_pool="mean"), params, inputs)
 
 
 def _perturbed(inputs, key):

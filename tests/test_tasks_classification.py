@@ -98,3 +98,21 @@ def test_unknown_loss_is_an_error():
   config.loss.name = "hinge"
   with pytest.raises(ValueError, match="config.loss.name='hinge'"):
     classification.VideoClassificationTask(config)
+
+
+def test_stage_one_and_avr_demo_share_the_rgb_tower():
+  """Stage 1 hands `video/rgb/` to the AVR demo (init_from): both variants of the tower
+  configure the same MBT fields; the paper config stays the pure ViT-B."""
+  from configs import videocc_avr  # pylint: disable=g-import-not-at-top
+  fields = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "rgb_patch", "rgb_stem",
+            "rgb_pool", "layer_scale", "patch_embed")
+  for pretrain, avr in (("", "demo"), ("hybrid", "demo,hybrid")):
+    tower = synthetic_video_pretrain.get_config(pretrain).model.video
+    want = videocc_avr.get_config(avr).model.video
+    assert {f: tower[f] for f in fields} == {f: want[f] for f in fields}
+  hybrid = synthetic_video_pretrain.get_config("hybrid").model.video
+  assert (hybrid.rgb_stem, hybrid.rgb_pool, hybrid.layer_scale) == ((32, 64), "max", 0.1)
+  paper = videocc_avr.get_config().model.video
+  assert (paper.rgb_stem, paper.rgb_pool, paper.layer_scale) == ((), "cls", 0.0)
+  with pytest.raises(ValueError, match="'hybrid' is a variant of the demo's RGB tower"):
+    synthetic_video_pretrain.get_config("tiny,hybrid")

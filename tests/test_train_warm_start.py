@@ -104,6 +104,33 @@ def test_pretrained_rgb_tower_reaches_avr_and_resume_does_not_reread(tmp_path):
   assert int(resumed.step) == 2
 
 
+def test_conv_stem_tower_round_trips_through_a_checkpoint(tmp_path):
+  """Stage 1's hand-over with the demo's hybrid stem (rgb_stem): a classifier's video/
+  params written by the checkpointer come back by name and land in an AVR model's video/rgb/,
+  stem included, unchanged."""
+  from avtext.models import mbt  # pylint: disable=g-import-not-at-top
+  tower = dict(hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, rgb_patch_size=(2, 8, 8),
+               audio_patch_size=(4, 4), n_bottlenecks=2, fusion_layer=0, rgb_stem=(4, 8))
+  inputs = {"rgb": np.zeros((1, 2, 16, 16, 3), np.float32),
+            "audio": np.zeros((1, 8, 8), np.float32)}
+  shapes = lambda m: jax.eval_shape(  # noqa: E731
+      lambda: m.init(jax.random.PRNGKey(0), inputs, train=False))["params"]
+  rng = np.random.default_rng(0)
+  source = {"video": jax.tree.map(lambda s: rng.normal(size=s.shape).astype(np.float32),
+                                  shapes(mbt.MBT(modalities="rgb", **tower)))}
+  ckpt = checkpointing.Checkpointer(tmp_path / "checkpoints", async_save=False)
+  ckpt.save(1, {"params": source}, None)
+  ckpt.close()
+  restored = checkpointing.restore_raw(tmp_path)[0]["params"]
+  assert sorted(restored["video"]["rgb"]["stem"]) == ["conv_0", "conv_1", "norm_0", "norm_1"]
+  target = {"video": jax.tree.map(lambda s: np.zeros(s.shape, s.dtype),
+                                  shapes(mbt.MBT(modalities="rgb+audio", **tower)))}
+  out = warm_start.transplant(target, restored, (("video/rgb/", "video/rgb/"),))
+  assert jax.tree.structure(out["video"]["rgb"]) == jax.tree.structure(source["video"]["rgb"])
+  jax.tree.map(np.testing.assert_array_equal, out["video"]["rgb"], source["video"]["rgb"])
+  assert not any(np.any(x) for x in jax.tree.leaves(out["video"]["audio"]))  # not a target
+
+
 def test_batch_stats_follow_the_params_prefixes(monkeypatch):
   """A BatchNorm network carried to a new run keeps its running statistics; a target
   with statistics where the source has none is an error; other prefixes are untouched."""

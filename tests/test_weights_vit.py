@@ -355,6 +355,11 @@ def test_config_init_from_vit_reaches_the_task(tmp_path):
   with pytest.raises(ValueError, match=r"audio tower's are 8x16; set config.model.video."
                      r"audio_patch=\(8, 8\)"):
     registry.build_task(config).load_pretrained(fresh)
+  v.init_from_vit.towers = ("rgb",)
+  v.rgb_stem = (4,)  # a conv stem has no counterpart in the ViT checkpoint
+  with pytest.raises(ValueError, match=r"rgb_stem=\(4,\) puts a conv stem before it"):
+    registry.build_task(config).load_pretrained(fresh)
+  v.rgb_stem = ()
   v.init_from_vit.path = str(tmp_path / "ViT-B_16.npz")
   with pytest.raises(FileNotFoundError, match="init_from_vit.path=.*ViT-B_16.npz.*not found"):
     registry.build_task(config).load_pretrained(fresh)

@@ -278,6 +278,9 @@ class EncoderBlock(nn.Module):
     attention_dropout_rate: dropout on attention probabilities.
     dropout_masks: "jax" (flax's) or "hash" (`dropout`), for every dropout.
     stochastic_depth: per-example drop probability of each residual branch.
+    layer_scale: 0 (off), or CaiT's LayerScale (Touvron et al. 2021, eq. 3): each
+      residual branch times a learned per-channel vector `<branch>_scale` [D] that starts
+      at this value, so a stack starts near the identity.
     kernel_init: initializer of every kernel (xavier for ViT, normal(0.02)
       for BERT).
     dtype: computation dtype; parameters stay float32.
@@ -302,6 +305,7 @@ class EncoderBlock(nn.Module):
   attention_dropout_rate: float = 0.0
   dropout_masks: str = "jax"
   stochastic_depth: float = 0.0
+  layer_scale: float = 0.0
   kernel_init: Initializer = nn.initializers.xavier_uniform()
   dtype: Any = jnp.float32
   remat: str = "none"
@@ -402,6 +406,9 @@ class EncoderBlock(nn.Module):
       norm = make_layer_norm(self.layer_norm, self.layer_norm_eps, self.dtype,
                              f"{name}_norm")
       y = branch(norm(x) if self.pre_norm else x)
+      if self.layer_scale:
+        y = y * self.param(f"{name}_scale", nn.initializers.constant(self.layer_scale),
+                           (y.shape[-1],), jnp.float32).astype(y.dtype)
       if name == "mlp" or projected:
         y = attn.dropout(y, self.dropout_rate, deterministic=deterministic,
                          masks=self.dropout_masks)
@@ -437,6 +444,32 @@ class PatchMatmul(nn.Conv):
     x = x.reshape((batch, *grid, -1)).astype(self.dtype)
     y = x @ kernel.reshape(-1, self.features).astype(self.dtype)
     return y + bias.astype(self.dtype)
+
+
+class ConvStem(nn.Module):
+  """The hybrid ViT's convolutional stem (Dosovitskiy et al. 2021 §3.1, "Hybrid
+  Architecture"; the small stride-2 stack of Xiao et al. 2021, "Early Convolutions Help
+  Transformers See Better"): per image, `len(features)` 3x3 convolutions of stride 2
+  (SAME padding), each followed by a LayerNorm over channels and a GELU. The patch
+  embedding that follows cuts the [H / 2^n, W / 2^n] feature map into patches.
+
+  Parameters: conv_<i> {kernel [3, 3, C_in, features[i]], bias}, norm_<i> {scale, bias}.
+  """
+  features: Sequence[int]
+  layer_norm_eps: float = 1e-6
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """x: [..., H, W, C] -> [..., H / 2^n, W / 2^n, features[-1]]."""
+    lead = x.shape[:-3]
+    x = x.reshape((-1,) + x.shape[-3:])
+    for i, width in enumerate(self.features):
+      x = nn.Conv(width, kernel_size=(3, 3), strides=(2, 2), padding="SAME",
+                  dtype=self.dtype, name=f"conv_{i}")(x)
+      x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name=f"norm_{i}")(x)
+      x = nn.gelu(x, approximate=False)
+    return x.reshape(lead + x.shape[1:])
 
 
 class AddPositionEmbedding(nn.Module):

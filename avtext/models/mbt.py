@@ -10,10 +10,18 @@ modalities produce are averaged (MBT eq. 8-9). Cross-modal information passes
 only through the bottleneck. The video embedding is the mean of the
 modalities' [CLS] outputs (VideoCC §4.1, "Joint embedding").
 
+Three options, all off in the paper config, are for the synthetic demos, whose objects
+cover ~5 % of a 64x64 frame (BENCHMARKS.md "Stage 1 candidates for shape"): `rgb_stem`,
+the hybrid ViT's convolutional stem before the tubelets; `rgb_pool="max"`, the RGB
+tower's embedding as the max over its output tokens instead of its [CLS]; `layer_scale`,
+CaiT's LayerScale on every block.
+
 Parameters:
   bottleneck            [1, n_bottlenecks, D]
   rgb | audio           one tower per modality:
-    patch_embedding     Conv, kernel [t, h, w, 3, D] (rgb), [h, w, 1, D] (audio)
+    stem                rgb with rgb_stem only: layers.ConvStem, conv_<i> / norm_<i>
+    patch_embedding     Conv, kernel [t, h, w, 3, D] (rgb), [h, w, 1, D] (audio);
+                        rgb with an n-layer stem: [t, h / 2^n, w / 2^n, C_n, D]
     cls                 [1, 1, D]
     posembed            {pos_embedding [1 + N, D]}
     encoderblock_<i>    layers.EncoderBlock, pre-LN
@@ -49,6 +57,7 @@ def _block_kwargs(module: nn.Module, index: int) -> dict[str, Any]:
       dropout_rate=module.dropout_rate,
       attention_dropout_rate=module.attention_dropout_rate,
       stochastic_depth=module.stochastic_depth * index / max(module.num_layers - 1, 1),
+      layer_scale=module.layer_scale,
       dtype=module.dtype, remat=module.remat, attention_impl=module.attention)
 
 
@@ -71,16 +80,22 @@ class ModalityTower(nn.Module):
   attention_dropout_rate: float
   stochastic_depth: float
   dtype: Any
+  layer_scale: float = 0.0
   remat: str = "none"
   attention: str = "xla"
   patch_embed: str = "conv"
+  stem_features: Sequence[int] = ()
 
   def setup(self):
-    # Non-overlapping patches (ViT), tubelets for frames (MBT's 3D-conv stem).
+    # Non-overlapping patches (ViT), tubelets for frames (MBT's 3D-conv stem); after a
+    # conv stem, patches of its feature map that cover the same pixels (same token grid).
     embed = {"conv": nn.Conv, "matmul": layers.PatchMatmul}[self.patch_embed]
     self.patch_embedding = embed(
-        self.hidden_size, kernel_size=self.patch_size, strides=self.patch_size,
+        self.hidden_size, kernel_size=self._embed_patch(), strides=self._embed_patch(),
         padding="VALID", dtype=self.dtype)
+    if self.stem_features:
+      self.stem = layers.ConvStem(tuple(self.stem_features),
+                                  layer_norm_eps=self.layer_norm_eps, dtype=self.dtype)
     self.cls = self.param("cls", nn.initializers.zeros,
                           (1, 1, self.hidden_size), jnp.float32)
     self.posembed = layers.AddPositionEmbedding()
@@ -89,6 +104,18 @@ class ModalityTower(nn.Module):
                          for i in range(self.num_layers)]
     self.encoder_norm = nn.LayerNorm(epsilon=self.layer_norm_eps,
                                      dtype=self.dtype)
+
+  def _embed_patch(self) -> tuple[int, ...]:
+    if not self.stem_features:
+      return tuple(self.patch_size)
+    t, h, w = self.patch_size
+    n = len(self.stem_features)
+    scale = 2 ** n
+    if h % scale or w % scale:
+      raise ValueError(f"rgb_patch {tuple(self.patch_size)}: a {n}-layer rgb_stem "
+                       f"halves the frame {n} times, so the patch height and "
+                       f"width must be multiples of {scale}")
+    return (t, h // scale, w // scale)
 
   def tokens(self, x: Array) -> Array:
     """Raw input -> [B, 1 + N, D]: [CLS] then patch tokens, plus positions."""
@@ -103,7 +130,10 @@ class ModalityTower(nn.Module):
             f"{x.shape}")
       _check_divisible("audio", x.shape[1:3], self.patch_size, "(T, mel)")
       x = x[..., None]  # One-channel image (AST).
-    x = self.patch_embedding(x.astype(self.dtype))
+    x = x.astype(self.dtype)
+    if self.stem_features:
+      x = self.stem(x)
+    x = self.patch_embedding(x)
     x = x.reshape(x.shape[0], -1, x.shape[-1])  # Row-major over the grid.
     cls = jnp.broadcast_to(self.cls.astype(x.dtype),
                            (x.shape[0], 1, x.shape[2]))
@@ -132,12 +162,21 @@ class MBT(nn.Module):
     activation, layer_norm_eps: ViT's tanh-GELU and 1e-6.
     dropout_rate, attention_dropout_rate, stochastic_depth: regularization
       (stochastic depth is the maximum, reached at the last layer).
+    layer_scale: 0 (ViT, the paper) or the initial value of CaiT's LayerScale on every
+      residual branch (`layers.EncoderBlock`).
     dtype: computation dtype; remat, attention, scan_layers: see `layers.Compute`
       (scan_layers runs the unimodal layers of each tower as one `layers.scan_layers`
       and the fusion layers as another; same parameters; training with
       stochastic_depth > 0 needs the unscanned layers, whose rates differ).
     patch_embed: "conv" (nn.Conv) or "matmul" (`layers.PatchMatmul`: the same
       parameters and function as one matmul).
+    rgb_stem: channel widths of a convolutional stem before the RGB patch embedding
+      (`layers.ConvStem`, the hybrid ViT); () is ViT's linear patch embedding (the paper).
+      The token grid stays rgb_patch_size's, so each layer needs it divisible by 2.
+    rgb_pool: what the RGB tower gives the embedding: "cls" (its [CLS] output, the
+      paper) or "max" (the max over its final-LayerNorm patch tokens, channel by channel:
+      a small object anywhere in the clip reaches the embedding without the [CLS]
+      attention first learning where to look).
   """
   modalities: str | Sequence[str] = ("rgb", "audio")
   hidden_size: int = 768
@@ -157,6 +196,9 @@ class MBT(nn.Module):
   remat: str = "none"
   attention: str = "xla"
   patch_embed: str = "conv"
+  rgb_stem: Sequence[int] = ()
+  rgb_pool: str = "cls"
+  layer_scale: float = 0.0
   scan_layers: bool = False
 
   @nn.compact
@@ -170,7 +212,8 @@ class MBT(nn.Module):
       train: enables dropout and stochastic depth (needs the 'dropout' rng).
 
     Returns:
-      embedding: [B, D], mean of the modalities' [CLS] outputs.
+      embedding: [B, D], mean of the modalities' [CLS] outputs (rgb_pool="max": the
+        RGB tower's max over its patch tokens in place of its [CLS]).
       cls: {modality: [B, D]}, final-LayerNorm [CLS] outputs.
       tokens: {modality: [B, 1 + N_m, D]}, all final-LayerNorm outputs.
       bottleneck: [B, n_bottlenecks, D], the fused tokens after the last
@@ -205,9 +248,11 @@ class MBT(nn.Module):
             attention_dropout_rate=self.attention_dropout_rate,
             stochastic_depth=self.stochastic_depth,
             dtype=self.dtype,
+            layer_scale=self.layer_scale,
             remat=self.remat,
             attention=self.attention,
             patch_embed=self.patch_embed,
+            stem_features=tuple(self.rgb_stem) if m == "rgb" else (),
             name=m) for m in modalities
     }
     x = {m: towers[m].tokens(inputs[m]) for m in modalities}
@@ -238,8 +283,13 @@ class MBT(nn.Module):
 
     tokens = {m: towers[m].final(x[m]) for m in modalities}
     cls = {m: tokens[m][:, 0] for m in modalities}
+    if self.rgb_pool not in ("cls", "max"):
+      raise ValueError(f"rgb_pool must be 'cls' or 'max', got {self.rgb_pool!r}")
+    pooled = dict(cls)
+    if "rgb" in modalities and self.rgb_pool == "max":
+      pooled["rgb"] = jnp.max(tokens["rgb"][:, 1:], axis=1)  # [B, D]
     outputs = {
-        "embedding": jnp.mean(jnp.stack([cls[m] for m in modalities]), axis=0),
+        "embedding": jnp.mean(jnp.stack([pooled[m] for m in modalities]), axis=0),
         "cls": cls,
         "tokens": tokens,
     }
@@ -305,7 +355,10 @@ def mbt_from_config(cfg) -> MBT:
       n_bottlenecks=cfg.n_bottlenecks, fusion_layer=cfg.fusion_layer,
       dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
       stochastic_depth=cfg.get("stochastic_depth", 0.0),
-      patch_embed=cfg.get("patch_embed") or "conv", **_compute_kwargs(cfg))
+      patch_embed=cfg.get("patch_embed") or "conv",
+      rgb_stem=tuple(cfg.get("rgb_stem") or ()), rgb_pool=cfg.get("rgb_pool") or "cls",
+      layer_scale=cfg.get("layer_scale") or 0.0,
+      **_compute_kwargs(cfg))
 
 
 def _compute_kwargs(cfg) -> dict:

@@ -396,6 +396,11 @@ def load_into_video(video: dict, video_cfg, config) -> tuple[str, dict] | None:
     raise ValueError(f"config.model.video.init_from_vit.rgb_init must be one of {RGB_INITS}, "
                      f"got {rgb_init!r}")
   towers = parse_modalities(spec.get("towers", "rgb+audio"))
+  if "rgb" in towers and "rgb" in video and video_cfg.get("rgb_stem"):
+    raise ValueError(
+        f"config.model.video.init_from_vit loads ViT's linear patch embedding into the rgb "
+        f"tower, but rgb_stem={tuple(video_cfg.rgb_stem)} puts a conv stem before it; set "
+        f"rgb_stem=() or init_from_vit.towers=('audio',)")
   vit = read(spec.path, spec.get("format", "auto"))
   grids = token_grids(config)
   video = dict(video)
