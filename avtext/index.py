@@ -317,7 +317,7 @@ def build(run: str | pathlib.Path, videos: str | pathlib.Path, out: str | pathli
           "dim": int(vectors.shape[1]), "num_clips": int(emb.run.config.data.eval_num_clips),
           "faiss": kind, "last_added": sum(name not in updated_set for name in embedded),
           "last_updated": sum(name in updated_set for name in embedded),
-          "last_removed": len(removed) + sum(name not in set(embedded) for name in updated),
+          "last_removed": len(removed) + len(updated_set - set(embedded)),
           "skipped": skipped, "skip_counts": counts}
   (out / "meta.json").write_text(json.dumps(meta, indent=1))
   return meta

@@ -175,8 +175,7 @@ def read_variables(workdir: pathlib.Path, step: int | str | None = None) -> tupl
   from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top  (orbax)
   state, step = checkpointing.restore_raw(workdir, step)
   variables = {"params": state["params"], "model_state": dict(state.get("model_state") or {})}
-  path, known = _snapshot(workdir, step)
-  if path is not None and known == step:
+  if path is not None and known == step:  # (a corrupt newest checkpoint: an older step)
     flat = _flatten(variables)
     if sum(v.nbytes for v in flat.values()) <= _SNAPSHOT_MAX_BYTES:
       try:

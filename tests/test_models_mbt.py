@@ -171,14 +171,19 @@ def fused():
   return model, _init(model, inputs), inputs
 
 
-def test_matches_numpy_reference_with_bottleneck_fusion(fused):
-  model, params, inputs = fused
+def _check_fused_against_reference(model, params, inputs):
+  """Both towers' [CLS] and the bottleneck against the numpy reference; the output."""
   out = _apply(model, params, inputs)
   cls, z = _ref_mbt(params, inputs, ("rgb", "audio"), TINY["num_layers"],
                     TINY["fusion_layer"])
   for m in ("rgb", "audio"):
     np.testing.assert_allclose(out["cls"][m], cls[m], atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(out["bottleneck"], z, atol=1e-5, rtol=1e-5)
+  return out, cls
+
+
+def test_matches_numpy_reference_with_bottleneck_fusion(fused):
+  out, cls = _check_fused_against_reference(*fused)
   np.testing.assert_allclose(out["embedding"], (cls["rgb"] + cls["audio"]) / 2,
                              atol=1e-5, rtol=1e-5)
 
@@ -232,13 +237,7 @@ def test_rgb_conv_stem_matches_numpy_reference():
   patch embedding on the [H/4, W/4] feature map, through fusion, against the reference."""
   model = mbt_lib.MBT(**{**TINY, "rgb_stem": (4, 6)})
   inputs = _inputs()
-  params = _init(model, inputs)
-  out = _apply(model, params, inputs)
-  cls, z = _ref_mbt(params, inputs, ("rgb", "audio"), TINY["num_layers"],
-                    TINY["fusion_layer"])
-  for m in ("rgb", "audio"):
-    np.testing.assert_allclose(out["cls"][m], cls[m], atol=1e-5, rtol=1e-5)
-  np.testing.assert_allclose(out["bottleneck"], z, atol=1e-5, rtol=1e-5)
+  _check_fused_against_reference(model, _init(model, inputs), inputs)
 
 
 def test_rgb_conv_stem_parameters_and_token_grid():
