@@ -47,6 +47,12 @@ imported function and the eval-mode loss are the official ones):
 Batches pack the clips of all videos in one array (`avtext/tasks/coot.py`);
 `clip_slot[c] = video_row * max_clips + position` (-1: padding) scatters clip
 embeddings back into [B, max_clips, D].
+A local input may also come as packed rows (`packing=`, a `Packing` per input:
+several sequences to a row, `avtext.data.features.pack`): the local T-Transformer then
+masks attention to each sequence, restarts the sin-cos positions per sequence, computes
+Attention-FA's projections on the rows and its softmax and sum per sequence, and
+returns the per-sequence outputs: the padded layout's function up to float rounding
+(tests/test_tasks_coot.py), with less padding computed.
 
 Precision and memory (`config.model.dtype` / `.remat` / `.attention`,
 `layers.Compute`): the input FC, the transformer layers and Attention-FA's two

@@ -17,6 +17,18 @@ at its maximum (`batch_spec`) and a run compiles one program (the paper
 configs: TPUs). A slot index (video row * N + position) tells the model where
 each clip belongs.
 
+With `data.pack_sequences` (the configs' default) each of the four local inputs
+(clips, sentences, videos, paragraphs) is then packed several sequences to a row
+(`features.pack`, first-fit decreasing into rows of the same padded length; the
+packed row count rounded up to `pad_multiple`, or one row per sequence with
+static shapes or several processes): `<input>` and `<input>_mask` hold the rows,
+`<input>_segment` / `_position` / `_unpack` say where each sequence lies
+(`coot_model.Packing`). The model computes the same function (attention within a
+sequence, positions restarting per sequence, Attention-FA per sequence; only the
+dropout masks differ), and the local transformers stop computing padding: on the
+benchmark batch (`benchmarks/bench_coot_train_step.py`, clips of 10-80 frames padded
+to 80) 128 clip rows instead of 256.
+
 Loss, eq. 9 with the official weights (`config.loss`):
   L = w_H L^H_align + w_L L^L_align + w_g L^g_align + w_Hc L^H_cluster
       + w_Lc L^L_cluster [+ w_gc L^g_cluster] + lambda L_CMC
