@@ -21,7 +21,12 @@ ActivityNet-captions' 3.65 segments per video), videos of min(80, U[40, 200]) 20
 frames, clips of U[10, 80] frames (segments expanded to >= 10, at most 80 sampled),
 sentences of U[8, 24] tokens, paragraphs = [CLS] + sentences + [SEP], 1536-d; all standard
 normal from `--seed`. Official tensors follow `RetrievalDataset.collate_fn`; ours go
-through `CootTask.collate` (clips packed, axes padded to the config's multiples).
+through `CootTask.collate` (axes padded to the batch's longest, rounded up to the config's
+multiples) with the config's `data.pack_sequences`: clips, sentences, videos and paragraphs
+several to a row, so the local transformers skip most padding (`--no_packing`: one per
+row, as the official code). Before timing, a child process checks that packing is exact:
+the loss without dropout of one initialization on the padded and on the packed batch must
+agree to a relative 1e-5.
 Timings: each side runs alone in its own process (as in training: no second framework's
 thread pool beside it), `--warmup` untimed then `--block` timed steps; processes alternate
 official / avtext until each side has `--steps` timed steps (load drifts hit both); median
@@ -31,14 +36,17 @@ on the repeated batch are a sanity check that both steps train.
 import argparse
 import datetime
 import importlib.util
+import json
 import os
 import pathlib
+import subprocess
 import sys
 import types
 
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))  # this checkout's avtext, not an installed one
 import side_by_side  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 CLIP_P = {2: .25, 3: .30, 4: .20, 5: .12, 6: .07, 7: .04, 8: .02}
@@ -147,8 +155,9 @@ def official_step_fn(repo: pathlib.Path, examples, threads: int):
 
 
 # ------------------------------------------------------------------ avtext
-def avtext_step_fn(examples, steps_per_epoch: int):
-  import jax  # pylint: disable=g-import-not-at-top
+def avtext_task(examples, *, pack: bool = True):
+  """(config, task) of our side: configs/coot_activitynet.py at float32 on the CPU, shapes
+  as the official collate's, `data.pack_sequences` as given."""
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location(
       "coot_activitynet", pathlib.Path(__file__).parents[1] / "configs/coot_activitynet.py")
@@ -157,15 +166,46 @@ def avtext_step_fn(examples, steps_per_epoch: int):
 
   config = coot_config.get_config()
   config.model.video_dim = examples[0]["video"].shape[-1]
+  side_by_side.cpu_float32(config)
+  # As the official collate: every axis padded to the batch's longest (rounded up to
+  # data.pad_multiple), not to its maximum (the TPU configs' static shapes).
+  config.data.static_shapes = False
+  config.data.pack_sequences = pack
   # A constant lr 1e-3 as the official optimizer here (its warm-up lives in the scheduler,
   # which this benchmark does not step): both losses should fall alike on the one batch.
   config.optimizer.warmup_epochs, config.optimizer.warmup_steps = None, 0
-  task = tasks.build_task(config)
-  batch = task.collate(examples)
-  batch = {k: v for k, v in batch.items() if isinstance(v, np.ndarray) and v.dtype != object}
+  return config, tasks.build_task(config)
+
+
+def arrays(batch: dict) -> dict:
+  return {k: v for k, v in batch.items() if isinstance(v, np.ndarray) and v.dtype != object}
+
+
+def avtext_step_fn(examples, steps_per_epoch: int, pack: bool):
+  import jax  # pylint: disable=g-import-not-at-top
+  config, task = avtext_task(examples, pack=pack)
+  batch = arrays(task.collate(examples))
   shapes = {k: v.shape for k, v in batch.items()}
   step, num_params = side_by_side.avtext_step(config, task, batch, steps_per_epoch)
   return step, num_params, shapes, jax.__version__
+
+
+def packing_check(examples) -> dict:
+  """The loss without dropout of one initialization on the padded and on the packed batch
+  (`data.pack_sequences`): the same function, so equal up to float rounding."""
+  import jax  # pylint: disable=g-import-not-at-top
+  _, task = avtext_task(examples, pack=False)
+  out, variables = {}, None
+  for pack in (False, True):
+    task.config.data.pack_sequences = pack
+    batch = arrays(task.collate(examples))
+    if variables is None:
+      variables = task.init_variables(jax.random.PRNGKey(0), batch)
+    loss = jax.jit(lambda v, b: task.loss(*task._encode(v, b, train=False),  # pylint: disable=protected-access
+                                          jax.random.PRNGKey(1))[0])
+    out["packed" if pack else "padded"] = float(loss(variables, batch))
+    out[f"{'packed' if pack else 'padded'}_clip_rows"] = int(batch["clips"].shape[0])
+  return out
 
 
 def run_side(args) -> None:
@@ -176,8 +216,8 @@ def run_side(args) -> None:
   if args.side == "official":
     step, info["params"], info["version"] = official_step_fn(args.coot_repo, examples, threads)
   else:
-    step, info["params"], shapes, info["version"] = avtext_step_fn(examples,
-                                                                  args.steps_per_epoch)
+    step, info["params"], shapes, info["version"] = avtext_step_fn(
+        examples, args.steps_per_epoch, not args.no_packing)
     info["shapes"] = {k: list(v) for k, v in shapes.items() if len(v) > 1}
   side_by_side.time_steps(step, args.warmup, args.steps, info)
 
@@ -189,27 +229,44 @@ def main() -> None:
   parser.add_argument("--videos", type=int, default=64)
   parser.add_argument("--steps_per_epoch", type=int, default=157,
                       help="ActivityNet: 10009 train videos / 64")
+  parser.add_argument("--no_packing", action="store_true",
+                      help="our side on the padded layout (data.pack_sequences=False)")
+  parser.add_argument("--check_packing", action="store_true", help="(child process)")
   side_by_side.add_timing_args(parser)
   args = parser.parse_args()
   if not (args.coot_repo / "coot" / "model_retrieval.py").is_file():
     raise SystemExit(f"--coot_repo={args.coot_repo}: no coot/model_retrieval.py; pass a checkout "
                      "of simon-ging/coot-videotext (see the module docstring)")
+  if args.check_packing:
+    print("RESULT " + json.dumps(packing_check(make_batch(args.seed, args.videos))))
+    return
   if args.side:
     run_side(args)
     return
+  out = subprocess.run([sys.executable, __file__, f"--coot_repo={args.coot_repo}",
+                        "--check_packing", f"--seed={args.seed}", f"--videos={args.videos}"],
+                       check=True, capture_output=True, text=True).stdout
+  check = json.loads(out.split("RESULT ", 1)[1])
+  print(f"loss without dropout, one init: padded layout ({check['padded_clip_rows']} clip "
+        f"rows) {check['padded']:.6f}, packed ({check['packed_clip_rows']} rows) "
+        f"{check['packed']:.6f}", flush=True)
+  if not np.isclose(check["packed"], check["padded"], rtol=1e-5, atol=0):
+    raise SystemExit("packed and padded losses differ beyond float rounding")
   results = side_by_side.alternate(
       lambda side, n: [sys.executable, __file__, f"--coot_repo={args.coot_repo}", f"--side={side}",
              f"--steps={n}", f"--warmup={args.warmup}",
              f"--seed={args.seed}", f"--videos={args.videos}",
-             f"--steps_per_epoch={args.steps_per_epoch}"],
+             f"--steps_per_epoch={args.steps_per_epoch}"]
+      + (["--no_packing"] if args.no_packing else []),
       args.steps, args.block)
   first = {side: r[0] for side, r in results.items()}
   cpu = side_by_side.cpu_name()
   threads = os.cpu_count()
   print(f"\ndate {datetime.date.today()}, {cpu}, {threads} cores; torch "
         f"{first['official']['version']} ({threads} threads), jax {first['avtext']['version']}")
-  print(f"batch: {args.videos} videos, {first['avtext']['clips']} clips; avtext padded shapes "
-        + ", ".join(f"{k} {tuple(v)}" for k, v in first["avtext"]["shapes"].items()))
+  print(f"batch: {args.videos} videos, {first['avtext']['clips']} clips; avtext shapes "
+        + ", ".join(f"{k} {tuple(v)}" for k, v in first["avtext"]["shapes"].items()
+                    if k in ("clips", "sentences", "video", "paragraph")))
   print(f"params: official {first['official']['params'] / 1e6:.2f} M, "
         f"avtext {first['avtext']['params'] / 1e6:.2f} M")
   side_by_side.report(results, args.steps, args.block, args.warmup)

@@ -32,6 +32,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))  # this checkout's avtext, not an installed one
 import side_by_side  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 CFG = dict(video_dim=3072, sub_dim=768, query_dim=768, max_ctx=100, max_query=30)
@@ -121,6 +122,7 @@ def avtext_step_fn(examples, steps_per_epoch: int):
   xml_config = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(xml_config)
   config = xml_config.get_config()
+  side_by_side.cpu_float32(config)
   task = tasks.build_task(config)
   video, vmask = _pad([e["video"] for e in examples], CFG["max_ctx"])
   sub, _ = _pad([e["sub"] for e in examples], CFG["max_ctx"])

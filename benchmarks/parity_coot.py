@@ -181,6 +181,9 @@ def run(official_dir: pathlib.Path, seed: int = 0):
   config = ours.config
   with config.unlocked():
     config.model.dtype = "float32"  # the paper config computes in bfloat16 (TPU); parity: float32
+    # Layer by layer against the official padded tensors: our padded layout too (packing
+    # computes the same function: tests/test_tasks_coot.py).
+    config.data.pack_sequences = False
   model = models_registry.build_model(config.model)
   extra = [f"official: {yaml_file.relative_to(official_dir)}, RetrievalModelManager, "
            f"{sum(p.numel() for n in mgr.model_dict.values() for p in n.parameters())} "

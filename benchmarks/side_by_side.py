@@ -33,6 +33,13 @@ def time_steps(step: Callable[[], float], warmup: int, steps: int, info: dict) -
   print("RESULT " + json.dumps({**info, "times": times, "losses": losses}), flush=True)
 
 
+def cpu_float32(config) -> None:
+  """The paper configs compute in bfloat16 on their TPU slices (`videocc_avr.paper_scale`);
+  the official code here runs float32 on the CPU, and so does our side: float32 compute, no
+  remat, materialized attention."""
+  config.model.dtype, config.model.remat, config.model.attention = "float32", "none", "xla"
+
+
 def avtext_step(config, task, batch: dict, steps_per_epoch: int):
   """(step() -> loss, number of params) of avtext's train step on one fixed `batch`: the
   step `make train` runs (`Trainer.make_train_step`: jitted, state donated), the state

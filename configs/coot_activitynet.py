@@ -81,6 +81,12 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.max_sentence_tokens = 96
   config.data.clip_pad_multiple = 32  # the packed clip axis of a batch
   config.data.max_clips_per_batch = None  # fixed clip axis (multi-process runs need it)
+  # Sequence packing (avtext/tasks/coot.py, `features.pack`): clips, sentences, videos and
+  # paragraphs several to a padded row, attention within each, positions restarting per
+  # sequence, pooled per sequence. The same function as the padded layout (tests/
+  # test_tasks_coot.py: embeddings, loss, gradients), but only dropout masks differ;
+  # the local transformers stop computing padding (BENCHMARKS.md, COOT train step).
+  config.data.pack_sequences = True
 
   config.model = ml_collections.ConfigDict()
   config.model.name = "coot"

@@ -102,6 +102,7 @@ def test_collate_packs_clips_into_slots(tmp_path):
   write_tiny_dataset(tmp_path)
   config = tiny_config(tmp_path)
   config.data.pad_multiple, config.data.clip_pad_multiple = 8, 32
+  config.data.pack_sequences = False  # the padded layout (packing: the test below)
   task = registry.build_task(config)
   ex = [{"video": np.ones((5, 2)), "clip_frames": np.arange(12.0).reshape(6, 2),
          "clip_lengths": np.array([2, 4]), "paragraph": np.ones((3, 1)),
@@ -128,6 +129,62 @@ def test_collate_packs_clips_into_slots(tmp_path):
     rows = batch[key].shape[0]
     np.testing.assert_array_equal(static[key][:rows, :width] if width else static[key][:rows],
                                   batch[key])
+  config.data.pack_sequences = True  # packed: one row per sequence at most, same spec
+  packed = task.collate(ex)
+  spec = task.batch_spec(2, train=True)
+  assert {k: v.shape for k, v in packed.items()} == {k: v.shape for k, v in spec.items()}
+
+
+def test_packed_sequences_give_the_unpacked_embeddings_loss_and_gradients(tmp_path):
+  """data.pack_sequences packs clips / sentences / videos / paragraphs several to a row
+  (segment-masked attention, positions restarting per sequence, pooling per sequence):
+  an exact reformulation, so the eval-mode embeddings, loss and gradients equal the
+  unpacked ones on the same batch."""
+  import jax
+  from avtext.data import features
+  from avtext.tasks import registry
+  config = tiny_config(tmp_path)
+  config.data.max_frames = 12
+  rng = np.random.default_rng(0)
+  examples = []
+  for _ in range(6):
+    n = int(rng.integers(1, 5))
+    clips = rng.integers(1, 13, n)
+    sentences = rng.integers(1, 7, n)
+    examples.append({
+        "video": rng.normal(size=(int(rng.integers(3, 13)), 16)).astype(np.float32),
+        "clip_frames": rng.normal(size=(int(clips.sum()), 16)).astype(np.float32),
+        "clip_lengths": clips, "sentence_lengths": sentences,
+        "paragraph": rng.normal(size=(int(sentences.sum()), 24)).astype(np.float32)})
+  task = registry.build_task(config)
+  config.data.pack_sequences = False
+  plain = task.collate(examples)
+  config.data.pack_sequences = True  # the configs' default
+  packed = task.collate(examples)
+  assert len(packed["clips"]) < len(plain["clips"])  # fewer rows computed
+  for key in ("clips", "sentences", "video", "paragraph"):
+    unpacked = packed[key].reshape((-1,) + packed[key].shape[2:])[packed[f"{key}_unpack"]]
+    real = plain[f"{key}_mask"]
+    np.testing.assert_array_equal(packed[f"{key}_unpack"] >= 0, real)
+    np.testing.assert_array_equal(unpacked[real], plain[key][real])
+  with pytest.raises(ValueError, match="need 2 rows"):
+    features.pack(np.ones((2, 4)), np.ones((2, 4), bool), rows=1)
+
+  variables = task.init_variables(jax.random.PRNGKey(0), plain)
+  embed = task.predict_fns()["embed"]
+  want, got = embed(variables, plain), embed(variables, packed)
+  for name in want:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+  def loss(params, batch):
+    video, text = task._encode({"params": params}, batch, train=False)  # pylint: disable=protected-access
+    return task.loss(video, text, jax.random.PRNGKey(1))[0]
+  want_loss, want_grad = jax.value_and_grad(loss)(variables["params"], plain)
+  got_loss, got_grad = jax.value_and_grad(loss)(variables["params"], packed)
+  np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+  for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got_grad),
+                          jax.tree.leaves(want_grad)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
 @pytest.mark.parametrize("config_file", [  # both behind -m slow: default-run budget

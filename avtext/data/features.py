@@ -409,3 +409,60 @@ def _pad(values: list, length: int | None, pad_value: float, key: str, multiple:
     out[i, :n] = a[:n]
     mask[i, :n] = True
   return out, mask
+
+
+def pack(values: np.ndarray, mask: np.ndarray, *, rows: int | None = None,
+         row_multiple: int = 1) -> dict[str, np.ndarray]:
+  """Sequence packing: the N sequences of a padded batch, several to a row.
+
+  values [N, L, ...] with mask [N, L] (True on each sequence's real prefix, as `collate`
+  builds them) -> the sequences first-fit-decreasing into rows of the same L (no
+  sequence is split), so per-position work follows the real lengths, not N * L:
+    packed [R, L, ...] (zeros on padding), packed_mask [R, L];
+    segment [R, L] int32: which sequence of its row a position belongs to (-1: padding),
+      for attention within a sequence only;
+    position [R, L] int32: the position within its own sequence (0 on padding);
+    unpack [N, L] int32: for each sequence, the flat index r * L + t of its positions
+      (-1 beyond its length): `packed.reshape(R * L, ...)[unpack]` is `values` on the
+      real positions.
+  R is `rows` when given (an error when the sequences need more), else the rows used
+  rounded up to a multiple of `row_multiple` (at least 1).
+  """
+  values, mask = np.asarray(values), np.asarray(mask, bool)
+  n, length = mask.shape
+  lengths = mask.sum(1)
+  if not np.array_equal(mask, np.arange(length)[None, :] < lengths[:, None]):
+    raise ValueError("pack: each mask row must be a real prefix (True, then False)")
+  free = []  # per row: the positions left
+  row_of = np.zeros(n, np.int64)
+  start = np.zeros(n, np.int64)
+  for i in np.argsort(-lengths, kind="stable"):
+    if lengths[i] == 0:
+      row_of[i] = -1
+      continue
+    r = next((r for r, f in enumerate(free) if f >= lengths[i]), len(free))
+    if r == len(free):
+      free.append(length)
+    row_of[i], start[i] = r, length - free[r]
+    free[r] -= lengths[i]
+  used = max(len(free), 1)
+  if rows is None:
+    rows = -(-used // row_multiple) * row_multiple
+  elif used > rows:
+    raise ValueError(f"pack: the sequences need {used} rows, more than rows={rows}")
+  packed = np.zeros((rows, length) + values.shape[2:], values.dtype)
+  packed_mask = np.zeros((rows, length), bool)
+  segment = np.full((rows, length), -1, np.int32)
+  position = np.zeros((rows, length), np.int32)
+  unpack = np.full((n, length), -1, np.int32)
+  count = np.zeros(rows, np.int32)  # sequences placed in each row so far
+  for i in np.flatnonzero(row_of >= 0):
+    r, s, k = row_of[i], start[i], lengths[i]
+    packed[r, s:s + k] = values[i, :k]
+    packed_mask[r, s:s + k] = True
+    segment[r, s:s + k] = count[r]
+    count[r] += 1
+    position[r, s:s + k] = np.arange(k)
+    unpack[i, :k] = r * length + s + np.arange(k)
+  return {"packed": packed, "packed_mask": packed_mask, "segment": segment,
+          "position": position, "unpack": unpack}

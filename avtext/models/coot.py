@@ -47,6 +47,12 @@ imported function and the eval-mode loss are the official ones):
 Batches pack the clips of all videos in one array (`avtext/tasks/coot.py`);
 `clip_slot[c] = video_row * max_clips + position` (-1: padding) scatters clip
 embeddings back into [B, max_clips, D].
+A local input may also come as packed rows (`packing=`, a `Packing` per input:
+several sequences to a row, `avtext.data.features.pack`): the local T-Transformer then
+masks attention to each sequence, restarts the sin-cos positions per sequence, computes
+Attention-FA's projections on the rows and its softmax and sum per sequence, and
+returns the per-sequence outputs: the padded layout's function up to float rounding
+(tests/test_tasks_coot.py), with less padding computed.
 
 Precision and memory (`config.model.dtype` / `.remat` / `.attention`,
 `layers.Compute`): the input FC, the transformer layers and Attention-FA's two
@@ -54,7 +60,7 @@ projections compute in `dtype`; parameters stay float32, COOT's layer norm compu
 float32, Attention-FA's softmax and weighted sum run in float32, and every embedding
 the model returns is float32. `remat` rematerializes each transformer layer.
 """
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -67,6 +73,17 @@ from avtext.models import registry
 
 Array = jax.Array
 POOLERS = ("atn", "max", "avg")
+PACKED = ("video", "clips", "paragraph", "sentences")  # the local T-Transformers' inputs
+
+
+class Packing(NamedTuple):
+  """Packed rows of N sequences (`avtext.data.features.pack`): segment and position
+  [R, L] (the sequence of the row a position belongs to, -1 = padding; its position in
+  that sequence), unpack [N, L] (flat index r * L + t of each sequence's positions,
+  -1 = padding)."""
+  segment: Array
+  position: Array
+  unpack: Array
 
 
 def sincos_table(length: int, dim: int) -> np.ndarray:
@@ -100,8 +117,12 @@ class AttentionFA(nn.Module):
   dtype: Any = jnp.float32  # of the two projections; the softmax and the sum are float32
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, *, deterministic: bool) -> Array:
-    b, t, d = x.shape
+  def __call__(self, x: Array, mask: Array, *, deterministic: bool,
+               unpack: Array | None = None) -> Array:
+    """x [B, T, D], mask [B, T] -> [B, D]; with `unpack` ([N, L], `Packing`) x and mask
+    are packed rows: the logits are computed there, the softmax and the sum per
+    sequence -> [N, D]."""
+    d = x.shape[-1]
     h = self.num_heads
     if self.hidden % h or d % h:
       raise ValueError(f"AttentionFA: hidden {self.hidden} and width {d} must be divisible "
@@ -112,18 +133,29 @@ class AttentionFA(nn.Module):
     w2 = self.param("w2", init, (h, self.hidden // h, d // h))
     b2 = self.param("b2", nn.initializers.zeros, (h, d // h))
     w1, b1, w2, b2 = (p.astype(self.dtype) for p in (w1, b1, w2, b2))
-    a = jnp.einsum("btd,hde->bhte", x.astype(self.dtype), w1) + b1[None, :, None]
+    a = jnp.einsum("btd,hde->bthe", x.astype(self.dtype), w1) + b1
     drop = lambda y: attention_lib.dropout(y, self.dropout, deterministic=deterministic,
                                            masks=self.dropout_masks)
     a = nn.gelu(drop(a), approximate=False)
-    a = jnp.einsum("bhte,hef->bhtf", a, w2) + b2[None, :, None]
+    a = jnp.einsum("bthe,hef->bthf", a, w2) + b2
     a = drop(a).astype(jnp.float32)
-    a = jnp.where(mask[:, None, :, None], a, jnp.finfo(a.dtype).min)
-    weights = jax.nn.softmax(a, axis=2)  # over time, per (head, feature)
-    weights = jnp.where(mask[:, None, :, None], weights, 0.0)  # all-padding rows -> 0
+    if unpack is not None:
+      a, x, mask = unpack_rows(a, unpack), unpack_rows(x, unpack), unpack >= 0
+    a = jnp.where(mask[:, :, None, None], a, jnp.finfo(a.dtype).min)
+    weights = jax.nn.softmax(a, axis=1)  # over time, per (head, feature)
+    weights = jnp.where(mask[:, :, None, None], weights, 0.0)  # all-padding rows -> 0
     weights = drop(weights)
-    weights = weights.transpose(0, 2, 1, 3).reshape(b, t, d)
+    weights = weights.reshape(weights.shape[0], weights.shape[1], d)
     return jnp.sum(x.astype(jnp.float32) * weights, axis=1)
+
+
+def unpack_rows(packed: Array, unpack: Array) -> Array:
+  """Packed rows [R, T, ...] -> sequences [N, L, ...] (`features.pack`'s `unpack` [N, L]:
+  flat indices r * T + t, -1 = padding, which gets 0)."""
+  flat = packed.reshape((-1,) + packed.shape[2:])
+  out = flat[jnp.maximum(unpack, 0)]
+  real = (unpack >= 0).reshape(unpack.shape + (1,) * (packed.ndim - 2))
+  return jnp.where(real, out, jnp.zeros((), out.dtype))
 
 
 def official_avg_pool(x: Array, mask: Array) -> Array:
@@ -175,9 +207,15 @@ class TTransformer(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, context: Array | None = None, *,
-               deterministic: bool) -> tuple[Array, Array]:
+               deterministic: bool, packing: "Packing | None" = None) -> tuple[Array, Array]:
     """x [B, L, D_in], mask [B, L] (True = real) -> (pooled [B, D_out], sequence [B, L, H]),
-    both float32."""
+    both float32.
+
+    With `packing`, x [R, L, D_in] / mask are packed rows holding N sequences
+    (`features.pack`): positions restart per sequence, attention stays within one, the
+    pooler pools each; -> (pooled [N, D_out], sequence [N, L, H]), the function of the
+    unpacked call on the N padded sequences (up to float rounding; dropout masks differ).
+    Per-position work then follows the real lengths."""
     if x.shape[1] > self.max_positions:
       raise ValueError(f"sequence of {x.shape[1]} positions is longer than the sin-cos table "
                        f"(max_positions={self.max_positions})")
@@ -192,7 +230,13 @@ class TTransformer(nn.Module):
     elif x.shape[-1] != self.hidden_size:
       raise ValueError(f"input width {x.shape[-1]} != hidden_size {self.hidden_size} and "
                        "input_fc is off")
-    x = x + jnp.asarray(sincos_table(x.shape[1], self.hidden_size), self.dtype)[None]
+    table = jnp.asarray(sincos_table(x.shape[1], self.hidden_size), self.dtype)
+    attention_mask = None
+    if packing is None:
+      x = x + table[None]
+    else:
+      x = x + table[packing.position]
+      attention_mask = (packing.segment[:, :, None] == packing.segment[:, None, :])[:, None]
     block = lambda name, **kw: layers.EncoderBlock(
         num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=False, activation="gelu",
         layer_norm="coot", layer_norm_eps=1e-6, dropout_rate=self.dropout,
@@ -200,14 +244,18 @@ class TTransformer(nn.Module):
         kernel_init=init, dtype=self.dtype, remat=self.remat, attention_impl=self.attention,
         name=name, **kw)
     for i in range(self.num_layers):
-      x = block(f"encoderblock_{i}")(x, mask, deterministic=deterministic)
+      x = block(f"encoderblock_{i}")(x, mask, mask=attention_mask,
+                                     deterministic=deterministic)
+    unpack = None if packing is None else packing.unpack
     if self.pooler == "atn":
       pooled = AttentionFA(self.pool_hidden, self.pool_heads, self.dropout, self.init_std,
                            self.dropout_masks, dtype=self.dtype,
-                           name="pooler")(x, mask, deterministic=deterministic)
-    elif self.pooler == "avg" and not self.masked_pool:
+                           name="pooler")(x, mask, deterministic=deterministic, unpack=unpack)
+    if unpack is not None:  # the sequences, for the other poolers and the caller
+      x, mask = unpack_rows(x, unpack), unpack >= 0
+    if self.pooler == "avg" and not self.masked_pool:
       pooled = official_avg_pool(x.astype(jnp.float32), mask)
-    else:
+    elif self.pooler != "atn":
       pooled = masked_pool(x.astype(jnp.float32), mask, self.pooler)
     if self.use_context:
       if context is None:
@@ -265,37 +313,52 @@ class COOT(nn.Module):
     self.text_local = self._net("text_local", local=True)
     self.text_global = self._net("text_global", local=False)
 
-  def _encode(self, local, global_, full, full_mask, parts, parts_mask, slot, deterministic):
-    context, _ = local(full, full_mask, deterministic=deterministic)
-    part_emb, _ = local(parts, parts_mask, deterministic=deterministic)
-    grouped, grouped_mask = _scatter(part_emb, slot, full.shape[0], self.max_clips)
+  def _encode(self, local, global_, full, full_mask, parts, parts_mask, slot, deterministic,
+              packing):
+    packing = packing or (None, None)
+    context, _ = local(full, full_mask, deterministic=deterministic, packing=packing[0])
+    part_emb, _ = local(parts, parts_mask, deterministic=deterministic, packing=packing[1])
+    grouped, grouped_mask = _scatter(part_emb, slot, context.shape[0], self.max_clips)
     emb, _ = global_(grouped, grouped_mask, context if self.use_context else None,
                      deterministic=deterministic)
     return emb, context, grouped, grouped_mask
 
   def encode_video(self, video, video_mask, clips, clips_mask, clip_slot, *,
-                   deterministic: bool = True) -> dict[str, Array]:
-    """-> video_emb [B, 768], video_context [B, 384], clip_emb [B, N, 384], clip_mask [B, N]."""
+                   deterministic: bool = True,
+                   packing: tuple[Packing | None, Packing | None] | None = None
+                   ) -> dict[str, Array]:
+    """-> video_emb [B, 768], video_context [B, 384], clip_emb [B, N, 384], clip_mask [B, N].
+
+    packing: (of the videos, of the clips), each None or a `Packing` of packed rows
+    (`TTransformer`): the same function up to float rounding, less padding computed."""
     emb, ctx, clip, mask = self._encode(self.video_local, self.video_global, video, video_mask,
-                                        clips, clips_mask, clip_slot, deterministic)
+                                        clips, clips_mask, clip_slot, deterministic, packing)
     return {"video_emb": emb, "video_context": ctx, "clip_emb": clip, "clip_mask": mask}
 
   def encode_text(self, paragraph, paragraph_mask, sentences, sentences_mask, sentence_slot, *,
-                  deterministic: bool = True) -> dict[str, Array]:
-    """-> paragraph_emb, paragraph_context, sentence_emb [B, N, 384], sentence_mask [B, N]."""
+                  deterministic: bool = True,
+                  packing: tuple[Packing | None, Packing | None] | None = None
+                  ) -> dict[str, Array]:
+    """-> paragraph_emb, paragraph_context, sentence_emb [B, N, 384], sentence_mask [B, N];
+    packing: (of the paragraphs, of the sentences), as `encode_video`."""
     emb, ctx, sent, mask = self._encode(self.text_local, self.text_global, paragraph,
                                         paragraph_mask, sentences, sentences_mask, sentence_slot,
-                                        deterministic)
+                                        deterministic, packing)
     return {"paragraph_emb": emb, "paragraph_context": ctx, "sentence_emb": sent,
             "sentence_mask": mask}
 
   def __call__(self, video, video_mask, clips, clips_mask, clip_slot, paragraph,
                paragraph_mask, sentences, sentences_mask, sentence_slot, *,
-               deterministic: bool = True) -> tuple[dict, dict]:
+               deterministic: bool = True,
+               packing: dict[str, Packing] | None = None) -> tuple[dict, dict]:
+    """packing: {input name of PACKED: its `Packing`} for the inputs given as packed rows."""
+    packing = packing or {}
     return (self.encode_video(video, video_mask, clips, clips_mask, clip_slot,
-                              deterministic=deterministic),
+                              deterministic=deterministic,
+                              packing=(packing.get("video"), packing.get("clips"))),
             self.encode_text(paragraph, paragraph_mask, sentences, sentences_mask,
-                             sentence_slot, deterministic=deterministic))
+                             sentence_slot, deterministic=deterministic,
+                             packing=(packing.get("paragraph"), packing.get("sentences"))))
 
 
 @registry.register_model("coot")

@@ -17,6 +17,18 @@ at its maximum (`batch_spec`) and a run compiles one program (the paper
 configs: TPUs). A slot index (video row * N + position) tells the model where
 each clip belongs.
 
+With `data.pack_sequences` (the configs' default) each of the four local inputs
+(clips, sentences, videos, paragraphs) is then packed several sequences to a row
+(`features.pack`, first-fit decreasing into rows of the same padded length; the
+packed row count rounded up to `pad_multiple`, or one row per sequence with
+static shapes or several processes): `<input>` and `<input>_mask` hold the rows,
+`<input>_segment` / `_position` / `_unpack` say where each sequence lies
+(`coot_model.Packing`). The model computes the same function (attention within a
+sequence, positions restarting per sequence, Attention-FA per sequence; only the
+dropout masks differ), and the local transformers stop computing padding: on the
+benchmark batch (`benchmarks/bench_coot_train_step.py`, clips of 10-80 frames padded
+to 80) 128 clip rows instead of 256.
+
 Loss, eq. 9 with the official weights (`config.loss`):
   L = w_H L^H_align + w_L L^L_align + w_g L^g_align + w_Hc L^H_cluster
       + w_Lc L^L_cluster [+ w_gc L^g_cluster] + lambda L_CMC
@@ -44,6 +56,7 @@ from avtext.data import features
 from avtext.data import pipelines
 from avtext.data import video as video_lib
 from avtext.losses import coot as coot_losses
+from avtext.models import coot as coot_model
 from avtext.tasks import registry
 
 
@@ -148,6 +161,16 @@ class CootTask(registry.Task):
     batch.update(features.collate(examples, keys=("video", "paragraph"),
                                   max_len={"video": frames, "paragraph": tokens},
                                   pad_multiple=mult))
+    if data.get("pack_sequences", False):
+      # Fixed row counts where shapes are fixed (static, or several processes: their
+      # rows are concatenated), else the rows used rounded up to pad_multiple.
+      fixed = static or jax.process_count() > 1
+      for key in coot_model.PACKED:
+        p = features.pack(batch[key], batch[f"{key}_mask"],
+                          rows=len(batch[key]) if fixed else None, row_multiple=mult)
+        batch[key], batch[f"{key}_mask"] = p["packed"], p["packed_mask"]
+        for field in coot_model.Packing._fields:
+          batch[f"{key}_{field}"] = p[field]
     return batch
 
   def train_data(self, *, batch_size, seed, process_index, process_count):
@@ -205,7 +228,13 @@ class CootTask(registry.Task):
     sentence_tokens = _padded(self.max_sentence_tokens, mult)
     video_dim, text_dim = int(self.config.model.video_dim), int(self.config.model.text_dim)
     spec = registry.spec
-    return {"clips": spec((rows, frames, video_dim), "float32"),
+    packed = {}
+    if d.get("pack_sequences", False):  # packed rows: at most one per sequence
+      for key, n, length in (("clips", rows, frames), ("sentences", rows, sentence_tokens),
+                             ("video", batch_size, frames), ("paragraph", batch_size, tokens)):
+        packed.update({f"{key}_{field}": spec((n, length), "int32")
+                       for field in coot_model.Packing._fields})
+    return packed | {"clips": spec((rows, frames, video_dim), "float32"),
             "clips_mask": spec((rows, frames), "bool"),
             "sentences": spec((rows, sentence_tokens, text_dim), "float32"),
             "sentences_mask": spec((rows, sentence_tokens), "bool"),
@@ -227,19 +256,37 @@ class CootTask(registry.Task):
     offset = (jnp.arange(slot.shape[0]) // per_proc_clips) * per_proc_videos * self.max_clips
     return jnp.where(slot >= 0, slot + offset, -1)
 
+  def _packing(self, batch) -> dict:
+    """{input: `coot_model.Packing`} of the inputs `collate` packed (data.pack_sequences);
+    with several processes each one's unpack indices are offset past the rows of those
+    before it (every process packs into the same number of rows)."""
+    out = {}
+    procs = jax.process_count()
+    for key in coot_model.PACKED:
+      if f"{key}_unpack" not in batch:
+        continue
+      unpack = batch[f"{key}_unpack"]
+      if procs > 1:
+        rows, length = batch[key].shape[:2]
+        per_proc = unpack.shape[0] // procs
+        offset = (jnp.arange(unpack.shape[0]) // per_proc) * (rows // procs) * length
+        unpack = jnp.where(unpack >= 0, unpack + offset[:, None], -1)
+      out[key] = coot_model.Packing(batch[f"{key}_segment"], batch[f"{key}_position"], unpack)
+    return out
+
   def _encode(self, variables, batch, *, train: bool, rng=None):
     slot = self._global_slots(batch)
     rngs = {"dropout": rng} if train else None
     return self.model.apply(
         variables, batch["video"], batch["video_mask"], batch["clips"], batch["clips_mask"], slot,
         batch["paragraph"], batch["paragraph_mask"], batch["sentences"], batch["sentences_mask"],
-        slot, deterministic=not train, rngs=rngs)
+        slot, deterministic=not train, rngs=rngs, packing=self._packing(batch))
 
   def init_variables(self, rng, batch):
     return self.model.init(
         {"params": rng}, batch["video"], batch["video_mask"], batch["clips"], batch["clips_mask"],
         batch["clip_slot"], batch["paragraph"], batch["paragraph_mask"], batch["sentences"],
-        batch["sentences_mask"], batch["clip_slot"])
+        batch["sentences_mask"], batch["clip_slot"], packing=self._packing(batch))
 
   def loss_fn(self, variables, batch, rng):
     dropout_rng, cycle_rng = jax.random.split(rng)
