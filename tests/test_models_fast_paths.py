@@ -5,7 +5,8 @@ divides by the softmax's sum after the values (`attention._fused_projection`,
 `attention._attention_normalized_last`); the reference is flax's own
 `nn.MultiHeadDotProductAttention` on the same parameters. `EncoderBlock(query_positions=n)`
 and `Bert(cls_only=True)` compute the first positions only; the reference is the full
-layer / tower sliced. Outputs and gradients (parameters and inputs) agree within float32
+layer / tower sliced. `layers.LayerNorm` writes out nn.LayerNorm's gradient; the reference
+is nn.LayerNorm. Outputs and gradients (parameters and inputs) agree within float32
 rounding.
 """
 import flax.linen as nn
@@ -163,20 +164,6 @@ def test_layer_norm_equals_flax_layer_norm_with_gradients(dtype):
   assert a.dtype == b.dtype == dtype
   np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
   _close(ga, gb, 2e-5 if dtype == jnp.float32 else 2e-2)
-
-
-@pytest.mark.parametrize("name", ["gelu", "gelu_tanh"])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_gelu_equals_flax_gelu_with_gradients(name, dtype):
-  x = jnp.concatenate([jnp.linspace(-9.0, 9.0, 181), _normal((64,), 11, 3.0)]).astype(dtype)
-  approximate = name == "gelu_tanh"
-  ours = layers.get_activation(name)
-  ref = lambda v: nn.gelu(v, approximate=approximate)
-  np.testing.assert_array_equal(np.asarray(ours(x), np.float32), np.asarray(ref(x), np.float32))
-  loss = lambda f: lambda v: jnp.sum(jnp.sin(f(v).astype(jnp.float32)))
-  tol = 2e-6 if dtype == jnp.float32 else 2e-2
-  np.testing.assert_allclose(np.asarray(jax.grad(loss(ours))(x), np.float32),
-                             np.asarray(jax.grad(loss(ref))(x), np.float32), rtol=tol, atol=tol)
 
 
 def test_attention_in_bfloat16_equals_flax_multi_head_attention():

@@ -41,7 +41,6 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from avtext.models import attention as attn
 
@@ -167,43 +166,12 @@ def dropout_rng(module: nn.Module, deterministic: bool, *rates: float) -> Array 
   return module.make_rng("dropout")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _gelu(x: Array, approximate: bool) -> Array:
-  return nn.gelu(x, approximate=approximate)
-
-
-def _gelu_forward(x, approximate):
-  return _gelu(x, approximate), x
-
-
-def _gelu_backward(approximate, x, dy):
-  """d gelu / dx from x: Phi(x) + x phi(x) (exact), or the tanh form's derivative."""
-  x32 = x.astype(jnp.float32)
-  if approximate:
-    c = np.sqrt(2 / np.pi).astype(np.float32)
-    t = jnp.tanh(c * (x32 + 0.044715 * x32 ** 3))
-    slope = 0.5 * (1 + t) + 0.5 * x32 * (1 - t * t) * c * (1 + 3 * 0.044715 * x32 * x32)
-  else:
-    slope = (jax.lax.erfc(-x32 / np.float32(np.sqrt(2))) / 2 +
-             x32 * jnp.exp(-0.5 * x32 * x32) / np.float32(np.sqrt(2 * np.pi)))
-  return ((dy.astype(jnp.float32) * slope).astype(x.dtype),)
-
-
-_gelu.defvjp(_gelu_forward, _gelu_backward)
-
-
-def gelu(x: Array, approximate: bool) -> Array:
-  """`nn.gelu` (its own forward pass) with the derivative written out: the backward pass
-  keeps x only, where autodiff keeps the intermediate [.., M] arrays of the forward."""
-  return _gelu(x, approximate)
-
-
 # BERT's `gelu` is the exact erf form; ViT (big_vision, scenic) and GPT-2
 # (`gelu_new`) use the tanh approximation. The difference (~1e-3) matters when
 # matching a reference implementation, so the choice is explicit.
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
-    "gelu": functools.partial(gelu, approximate=False),
-    "gelu_tanh": functools.partial(gelu, approximate=True),
+    "gelu": functools.partial(nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
     "relu": nn.relu,
 }
 
