@@ -224,7 +224,7 @@ class CootLayerNorm(nn.Module):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _layer_norm(x: Array, scale: Array, bias: Array, epsilon: float, dtype: Any) -> Array:
-  return nn.LayerNorm(epsilon=epsilon, dtype=dtype).apply(
+  return nn.LayerNorm(epsilon=epsilon, dtype=dtype, parent=None).apply(
       {"params": {"scale": scale, "bias": bias}}, x)
 
 
