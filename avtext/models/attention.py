@@ -41,6 +41,7 @@ import math
 from typing import Any, Callable
 
 import flax.linen as nn
+from flax.linen.dtypes import promote_dtype
 import jax
 import jax.numpy as jnp
 
@@ -256,9 +257,16 @@ class Attention(nn.Module):
     dense = functools.partial(
         nn.DenseGeneral, features=(self.num_heads, features // self.num_heads),
         kernel_init=self.kernel_init, dtype=self.dtype)
-    query = dense(name="query")(inputs_q)  # [B, L_q, H, D/H]
-    key = dense(name="key")(inputs_kv)  # [B, L_kv, H, D/H]
-    value = dense(name="value")(inputs_kv)
+    projections = [dense(name=n) for n in ("query", "key", "value")]
+    if self.is_initializing():  # creates the parameters, as flax's attention does
+      query = projections[0](inputs_q)  # [B, L_q, H, D/H]
+      key = projections[1](inputs_kv)  # [B, L_kv, H, D/H]
+      value = projections[2](inputs_kv)
+    elif is_self:
+      query, key, value = _fused_projection(projections, inputs_q, self.dtype)
+    else:
+      query, = _fused_projection(projections[:1], inputs_q, self.dtype)
+      key, value = _fused_projection(projections[1:], inputs_kv, self.dtype)
 
     start = None
     if decode:
@@ -328,6 +336,40 @@ class Attention(nn.Module):
     return cached_key.value, cached_value.value, start
 
 
+def _fused_projection(projections: list[nn.Module], x: Array, dtype: Any) -> list[Array]:
+  """The `nn.DenseGeneral` projections [D, H, D/H] of the same input `x` [.., D] as one
+  matmul over their kernels side by side (one [D, n H D/H] GEMM instead of n narrow ones,
+  and one for each gradient): the same parameters and function, each output element the
+  same dot product over D."""
+  params = [p.variables["params"] for p in projections]
+  kernel = jnp.stack([p["kernel"] for p in params], axis=1)  # [D, n, H, D/H]
+  bias = jnp.stack([p["bias"] for p in params])  # [n, H, D/H]
+  x, kernel, bias = promote_dtype(x, kernel, bias, dtype=dtype)
+  y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ()))) + bias
+  return [y[..., i, :, :] for i in range(len(projections))]  # each [.., H, D/H]
+
+
+def _attention_normalized_last(query: Array, key: Array, value: Array, mask: Array | None,
+                               dtype: Any) -> Array:
+  """flax's `dot_product_attention` (no bias, dropout or sown weights) with the softmax's
+  division moved after the values: softmax(s) v = (exp(s - max s) v) / sum exp(s - max s).
+  The same function; the division runs over [.., L_q, H, d] instead of the [.., H, L_q,
+  L_kv] probabilities, and its gradient needs no [.., H, L_q, L_kv] reduction."""
+  query, key, value = promote_dtype(query, key, value, dtype=dtype)
+  dtype = query.dtype
+  query = query / jnp.sqrt(query.shape[-1]).astype(dtype)
+  logits = jnp.einsum("...qhd,...khd->...hqk", query, key)
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(dtype).min)
+  # float32 from here, as flax's force_fp32_for_softmax (whose float32 weights make the
+  # values' product float32 too). A fully masked row is uniform, as in the softmax.
+  logits = logits.astype(jnp.float32)
+  unnormalized = jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, -1, keepdims=True)))
+  total = jnp.sum(unnormalized, -1)  # [.., H, L_q]
+  out = jnp.einsum("...hqk,...khd->...qhd", unnormalized, value)
+  return out / jnp.swapaxes(total, -1, -2)[..., None]
+
+
 def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *,
                    implementation: str = "xla", dropout_rng: Array | None = None,
                    dropout_rate: float = 0.0, dtype: Any = jnp.float32,
@@ -370,6 +412,8 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
   if implementation in ("cudnn", "flash_tpu"):  # dropout or a mask the kernel cannot take
     implementation = "blocked"
   if implementation != "blocked" or query.shape[1] <= ATTENTION_BLOCK:
+    if dropout_rng is None and module is None:
+      return _attention_normalized_last(query, key, value, mask, dtype)
     return xla(query, key, value, mask=mask, dropout_rng=dropout_rng, module=module)
   return _blocked_attention(xla, query, key, value, mask, dropout_rng)
 

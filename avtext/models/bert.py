@@ -125,7 +125,7 @@ class Bert(nn.Module):
   @nn.compact
   def __call__(self, input_ids: Array, attention_mask: Array,
                token_type_ids: Array | None = None, *,
-               train: bool = False) -> dict[str, Array]:
+               train: bool = False, cls_only: bool = False) -> dict[str, Array]:
     """Encodes token ids.
 
     Args:
@@ -133,6 +133,8 @@ class Bert(nn.Module):
       attention_mask: [B, L], 1 for real tokens and 0 for padding.
       token_type_ids: int [B, L] segment ids; zeros when None.
       train: enables dropout (needs the 'dropout' rng).
+      cls_only: return `cls` only: the last layer computes the [CLS] position alone
+        (`layers.EncoderBlock.query_positions`; the same value as the full pass).
 
     Returns:
       sequence: [B, L, D] final-layer outputs (HF `last_hidden_state`).
@@ -175,6 +177,13 @@ class Bert(nn.Module):
         remat=self.remat,
         attention_impl=self.attention)
     names = [f"encoderblock_{i}" for i in range(self.num_layers)]
+    # Dropout masks are drawn by shape, so a dropping layer computes all positions (the
+    # same random draws with and without cls_only); so does the scanned stack.
+    drops = train and (self.dropout_rate or self.attention_dropout_rate)
+    last = {}
+    if (cls_only and not (drops or self.scan_layers or self.return_hidden_states or
+                          self.add_pooler or self.is_initializing())):
+      last = dict(query_positions=1)
     if self.scan_layers and not self.is_initializing():
       layer = layers.EncoderBlock(**block, parent=None)
 
@@ -189,9 +198,12 @@ class Bert(nn.Module):
       hidden = [hidden_0] + [stacked[i] for i in range(self.num_layers)]
     else:
       hidden = [x]
-      for name in names:
-        x = layers.EncoderBlock(**block, name=name)(x, attention_mask, deterministic=not train)
+      for i, name in enumerate(names):
+        x = layers.EncoderBlock(**block, **(last if i == len(names) - 1 else {}), name=name)(
+            x, attention_mask, deterministic=not train)
         hidden.append(x)
+    if last:
+      return {"cls": x[:, 0]}
     outputs = {"sequence": x, "cls": x[:, 0]}
     if self.return_hidden_states:
       outputs["hidden_states"] = tuple(hidden)

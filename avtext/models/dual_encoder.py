@@ -4,7 +4,8 @@ VideoCC §4.1 (AVR): "Both text and video encodings are then projected to a
 common dimension D = 256 via a single linear layer each. We then compute the
 dot product similarity between the two projected embeddings after
 normalisation." The towers are any modules returning {'embedding': [B, d]}
-(video: MBT) and {'cls': [B, d]} (text: BERT).
+(video: MBT) and {'cls': [B, d]} (text: BERT, called with cls_only=True: the
+embedding reads [CLS] alone, so its last layer computes that position only).
 """
 import flax.linen as nn
 import jax
@@ -30,7 +31,7 @@ class DualEncoder(nn.Module):
   def encode_text(self, input_ids: jax.Array, attention_mask: jax.Array, *,
                   train: bool = False) -> jax.Array:
     """[B, D] unit-norm caption embeddings (BERT's final-layer [CLS])."""
-    out = self.text(input_ids, attention_mask, train=train)
+    out = self.text(input_ids, attention_mask, train=train, cls_only=True)
     return l2_normalize(self.text_projection(out["cls"]))
 
   def __call__(self, video_inputs, input_ids, attention_mask, *, train: bool = False):

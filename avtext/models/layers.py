@@ -222,10 +222,56 @@ class CootLayerNorm(nn.Module):
     return (scale * (y - mean) / (std + self.epsilon) + bias).astype(self.dtype)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _layer_norm(x: Array, scale: Array, bias: Array, epsilon: float, dtype: Any) -> Array:
+  return nn.LayerNorm(epsilon=epsilon, dtype=dtype, parent=None).apply(
+      {"params": {"scale": scale, "bias": bias}}, x)
+
+
+def _layer_norm_forward(x, scale, bias, epsilon, dtype):
+  return _layer_norm(x, scale, bias, epsilon, dtype), (x, scale)
+
+
+def _layer_norm_backward(epsilon, dtype, residuals, dy):
+  """The gradient of y = (x - mean) r scale + bias, r = 1 / sqrt(var + eps), from x alone:
+  dx = r (g - mean(g) - x_hat mean(g x_hat)) with g = dy scale, x_hat = (x - mean) r."""
+  del dtype
+  x, scale = residuals
+  x32, dy = x.astype(jnp.float32), dy.astype(jnp.float32)
+  mean = jnp.mean(x32, -1, keepdims=True)
+  # flax's statistics (use_fast_variance): E[x^2] - E[x]^2, clipped at 0.
+  var = jnp.maximum(0.0, jnp.mean(jnp.square(x32), -1, keepdims=True) - jnp.square(mean))
+  r = jax.lax.rsqrt(var + epsilon)
+  x_hat = (x32 - mean) * r
+  g = dy * scale
+  dx = r * (g - jnp.mean(g, -1, keepdims=True) -
+            x_hat * jnp.mean(g * x_hat, -1, keepdims=True))
+  lead = tuple(range(x.ndim - 1))
+  return dx.astype(x.dtype), jnp.sum(dy * x_hat, lead), jnp.sum(dy, lead)
+
+
+_layer_norm.defvjp(_layer_norm_forward, _layer_norm_backward)
+
+
+class LayerNorm(nn.Module):
+  """`nn.LayerNorm` over the last axis (the same parameters, scale and bias [D], and the
+  same outputs: its own function runs the forward pass) with the gradient written out
+  (`_layer_norm_backward`): the backward pass keeps x and recomputes the row statistics,
+  where autodiff keeps [.., D]-shaped broadcasts of them."""
+  epsilon: float = 1e-6
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32)
+    return _layer_norm(x, scale, bias, self.epsilon, self.dtype)
+
+
 def make_layer_norm(kind: str, epsilon: float, dtype: Any, name: str) -> nn.Module:
-  """'standard' (nn.LayerNorm) or 'coot' (`CootLayerNorm`)."""
+  """'standard' (`LayerNorm`, nn.LayerNorm's function) or 'coot' (`CootLayerNorm`)."""
   if kind == "standard":
-    return nn.LayerNorm(epsilon=epsilon, dtype=dtype, name=name)
+    return LayerNorm(epsilon=epsilon, dtype=dtype, name=name)
   if kind == "coot":
     return CootLayerNorm(epsilon=epsilon, dtype=dtype, name=name)
   raise ValueError(f"layer_norm must be 'standard' or 'coot', got {kind!r}")
@@ -287,6 +333,10 @@ class EncoderBlock(nn.Module):
     remat: rematerialize the layer in the backward pass: "none", "full" or a
       `jax.checkpoint_policies` name (`remat_policy`); decode calls never remat.
     attention_impl: the attention core (`ATTENTION_IMPLEMENTATIONS`).
+    query_positions: 0 (all), or n > 0: the layer computes only the outputs of the first n
+      positions, [B, n, D] (their queries attend to every key and value of x), the same
+      values as the full layer's [:, :n]; for a last layer whose caller reads [CLS] only.
+      Self-attention layers without `causal` or cross-attention.
   """
   num_heads: int
   mlp_dim: int
@@ -310,6 +360,7 @@ class EncoderBlock(nn.Module):
   dtype: Any = jnp.float32
   remat: str = "none"
   attention_impl: str = "xla"
+  query_positions: int = 0
 
   @nn.compact
   def __call__(self, x: Array, padding_mask: Array | None = None, *,
@@ -333,8 +384,12 @@ class EncoderBlock(nn.Module):
       decode: extend the self-attention cache (module docstring).
 
     Returns:
-      [B, L, D] (with decode [B, T, D]).
+      [B, L, D] (with decode [B, T, D]; with query_positions = n, [B, n, D]).
     """
+    if self.query_positions and (self.causal or self.cross_attention or decode or
+                                 not self.self_attention):
+      raise ValueError("EncoderBlock(query_positions > 0) is for self-attention layers "
+                       "without causal masking, cross-attention or decode")
     if self.cross_attention != (context is not None):
       raise ValueError(
           f"EncoderBlock(cross_attention={self.cross_attention}) was called "
@@ -383,7 +438,13 @@ class EncoderBlock(nn.Module):
         kernel_init=self.kernel_init, dtype=self.dtype,
         implementation=self.attention_impl, output_projection=projected)
     branches = []
-    if self.self_attention:
+    n = self.query_positions
+    if self.self_attention and n:
+      if mask is not None and mask.shape[-2] != 1:
+        mask = mask[..., :n, :]
+      branches.append(("attention", lambda y: attention(name="attention")(
+          y[:, :n], y, mask=mask, deterministic=deterministic)))
+    elif self.self_attention:
       branches.append(("attention", lambda y: attention(name="attention")(
           y, mask=mask, causal=self.causal, decode=decode,
           deterministic=deterministic)))
@@ -415,6 +476,8 @@ class EncoderBlock(nn.Module):
       # One keep/drop decision per example: broadcast over tokens and width.
       y = attn.dropout(y, self.stochastic_depth, deterministic=deterministic,
                        masks=self.dropout_masks, broadcast_dims=(1, 2))
+      if n and name == "attention":
+        x = x[:, :n]
       x = x + y if self.pre_norm else norm(x + y)
     return x
 

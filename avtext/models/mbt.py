@@ -102,8 +102,7 @@ class ModalityTower(nn.Module):
     # Stochastic depth grows linearly with depth, 0 at the first layer (MBT).
     self.encoderblock = [layers.EncoderBlock(**_block_kwargs(self, i))
                          for i in range(self.num_layers)]
-    self.encoder_norm = nn.LayerNorm(epsilon=self.layer_norm_eps,
-                                     dtype=self.dtype)
+    self.encoder_norm = layers.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype)
 
   def _embed_patch(self) -> tuple[int, ...]:
     if not self.stem_features:
