@@ -126,6 +126,19 @@ def _decode(model, params, prompt, t_max, beam_size=1, min_length=0, length_pena
   return jax.tree.map(np.asarray, out)
 
 
+def test_prefill_and_steps_equal_full_forward_logits():
+  """The prefill projects only the last prompt position; it and each cached step (the
+  heads-major cache) give the logits of a full forward pass over the sequence so far."""
+  model, params = _tiny_lm(0)
+  seq = jnp.asarray(np.random.default_rng(0).integers(1, V, (3, 7)))
+  start, step = gpt2_lib.lm_decoding_fns(model, params, seq[:, :4], 4)
+  logits, state = jax.jit(start)()
+  np.testing.assert_allclose(logits, _last_logits(model, params, seq[:, :4]), atol=1e-5)
+  for t in range(1, 4):
+    logits, state = jax.jit(step)(state, seq[:, 3 + t], t)
+    np.testing.assert_allclose(logits, _last_logits(model, params, seq[:, :4 + t]), atol=1e-5)
+
+
 @pytest.mark.parametrize("seed,min_length", [(0, 0), (1, 3), (2, 0)])
 def test_greedy_equals_full_recompute_reference(seed, min_length):
   prompt = np.random.default_rng(seed).integers(1, V, (5, 3))

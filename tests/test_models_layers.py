@@ -371,7 +371,7 @@ def test_one_token_step_compiles_once():
                          mutable=["cache"])
   cache = state["cache"]
   key = cache["EncoderBlock_0"]["attention"]["cached_key"]
-  assert key.shape == (BATCH, MAX_LEN, HEADS, WIDTH // HEADS)
+  assert key.shape == (BATCH, HEADS, MAX_LEN, WIDTH // HEADS)
   for t in range(MAX_LEN):
     _, cache = step({"params": params, "cache": cache}, tokens[:, t:t + 1],
                     jnp.full((BATCH, 1), t))

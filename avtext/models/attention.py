@@ -15,7 +15,7 @@ while decoding: the cache picks the rows of the positions being computed.
 
 Autoregressive cache (`decode=True`, self-attention only). Each `Attention`
 keeps, in the flax "cache" collection,
-  cached_key, cached_value  [B, max_len, H, D/H]
+  cached_key, cached_value  [B, H, max_len, D/H]
   cache_index               int32 [], positions written so far.
 The cache is created the flax way, by a decode=True call on a [B, max_len, D]
 input while no cache exists: `block.init(rng, x, decode=True, ...)` or
@@ -307,33 +307,34 @@ class Attention(nn.Module):
     """Writes this call's keys/values [B, T, H, D/H] into the cache.
 
     Returns:
-      (keys, values, start): the whole buffers [B, max_len, H, D/H] and the
+      (keys, values, start): the whole buffers as [B, max_len, H, D/H] and the
       index of this call's first position; when the call creates the cache,
       the inputs unchanged and start None.
     """
     exists = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape,
-                               key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros,
-                                 value.shape, value.dtype)
+    # Heads-major [B, H, max_len, D/H]: the layout of the batched (B, H) products of
+    # attention, so a decode step reads the cache in place instead of transposing it.
+    shape = (key.shape[0], key.shape[2], key.shape[1], key.shape[3])
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
     index = self.variable("cache", "cache_index",
                           lambda: jnp.zeros((), jnp.int32))
     if not exists:
       return key, value, None
-    batch, max_len = cached_key.value.shape[:2]
-    if (key.shape[0] != batch or key.shape[1] > max_len or
-        key.shape[2:] != cached_key.value.shape[2:]):
+    batch, heads, max_len, depth = cached_key.value.shape
+    heads_first = lambda x: jnp.swapaxes(x, 1, 2)
+    if key.shape[0] != batch or key.shape[1] > max_len or key.shape[2:] != (heads, depth):
       raise ValueError(
           f"decode step keys {key.shape} do not fit the cache "
-          f"{cached_key.value.shape} ([batch, max_len, heads, head_dim])")
+          f"{cached_key.value.shape} ([batch, heads, max_len, head_dim])")
     start = index.value
-    corner = (0, start, 0, 0)
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key,
+    corner = (0, 0, start, 0)
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, heads_first(key),
                                                     corner)
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value,
-                                                      value, corner)
+                                                      heads_first(value), corner)
     index.value = start + key.shape[1]
-    return cached_key.value, cached_value.value, start
+    return heads_first(cached_key.value), heads_first(cached_value.value), start
 
 
 def _fused_projection(projections: list[nn.Module], x: Array, dtype: Any) -> list[Array]:

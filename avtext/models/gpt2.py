@@ -105,7 +105,7 @@ class GPT2(nn.Module):
   def __call__(self, input_ids: Array, *, positions: Array | None = None,
                prefix: Array | None = None, mask: Array | None = None,
                padding_mask: Array | None = None, decode: bool = False,
-               train: bool = False) -> Array:
+               train: bool = False, last_only: bool = False) -> Array:
     """Next-token logits.
 
     Args:
@@ -120,9 +120,12 @@ class GPT2(nn.Module):
         real positions; masks keys.
       decode: read and extend the KV cache (layers module docstring).
       train: enables dropout (needs the 'dropout' rng).
+      last_only: the logits of the last position only (a decoding prefill needs no
+        others, and the [L, vocab] projection of the rest costs as much as the layers).
 
     Returns:
-      float32 [B, L, vocab_size]: logits of the token after each text position.
+      float32 [B, L, vocab_size] (last_only: [B, 1, vocab_size]): logits of the token
+      after each text position.
     """
     if positions is None:
       positions = jnp.arange(input_ids.shape[1])
@@ -158,7 +161,7 @@ class GPT2(nn.Module):
     else:
       for block in self.blocks:
         x = block(x, padding_mask, mask=mask, deterministic=not train, decode=decode)
-    x = self.ln_f(x[:, num_prefix:])
+    x = self.ln_f(x[:, -1:] if last_only else x[:, num_prefix:])
     # The tied projection (`wte.attend`) in the compute dtype; float32 logits for the softmax.
     embedding = self.wte.embedding.astype(self.dtype)
     return jnp.dot(x.astype(self.dtype), embedding.T).astype(jnp.float32)
@@ -299,7 +302,7 @@ def lm_decoding_fns(model: GPT2, params: Any, prompt: Array, max_new_tokens: int
 
   def start_fn():
     logits, mutated = model.apply({"params": params, "cache": cache}, prompt, mask=mask,
-                                  decode=True, mutable=["cache"])
+                                  decode=True, last_only=True, mutable=["cache"])
     return logits[:, -1], mutated["cache"]
 
   def step_fn(state, tokens, t):
@@ -324,7 +327,7 @@ def captioner_decoding_fns(model: VideoCaptioner, variables: Any,
   cache = attention.empty_cache(lambda: model.apply(variables, video_inputs, max_new_tokens,
                                            method=model.init_cache, mutable=["cache"]))
   # The number of video tokens P, from the cache's length.
-  num_prefix = next(x.shape[1] for x in jax.tree.leaves(cache) if x.ndim == 4) - max_new_tokens
+  num_prefix = next(x.shape[2] for x in jax.tree.leaves(cache) if x.ndim == 4) - max_new_tokens
 
   def start_fn():
     bos = jnp.full((b,), bos_id, jnp.int32)
