@@ -426,7 +426,8 @@ def pack(values: np.ndarray, mask: np.ndarray, *, rows: int | None = None,
       (-1 beyond its length): `packed.reshape(R * L, ...)[unpack]` is `values` on the
       real positions.
   R is `rows` when given (an error when the sequences need more), else the rows used
-  rounded up to a multiple of `row_multiple` (at least 1).
+  rounded up to a multiple of `row_multiple` (at least 1) and at most N, so a packed
+  batch is never larger than the padded one (`CootTask.batch_spec`).
   """
   values, mask = np.asarray(values), np.asarray(mask, bool)
   n, length = mask.shape
@@ -446,8 +447,8 @@ def pack(values: np.ndarray, mask: np.ndarray, *, rows: int | None = None,
     row_of[i], start[i] = r, length - free[r]
     free[r] -= lengths[i]
   used = max(len(free), 1)
-  if rows is None:
-    rows = -(-used // row_multiple) * row_multiple
+  if rows is None:  # rounded up, but never more rows than the padded layout has
+    rows = min(-(-used // row_multiple) * row_multiple, max(n, used))
   elif used > rows:
     raise ValueError(f"pack: the sequences need {used} rows, more than rows={rows}")
   packed = np.zeros((rows, length) + values.shape[2:], values.dtype)

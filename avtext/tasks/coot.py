@@ -164,10 +164,12 @@ class CootTask(registry.Task):
     if data.get("pack_sequences", False):
       # Fixed row counts where shapes are fixed (static, or several processes: their
       # rows are concatenated), else the rows used rounded up to pad_multiple.
+      # data.max_clips_per_batch fixes the clip and sentence rows the same way.
       fixed = static or jax.process_count() > 1
       for key in coot_model.PACKED:
+        keep = fixed or (key in ("clips", "sentences") and data.get("max_clips_per_batch"))
         p = features.pack(batch[key], batch[f"{key}_mask"],
-                          rows=len(batch[key]) if fixed else None, row_multiple=mult)
+                          rows=len(batch[key]) if keep else None, row_multiple=mult)
         batch[key], batch[f"{key}_mask"] = p["packed"], p["packed_mask"]
         for field in coot_model.Packing._fields:
           batch[f"{key}_{field}"] = p[field]
