@@ -202,6 +202,12 @@ class Mlp(nn.Module):
                     name="dense_out")(x)
 
 
+def _norm_params(module: nn.Module, width: int) -> tuple[Array, Array]:
+  """A norm's float32 `scale` (ones) and `bias` (zeros) [width], named as nn.LayerNorm's."""
+  return (module.param("scale", nn.initializers.ones, (width,), jnp.float32),
+          module.param("bias", nn.initializers.zeros, (width,), jnp.float32))
+
+
 class CootLayerNorm(nn.Module):
   """COOT's LayerNormalization: scale * (x - mean) / (std + eps) + bias.
 
@@ -214,8 +220,7 @@ class CootLayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
-    bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32)
+    scale, bias = _norm_params(self, x.shape[-1])
     y = x.astype(jnp.float32)
     mean = jnp.mean(y, axis=-1, keepdims=True)
     std = jnp.std(y, axis=-1, keepdims=True, ddof=1)
@@ -263,8 +268,7 @@ class LayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
-    bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32)
+    scale, bias = _norm_params(self, x.shape[-1])
     return _layer_norm(x, scale, bias, self.epsilon, self.dtype)
 
 
