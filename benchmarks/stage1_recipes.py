@@ -3,9 +3,9 @@ r"""Stage-1 recipes for the demo's RGB tower, compared on the same pre-rendered 
     .venv/bin/python benchmarks/stage1_recipes.py --loss=group_softmax_xent \
         --shape_weight=5 --rgb_pool=max --layer_scale=0.1 --batch=8 --steps=2400
 
-The model, loss and metrics are avtext's (`mbt.MBT` as configs/synthetic_video_pretrain.py
-builds it, a linear head on the world's 26 labels, `losses.classification`,
-`metrics.classification`); only the data path is simpler than `avtext.main`'s: `--num_train`
+The model, loss and metrics are avtext's: configs/synthetic_video_pretrain.py's model and
+loss with the flags' overrides (`models.registry.build_model`, `tasks.classification.
+group_loss`, `metrics.classification`); only the data path is simpler than `avtext.main`'s: `--num_train`
 train clips of the synthetic world (4 frames at stride 8 from a random start, as the
 demo samples them) are rendered once into memory, and test accuracy is on the centre clip
 of each of the 1000 test videos (`avtext.main` averages 4 clips). So a recipe costs its
@@ -13,23 +13,27 @@ steps and nothing else, and recipes are compared on identical data. Prints one l
 the recipe, its training time and the test accuracy per attribute (sound excluded: the
 tower has no audio).
 """
-import functools
 import multiprocessing
+import pathlib
+import sys
 import time
 
 from absl import app
 from absl import flags
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from avtext.data.synthetic import clips
-from avtext.data.synthetic import world
-from avtext.losses import classification as losses
-from avtext.metrics import classification as metrics
-from avtext.models import mbt
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # configs/
+
+from avtext.data.synthetic import clips  # pylint: disable=wrong-import-position
+from avtext.data.synthetic import world  # pylint: disable=wrong-import-position
+from avtext.losses import classification as losses  # pylint: disable=wrong-import-position
+from avtext.metrics import classification as metrics  # pylint: disable=wrong-import-position
+from avtext.models import registry  # pylint: disable=wrong-import-position
+from avtext.tasks import classification  # pylint: disable=wrong-import-position
+from configs import synthetic_video_pretrain  # pylint: disable=wrong-import-position
 
 _LOSS = flags.DEFINE_enum("loss", "group_softmax_xent", ["sigmoid_xent", "group_softmax_xent"],
                           "stage-1 objective")
@@ -68,41 +72,29 @@ def _normalize(x: np.ndarray) -> jax.Array:
   return jnp.asarray((x.astype(np.float32) / 255 - _MEAN) / _STD)
 
 
-class _Classifier(nn.Module):
-  tower: dict
-
-  @nn.compact
-  def __call__(self, x, train: bool):
-    embedding = mbt.MBT(modalities="rgb", hidden_size=128, num_layers=4, num_heads=4,
-                        mlp_dim=256, rgb_patch_size=(2, 8, 8), **self.tower)(
-                            {"rgb": x}, train=train)["embedding"]
-    return nn.Dense(len(world.LABEL_NAMES))(embedding)
-
-
 def main(argv):
   del argv
   x, y = _clips("train", _NUM_TRAIN.value)
   test_x, test_y = _clips("test", 1000)
-  tower = dict(rgb_pool=_POOL.value, layer_scale=_LAYER_SCALE.value,
-               rgb_stem=tuple(int(c) for c in _STEM.value))
-  model = _Classifier(tower)
+  config = synthetic_video_pretrain.get_config()
+  tower = config.model.video
+  tower.rgb_pool, tower.layer_scale = _POOL.value, _LAYER_SCALE.value
+  tower.rgb_stem = tuple(int(c) for c in _STEM.value)
+  config.loss.name, config.loss.focal_gamma = _LOSS.value, _FOCAL.value
+  config.loss.group_weights.shape = _SHAPE_WEIGHT.value
+  model = registry.build_model(config.model)
   if _LOSS.value == "sigmoid_xent":
     loss_fn = losses.sigmoid_cross_entropy
   else:
-    groups: dict[str, list[int]] = {}
-    for i, name in enumerate(world.LABEL_NAMES):
-      groups.setdefault(name.split(":")[0], []).append(i)
-    weights = [{"shape": _SHAPE_WEIGHT.value, "sound": 0.0}.get(g, 1.0) for g in groups]
-    loss_fn = functools.partial(losses.group_softmax_cross_entropy, groups=list(groups.values()),
-                                weights=weights, focal_gamma=_FOCAL.value)
-  params = model.init(jax.random.PRNGKey(_SEED.value), _normalize(x[:2]), False)
+    loss_fn = classification.group_loss(config.loss, world.LABEL_NAMES)
+  params = model.init(jax.random.PRNGKey(_SEED.value), {"rgb": _normalize(x[:2])})
   schedule = optax.warmup_cosine_decay_schedule(0.0, 1e-3, min(50, _STEPS.value // 2), _STEPS.value)
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
   opt_state = tx.init(params)
 
   @jax.jit
   def step(params, opt_state, batch_x, batch_y):
-    loss = lambda p: loss_fn(model.apply(p, batch_x, True), batch_y)  # noqa: E731
+    loss = lambda p: loss_fn(model.apply(p, {"rgb": batch_x}, train=True), batch_y)  # noqa: E731
     updates, opt_state = tx.update(jax.grad(loss)(params), opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
@@ -113,13 +105,13 @@ def main(argv):
     params, opt_state = step(params, opt_state, _normalize(x[idx]), jnp.asarray(y[idx]))
   jax.block_until_ready(params)
   seconds = time.perf_counter() - start
-  predict = jax.jit(lambda p, v: model.apply(p, v, False))
+  predict = jax.jit(lambda p, v: model.apply(p, {"rgb": v}))
   logits = np.concatenate([np.asarray(predict(params, _normalize(test_x[i:i + 100])))
                            for i in range(0, len(test_x), 100)])
   result = metrics.classification_metrics(logits, test_y, world.LABEL_NAMES)
   recipe = (f"loss={_LOSS.value} shape_weight={_SHAPE_WEIGHT.value} "
             f"focal_gamma={_FOCAL.value} rgb_pool={_POOL.value} "
-            f"layer_scale={_LAYER_SCALE.value} rgb_stem={tower['rgb_stem']} "
+            f"layer_scale={_LAYER_SCALE.value} rgb_stem={tuple(tower.rgb_stem)} "
             f"{_STEPS.value} x {_BATCH.value}")
   accuracy = " ".join(f"{g} {result[g + '_accuracy']:.1f}"
                       for g in ("shape", "colour", "count", "motion", "background"))

@@ -65,7 +65,7 @@ class ClipLabels:
     return label.astype(np.float32)
 
 
-def _group_loss(cfg: ml_collections.ConfigDict, names: tuple[str, ...]):
+def group_loss(cfg: ml_collections.ConfigDict, names: tuple[str, ...]):
   """`losses.group_softmax_cross_entropy` over the "group:value" classes of `names`, with
   `cfg.group_weights` ({group: weight}, 1 where unset) and `cfg.focal_gamma` (0 if unset)."""
   groups: dict[str, list[int]] = {}
@@ -103,7 +103,7 @@ class VideoClassificationTask(registry.ClipTask):
     self.modalities = parse_modalities(config.model.video.modalities)
     self._loss = losses.LOSSES[config.loss.name]
     if config.loss.name == "group_softmax_xent":
-      self._loss = _group_loss(config.loss, self.label_names)
+      self._loss = group_loss(config.loss, self.label_names)
 
   def examples(self, source, *, train: bool) -> pipelines.ClipExamples:
     return pipelines.ClipExamples(pipelines.ClipReader(source), self.config.data, train=train,
