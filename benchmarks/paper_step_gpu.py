@@ -69,6 +69,24 @@ def build(args, abstract=False):
   return init, tx, batch, step
 
 
+def random_params(shapes):
+  """Parameters of the given shapes, N(0, 0.02) (scales 1, biases 0), made leaf by leaf:
+  a step's time does not depend on the values, and a jitted `model.init` of ViT-B MBT +
+  BERT-base (a whole forward pass) took 101 s to compile on an H100."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  out = []
+  for i, (path, leaf) in enumerate(leaves):
+    name = str(path[-1])
+    if "scale" in name:
+      value = jnp.ones(leaf.shape, leaf.dtype)
+    elif "bias" in name:
+      value = jnp.zeros(leaf.shape, leaf.dtype)
+    else:
+      value = 0.02 * jax.random.normal(jax.random.PRNGKey(i), leaf.shape, leaf.dtype)
+    out.append(value)
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
 def abstract_batch(config, b):
   d = config.data
   f32, i32 = jnp.float32, jnp.int32
@@ -109,7 +127,7 @@ def main():
     return
   init, tx, batch, step = build(args)
   t0 = time.perf_counter()
-  params = jax.jit(init)(jax.random.PRNGKey(0))
+  params = random_params(jax.eval_shape(init, jax.random.PRNGKey(0)))
   opt_state = jax.jit(tx.init)(params)
   print(f"initialized in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
   rng = jax.random.PRNGKey(1)

@@ -138,3 +138,28 @@ def test_patch_matmul_is_the_strided_conv(shape, patch):
       jnp.shape, variables)  # same parameters: checkpoints and ViT imports load unchanged
   np.testing.assert_allclose(np.asarray(mm.apply(variables, x)),
                              np.asarray(conv.apply(variables, x)), atol=1e-5)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal"])
+def test_cudnn_path_pads_and_masks_to_the_same_function(monkeypatch, mask_kind):
+  """The cuDNN path's padding to `FUSED_PAD` (sequence lengths when there is no mask, a
+  padded boolean mask otherwise), run here through jax's XLA implementation of the same
+  `jax.nn.dot_product_attention` call, since this CPU has no cuDNN."""
+  xla_dpa = jax.nn.dot_product_attention
+  calls = []
+
+  def on_cpu(*args, implementation=None, **kwargs):
+    calls.append((implementation, sorted(kwargs)))
+    return xla_dpa(*args, implementation=None, **kwargs)
+  monkeypatch.setattr(attention.jax.nn, "dot_product_attention", on_cpu)
+  monkeypatch.setattr(attention, "FUSED_PAD", 8)  # 11 -> 16: five padded positions
+  rng = np.random.default_rng(1)
+  b, length, h, d = 2, 11, 3, 8
+  q, k, v = (jnp.asarray(rng.normal(size=(b, length, h, d)), jnp.float32) for _ in range(3))
+  mask = {"none": None,
+          "padding": attention.make_padding_mask(jnp.asarray([[1] * 11, [1] * 7 + [0] * 4])),
+          "causal": attention.make_causal_mask(length)}[mask_kind]
+  got = attention.attention_core(q, k, v, mask, implementation="cudnn", dtype=jnp.float32)
+  np.testing.assert_allclose(np.asarray(got), _numpy_attention(q, k, v, mask), atol=2e-6)
+  assert calls and calls[0][0] == "cudnn"
+  assert ("key_value_seq_lengths" in calls[0][1]) == (mask is None)

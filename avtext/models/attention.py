@@ -430,6 +430,12 @@ def _fused_attention(implementation: str, query: Array, key: Array, value: Array
   query, key, value = pad(query, pad_q), pad(key, pad_kv), pad(value, pad_kv)
   real_key = jnp.arange(kv_length + pad_kv) < kv_length  # [L_kv']
   if implementation == "cudnn":
+    if mask is None:  # cuDNN's own padding support: no [B, H, L, L] mask in memory
+      lengths = lambda n: jnp.full((batch,), n, jnp.int32)
+      out = jax.nn.dot_product_attention(
+          query, key, value, query_seq_lengths=lengths(length),
+          key_value_seq_lengths=lengths(kv_length), implementation="cudnn")
+      return out[:, :length]
     # Padded query rows may attend anywhere (their outputs are cut off below).
     keys = jnp.broadcast_to(real_key, (1, 1, 1, kv_length + pad_kv))
     if mask is not None:
