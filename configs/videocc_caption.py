@@ -62,6 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict()
   config.model.name = "video_captioner"  # avtext/models/gpt2.py
   config.model.context_groups = ml_collections.config_dict.placeholder(int)  # None: all tokens
+  config.model.context_pool = "mean"  # of a group of patch tokens: "mean" | "max"
   config.model.video = video
   config.model.decoder = ml_collections.ConfigDict(dict(
       name="gpt2", weights=_str(), vocab_subset=_str(),
@@ -125,6 +126,10 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   # run's MBT is frozen (a forward pass, no backward), as the AVR demo freezes
   # most of MiniLM.
   config.model.context_groups = 8
+  # The demo tower's RGB embedding is the max over its tokens (videocc_avr.py:demo,
+  # rgb_pool="max"): a small object shows in few tokens, and a group mean dilutes it
+  # (every modality's groups are max-pooled; BENCHMARKS.md "make demo-caption").
+  config.model.context_pool = "max"
   config.optimizer.frozen = (r"^video/",)
   config.data.max_caption_len = 24  # the synthetic captions are <= 21 BPE tokens
   config.generation.max_new_tokens = 24

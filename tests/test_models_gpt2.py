@@ -206,6 +206,16 @@ def test_captioner_context_groups_average_patch_tokens():
   want = want @ proj["kernel"] + proj["bias"]
   got = grouped.apply(variables, {"rgb": rgb}, method=grouped.encode)
   np.testing.assert_allclose(got, want, atol=1e-5)
+  maxed = gpt2_lib.VideoCaptioner(video=video, decoder=decoder, context_groups=2,
+                                  context_pool="max")
+  want_max = np.stack([tokens[:, 0], np.maximum(tokens[:, 1], tokens[:, 2]),
+                       np.maximum(tokens[:, 3], tokens[:, 4])], axis=1)
+  np.testing.assert_allclose(maxed.apply(variables, {"rgb": rgb}, method=maxed.encode),
+                             want_max @ proj["kernel"] + proj["bias"], atol=1e-5)
+  with pytest.raises(ValueError, match="context_pool='median'"):
+    gpt2_lib.VideoCaptioner(video=video, decoder=decoder, context_groups=2,
+                            context_pool="median").apply(variables, {"rgb": rgb},
+                                                         method="encode")
   assert full.apply(variables, {"rgb": rgb}, method=full.encode).shape == (2, 5, 8)
   with pytest.raises(ValueError, match="does not divide the 4 rgb patch tokens"):
     gpt2_lib.VideoCaptioner(video=video, decoder=decoder, context_groups=3).apply(

@@ -172,6 +172,7 @@ class VideoCaptioner(nn.Module):
   video: nn.Module
   decoder: GPT2
   context_groups: int | None = None
+  context_pool: str = "mean"
   dtype: Any = jnp.float32  # of the video projection; the towers carry their own
 
   def setup(self):
@@ -182,9 +183,16 @@ class VideoCaptioner(nn.Module):
     """C: [B, P, D_decoder], the MBT output tokens, projected.
 
     context_groups=None: every token (VideoCC). N: per modality its [CLS] and
-    its patch tokens averaged in N contiguous groups of their (time-major)
+    its patch tokens pooled in N contiguous groups of their (time-major)
     sequence, then the bottleneck: a shorter prefix for a cheaper decoder.
+    context_pool: how a group is pooled, "mean" or "max" (per channel; for a tower
+    whose embedding is the max over its tokens, MBT's rgb_pool="max", where a small
+    object's evidence sits in few tokens and a mean dilutes it).
     """
+    if self.context_pool not in ("mean", "max"):
+      raise ValueError(f"config.model.context_pool={self.context_pool!r}: expected 'mean' "
+                       "or 'max'")
+    pool = jnp.mean if self.context_pool == "mean" else jnp.max
     out = self.video(video_inputs, train=train)
     tokens = []
     for m in sorted(out["tokens"]):
@@ -195,7 +203,7 @@ class VideoCaptioner(nn.Module):
           raise ValueError(f"context_groups={self.context_groups} does not divide the "
                            f"{n} {m} patch tokens")
         patches = x[:, 1:].reshape(x.shape[0], self.context_groups, -1, x.shape[-1])
-        x = jnp.concatenate([x[:, :1], jnp.mean(patches, axis=2)], axis=1)
+        x = jnp.concatenate([x[:, :1], pool(patches, axis=2)], axis=1)
       tokens.append(x)
     if "bottleneck" in out:
       tokens.append(out["bottleneck"])
@@ -280,7 +288,7 @@ def video_captioner_from_config(cfg) -> VideoCaptioner:
   return VideoCaptioner(
       video=registry.build_model(cfg.video, where="config.model.video", parent=cfg),
       decoder=registry.build_model(cfg.decoder, where="config.model.decoder", parent=cfg),
-      context_groups=cfg.get("context_groups"),
+      context_groups=cfg.get("context_groups"), context_pool=cfg.get("context_pool") or "mean",
       dtype=registry.compute_from_config(cfg).dtype)
 
 
