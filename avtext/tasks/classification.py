@@ -65,15 +65,21 @@ class ClipLabels:
     return label.astype(np.float32)
 
 
-def group_loss(cfg: ml_collections.ConfigDict, names: tuple[str, ...]):
-  """`losses.group_softmax_cross_entropy` over the "group:value" classes of `names`, with
-  `cfg.group_weights` ({group: weight}, 1 where unset) and `cfg.focal_gamma` (0 if unset)."""
+def label_groups(names: tuple[str, ...]) -> dict[str, list[int]]:
+  """{group: its class indices} of "group:value" class names, in order of appearance."""
   groups: dict[str, list[int]] = {}
   for i, name in enumerate(names):
     if ":" not in name:
       raise ValueError(f"config.loss.name='group_softmax_xent' needs class names "
                        f"'group:value'; class {i} is {name!r}")
     groups.setdefault(name.split(":", 1)[0], []).append(i)
+  return groups
+
+
+def group_loss(cfg: ml_collections.ConfigDict, names: tuple[str, ...]):
+  """`losses.group_softmax_cross_entropy` over the "group:value" classes of `names`, with
+  `cfg.group_weights` ({group: weight}, 1 where unset) and `cfg.focal_gamma` (0 if unset)."""
+  groups = label_groups(names)
   weights = dict(cfg.get("group_weights") or {})
   unknown = sorted(set(weights) - set(groups))
   if unknown:
@@ -104,6 +110,7 @@ class VideoClassificationTask(registry.ClipTask):
     self._loss = losses.LOSSES[config.loss.name]
     if config.loss.name == "group_softmax_xent":
       self._loss = group_loss(config.loss, self.label_names)
+      self._groups = list(label_groups(self.label_names).values())
 
   def examples(self, source, *, train: bool) -> pipelines.ClipExamples:
     return pipelines.ClipExamples(pipelines.ClipReader(source), self.config.data, train=train,
@@ -128,7 +135,7 @@ class VideoClassificationTask(registry.ClipTask):
       return loss, {"label_accuracy": 100.0 * jnp.mean((logits > 0) == (labels > 0.5))}, {}
     if self.config.loss.name == "group_softmax_xent":  # each group's argmax is a positive
       hits = [jnp.take_along_axis(labels[:, c], jnp.argmax(logits[:, c], -1)[:, None], -1)
-              for c in self._loss.keywords["groups"]]
+              for c in self._groups]
       return loss, {"group_accuracy": 100.0 * jnp.mean(jnp.concatenate(hits) > 0.5)}, {}
     return loss, {"top1_accuracy": 100.0 * jnp.mean(
         jnp.argmax(logits, -1) == jnp.argmax(labels, -1))}, {}
