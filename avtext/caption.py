@@ -64,8 +64,7 @@ def caption_files(workdir, paths: Sequence[str], *, step=None, beam: int | None 
 FLAGS = flags.FlagValues()
 _WORKDIR = cli.DEFINE_path("workdir", None, "a captioning run directory (e.g. "
                            "workdirs/demo/caption)", flag_values=FLAGS)
-_STEP = flags.DEFINE_string("step", None, "its checkpoint: N, 'best' or the latest (default)",
-                            flag_values=FLAGS)
+_STEP = cli.DEFINE_checkpoint_step(FLAGS)
 _BEAM = flags.DEFINE_integer("beam", None, "beam size (default: the run's "
                              "config.generation.beam_size; 1 = greedy)", flag_values=FLAGS)
 flags.mark_flag_as_required("workdir", flag_values=FLAGS)

@@ -63,6 +63,12 @@ def DEFINE_path(name: str, default: str | None, help: str, **kwargs):  # pylint:
                       **kwargs)
 
 
+def DEFINE_checkpoint_step(flag_values: flags.FlagValues):  # pylint: disable=invalid-name
+  """`--step` of a program that opens a run (`avtext.runs.load_run`'s `step`)."""
+  return flags.DEFINE_string("step", None, "its checkpoint: N, 'best' or the latest (default)",
+                             flag_values=flag_values)
+
+
 def cache_dir(env: str, name: str) -> str | None:
   """A cache directory: the environment variable `env` (a directory, or "off"), else
   $XDG_CACHE_HOME/avtext/<name> (~/.cache/avtext/<name>)."""

@@ -326,8 +326,7 @@ def build(run: str | pathlib.Path, videos: str | pathlib.Path, out: str | pathli
 FLAGS = flags.FlagValues()
 _WORKDIR = cli.DEFINE_path("workdir", None, "the retrieval run to embed with (e.g. "
                            "workdirs/demo/avr)", flag_values=FLAGS)
-_STEP = flags.DEFINE_string("step", None, "its checkpoint: N, 'best' or the latest (default)",
-                            flag_values=FLAGS)
+_STEP = cli.DEFINE_checkpoint_step(FLAGS)
 _VIDEOS = cli.DEFINE_path("videos", None, "a folder of videos, searched recursively",
                           flag_values=FLAGS)
 _OUT = cli.DEFINE_path("out", None, "the index directory: created, or brought up to date",

@@ -85,8 +85,7 @@ class Searcher:
 
 FLAGS = flags.FlagValues()
 _WORKDIR = cli.DEFINE_path("workdir", None, "an XML run directory", flag_values=FLAGS)
-_STEP = flags.DEFINE_string("step", None, "its checkpoint: N, 'best' or the latest (default)",
-                            flag_values=FLAGS)
+_STEP = cli.DEFINE_checkpoint_step(FLAGS)
 _CORPUS = cli.DEFINE_path("corpus", None, "a corpus store of that run and step "
                           "(workdir/corpus/<eval>_step<N>)", flag_values=FLAGS)
 _QUERIES = cli.DEFINE_path("queries", None, "a text file, one query per line; - reads "
