@@ -144,7 +144,7 @@ def import_checkpoint(system: str, checkpoint_path: str | pathlib.Path,
   if config is None:
     default = pathlib.Path(conv.DEFAULT_CONFIG)
     if not default.exists():  # run from elsewhere than the repository root
-      default = pathlib.Path(__file__).resolve().parents[2] / default
+      default = pathlib.Path(__file__).resolve().parents[1] / default
     config = runs.config_file(str(default))
   checkpoint = official.read_checkpoint(checkpoint_path)
   config = conv.configure(config, checkpoint)

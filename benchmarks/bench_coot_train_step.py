@@ -24,14 +24,22 @@ normal from `--seed`. Official tensors follow `RetrievalDataset.collate_fn`; our
 through `CootTask.collate` (axes padded to the batch's longest, rounded up to the config's
 multiples) with the config's `data.pack_sequences`: clips, sentences, videos and paragraphs
 several to a row, so the local transformers skip most padding (`--no_packing`: one per
-row, as the official code). Before timing, a child process checks that packing is exact:
-the loss without dropout of one initialization on the padded and on the packed batch must
-agree to a relative 1e-5.
+row, as the official code).
+Before timing, a child process (both frameworks) checks step 1's loss on this batch with
+the same weights: the official model as the timed side builds it (seed 0) is saved as
+nntrainer saves checkpoints (`mgr.get_model_state()`), imported with
+`avtext.import_checkpoint` and opened with `avtext.runs.load_run` (`parity_coot`'s
+helpers); both losses without dropout (eval / train=False) and with the CMC over all clips
+(`CycleConsistencyLoss(num_samples=-1)` / `config.loss.cycle_samples=-1`: the trainer's one
+random clip per video is no draw two RNGs share). It prints "step-1 loss, same weights, no
+dropout: official X, avtext Y" and stops unless they agree to a relative 1e-4, and unless
+our padded and packed layouts agree to a relative 1e-5.
 Timings: each side runs alone in its own process (as in training: no second framework's
 thread pool beside it), `--warmup` untimed then `--block` timed steps; processes alternate
 official / avtext until each side has `--steps` timed steps (load drifts hit both); median
-and IQR. Both optimizers run at a constant lr 1e-3 (no warm-up), so the losses
-on the repeated batch are a sanity check that both steps train.
+and IQR. The timed steps start from each side's own random init (and train with dropout),
+so their losses differ; both optimizers run at a constant lr 1e-3 (no warm-up), and the
+losses on the repeated batch are a sanity check that both steps train.
 """
 import argparse
 import datetime
@@ -41,14 +49,15 @@ import os
 import pathlib
 import subprocess
 import sys
-import types
 
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))  # this checkout's avtext, not an installed one
+import parity_coot  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 import side_by_side  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
+LOSS_RTOL = 1e-4  # official vs avtext, step-1 loss with the same weights
 CLIP_P = {2: .25, 3: .30, 4: .20, 5: .12, 6: .07, 7: .04, 8: .02}
 
 
@@ -103,42 +112,16 @@ def official_batch(examples, th, batch_cls):
 
 
 def official_step_fn(repo: pathlib.Path, examples, threads: int):
-  sys.path.insert(0, str(repo))
-  # The official code predates Python 3.10, which moved these ABCs out of `collections`.
-  import collections  # pylint: disable=g-import-not-at-top
-  import collections.abc  # pylint: disable=g-import-not-at-top
-  for name in ("Iterable", "Mapping", "MutableMapping", "Sequence"):
-    if not hasattr(collections, name):
-      setattr(collections, name, getattr(collections.abc, name))
-  import torch as th  # pylint: disable=g-import-not-at-top
-  from coot import dataset_retrieval  # pylint: disable=g-import-not-at-top
-  from coot import loss_fn  # pylint: disable=g-import-not-at-top
-  from coot import model_retrieval  # pylint: disable=g-import-not-at-top
-  from coot import trainer_retrieval  # pylint: disable=g-import-not-at-top
-  from coot.configs_retrieval import RetrievalConfig  # pylint: disable=g-import-not-at-top
-  from nntrainer import optimization  # pylint: disable=g-import-not-at-top
-  from nntrainer.utils_yaml import load_yaml_config_file  # pylint: disable=g-import-not-at-top
-
+  off = parity_coot.official(repo)  # (restores the collections ABCs the official code needs)
+  th = off.torch
   th.set_num_threads(threads)
-  th.manual_seed(0)
-  config = load_yaml_config_file(repo / "config/retrieval/paper2020/anet_coot.yaml")
-  config.update(use_cuda=False, fp16_train=False, fp16_val=False, cudnn_enabled=False,
-                cudnn_benchmark=False)
-  cfg = RetrievalConfig(config)
-  mgr = model_retrieval.RetrievalModelManager(cfg)
+  cfg, mgr = parity_coot.official_manager(off, repo, seed=0)
   mgr.set_all_models_train()
   params, _, _ = mgr.get_all_params()
-  optimizer = optimization.make_optimizer(cfg.optimizer, params)
+  optimizer = off.optimization.make_optimizer(cfg.optimizer, params)
   # The trainer's own loss methods, bound to a stand-in holding what they read.
-  shim = types.SimpleNamespace(
-      cfg=cfg, loss_contr=loss_fn.ContrastiveLoss(cfg.train.contrastive_loss_config.margin,
-                                                 use_cuda=False),
-      loss_cycle_cons=loss_fn.CycleConsistencyLoss(use_cuda=False))
-  trainer_cls = trainer_retrieval.RetrievalTrainer
-  for name in ("compute_align_loss", "compute_cluster_loss", "compute_total_constrastive_loss",
-               "compute_cyclecons_loss"):
-    setattr(shim, name, types.MethodType(getattr(trainer_cls, name), shim))
-  batch = official_batch(examples, th, dataset_retrieval.RetrievalDataBatchTuple)
+  shim = parity_coot.stand_in_trainer(off, cfg)
+  batch = official_batch(examples, th, off.data.RetrievalDataBatchTuple)
   num_params = sum(p.numel() for m in mgr.model_dict.values() for p in m.parameters())
 
   def step() -> float:
@@ -155,16 +138,16 @@ def official_step_fn(repo: pathlib.Path, examples, threads: int):
 
 
 # ------------------------------------------------------------------ avtext
-def avtext_task(examples, *, pack: bool = True):
-  """(config, task) of our side: configs/coot_activitynet.py at float32 on the CPU, shapes
-  as the official collate's, `data.pack_sequences` as given."""
+def avtext_task(examples, *, pack: bool = True, config=None):
+  """(config, task) of our side: `config` (default configs/coot_activitynet.py) at float32
+  on the CPU, shapes as the official collate's, `data.pack_sequences` as given."""
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location(
-      "coot_activitynet", pathlib.Path(__file__).parents[1] / "configs/coot_activitynet.py")
-  coot_config = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(coot_config)
-
-  config = coot_config.get_config()
+  if config is None:
+    spec = importlib.util.spec_from_file_location(
+        "coot_activitynet", pathlib.Path(__file__).parents[1] / "configs/coot_activitynet.py")
+    coot_config = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(coot_config)
+    config = coot_config.get_config()
   config.model.video_dim = examples[0]["video"].shape[-1]
   side_by_side.cpu_float32(config)
   # As the official collate: every axis padded to the batch's longest (rounded up to
@@ -190,19 +173,33 @@ def avtext_step_fn(examples, steps_per_epoch: int, pack: bool):
   return step, num_params, shapes, jax.__version__
 
 
-def packing_check(examples) -> dict:
-  """The loss without dropout of one initialization on the padded and on the packed batch
-  (`data.pack_sequences`): the same function, so equal up to float rounding."""
+def same_weights_check(repo: pathlib.Path, examples) -> dict:
+  """Step 1's training loss on the benchmark's batch, the same weights on both sides, no
+  randomness: the official model as `official_step_fn` builds it (seed 0), in eval mode,
+  imported with `import_checkpoint` (`parity_coot.import_official`); the CMC over all clips
+  (CycleConsistencyLoss(num_samples=-1) / config.loss.cycle_samples=-1: the trainer's one
+  random clip per video is no draw two RNGs share). Ours on the padded and on the packed
+  layout (`data.pack_sequences`): the same function, so equal up to float rounding."""
   import jax  # pylint: disable=g-import-not-at-top
-  _, task = avtext_task(examples, pack=False)
-  out, variables = {}, None
+  off = parity_coot.official(repo)
+  cfg, mgr = parity_coot.official_manager(off, repo, seed=0)
+  mgr.set_all_models_eval()
+  run = parity_coot.import_official(off, mgr)
+  stand_in = parity_coot.stand_in_trainer(off, cfg, num_samples=-1)
+  batch = official_batch(examples, off.torch, off.data.RetrievalDataBatchTuple)
+  with off.torch.no_grad():
+    visual, text = mgr.encode_visual(batch), mgr.encode_text(batch)
+    out = {"official": float(stand_in.compute_total_constrastive_loss(visual, text)
+                             + stand_in.compute_cyclecons_loss(visual, text))}
+  variables = {"params": run.params, **run.model_state}
   for pack in (False, True):
-    task.config.data.pack_sequences = pack
+    config = run.config.copy_and_resolve_references()
+    with config.unlocked():
+      config.loss.cycle_samples = -1
+    _, task = avtext_task(examples, pack=pack, config=config)
     batch = arrays(task.collate(examples))
-    if variables is None:
-      variables = task.init_variables(jax.random.PRNGKey(0), batch)
-    loss = jax.jit(lambda v, b: task.loss(*task._encode(v, b, train=False),  # pylint: disable=protected-access
-                                          jax.random.PRNGKey(1))[0])
+    loss = jax.jit(lambda v, b, t=task: t.loss(*t._encode(v, b, train=False),  # pylint: disable=protected-access
+                                               jax.random.PRNGKey(1))[0])
     out["packed" if pack else "padded"] = float(loss(variables, batch))
     out[f"{'packed' if pack else 'padded'}_clip_rows"] = int(batch["clips"].shape[0])
   return out
@@ -231,27 +228,33 @@ def main() -> None:
                       help="ActivityNet: 10009 train videos / 64")
   parser.add_argument("--no_packing", action="store_true",
                       help="our side on the padded layout (data.pack_sequences=False)")
-  parser.add_argument("--check_packing", action="store_true", help="(child process)")
+  parser.add_argument("--check", action="store_true", help="(child process)")
   side_by_side.add_timing_args(parser)
   args = parser.parse_args()
   if not (args.coot_repo / "coot" / "model_retrieval.py").is_file():
     raise SystemExit(f"--coot_repo={args.coot_repo}: no coot/model_retrieval.py; pass a checkout "
                      "of simon-ging/coot-videotext (see the module docstring)")
-  if args.check_packing:
-    print("RESULT " + json.dumps(packing_check(make_batch(args.seed, args.videos))))
+  if args.check:
+    print("RESULT " + json.dumps(same_weights_check(args.coot_repo,
+                                                    make_batch(args.seed, args.videos))))
     return
   if args.side:
     run_side(args)
     return
   out = subprocess.run([sys.executable, __file__, f"--coot_repo={args.coot_repo}",
-                        "--check_packing", f"--seed={args.seed}", f"--videos={args.videos}"],
+                        "--check", f"--seed={args.seed}", f"--videos={args.videos}"],
                        check=True, capture_output=True, text=True).stdout
   check = json.loads(out.split("RESULT ", 1)[1])
-  print(f"loss without dropout, one init: padded layout ({check['padded_clip_rows']} clip "
-        f"rows) {check['padded']:.6f}, packed ({check['packed_clip_rows']} rows) "
+  timed = "padded" if args.no_packing else "packed"  # the layout our timed step runs
+  print(f"step-1 loss, same weights, no dropout: official {check['official']:.6f}, avtext "
+        f"{check[timed]:.6f}", flush=True)
+  print(f"avtext's layouts: padded ({check['padded_clip_rows']} clip rows) "
+        f"{check['padded']:.6f}, packed ({check['packed_clip_rows']} rows) "
         f"{check['packed']:.6f}", flush=True)
   if not np.isclose(check["packed"], check["padded"], rtol=1e-5, atol=0):
     raise SystemExit("packed and padded losses differ beyond float rounding")
+  if not np.isclose(check[timed], check["official"], rtol=LOSS_RTOL, atol=0):
+    raise SystemExit(f"step-1 losses with the same weights differ beyond rtol {LOSS_RTOL:g}")
   results = side_by_side.alternate(
       lambda side, n: [sys.executable, __file__, f"--coot_repo={args.coot_repo}", f"--side={side}",
              f"--steps={n}", f"--warmup={args.warmup}",

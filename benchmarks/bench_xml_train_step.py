@@ -18,23 +18,36 @@ video_sub resnet_i3d; `configs/xml_tvr.py`), fp32, CPU:
 The batch: 128 queries, each with its own video of U[40, 100] 1.5 s clips (3072-d video,
 768-d subtitle features), query tokens U[8, 30] (768-d), a moment of 2-16 clips; all
 standard normal from `--seed`. The official tensors are padded to the batch's longest
-(its collate); ours to `max_ctx_len` = 100 / `max_query_len` = 30 (fixed shapes). Timings:
-each side alone in its own process, `--warmup` untimed then `--block` timed steps, the
-processes alternating until each side has `--steps`; median and IQR.
+(its collate); ours to `max_ctx_len` = 100 / `max_query_len` = 30 (fixed shapes).
+Before timing, a child process (both frameworks) checks step 1's loss on this batch with
+the same weights: the official model as the timed side builds it (seed 0) is saved as
+train.py saves checkpoints ({"model", "model_cfg", "epoch"}), imported with
+`avtext.import_checkpoint` onto our config and opened with `avtext.runs.load_run`
+(`parity_xml`'s helpers); both losses without dropout (eval / dropout rate 0) and with the
+hardest in-batch negative (a hard pool of 1 on both sides, as the parity suite: the
+default's uniform negative draw is no draw two RNGs share). It prints "step-1 loss, same
+weights, no dropout: official X, avtext Y" and stops unless they agree to a relative 1e-4.
+Timings: each side alone in its own process from its own random init, `--warmup` untimed
+then `--block` timed steps, the processes alternating until each side has `--steps`;
+median and IQR.
 """
 import argparse
 import datetime
 import importlib.util
+import json
 import os
 import pathlib
+import subprocess
 import sys
 
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))  # this checkout's avtext, not an installed one
+import parity_xml  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 import side_by_side  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
+LOSS_RTOL = 1e-4  # official vs avtext, step-1 loss with the same weights
 CFG = dict(video_dim=3072, sub_dim=768, query_dim=768, max_ctx=100, max_query=30)
 
 
@@ -63,26 +76,33 @@ def _pad(seqs, length=None):
 
 
 # ------------------------------------------------------------------ official
+def official_model(repo: pathlib.Path):
+  """`XML(model_config)` as train.py builds it with the config.py / train.sh defaults
+  (hidden 256, 4 heads, dropout 0.1, ConvSE k=5), seed 0."""
+  return parity_xml.official_model(repo, parity_xml.official_model_config(
+      visual_input_size=CFG["video_dim"], sub_input_size=CFG["sub_dim"],
+      query_input_size=CFG["query_dim"], max_ctx_l=CFG["max_ctx"],
+      max_desc_l=CFG["max_query"]), seed=0)
+
+
+def official_inputs(th, examples) -> dict:
+  """`model(**inputs)` of the official forward: padded to the batch's longest."""
+  video, vmask = _pad([e["video"] for e in examples])
+  sub, smask = _pad([e["sub"] for e in examples])
+  query, qmask = _pad([e["query"] for e in examples])
+  return dict(query_feat=th.from_numpy(query), query_mask=th.from_numpy(qmask),
+              video_feat=th.from_numpy(video), video_mask=th.from_numpy(vmask),
+              sub_feat=th.from_numpy(sub), sub_mask=th.from_numpy(smask),
+              tef_feat=None, tef_mask=None,
+              st_ed_indices=th.tensor([[e["st"], e["ed"]] for e in examples]))
+
+
 def official_step_fn(repo: pathlib.Path, examples, threads: int, steps_per_epoch: int):
-  sys.path.insert(0, str(repo))
+  model = official_model(repo)
   import torch as th  # pylint: disable=g-import-not-at-top
-  from easydict import EasyDict  # pylint: disable=g-import-not-at-top
-  from baselines.crossmodal_moment_localization.model_xml import XML  # pylint: disable=g-import-not-at-top
   from baselines.crossmodal_moment_localization.optimization import BertAdam  # pylint: disable=g-import-not-at-top
 
   th.set_num_threads(threads)
-  th.manual_seed(0)
-  config = EasyDict(  # train.py's model_config with the config.py / train.sh defaults
-      merge_two_stream=True, cross_att=True, span_predictor_type="conv",
-      encoder_type="transformer", add_pe_rnn=False, pe_type="cosine",
-      visual_input_size=CFG["video_dim"], sub_input_size=CFG["sub_dim"],
-      query_input_size=CFG["query_dim"], hidden_size=256,
-      stack_conv_predictor_conv_kernel_sizes=-1, conv_kernel_size=5, conv_stride=1,
-      max_ctx_l=CFG["max_ctx"], max_desc_l=CFG["max_query"], input_drop=0.1,
-      cross_att_drop=0.1, drop=0.1, n_heads=4, initializer_range=0.02, ctx_mode="video_sub",
-      margin=0.1, ranking_loss_type="hinge", lw_neg_q=1, lw_neg_ctx=1, lw_st_ed=0,
-      use_hard_negative=False, hard_pool_size=20, use_self_attention=True, no_modular=False)
-  model = XML(config)
   model.set_train_st_ed(0.01)
   model.train()
   no_decay = ["bias", "LayerNorm.bias", "LayerNorm.weight"]
@@ -93,14 +113,7 @@ def official_step_fn(repo: pathlib.Path, examples, threads: int, steps_per_epoch
              "weight_decay": 0.0}]
   optimizer = BertAdam(groups, lr=1e-4, weight_decay=0.01, warmup=0.01,
                        t_total=steps_per_epoch * 100, schedule="warmup_linear")
-  video, vmask = _pad([e["video"] for e in examples])
-  sub, smask = _pad([e["sub"] for e in examples])
-  query, qmask = _pad([e["query"] for e in examples])
-  inputs = dict(query_feat=th.from_numpy(query), query_mask=th.from_numpy(qmask),
-                video_feat=th.from_numpy(video), video_mask=th.from_numpy(vmask),
-                sub_feat=th.from_numpy(sub), sub_mask=th.from_numpy(smask),
-                tef_feat=None, tef_mask=None,
-                st_ed_indices=th.tensor([[e["st"], e["ed"]] for e in examples]))
+  inputs = official_inputs(th, examples)
   num_params = sum(p.numel() for p in model.parameters())
 
   def step() -> float:
@@ -110,30 +123,56 @@ def official_step_fn(repo: pathlib.Path, examples, threads: int, steps_per_epoch
     optimizer.step()
     return float(loss)
 
-  return step, num_params, th.__version__, list(video.shape)
+  return step, num_params, th.__version__, list(inputs["video_feat"].shape)
 
 
 # ------------------------------------------------------------------ avtext
-def avtext_step_fn(examples, steps_per_epoch: int):
-  import jax  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
+def avtext_config():
+  """configs/xml_tvr.py at float32 on the CPU."""
   spec = importlib.util.spec_from_file_location(
       "xml_tvr", pathlib.Path(__file__).parents[1] / "configs/xml_tvr.py")
   xml_config = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(xml_config)
   config = xml_config.get_config()
   side_by_side.cpu_float32(config)
-  task = tasks.build_task(config)
+  return config
+
+
+def avtext_batch(examples) -> dict:
+  """Our batch: padded to max_ctx_len / max_query_len (fixed shapes)."""
   video, vmask = _pad([e["video"] for e in examples], CFG["max_ctx"])
   sub, _ = _pad([e["sub"] for e in examples], CFG["max_ctx"])
   query, qmask = _pad([e["query"] for e in examples], CFG["max_query"])
-  batch = {"video": video, "sub": sub, "ctx_mask": vmask.astype(np.int32), "query": query,
-           "query_mask": qmask.astype(np.int32),
-           "start": np.asarray([e["st"] for e in examples], np.int32),
-           "end": np.asarray([e["ed"] for e in examples], np.int32),
-           "epoch": np.zeros(len(examples), np.int32)}  # before the hard-negative epochs
+  return {"video": video, "sub": sub, "ctx_mask": vmask.astype(np.int32), "query": query,
+          "query_mask": qmask.astype(np.int32),
+          "start": np.asarray([e["st"] for e in examples], np.int32),
+          "end": np.asarray([e["ed"] for e in examples], np.int32),
+          "epoch": np.zeros(len(examples), np.int32)}  # before the hard-negative epochs
+
+
+def avtext_step_fn(examples, steps_per_epoch: int):
+  import jax  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
+  config = avtext_config()
+  task = tasks.build_task(config)
+  batch = avtext_batch(examples)
   step, num_params = side_by_side.avtext_step(config, task, batch, steps_per_epoch)
-  return step, num_params, jax.__version__, list(video.shape)
+  return step, num_params, jax.__version__, list(batch["video"].shape)
+
+
+def same_weights_check(repo: pathlib.Path, examples) -> dict:
+  """Step 1's training loss on the benchmark's batch, the same weights on both sides, no
+  randomness: the official model as `official_step_fn` builds it (seed 0), imported with
+  `import_checkpoint` onto our config (`parity_xml.import_official`); both losses without
+  dropout and with the hardest in-batch negative (a hard pool of 1: the default's uniform
+  draw is no draw two RNGs share), as the parity suite compares them
+  (`parity_xml.official_loss` / `avtext_loss`). Each side on its own padding of the batch."""
+  import torch  # pylint: disable=g-import-not-at-top
+  model = official_model(repo)
+  run = parity_xml.import_official(model, avtext_config())
+  official, _ = parity_xml.official_loss(model, official_inputs(torch, examples))
+  ours, _ = parity_xml.avtext_loss(run, avtext_batch(examples))
+  return {"official": float(official), "avtext": float(ours)}
 
 
 def run_side(args) -> None:
@@ -156,15 +195,28 @@ def main() -> None:
   parser.add_argument("--queries", type=int, default=128)
   parser.add_argument("--steps_per_epoch", type=int, default=851,
                       help="TVR: 108,965 training queries / 128")
+  parser.add_argument("--check", action="store_true", help="(child process)")
   side_by_side.add_timing_args(parser)
   args = parser.parse_args()
   model_file = args.tvr_repo / "baselines/crossmodal_moment_localization/model_xml.py"
   if not model_file.is_file():
     raise SystemExit(f"--tvr_repo={args.tvr_repo}: no {model_file.name}; pass a checkout of "
                      "jayleicn/TVRetrieval (see the module docstring)")
+  if args.check:
+    print("RESULT " + json.dumps(same_weights_check(args.tvr_repo,
+                                                    make_batch(args.seed, args.queries))))
+    return
   if args.side:
     run_side(args)
     return
+  out = subprocess.run([sys.executable, __file__, f"--tvr_repo={args.tvr_repo}", "--check",
+                        f"--seed={args.seed}", f"--queries={args.queries}"],
+                       check=True, capture_output=True, text=True).stdout
+  check = json.loads(out.split("RESULT ", 1)[1])
+  print(f"step-1 loss, same weights, no dropout: official {check['official']:.6f}, avtext "
+        f"{check['avtext']:.6f} (the hardest in-batch negative on both sides)", flush=True)
+  if not np.isclose(check["avtext"], check["official"], rtol=LOSS_RTOL, atol=0):
+    raise SystemExit(f"step-1 losses with the same weights differ beyond rtol {LOSS_RTOL:g}")
   results = side_by_side.alternate(
       lambda side, n: [sys.executable, __file__, f"--tvr_repo={args.tvr_repo}", f"--side={side}",
              f"--steps={n}", f"--warmup={args.warmup}",

@@ -51,7 +51,11 @@ for _name in ("Mapping", "MutableMapping", "Iterable", "Sequence", "Callable"):
 CLIPS = (3, 1, 5, 2)  # clips (= sentences) per video
 
 
-def _official(official_dir: pathlib.Path):
+YAML = "config/retrieval/paper2020/anet_coot.yaml"
+
+
+def official(official_dir: pathlib.Path):
+  """The official modules, imported from the checkout `official_dir`."""
   sys.path.insert(0, str(official_dir))
   import torch  # pylint: disable=g-import-not-at-top
   from coot import configs_retrieval  # pylint: disable=g-import-not-at-top
@@ -59,10 +63,52 @@ def _official(official_dir: pathlib.Path):
   from coot import loss_fn  # pylint: disable=g-import-not-at-top
   from coot import model_retrieval  # pylint: disable=g-import-not-at-top
   from coot import trainer_retrieval  # pylint: disable=g-import-not-at-top
+  from nntrainer import optimization  # pylint: disable=g-import-not-at-top
   from nntrainer import utils_yaml  # pylint: disable=g-import-not-at-top
   return types.SimpleNamespace(torch=torch, configs=configs_retrieval, data=dataset_retrieval,
                                loss=loss_fn, model=model_retrieval, trainer=trainer_retrieval,
-                               yaml=utils_yaml)
+                               optimization=optimization, yaml=utils_yaml)
+
+
+def official_manager(off, official_dir: pathlib.Path, seed: int = 0):
+  """(cfg, RetrievalModelManager) of anet_coot.yaml, float32 on the CPU, its init drawn
+  after torch.manual_seed(seed)."""
+  off.torch.manual_seed(seed)
+  config = off.yaml.load_yaml_config_file(str(official_dir / YAML))
+  config.update(use_cuda=False, fp16_train=False, fp16_val=False, cudnn_enabled=False,
+                cudnn_benchmark=False)
+  cfg = off.configs.RetrievalConfig(config)
+  return cfg, off.model.RetrievalModelManager(cfg)
+
+
+def stand_in_trainer(off, cfg, num_samples: int = 1):
+  """trainer_retrieval.RetrievalTrainer's loss methods (compute_total_constrastive_loss,
+  compute_cyclecons_loss and what they call) bound to a stand-in holding what they read.
+  num_samples: the CMC's clips per video (the trainer's 1, drawn at random; -1: all)."""
+  stand_in = types.SimpleNamespace(cfg=cfg)
+  stand_in.loss_contr = off.loss.ContrastiveLoss(cfg.train.contrastive_loss_config.margin,
+                                                 use_cuda=False)
+  stand_in.loss_cycle_cons = off.loss.CycleConsistencyLoss(num_samples=num_samples,
+                                                           use_cuda=False)
+  trainer_cls = off.trainer.RetrievalTrainer
+  for method in ("compute_align_loss", "compute_cluster_loss",
+                 "compute_total_constrastive_loss", "compute_cyclecons_loss"):
+    setattr(stand_in, method, types.MethodType(getattr(trainer_cls, method), stand_in))
+  return stand_in
+
+
+def import_official(off, mgr):
+  """`mgr`'s weights saved as nntrainer's `_save_checkpoint` saves them
+  (th.save(model_mgr.get_model_state(), "model_0.pth")), imported with
+  `import_checkpoint("coot", ...)` onto the default config (configs/coot_activitynet.py)
+  and opened with `avtext.runs.load_run` (an `avtext.runs.Run`)."""
+  from avtext import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
+  from avtext import runs  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as tmp:
+    tmp = pathlib.Path(tmp)
+    off.torch.save(mgr.get_model_state(), tmp / "model_0.pth")  # trainer_base._save_checkpoint
+    run_dir = import_tool.import_checkpoint("coot", str(tmp / "model_0.pth"), str(tmp / "run"))
+    return runs.load_run(run_dir)
 
 
 def _randomize(mgr, torch, seed: int) -> None:
@@ -153,31 +199,20 @@ def _cut(ours, theirs):
 def run(official_dir: pathlib.Path, seed: int = 0):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from avtext import runs  # pylint: disable=g-import-not-at-top
   from avtext.losses import coot as coot_losses  # pylint: disable=g-import-not-at-top
   from avtext.models import registry as models_registry  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
-  from avtext import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
 
   from parity_official import max_abs_diff  # pylint: disable=g-import-not-at-top
 
-  off = _official(official_dir)
+  off = official(official_dir)
   torch = off.torch
-  torch.manual_seed(seed)
-  yaml_file = official_dir / "config/retrieval/paper2020/anet_coot.yaml"
-  cfg = off.configs.RetrievalConfig(off.yaml.load_yaml_config_file(str(yaml_file)))
-  cfg.use_cuda = False
-  cfg.fp16_train = cfg.fp16_val = False
-  mgr = off.model.RetrievalModelManager(cfg)
+  cfg, mgr = official_manager(off, official_dir, seed)
+  yaml_file = official_dir / YAML
   _randomize(mgr, torch, seed)
   for net in mgr.model_dict.values():
     net.float().eval()
-
-  with tempfile.TemporaryDirectory() as tmp:
-    tmp = pathlib.Path(tmp)
-    torch.save(mgr.get_model_state(), tmp / "model_0.pth")  # trainer_base._save_checkpoint
-    run_dir = import_tool.import_checkpoint("coot", str(tmp / "model_0.pth"), str(tmp / "run"))
-    ours = runs.load_run(run_dir)
+  ours = import_official(off, mgr)
   config = ours.config
   with config.unlocked():
     config.model.dtype = "float32"  # the paper config computes in bfloat16 (TPU); parity: float32
@@ -262,16 +297,10 @@ def run(official_dir: pathlib.Path, seed: int = 0):
     add(name, a, b)
 
   # ---- the training loss: trainer_retrieval.py's, on a stand-in trainer
-  trainer_cls = off.trainer.RetrievalTrainer
-  stand_in = types.SimpleNamespace(cfg=cfg)
-  stand_in.loss_contr = off.loss.ContrastiveLoss(cfg.train.contrastive_loss_config.margin,
-                                                 use_cuda=False)
-  stand_in.loss_cycle_cons = off.loss.CycleConsistencyLoss(num_samples=-1, use_cuda=False)
-  for method in ("compute_align_loss", "compute_cluster_loss"):
-    setattr(stand_in, method, types.MethodType(getattr(trainer_cls, method), stand_in))
+  stand_in = stand_in_trainer(off, cfg, num_samples=-1)
   with torch.no_grad():
-    contr = trainer_cls.compute_total_constrastive_loss(stand_in, vis, txt)
-    cycle = trainer_cls.compute_cyclecons_loss(stand_in, vis, txt)
+    contr = stand_in.compute_total_constrastive_loss(vis, txt)
+    cycle = stand_in.compute_cyclecons_loss(vis, txt)
     norm = torch.nn.functional.normalize
     c = cfg.train.contrastive_loss_config
     terms = {

@@ -47,23 +47,83 @@ HIDDEN, HEADS, MAX_CTX, MAX_Q, KERNEL = 64, 4, 12, 8, 5
 CLIPS, TOKENS = (11, 8, 6, 9), (8, 5, 3, 6)
 
 
-def _official_model(official_dir: pathlib.Path, seed: int):
+def official_model_config(**overrides):
+  """train.py's model_config with the defaults of config.py / scripts/train.sh (video_sub,
+  resnet_i3d: 3072-d video, 768-d subtitles and queries), `overrides` on top (an EasyDict)."""
+  from easydict import EasyDict  # pylint: disable=g-import-not-at-top
+  cfg = dict(
+      merge_two_stream=True, cross_att=True, span_predictor_type="conv",
+      encoder_type="transformer", add_pe_rnn=False, pe_type="cosine",
+      visual_input_size=3072, sub_input_size=768, query_input_size=768, hidden_size=256,
+      stack_conv_predictor_conv_kernel_sizes=-1, conv_kernel_size=5, conv_stride=1,
+      max_ctx_l=100, max_desc_l=30, input_drop=0.1, cross_att_drop=0.1, drop=0.1,
+      n_heads=4, initializer_range=0.02, ctx_mode="video_sub", margin=0.1,
+      ranking_loss_type="hinge", lw_neg_q=1, lw_neg_ctx=1, lw_st_ed=0,
+      use_hard_negative=False, hard_pool_size=20, use_self_attention=True, no_modular=False)
+  unknown = sorted(set(overrides) - set(cfg))
+  if unknown:
+    raise ValueError(f"official_model_config: {unknown} are not fields of train.py's model_config")
+  return EasyDict({**cfg, **overrides})
+
+
+def official_model(official_dir: pathlib.Path, model_config, seed: int):
+  """`XML(model_config)` as train.py builds it, its init drawn after torch.manual_seed(seed)."""
   sys.path.insert(0, str(official_dir))
   import torch  # pylint: disable=g-import-not-at-top
-  from easydict import EasyDict  # pylint: disable=g-import-not-at-top
   from baselines.crossmodal_moment_localization import model_xml  # pylint: disable=g-import-not-at-top
   torch.manual_seed(seed)
-  cfg = EasyDict(  # train.py's model_config, with the defaults of config.py / train.sh
-      merge_two_stream=True, cross_att=True, span_predictor_type="conv",
-      encoder_type="transformer", add_pe_rnn=False, pe_type="none",
+  return model_xml.XML(model_config)
+
+
+def import_official(model, config):
+  """`model` saved as train.py saves it, torch.save({"model": state_dict, "model_cfg":
+  model.config, "epoch": ...}), imported with `import_checkpoint("xml", ..., config)` and
+  opened with `avtext.runs.load_run` (an `avtext.runs.Run`)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from avtext import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
+  from avtext import runs  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as tmp:
+    ckpt = pathlib.Path(tmp) / "model.ckpt"
+    torch.save({"model": model.state_dict(), "model_cfg": model.config, "epoch": 0}, ckpt)
+    run_dir = import_tool.import_checkpoint("xml", str(ckpt), str(pathlib.Path(tmp) / "run"),
+                                           config)
+    return runs.load_run(run_dir)
+
+
+def official_loss(model, inputs: dict):
+  """(loss, its parts) of the official `model(**inputs)` without randomness: eval mode (no
+  dropout), span loss weight 0.01 (`set_train_st_ed`), hard negatives with a pool of 1, so
+  that its sampled negative is the hardest one (the uniform draw of the default is no draw
+  two RNGs share)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  model.eval()
+  model.set_hard_negative(True, 1)
+  model.set_train_st_ed(0.01)
+  with torch.no_grad():
+    return model(**inputs)
+
+
+def avtext_loss(run, batch: dict, seed: int = 0):
+  """(loss, aux) of `XMLTask.loss_fn` with `run`'s weights on `batch`, as `official_loss`:
+  model dropout 0, hard negatives with a pool of 1 from epoch 0."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
+  config = copy.deepcopy(run.config)
+  config.model.dropout_rate = config.model.input_dropout_rate = 0.0
+  config.loss.hard_negatives_from_epoch, config.loss.hard_pool_size = 0, 1
+  task = tasks.build_task(config)
+  loss, aux, _ = task.loss_fn({"params": run.params, **run.model_state}, batch,
+                              jax.random.PRNGKey(seed))
+  return loss, aux
+
+
+def _official_model(official_dir: pathlib.Path, seed: int):
+  """The official model at the small widths, its init re-drawn (module docstring, 1.)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  model = official_model(official_dir, official_model_config(
       visual_input_size=DIMS["video"], sub_input_size=DIMS["sub"],
-      query_input_size=DIMS["query"], hidden_size=HIDDEN,
-      stack_conv_predictor_conv_kernel_sizes=-1, conv_kernel_size=KERNEL, conv_stride=1,
-      max_ctx_l=MAX_CTX, max_desc_l=MAX_Q, input_drop=0.1, cross_att_drop=0.1, drop=0.1,
-      n_heads=HEADS, initializer_range=0.02, ctx_mode="video_sub", margin=0.1,
-      ranking_loss_type="hinge", lw_neg_q=1, lw_neg_ctx=1, lw_st_ed=0,
-      use_hard_negative=False, hard_pool_size=1, use_self_attention=True, no_modular=False)
-  model = model_xml.XML(cfg)
+      query_input_size=DIMS["query"], hidden_size=HIDDEN, conv_kernel_size=KERNEL,
+      max_ctx_l=MAX_CTX, max_desc_l=MAX_Q, n_heads=HEADS, hard_pool_size=1), seed)
   with torch.no_grad():
     for module in model.modules():
       if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
@@ -95,7 +155,6 @@ def _config():
   config = xml_tvr.get_config("tiny")
   config.dataset.video_dim, config.dataset.sub_dim = DIMS["video"], DIMS["sub"]
   config.dataset.query_dim = DIMS["query"]
-  config.loss.hard_negatives_from_epoch = 0
   return config
 
 
@@ -103,19 +162,9 @@ def run(official_dir: pathlib.Path, seed: int):
   import torch  # pylint: disable=g-import-not-at-top
   model = _official_model(official_dir, seed)
   from utils.tensor_utils import pad_sequences_1d  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from avtext import runs  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
-  from avtext import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
 
-
-  with tempfile.TemporaryDirectory() as tmp:
-    ckpt = pathlib.Path(tmp) / "model.ckpt"
-    torch.save({"model": model.state_dict(), "model_cfg": model.config, "epoch": 0}, ckpt)
-    run_dir = import_tool.import_checkpoint("xml", str(ckpt), str(pathlib.Path(tmp) / "run"),
-                                           _config())
-    loaded = runs.load_run(run_dir)
+  loaded = import_official(model, _config())
   ours, variables = loaded.model, {"params": loaded.params}
 
   items = _batch(seed)
@@ -151,11 +200,9 @@ def run(official_dir: pathlib.Path, seed: int):
                                                feat1["sub"], feat2["sub"], sm)
     _, _, sim, _, _ = model.get_merged_st_ed_prob(video_q, feat2["video"], sub_q, feat2["sub"],
                                                   vm, return_similaity=True)
-    model.set_hard_negative(True, 1)
-    model.set_train_st_ed(0.01)
-    loss, parts = model(query_feat=qf, query_mask=qm, video_feat=vf, video_mask=vm,
-                        sub_feat=sf, sub_mask=sm, tef_feat=None, tef_mask=None,
-                        st_ed_indices=st_ed)
+  loss, parts = official_loss(model, dict(
+      query_feat=qf, query_mask=qm, video_feat=vf, video_mask=vm, sub_feat=sf, sub_mask=sm,
+      tef_feat=None, tef_mask=None, st_ed_indices=st_ed))
   theirs = {
       "query tokens H_q": enc_q, "modular query q_video": video_q, "modular query q_sub": sub_q,
       "H_0 video": feat1["video"], "H_0 sub": feat1["sub"],
@@ -187,14 +234,11 @@ def run(official_dir: pathlib.Path, seed: int):
 
   hq, q, h0, h1, crossed, sim_ours = ours.apply(variables, method=pieces)
   out = ours.apply(variables, query, query_mask, ctx, ctx_mask)
-  loss_config = copy.deepcopy(loaded.config)
-  loss_config.model.dropout_rate = loss_config.model.input_dropout_rate = 0.0
-  task = tasks.build_task(loss_config)
   batch = {"query": query, "query_mask": query_mask, **ctx, "ctx_mask": ctx_mask,
            "start": jnp.asarray(st_ed[:, 0].numpy(), jnp.int32),
            "end": jnp.asarray(st_ed[:, 1].numpy(), jnp.int32),
            "epoch": jnp.zeros(len(items), jnp.int32)}
-  our_loss, aux, _ = task.loss_fn(variables, batch, jax.random.PRNGKey(seed))
+  our_loss, aux = avtext_loss(loaded, batch, seed)
   mine = {
       "query tokens H_q": hq, "modular query q_video": q[:, 0], "modular query q_sub": q[:, 1],
       "H_0 video": h0[:, 0], "H_0 sub": h0[:, 1],

@@ -176,3 +176,12 @@ def test_unmappable_official_settings_stop_the_import(tiny, tmp_path):
   official.save_npz(ckpt, state, meta)
   with pytest.raises(ValueError, match=r"config.model.vocab is not set .* word2idx"):
     import_tool.import_checkpoint("mmt", str(ckpt), str(tmp_path / "run2"))
+
+
+def test_the_default_config_is_found_from_any_working_directory(tiny, tmp_path, monkeypatch):
+  _, _, state, meta, _ = tiny
+  ckpt = tmp_path / "novocab.npz"
+  official.save_npz(ckpt, state, meta)
+  monkeypatch.chdir(tmp_path)  # configs/mmt_tvc.py is not under the working directory
+  with pytest.raises(ValueError, match=r"config.model.vocab is not set .* word2idx"):
+    import_tool.import_checkpoint("mmt", str(ckpt), str(tmp_path / "run"))
