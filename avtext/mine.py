@@ -176,6 +176,10 @@ def main(argv):
     prec = row.get("precision")
     print(f"{row['tau']:.2f}  {row['matches']:7d}  {row['clips']:5d}  {row['videos']:6d}  "
           f"{row['captions']:8d}  {'-' if prec is None else f'{100 * prec:.1f} %'}")
+  if stats["random_pairs"]:
+    q = stats["random_pairs"]["cosine_quantiles"]
+    print(f"cosines of {stats['random_pairs']['pairs']} (sample seed, frame) pairs, nearly all "
+          "unrelated: " + ", ".join(f"{k} % <= {v:.3f}" for k, v in q.items()))
   if info["peak_worker_rss_mb"] is not None:
     driver = next(w["peak_rss_mb"] for w in info["workers"] if w["worker"] == "driver")
     print(f"peak memory (RSS): {info['peak_worker_rss_mb']:.0f} MiB in the largest of "

@@ -254,6 +254,19 @@ def test_seed_mean_centring_gives_the_brute_force_clips(corpus, tmp_path):
     pipeline.MiningConfig(center='corpus')
 
 
+def test_cosine_histogram_and_its_quantiles():
+  frames = np.float32([[1, 0], [0, 1], [-1, 0], [0.6, 0.8]])
+  hist = search.cosine_histogram(np.float32([[1, 0]]), frames)  # cosines 1, 0, -1, 0.6
+  assert hist.sum() == 4 and hist[[0, 1000, 1600, 1999]].tolist() == [1, 1, 1, 1]
+  assert search.cosine_quantile(hist, 0.25) == -0.999  # bin [-1, -0.999)
+  assert search.cosine_quantile(hist, 0.5) == 0.001
+  assert search.cosine_quantile(hist, 0.75) == 0.601
+  assert search.cosine_quantile(hist, 1.0) == 1.0
+  assert outputs.random_pairs([{'cosine_hist': hist}, {'cosine_hist': hist}, {}]) == {
+      'pairs': 8, 'cosine_quantiles': {'50': 0.001, '90': 1.0, '99': 1.0, '99.9': 1.0,
+                                       '99.99': 1.0}}
+
+
 def test_centring_by_an_exact_fixed_point_mean():
   x = np.array([[0.1, -0.25], [0.3, 0.5]], np.float32)
   # rint(v * 2^24): 0.1 -> 1677722 (0.1f * 2^24 = 1677721.625), -0.25 -> -4194304,
@@ -328,10 +341,13 @@ def brute_force_outputs(corpus, mined, tmp_path_factory):
   vecs = np.concatenate([r['vecs'] for r in records])
   owner = np.concatenate([np.full(len(r['times']), k) for k, r in enumerate(records)])
   matches = []
+  hist = np.zeros(2000, np.int64)  # every seed is in the recall sample of the tiny world
   for (sid, _, _), q in zip(seeds, seed_vecs):
     best = []
     for k, r in enumerate(records):
       s = (vecs[owner == k].astype(np.float64) @ q.astype(np.float64)).astype(np.float32)
+      for x in s:
+        hist[min(int(np.floor((float(x) + 1) * 1000)), 1999)] += 1
       j = int(np.argmax(s))
       if s[j] >= cfg.search_tau:
         best.append([float(s[j]), r['video_id'], float(r['times'][j]), r['duration_s'],
@@ -340,7 +356,8 @@ def brute_force_outputs(corpus, mined, tmp_path_factory):
     matches += [[sid, m] for m in best[:cfg.top_k]]
   out = tmp_path_factory.mktemp('brute')
   outputs.write(out, cfg=cfg, seeds=seeds, captions={s: c for s, _, c in seeds},
-                videos=videos, matches=matches, skipped=skipped, shards=[], seconds=0.0,
+                videos=videos, matches=matches, skipped=skipped, seconds=0.0,
+                shards=[{'frames': len(vecs), 'seconds': 0.0, 'cosine_hist': hist.tolist()}],
                 videos_dir=str(corpus / 'videos'), embedder=HIST)
   return out
 

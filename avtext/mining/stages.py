@@ -200,8 +200,9 @@ def search_video_shard(shard: int, records: Sequence[dict],
 
   Yields ('match', seed row, (sim, video id, frame time, duration, has_audio, path)) for
   each seed's top_k matches in this shard, then ('info', info): index kind, frames,
-  build / search seconds, and recall hits / total of an approximate index vs exact on
-  the `recall_sample` seeds (the same rows whatever the seed sharding)."""
+  build / search seconds, recall hits / total of an approximate index vs exact on the
+  `recall_sample` seeds (the same rows whatever the seed sharding), and the
+  `search.cosine_histogram` of those seeds against every frame of the shard."""
   records = sorted((r for r in records if len(r['times'])), key=lambda r: r['video_id'])
   info = {'video_shard': shard, 'videos': len(records), 'index': 'none', 'frames': 0,
           'queries': 0, 'seconds': 0.0, 'build_seconds': 0.0}
@@ -221,6 +222,9 @@ def search_video_shard(shard: int, records: Sequence[dict],
       info['seconds'] += shard_info['seconds']
       info['queries'] += len(seeds)
       rows = sample[(sample >= start) & (sample < start + len(seeds))] - start
+      if len(rows):
+        hist = search_lib.cosine_histogram(seeds[rows], frames)
+        info['cosine_hist'] = (hist + info.get('cosine_hist', 0)).tolist()
       if desc != 'flat' and len(rows):
         exact, exact_info = search_lib.search_shard(seeds[rows], frames, frame_video,
                                                     force_exact=True, **kw)
