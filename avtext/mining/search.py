@@ -176,10 +176,12 @@ def cosine_histogram(seeds: np.ndarray, frames: np.ndarray) -> np.ndarray:
   seed matches a few scenes of a corpus), so the histogram is the embedder's cosine
   scale for unrelated pairs, where a threshold τ can be read off as a quantile."""
   counts = np.zeros(COSINE_BINS, np.int64)
-  for q in np.asarray(seeds, np.float32):
-    s = similarity(frames, q).astype(np.float64)
-    k = np.clip(np.floor((s + 1.0) * (COSINE_BINS / 2)), 0, COSINE_BINS - 1).astype(np.int64)
-    counts += np.bincount(k, minlength=COSINE_BINS)
+  seeds = np.asarray(seeds, np.float32).astype(np.float64)
+  for a in range(0, len(frames), 16384):  # float64 blocks of 16384 frames, not all at once
+    s = (np.asarray(frames[a:a + 16384], np.float64) @ seeds.T).astype(np.float32)
+    k = np.clip(np.floor((s.astype(np.float64) + 1.0) * (COSINE_BINS / 2)), 0,
+                COSINE_BINS - 1).astype(np.int64)
+    counts += np.bincount(k.ravel(), minlength=COSINE_BINS)
   return counts
 
 
