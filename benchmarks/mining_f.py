@@ -23,7 +23,8 @@ Pairs: a seed and a frame of a readable corpus video at 1 fps; *planted*: the fr
 scene was drawn from that seed; *fitting*: its scene fits the seed's caption
 (`captions.caption_fits`); *unrelated*: every other pair. Precision is the pipeline's
 (`search.search_shard`: top 10 videos per seed, best frame each; 10 s clips and
-`outputs.stats_at`), at fixed τ and at τ = quantiles of the unrelated cosines.
+`outputs.stats_at`), at fixed τ and at τ = quantiles of the unrelated cosines, with
+the mean number of a seed's unrelated and fitting frames at >= τ.
 Also prints, for the oracle's reason, the share of (seed, scene) pairs showing exactly
 what the seed image shows whose scene fits the caption, by whether the caption states a
 motion (which no still shows).
@@ -193,9 +194,12 @@ def main():
       st = outputs.stats_at(clip_rows, tau, cfg.top_k, truth)
       label = next((f"{tau:.3f} (unrelated {k})" for k, v in qs.items() if v == tau), f"{tau}")
       prec = "-" if st["precision"] is None else f"{100 * st['precision']:.1f}"
+      passing = sims >= tau
       tables.append(f"| {name} | {label} | {st['matches']} | {st['clips']} | {st['captions']} "
-                    f"| {prec} |")
-  print("\n| f | τ | matches | clips | captions | precision (%) |\n|---|---|---|---|---|---|")
+                    f"| {prec} | {(passing & ~frame_fit).sum(1).mean():.1f} / "
+                    f"{(passing & frame_fit).sum(1).mean():.1f} |")
+  print("\n| f | τ | matches | clips | captions | precision (%) | frames >= τ per seed, "
+        "unrelated / fitting |\n|---|---|---|---|---|---|---|")
   print("\n".join(tables))
 
 
