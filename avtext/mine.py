@@ -1,7 +1,7 @@
 r"""Mine video clips for image captions (VideoCC §3.1) with Apache Beam.
 
     python -m avtext.mine --seeds=SEEDS.tsv --videos=DIR --workdir=TOWER_RUN [--step=N] \
-        --out=OUT [--tau=0.6 --top_k=10 --clip_seconds=10] [Beam options]
+        --out=OUT [--tau=0.6 --top_k=10 --clip_seconds=10 --center=none] [Beam options]
 
 The pipeline, its inputs and outputs: `avtext.mining.pipeline`; runners, clusters and
 Dataflow: docs/mining.md. The frame and image embedder is the vision tower of an avtext
@@ -40,6 +40,11 @@ _OUT = cli.DEFINE_path("out", None, "the output directory (videocc.csv, dataset.
                        "stats.json, ...)", flag_values=FLAGS)
 _TAU = flags.DEFINE_float("tau", _D.tau, "the similarity threshold of a match (§3.2.1)",
                           flag_values=FLAGS)
+_CENTER = flags.DEFINE_enum("center", _D.center, list(pipeline.MiningConfig.CENTERS),
+                            "none: the paper's cosine of f; seed_mean: f minus the mean seed "
+                            "vector, renormalized, for seeds and frames (an embedder whose "
+                            "cosines are all high; BENCHMARKS.md 'VideoCC mining')",
+                            flag_values=FLAGS)
 _TOP_K = flags.DEFINE_integer("top_k", _D.top_k, "matches kept per seed (§3.1)",
                               lower_bound=1, flag_values=FLAGS)
 _CLIP_SECONDS = flags.DEFINE_float("clip_seconds", _D.clip_seconds, "the length t of a mined "
@@ -148,7 +153,7 @@ def main(argv):
   except ValueError as e:
     raise errors.BadInput(f"--image_size / --tau_grid: {e}") from None
   cfg = pipeline.MiningConfig(
-      tau=_TAU.value, top_k=_TOP_K.value, clip_seconds=_CLIP_SECONDS.value,
+      tau=_TAU.value, center=_CENTER.value, top_k=_TOP_K.value, clip_seconds=_CLIP_SECONDS.value,
       frames_hz=_FRAMES_HZ.value, one_per_video=not _ALL_FRAMES.value, tau_grid=tau_grid,
       shard_videos=_SHARD_VIDEOS.value, shard_seeds=_SHARD_SEEDS.value,
       index=search.IndexConfig(exact_max_frames=_EXACT_MAX.value, approx=_APPROX.value,
@@ -171,6 +176,10 @@ def main(argv):
     prec = row.get("precision")
     print(f"{row['tau']:.2f}  {row['matches']:7d}  {row['clips']:5d}  {row['videos']:6d}  "
           f"{row['captions']:8d}  {'-' if prec is None else f'{100 * prec:.1f} %'}")
+  if stats["random_pairs"]:
+    q = stats["random_pairs"]["cosine_quantiles"]
+    print(f"cosines of {stats['random_pairs']['pairs']} (sample seed, frame) pairs, nearly all "
+          "unrelated: " + ", ".join(f"{k} % <= {v:.3f}" for k, v in q.items()))
   if info["peak_worker_rss_mb"] is not None:
     driver = next(w["peak_rss_mb"] for w in info["workers"] if w["worker"] == "driver")
     print(f"peak memory (RSS): {info['peak_worker_rss_mb']:.0f} MiB in the largest of "

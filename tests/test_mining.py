@@ -1,6 +1,7 @@
 """VideoCC mining (issues 12, 34): the synthetic mining world, video_io, the FAISS shard
 search, and the Beam pipeline on the direct runner and on a local Dask cluster against a
 brute-force loop."""
+import functools
 import json
 import pathlib
 
@@ -184,8 +185,9 @@ def mined(corpus, tmp_path_factory):
   return out, cfg, info
 
 
-def test_direct_runner_2_workers_gives_the_brute_force_clips(corpus, mined):
-  out, cfg, _ = mined
+@functools.lru_cache(maxsize=2)
+def _colour_histograms(corpus, clip_seconds):
+  """The colour-histogram f of the seed images and of every readable video's frames."""
   seeds = files.read_seeds(corpus / 'seeds' / 'seeds.tsv')
   f = embed.colour_histogram
   seed_vecs = f(np.stack([files.load_image(p, None) for _, p, _ in seeds]))
@@ -193,7 +195,7 @@ def test_direct_runner_2_workers_gives_the_brute_force_clips(corpus, mined):
   for vid, path in files.list_videos(corpus / 'videos'):
     try:
       info = video_io.probe(path)
-      if info.duration_s < cfg.clip_seconds:
+      if info.duration_s < clip_seconds:
         continue
       t = video_io.sample_times(info.duration_s, 1.0)
       x = f(video_io.read_frames(path, t))
@@ -201,7 +203,18 @@ def test_direct_runner_2_workers_gives_the_brute_force_clips(corpus, mined):
       continue
     vecs.append(x), owner.append(np.full(len(t), len(videos))), times.append(t)
     videos.append((vid, info.duration_s))
-  vecs, owner, times = np.concatenate(vecs), np.concatenate(owner), np.concatenate(times)
+  return (seeds, seed_vecs, np.concatenate(vecs), np.concatenate(owner), np.concatenate(times),
+          videos)
+
+
+def _brute_force_csv(corpus, cfg, centre=False):
+  """videocc.csv's rows by the literal loop over the colour-histogram f; with centre, every
+  seed and frame vector minus the mean seed vector (float64 mean), renormalized."""
+  seeds, seed_vecs, vecs, owner, times, videos = _colour_histograms(corpus, cfg.clip_seconds)
+  if centre:
+    mean = seed_vecs.astype(np.float64).mean(0)
+    seed_vecs = embed.l2_normalize(seed_vecs - mean)
+    vecs = embed.l2_normalize(vecs - mean)
   want = []
   for (sid, _, caption), best in zip(seeds, _brute(seed_vecs, vecs, owner, cfg.tau, 10)):
     for _, v, frame in best:
@@ -209,10 +222,72 @@ def test_direct_runner_2_workers_gives_the_brute_force_clips(corpus, mined):
       start = min(max(times[frame] - 5.0, 0.0), duration - 10.0)
       want.append([vid, str(int(round(start * 1e6))), str(int(round((start + 10) * 1e6))),
                    caption])
+  return sorted(want)
+
+
+def _csv_rows(out):
   import csv  # pylint: disable=g-import-not-at-top
-  got = list(csv.reader((out / 'videocc.csv').read_text().splitlines()))
+  return sorted(csv.reader((out / 'videocc.csv').read_text().splitlines()))
+
+
+def test_direct_runner_2_workers_gives_the_brute_force_clips(corpus, mined):
+  out, cfg, _ = mined
+  want = _brute_force_csv(corpus, cfg)
   assert len(want) > 20
-  assert sorted(got) == sorted(want)
+  assert _csv_rows(out) == want
+
+
+def test_seed_mean_centring_gives_the_brute_force_clips(corpus, tmp_path):
+  """--center=seed_mean: the mean of the seed shards' sums (5 shards here) centres seeds
+  and frames in every video shard, as the loop does with one float64 mean."""
+  cfg = pipeline.MiningConfig(tau=0.5, tau_grid=(0.5,), shard_videos=3, shard_seeds=5,
+                              embed_batch=16, center='seed_mean')
+  pipeline.build_and_run(str(corpus / 'seeds' / 'seeds.tsv'), str(corpus / 'videos'), HIST,
+                         str(tmp_path), cfg, ['--runner=FnApiRunner'])
+  want = _brute_force_csv(corpus, cfg, centre=True)
+  assert len(want) > 20
+  assert _csv_rows(tmp_path) == want
+  assert want != _brute_force_csv(corpus, cfg)  # centring changed the matches
+  stats = json.loads((tmp_path / 'stats.json').read_text())
+  assert stats['config']['center'] == 'seed_mean'
+  with pytest.raises(ValueError, match='--center must be one of'):
+    pipeline.MiningConfig(center='corpus')
+
+
+def test_cosine_histogram_and_its_quantiles():
+  frames = np.float32([[1, 0], [0, 1], [-1, 0], [0.6, 0.8]])
+  hist = search.cosine_histogram(np.float32([[1, 0]]), frames)  # cosines 1, 0, -1, 0.6
+  assert hist.sum() == 4 and hist[[0, 1000, 1600, 1999]].tolist() == [1, 1, 1, 1]
+  assert search.cosine_quantile(hist, 0.25) == -0.999  # bin [-1, -0.999)
+  assert search.cosine_quantile(hist, 0.5) == 0.001
+  assert search.cosine_quantile(hist, 0.75) == 0.601
+  assert search.cosine_quantile(hist, 1.0) == 1.0
+  assert outputs.random_pairs([{'cosine_hist': hist}, {'cosine_hist': hist}, {}]) == {
+      'pairs': 8, 'cosine_quantiles': {'50': 0.001, '90': 1.0, '99': 1.0, '99.9': 1.0,
+                                       '99.99': 1.0}}
+
+
+def test_centring_by_an_exact_fixed_point_mean():
+  x = np.array([[0.1, -0.25], [0.3, 0.5]], np.float32)
+  # rint(v * 2^24): 0.1 -> 1677722 (0.1f * 2^24 = 1677721.625), -0.25 -> -4194304,
+  # 0.3 -> 5033165 (0.3f = 0.300000011920928955078125), 0.5 -> 8388608.
+  np.testing.assert_array_equal(embed.fixed_point_sum(x), [1677722 + 5033165, -4194304 + 8388608])
+  np.testing.assert_array_equal(embed.mean_from_sums(embed.fixed_point_sum(x), 2),
+                                np.float32([6710887 / 2**25, 4194304 / 2**25]))
+  # Integer sums: any split of the rows into shards gives the same sum.
+  rng = np.random.default_rng(0)
+  y = embed.l2_normalize(rng.normal(size=(101, 8)))
+  parts = sum(embed.fixed_point_sum(y[a:a + 17]) for a in range(0, 101, 17))
+  np.testing.assert_array_equal(parts, embed.fixed_point_sum(y[::-1]))
+  np.testing.assert_allclose(embed.mean_from_sums(parts, 101), y.mean(0), atol=1e-7)
+  # (1, 0) and (0, 1) minus their mean (0.5, 0.5) point away from each other: cosine -1.
+  c = embed.centre(np.eye(2, dtype=np.float32), np.float32([0.5, 0.5]))
+  np.testing.assert_allclose(c, np.array([[1, -1], [-1, 1]]) / np.sqrt(2), rtol=1e-6)
+  np.testing.assert_array_equal(embed.centre(x, None), x)
+  with pytest.raises(ValueError, match='mean of shape'):
+    embed.centre(x, np.zeros(3))
+  with pytest.raises(ValueError, match='no rows'):
+    embed.mean_from_sums(np.zeros(2, np.int64), 0)
 
 
 def test_bad_videos_are_counted_not_fatal(mined):
@@ -266,10 +341,13 @@ def brute_force_outputs(corpus, mined, tmp_path_factory):
   vecs = np.concatenate([r['vecs'] for r in records])
   owner = np.concatenate([np.full(len(r['times']), k) for k, r in enumerate(records)])
   matches = []
+  hist = np.zeros(2000, np.int64)  # every seed is in the recall sample of the tiny world
   for (sid, _, _), q in zip(seeds, seed_vecs):
     best = []
     for k, r in enumerate(records):
       s = (vecs[owner == k].astype(np.float64) @ q.astype(np.float64)).astype(np.float32)
+      for x in s:
+        hist[min(int(np.floor((float(x) + 1) * 1000)), 1999)] += 1
       j = int(np.argmax(s))
       if s[j] >= cfg.search_tau:
         best.append([float(s[j]), r['video_id'], float(r['times'][j]), r['duration_s'],
@@ -278,7 +356,8 @@ def brute_force_outputs(corpus, mined, tmp_path_factory):
     matches += [[sid, m] for m in best[:cfg.top_k]]
   out = tmp_path_factory.mktemp('brute')
   outputs.write(out, cfg=cfg, seeds=seeds, captions={s: c for s, _, c in seeds},
-                videos=videos, matches=matches, skipped=skipped, shards=[], seconds=0.0,
+                videos=videos, matches=matches, skipped=skipped, seconds=0.0,
+                shards=[{'frames': len(vecs), 'seconds': 0.0, 'cosine_hist': hist.tolist()}],
                 videos_dir=str(corpus / 'videos'), embedder=HIST)
   return out
 

@@ -34,6 +34,46 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
   return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
+# ------------------------------------------------------------------ centring
+# A mean embedding, estimated by the pipeline from the unit vectors it already computes
+# (`MiningConfig.center`), is subtracted from every seed and frame vector before the
+# cosine. Row sums are kept in fixed point, integer multiples of 2^-FIXED_POINT_BITS
+# held in int64: integer addition is exact, so the sum over shards is the same integers
+# in every grouping and order, and the mean the same bits on every runner and sharding.
+# Unit vectors have |x_i| <= 1, so int64 holds the sum of up to 2^(63-24) = 5e11 rows.
+FIXED_POINT_BITS = 24
+
+
+def fixed_point_sum(x: np.ndarray) -> np.ndarray:
+  """int64 [D]: the column sums of x [N, D], each entry rounded to a multiple of
+  2^-FIXED_POINT_BITS first (exactly associative; see above)."""
+  x = np.asarray(x, np.float64)
+  if x.ndim != 2:
+    raise ValueError(f'fixed_point_sum: expected [N, D] vectors, got shape {x.shape}')
+  return np.rint(x * 2.0 ** FIXED_POINT_BITS).astype(np.int64).sum(0)
+
+
+def mean_from_sums(total: np.ndarray, count: int) -> np.ndarray:
+  """float32 [D]: the mean of `count` rows whose `fixed_point_sum`s add up to `total`."""
+  if count < 1:
+    raise ValueError(f'mean_from_sums: no rows to average (count {count})')
+  return (np.asarray(total, np.int64).astype(np.float64) / 2.0 ** FIXED_POINT_BITS
+          / count).astype(np.float32)
+
+
+def centre(x: np.ndarray, mean: np.ndarray | None) -> np.ndarray:
+  """Unit rows of x - mean (x unchanged, as float32, when mean is None): the cosine of two
+  centred vectors measures what they share beyond what every vector shares."""
+  x = np.asarray(x, np.float32)
+  if mean is None:
+    return x
+  mean = np.asarray(mean, np.float32)
+  if mean.shape != x.shape[-1:]:
+    raise ValueError(f'centre: mean of shape {mean.shape} for vectors of dimension '
+                     f'{x.shape[-1]}')
+  return l2_normalize(x - mean)
+
+
 def tower(workdir: str, step: int | str | None = None, *, batch_size: int = 128) -> Embedder:
   """A run's RGB tower on single frames (module docstring)."""
   from avtext.features import tower as tower_lib  # pylint: disable=g-import-not-at-top

@@ -13,7 +13,9 @@ out/
   stats.json       per τ of the grid: matches, clips, videos, captions, seeds matched,
                    clips per caption (Fig. 8 histogram), and precision when the corpus
                    knows its truth (a synthetic corpus: `world.json` beside its videos);
-                   skip counts by reason; the same for two runs of the same command
+                   skip counts by reason; random_pairs: the cosine quantiles of the
+                   `recall_sample` seeds against every frame (the embedder's scale for
+                   unrelated pairs, to set τ by); the same for two runs of the same command
   run.json         wall time, video shards (index kind, frames, build and search
                    seconds, recall of the approximate index vs exact), the peak resident
                    memory of each worker process and of the driver ('driver'; the same
@@ -80,6 +82,23 @@ def stats_at(rows: Sequence[dict], tau: float, top_k: int, truth=None) -> dict:
     out['precision_matched_frame'] = (float(np.mean([truth(r, frame_only=True) for r in kept]))
                                       if kept else None)
   return out
+
+
+RANDOM_PAIR_QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999)
+
+
+def random_pairs(shards: Sequence[dict]) -> dict | None:
+  """The cosine scale of (sample seed, frame) pairs, nearly all unrelated
+  (`search.cosine_histogram`): their number and quantiles, from the shards' histograms;
+  None when no shard had frames."""
+  hists = [s['cosine_hist'] for s in shards if 'cosine_hist' in s]
+  if not hists:
+    return None
+  from avtext.mining import search  # pylint: disable=g-import-not-at-top
+  total = np.sum(np.asarray(hists, np.int64), axis=0)
+  return {'pairs': int(total.sum()),
+          'cosine_quantiles': {f'{100 * q:g}': search.cosine_quantile(total, q)
+                               for q in RANDOM_PAIR_QUANTILES}}
 
 
 def synthetic_truth(videos_dir: str | pathlib.Path):
@@ -163,6 +182,7 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
       'skipped': dict(sorted(collections.Counter(s['reason'] for s in skipped).items())),
       'matched_videos_without_audio': len(no_audio),
       'per_tau': [stats_at(rows, t, cfg.top_k, truth) for t in taus],
+      'random_pairs': random_pairs(shards),
   }
   (out_dir / 'stats.json').write_text(json.dumps(stats, indent=1, sort_keys=True) + '\n')
   used = {r['video_id'] for r in at_tau}
@@ -176,7 +196,9 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
   _plots(out_dir / 'plots', stats)
   recall_hits = sum(s.get('recall_hits', 0) for s in shards)
   recall_total = sum(s.get('recall_total', 0) for s in shards)
-  run = {'seconds': seconds, 'shards': sorted(shards, key=lambda s: -s['frames']),
+  run = {'seconds': seconds, 'shards': sorted(
+      ({k: v for k, v in s.items() if k != 'cosine_hist'} for s in shards),
+      key=lambda s: -s['frames']),
          'frames': sum(s['frames'] for s in shards),
          'search_seconds': sum(s['seconds'] for s in shards),
          'approx_recall': (recall_hits / recall_total) if recall_total else None,

@@ -2,6 +2,7 @@ r"""VideoCC mining (§3.1) as an Apache Beam pipeline: image captions -> video c
 
     python -m avtext.mine --seeds=SEEDS.tsv --videos=DIR --workdir=RUN_DIR \
         --out=OUT [--tau=0.6 --top_k=10 --clip_seconds=10 --shard_seeds=100000] \
+        [--center=none|seed_mean] \
         [--runner=DaskRunner --dask_local_workers=N | --dask_address=HOST:PORT] \
         [Beam options]
 
@@ -28,6 +29,12 @@ Stages (each a Beam transform; `avtext.mining.stages` holds the work of each)
      (`avtext.mining.search`); the (seed shard x video shard) lists are merged per seed
      into the global top_k (exact, as shards hold whole videos). Approximate shards also
      search `recall_sample` seeds exactly and report the approximate index's recall.
+     With `center='seed_mean'` (not the paper's; the paper's f is used as it is) each
+     search first subtracts the mean seed vector from its seeds and frames and
+     renormalizes them (`embed.centre`). The mean comes from the seed shards' exact
+     fixed-point sums, which travel with the shard files, so every video shard uses the
+     same bits without an extra pass or a side input; it depends on the seeds alone, so
+     a corpus mined in several runs (more videos later) keeps one f and one τ scale.
   4. each match becomes a clip of t = `clip_seconds` centred on the matched frame,
      shifted to stay inside the video, and takes the seed's caption.
 
@@ -122,6 +129,12 @@ class MiningConfig:
   recall_sample: int = 256
   embed_batch: int = 128
   image_size: tuple[int, int] | None = None  # (H, W) frames and seed images are resized to
+  # 'none': f as it is, the paper's cosine. 'seed_mean': every seed and frame vector minus
+  # the mean of the seeds' unit vectors, renormalized (`embed.centre`), so that a cosine
+  # measures what two images share beyond what every image of the seed set shares.
+  center: str = 'none'
+
+  CENTERS = ('none', 'seed_mean')
 
   @property
   def search_tau(self) -> float:
@@ -131,6 +144,8 @@ class MiningConfig:
     for name in ('top_k', 'shard_videos', 'shard_seeds', 'embed_batch'):
       if getattr(self, name) < 1:
         raise ValueError(f'--{name} must be >= 1, got {getattr(self, name)}')
+    if self.center not in self.CENTERS:
+      raise ValueError(f'--center must be one of {self.CENTERS}, got {self.center!r}')
 
 
 def shard_of(video_id: str, num_shards: int) -> int:

@@ -165,6 +165,36 @@ def search_shard(seeds: np.ndarray, frames: np.ndarray, frame_video: np.ndarray,
   return results, {'index': desc, 'frames': n, 'seconds': time.perf_counter() - t0}
 
 
+COSINE_BINS = 2000  # bins of width 0.001 over [-1, 1]
+
+
+def cosine_histogram(seeds: np.ndarray, frames: np.ndarray) -> np.ndarray:
+  """int64 [COSINE_BINS]: how many (seed, frame) pairs have their `similarity` in each
+  bin [-1 + k / 1000, -1 + (k + 1) / 1000) (1.0 in the last). Integer counts: the
+  histograms of shards add up to the same numbers in any order. The pipeline counts its
+  `recall_sample` seeds against every frame: nearly all such pairs are unrelated (a
+  seed matches a few scenes of a corpus), so the histogram is the embedder's cosine
+  scale for unrelated pairs, where a threshold τ can be read off as a quantile."""
+  counts = np.zeros(COSINE_BINS, np.int64)
+  seeds = np.asarray(seeds, np.float32).astype(np.float64)
+  for a in range(0, len(frames), 16384):  # float64 blocks of 16384 frames, not all at once
+    s = (np.asarray(frames[a:a + 16384], np.float64) @ seeds.T).astype(np.float32)
+    k = np.clip(np.floor((s.astype(np.float64) + 1.0) * (COSINE_BINS / 2)), 0,
+                COSINE_BINS - 1).astype(np.int64)
+    counts += np.bincount(k.ravel(), minlength=COSINE_BINS)
+  return counts
+
+
+def cosine_quantile(counts: Sequence[int], q: float) -> float:
+  """The upper edge of the histogram bin where the cumulative count reaches q (0-1) of
+  the pairs: the cosine below which a fraction >= q of them lie, to 0.001."""
+  counts = np.asarray(counts, np.int64)
+  if counts.sum() == 0:
+    raise ValueError('cosine_quantile: an empty histogram')
+  k = int(np.searchsorted(np.cumsum(counts), q * counts.sum()))
+  return round(-1.0 + (min(k, len(counts) - 1) + 1) * 2.0 / len(counts), 6)
+
+
 def merge_top(lists: Sequence[Sequence[tuple]], top_k: int) -> list[tuple]:
   """Merge per-shard match lists of (sim, video_id, time, ...) for one seed: the
   global top_k by similarity, ties by video id then time (deterministic)."""

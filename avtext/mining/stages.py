@@ -4,10 +4,13 @@ The stages (`avtext.mining.pipeline` wires them) hand seed vectors to each other
 files under the run's staging directory (OUT/_beam/RUN), so a worker holds one seed shard
 at a time, never the seed table:
   seed_shard         one seed shard's rows -> unit vectors (embedded, or rows of a
-                     precomputed --seed_features .npy) -> seeds-J.npy
+                     precomputed --seed_features .npy) -> seeds-J.npy, and their
+                     fixed-point sum (`embed.fixed_point_sum`, for `--center=seed_mean`)
   decode_and_embed   one video -> its frames' unit vectors (or a skip record)
   search_video_shard one video shard's frames, one FAISS index, every seed shard file in
-                     turn -> each seed's top_k matches in the shard
+                     turn -> each seed's top_k matches in the shard (seeds and frames
+                     centred first under `--center=seed_mean`: the seed shards' sums
+                     give the mean, the same bits in every task)
   write_matches      a seed shard's merged matches -> matches-J.json
 
 Every embedding call sees exactly `embed_batch` rows (`embed_fixed`), so a seed or frame
@@ -107,9 +110,10 @@ def read_npy_rows(path: str, start: int, stop: int) -> np.ndarray:
 
 
 def seed_shard(staging: str, shard: int, start: int, stop: int, paths: Sequence[str] | None,
-               embedder_name: str, seed_features: str | None, cfg) -> tuple[int, int, str]:
+               embedder_name: str, seed_features: str | None, cfg
+               ) -> tuple[int, int, str, np.ndarray, int]:
   """Seed rows [start, stop) -> their unit vectors in STAGING/seeds-SHARD.npy; (shard,
-  start, the file). The vectors come from f on the seed images (`paths`), `embed_batch`
+  start, the file, the vectors' `embed.fixed_point_sum`, their number). The vectors come from f on the seed images (`paths`), `embed_batch`
   images at a time, or from rows of the precomputed seed_features array (paths None).
   One task writes a whole shard, so seed vectors never pass through a shuffle and a
   worker holds one shard (~3 copies of it at the write) whatever the number of seeds."""
@@ -126,12 +130,19 @@ def seed_shard(staging: str, shard: int, start: int, stop: int, paths: Sequence[
       blocks.append(embed_fixed(embedder(embedder_name), np.stack(images), cfg.embed_batch))
     vecs = np.concatenate(blocks)
   path = files.join(staging, f'seeds-{shard:06d}.npy')
+  vecs = np.ascontiguousarray(vecs, np.float32)
+  total = embed.fixed_point_sum(vecs)
   buf = io.BytesIO()
-  np.save(buf, np.ascontiguousarray(vecs, np.float32))
+  np.save(buf, vecs)
   del vecs
   files.write_bytes(path, buf.getbuffer())
   note_peak_rss(staging)
-  return shard, start, path
+  return shard, start, path, total, stop - start
+
+
+def seed_mean(seed_shards: Sequence[tuple]) -> np.ndarray:
+  """float32 [D]: the mean seed vector, from every seed shard's (`seed_shard`) sum."""
+  return embed.mean_from_sums(sum(s[3] for s in seed_shards), sum(s[4] for s in seed_shards))
 
 
 def load_npy(path: str) -> np.ndarray:
@@ -181,19 +192,23 @@ def recall_rows(num_seeds: int, sample: int) -> np.ndarray:
 
 
 def search_video_shard(shard: int, records: Sequence[dict],
-                       seed_shards: Sequence[tuple[int, int, str]], num_seeds: int, cfg,
+                       seed_shards: Sequence[tuple], num_seeds: int, cfg,
                        staging: str) -> Iterable[tuple]:
-  """One video shard against every seed shard, one seed shard file in memory at a time.
+  """One video shard against every seed shard (`seed_shard`'s tuples), one seed shard
+  file in memory at a time; seeds and frames centred by the seed mean first when
+  cfg.center is 'seed_mean'.
 
   Yields ('match', seed row, (sim, video id, frame time, duration, has_audio, path)) for
   each seed's top_k matches in this shard, then ('info', info): index kind, frames,
-  build / search seconds, and recall hits / total of an approximate index vs exact on
-  the `recall_sample` seeds (the same rows whatever the seed sharding)."""
+  build / search seconds, recall hits / total of an approximate index vs exact on the
+  `recall_sample` seeds (the same rows whatever the seed sharding), and the
+  `search.cosine_histogram` of those seeds against every frame of the shard."""
   records = sorted((r for r in records if len(r['times'])), key=lambda r: r['video_id'])
   info = {'video_shard': shard, 'videos': len(records), 'index': 'none', 'frames': 0,
           'queries': 0, 'seconds': 0.0, 'build_seconds': 0.0}
   if records:
-    frames = np.concatenate([r['vecs'] for r in records])
+    mean = seed_mean(seed_shards) if cfg.center == 'seed_mean' else None
+    frames = embed.centre(np.concatenate([r['vecs'] for r in records]), mean)
     frame_video = np.concatenate([np.full(len(r['times']), k) for k, r in enumerate(records)])
     times = np.concatenate([r['times'] for r in records])
     t0 = time.perf_counter()
@@ -201,12 +216,15 @@ def search_video_shard(shard: int, records: Sequence[dict],
     info.update(index=desc, frames=len(frames), build_seconds=time.perf_counter() - t0)
     sample = recall_rows(num_seeds, cfg.recall_sample)
     kw = dict(tau=cfg.search_tau, top_k=cfg.top_k, one_per_video=cfg.one_per_video)
-    for _, start, path in sorted(seed_shards):
-      seeds = load_npy(path)
+    for _, start, path, _, _ in sorted(seed_shards, key=lambda s: s[0]):
+      seeds = embed.centre(load_npy(path), mean)
       found, shard_info = search_lib.search_shard(seeds, frames, frame_video, index=index, **kw)
       info['seconds'] += shard_info['seconds']
       info['queries'] += len(seeds)
       rows = sample[(sample >= start) & (sample < start + len(seeds))] - start
+      if len(rows):
+        hist = search_lib.cosine_histogram(seeds[rows], frames)
+        info['cosine_hist'] = (hist + info.get('cosine_hist', 0)).tolist()
       if desc != 'flat' and len(rows):
         exact, exact_info = search_lib.search_shard(seeds[rows], frames, frame_video,
                                                     force_exact=True, **kw)

@@ -1,0 +1,207 @@
+r"""Which f, which τ: cosines of true and unrelated pairs and precision vs τ for candidate
+image embedders on the synthetic mining world, and the ceiling of any image-only f
+(issue 32).
+
+    make demo-mining        # writes workdirs/demo/mining/world first
+    python benchmarks/mining_f.py [--world=workdirs/demo/mining/world] \
+        [--tower=workdirs/demo/video_pretrain]
+
+Candidates, all from the demo's RGB tower on stills (`avtext.mining.embed.tower`):
+  raw           f as the pipeline's default uses it (unit rows; the paper's cosine);
+  seed_mean     minus the mean seed vector, renormalized (`--center=seed_mean`);
+  frame_mean    minus the mean corpus frame vector, renormalized;
+  whitened      seed_mean, then ZCA-whitened by the frames' covariance (eigenvalues
+                floored at 0.1 x the largest);
+  head logits   the stage-1 head's attribute logits (sound excluded);
+  head probs    its softmax per attribute group (sound excluded);
+  oracle        what a still shows, read from the world's truth, not from pixels: one-hot
+                counts of (shape, colour) per object, background and count. A seed and a
+                frame have cosine 1 exactly when the frame shows what the seed image
+                shows, so no f computed from images ranks frames better by what the images
+                show: the precision of its cosine-1 matches is the ceiling of any image f.
+Pairs: a seed and a frame of a readable corpus video at 1 fps; *planted*: the frame's
+scene was drawn from that seed; *fitting*: its scene fits the seed's caption
+(`captions.caption_fits`); *unrelated*: every other pair. Precision is the pipeline's
+(`search.search_shard`: top 10 videos per seed, best frame each; 10 s clips and
+`outputs.stats_at`), at fixed τ and at τ = quantiles of the unrelated cosines, with
+the mean number of a seed's unrelated and fitting frames at >= τ.
+Also prints, for the oracle's reason, the share of (seed, scene) pairs showing exactly
+what the seed image shows whose scene fits the caption, by whether the caption states a
+motion (which no still shows).
+"""
+import argparse
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from avtext.data import video_io  # pylint: disable=wrong-import-position
+from avtext.data.synthetic import captions  # pylint: disable=wrong-import-position
+from avtext.data.synthetic import mining_corpus  # pylint: disable=wrong-import-position
+from avtext.data.synthetic import world  # pylint: disable=wrong-import-position
+from avtext.mining import embed  # pylint: disable=wrong-import-position
+from avtext.mining import files  # pylint: disable=wrong-import-position
+from avtext.mining import outputs  # pylint: disable=wrong-import-position
+from avtext.mining import pipeline  # pylint: disable=wrong-import-position
+from avtext.mining import search  # pylint: disable=wrong-import-position
+
+PAIRS = [(s, c) for s in world.SHAPES for c in world.COLOUR_NAMES]
+
+
+def visible(attrs) -> np.ndarray:
+  """What a still shows: objects' (shape, colour) counts, background, count (one-hot)."""
+  v = np.zeros(len(PAIRS) + len(world.BACKGROUNDS) + world.MAX_OBJECTS + 1)
+  for o in attrs['objects']:
+    v[PAIRS.index((o['shape'], o['colour']))] += 1
+  v[len(PAIRS) + world.BACKGROUNDS.index(attrs['background'])] = 1
+  v[len(PAIRS) + len(world.BACKGROUNDS) + attrs['num_objects']] = 1
+  return v
+
+
+def tower_and_head(workdir: str):
+  """(frames -> raw tower embeddings [N, D], head kernel, head bias) of a stage-1 run."""
+  from avtext import runs as runs_lib  # pylint: disable=g-import-not-at-top
+  from avtext.features import tower as tower_lib  # pylint: disable=g-import-not-at-top
+  head = runs_lib.load_run(workdir, None).params["head"]
+  apply_fn, frames_per_window, _, _ = tower_lib.tower_from_run(workdir)
+
+  def raw(frames):  # as embed.tower, without the normalization
+    out = []
+    for a in range(0, len(frames), 128):
+      x = frames[a:a + 128]
+      pad = 128 - len(x)
+      x = np.concatenate([x, np.repeat(x[:1], pad, 0)]) if pad else x
+      out.append(apply_fn(np.repeat(x[:, None], frames_per_window, 1))[:128 - pad])
+    return np.concatenate(out)
+
+  return raw, np.asarray(head["kernel"]), np.asarray(head["bias"])
+
+
+def candidates(seed_raw, frame_raw, kernel, bias, seed_oracle, frame_oracle):
+  """{name: (seed unit vectors, frame unit vectors)} (module docstring)."""
+  n = embed.l2_normalize
+  s, f = n(seed_raw), n(frame_raw)
+  mu_s, mu_f = s.mean(0), f.mean(0)
+  x = n(f - mu_s)
+  vals, vecs = np.linalg.eigh(np.cov(x.T, bias=True))
+  zca = vecs @ np.diag(1 / np.sqrt(np.maximum(vals, 0.1 * vals.max()))) @ vecs.T
+  keep = [k for k, name in enumerate(world.LABEL_NAMES) if not name.startswith("sound:")]
+  ls, lf = (seed_raw @ kernel + bias)[:, keep], (frame_raw @ kernel + bias)[:, keep]
+
+  def group_softmax(logits):
+    names = [world.LABEL_NAMES[k].split(":")[0] for k in keep]
+    out = np.zeros_like(logits)
+    for g in dict.fromkeys(names):
+      cols = [k for k, name in enumerate(names) if name == g]
+      z = np.exp(logits[:, cols] - logits[:, cols].max(1, keepdims=True))
+      out[:, cols] = z / z.sum(1, keepdims=True)
+    return out
+
+  return {"raw": (s, f), "seed_mean": (n(s - mu_s), n(f - mu_s)),
+          "frame_mean": (n(s - mu_f), n(f - mu_f)),
+          "whitened": (n(n(s - mu_s) @ zca), n(x @ zca)),
+          "head logits": (n(ls), n(lf)),
+          "head probs": (n(group_softmax(ls)), n(group_softmax(lf))),
+          "oracle": (n(seed_oracle), n(frame_oracle))}
+
+
+def pct(x, qs):
+  return "/".join(f"{v:.2f}" for v in np.percentile(x, qs))
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--world", default="workdirs/demo/mining/world")
+  p.add_argument("--tower", default="workdirs/demo/video_pretrain")
+  p.add_argument("--taus", default="0.6,0.8,0.9,0.95,0.97,0.98")
+  a = p.parse_args()
+  videos_dir = pathlib.Path(a.world) / "videos"
+  meta = json.loads((videos_dir / "world.json").read_text())
+  w = mining_corpus.world_from_meta(meta)
+  seeds = files.read_seeds(pathlib.Path(a.world) / "seeds" / "seeds.tsv")
+  rows = [meta["seeds"][sid] for sid, _, _ in seeds]
+  seed_attrs = [w._seed(i)[0].attributes() for i in rows]  # pylint: disable=protected-access
+  mentions = [w.seed_mention(i) for i in rows]
+  cfg = pipeline.MiningConfig()
+  raw, kernel, bias = tower_and_head(a.tower)
+
+  # The readable videos of >= t seconds, frames at 1 fps, as the pipeline decodes them.
+  records, scene_attrs, scene_seed, frame_raw = [], [], [], []
+  for vid, path in files.list_videos(videos_dir):
+    try:
+      info = video_io.probe(path)
+      if info.duration_s < cfg.clip_seconds:
+        continue
+      times = video_io.sample_times(info.duration_s, cfg.frames_hz)
+      frames = video_io.read_frames(path, times)
+    except video_io.VideoReadError:
+      continue
+    desc = w.describe_video(meta["videos"][vid])
+    scenes = w.video(meta["videos"][vid]).scene_at(times)
+    records.append((vid, path, info, times, scenes + sum(len(x) for x in scene_attrs)))
+    scene_attrs.append([sc["attributes"] for sc in desc["scenes"]])
+    scene_seed += [sc["seed"] for sc in desc["scenes"]]
+    frame_raw.append(raw(frames))
+  all_scenes = [x for per_video in scene_attrs for x in per_video]
+  frame_scene = np.concatenate([r[4] for r in records])
+  fit = np.array([[captions.caption_fits(m, x) for x in all_scenes] for m in mentions])
+  planted = np.asarray(rows)[:, None] == np.asarray(scene_seed)[None, :]
+  frame_fit, frame_planted = fit[:, frame_scene], planted[:, frame_scene]
+  seed_raw = raw(np.stack([files.load_image(pth, None) for _, pth, _ in seeds]))
+  seed_oracle = np.stack([visible(x) for x in seed_attrs])
+  frame_oracle = np.stack([visible(all_scenes[j]) for j in frame_scene])
+
+  # Scenes showing exactly what the seed image shows: how many fit the caption.
+  same = np.array([[np.array_equal(visible(sa), visible(x)) for x in all_scenes]
+                   for sa in seed_attrs])
+  states_motion = np.array([any("motion" in d for d in m.get("objects", ())) for m in mentions])
+  print(f"{len(seeds)} seeds ({100 * states_motion.mean():.1f} % of captions state a motion), "
+        f"{len(all_scenes)} scenes, {len(frame_scene)} frames in {len(records)} readable videos")
+  print("\n| (seed, scene) pairs showing what the seed image shows | pairs | fit the caption (%) |"
+        "\n|---|---|---|")
+  for label, m in (("all", same), ("caption states no motion", same & ~states_motion[:, None]),
+                   ("caption states a motion", same & states_motion[:, None])):
+    print(f"| {label} | {m.sum()} | {100 * fit[m].mean():.1f} |")
+
+  frame_video = np.concatenate([np.full(len(r[3]), k) for k, r in enumerate(records)])
+  times = np.concatenate([r[3] for r in records])
+  truth, _ = outputs.synthetic_truth(videos_dir)
+  fixed = [float(t) for t in a.taus.split(",")]
+  print("\n| f | cosine, planted pairs p10/50/90 | fitting p10/50/90 | unrelated p50/99/99.9 "
+        "| AUC fitting > unrelated |\n|---|---|---|---|---|")
+  tables = []
+  rng = np.random.default_rng(0)
+  for name, (sv, fv) in candidates(np.concatenate([seed_raw]), np.concatenate(frame_raw),
+                                   kernel, bias, seed_oracle, frame_oracle).items():
+    sims = (sv.astype(np.float64) @ fv.astype(np.float64).T)
+    unrelated = sims[~frame_fit]
+    auc = np.mean(rng.choice(sims[frame_fit], 200_000) > rng.choice(unrelated, 200_000))
+    print(f"| {name} | {pct(sims[frame_planted], [10, 50, 90])} | "
+          f"{pct(sims[frame_fit], [10, 50, 90])} | {pct(unrelated, [50, 99, 99.9])} | "
+          f"{auc:.3f} |", flush=True)
+    qs = {f"q{q}": float(np.percentile(unrelated, q)) for q in (99, 99.9, 99.99)}
+    taus = sorted(set(fixed + list(qs.values())))
+    found, _ = search.search_shard(sv, fv, frame_video, tau=min(taus), top_k=cfg.top_k)
+    matches = [[sid, (m.sim, records[m.video][0], float(times[m.frame]),
+                      records[m.video][2].duration_s, True, records[m.video][1])]
+               for (sid, _, _), ms in zip(seeds, found) for m in ms]
+    clip_rows = outputs._clip_rows(matches, {s: c for s, _, c in seeds}, cfg)  # pylint: disable=protected-access
+    for tau in taus:
+      st = outputs.stats_at(clip_rows, tau, cfg.top_k, truth)
+      label = next((f"{tau:.3f} (unrelated {k})" for k, v in qs.items() if v == tau), f"{tau}")
+      prec = "-" if st["precision"] is None else f"{100 * st['precision']:.1f}"
+      passing = sims >= tau
+      tables.append(f"| {name} | {label} | {st['matches']} | {st['clips']} | {st['captions']} "
+                    f"| {prec} | {(passing & ~frame_fit).sum(1).mean():.1f} / "
+                    f"{(passing & frame_fit).sum(1).mean():.1f} |")
+  print("\n| f | τ | matches | clips | captions | precision (%) | frames >= τ per seed, "
+        "unrelated / fitting |\n|---|---|---|---|---|---|---|")
+  print("\n".join(tables))
+
+
+if __name__ == "__main__":
+  main()
