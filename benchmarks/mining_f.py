@@ -190,16 +190,25 @@ def main():
                       records[m.video][2].duration_s, True, records[m.video][1])]
                for (sid, _, _), ms in zip(seeds, found) for m in ms]
     clip_rows = outputs._clip_rows(matches, {s: c for s, _, c in seeds}, cfg)  # pylint: disable=protected-access
+    still = {sid for (sid, _, _), moves in zip(seeds, states_motion) if not moves}
+
+    def precision(rows, tau):
+      p = outputs.stats_at(rows, tau, cfg.top_k, truth)["precision"]
+      return "-" if p is None else f"{100 * p:.1f}"
+
     for tau in taus:
       st = outputs.stats_at(clip_rows, tau, cfg.top_k, truth)
       label = next((f"{tau:.3f} (unrelated {k})" for k, v in qs.items() if v == tau), f"{tau}")
-      prec = "-" if st["precision"] is None else f"{100 * st['precision']:.1f}"
       passing = sims >= tau
+      by_motion = " / ".join(precision([r for r in clip_rows if (r["seed_id"] in still) == s],
+                                       tau) for s in (True, False))
       tables.append(f"| {name} | {label} | {st['matches']} | {st['clips']} | {st['captions']} "
-                    f"| {prec} | {(passing & ~frame_fit).sum(1).mean():.1f} / "
+                    f"| {precision(clip_rows, tau)} | {by_motion} "
+                    f"| {(passing & ~frame_fit).sum(1).mean():.1f} / "
                     f"{(passing & frame_fit).sum(1).mean():.1f} |")
-  print("\n| f | τ | matches | clips | captions | precision (%) | frames >= τ per seed, "
-        "unrelated / fitting |\n|---|---|---|---|---|---|---|")
+  print("\n| f | τ | matches | clips | captions | precision (%) | precision, captions stating "
+        "no motion / a motion (%) | frames >= τ per seed, unrelated / fitting |"
+        "\n|---|---|---|---|---|---|---|---|")
   print("\n".join(tables))
 
 
