@@ -7,7 +7,8 @@ divides by the softmax's sum after the values (`attention._fused_projection`,
 and `Bert(cls_only=True)` compute the first positions only; the reference is the full
 layer / tower sliced. `layers.LayerNorm` writes out nn.LayerNorm's gradient; the reference
 is nn.LayerNorm. Outputs and gradients (parameters and inputs) agree within float32
-rounding.
+rounding. While decoding, `Attention` projects with one matmul per kernel instead; the
+reference is the full-sequence layer.
 """
 import flax.linen as nn
 import jax
