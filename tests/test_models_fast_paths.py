@@ -7,7 +7,8 @@ divides by the softmax's sum after the values (`attention._fused_projection`,
 and `Bert(cls_only=True)` compute the first positions only; the reference is the full
 layer / tower sliced. `layers.LayerNorm` writes out nn.LayerNorm's gradient; the reference
 is nn.LayerNorm. Outputs and gradients (parameters and inputs) agree within float32
-rounding.
+rounding. While decoding, `Attention` projects with one matmul per kernel instead; the
+reference is the full-sequence layer.
 """
 import flax.linen as nn
 import jax
@@ -177,3 +178,31 @@ def test_attention_in_bfloat16_equals_flax_multi_head_attention():
   assert a.dtype == b.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                              rtol=2e-2, atol=2e-2)
+
+
+def test_decoding_projects_per_kernel_and_equals_the_full_sequence():
+  """Decoding (`decode=True`) projects with one matmul per kernel instead of the stacked
+  [D, 3, H, D/H] kernel (a new buffer on every call): a prefill and single-token steps
+  through the cache give the full-sequence attention's outputs, and only the
+  full-sequence program stacks the kernels."""
+  attn = attention_lib.Attention(num_heads=HEADS)
+  x = _normal((2, 6, WIDTH), 13)
+  params = _params(attn, x, deterministic=True)
+  mask = attention_lib.make_causal_mask(6)
+  full_fn = jax.jit(lambda p, x: attn.apply({"params": p}, x, mask=mask, deterministic=True))
+  cache = attention_lib.empty_cache(lambda: attn.apply(
+      {"params": params}, x, mask=mask, decode=True, deterministic=True, mutable=["cache"]))
+
+  @jax.jit
+  def decode(p, cache, x):
+    out, mutated = attn.apply({"params": p, "cache": cache}, x, mask=mask, decode=True,
+                              deterministic=True, mutable=["cache"])
+    return out, mutated["cache"]
+  outs = []
+  for lo, hi in [(0, 3), (3, 4), (4, 5), (5, 6)]:
+    out, cache = decode(params, cache, x[:, lo:hi])
+    outs.append(out)
+  _close(jnp.concatenate(outs, axis=1), full_fn(params, x))
+  stacked = f"f32[{WIDTH},3,{HEADS},{WIDTH // HEADS}]"
+  assert stacked in full_fn.lower(params, x).compile().as_text()
+  assert stacked not in decode.lower(params, cache, x[:, :1]).compile().as_text()
