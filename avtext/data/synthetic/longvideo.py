@@ -34,8 +34,8 @@ and, for "t" / "vt", what it says was said: speaker, topic and the listener it
 names (None when the sentence names none).
 
 `fitting_scenes` says which scenes a description is true of, from the ground
-truth; `query_oracle` turns that into the best VR / SVMR / VCMR R@1 any model
-can reach on a corpus (the TVR counterpart of `captions.oracle_recall_at_1`).
+truth; `query_oracle` turns that into the VR / SVMR / VCMR R@1 bound of a corpus
+(the TVR counterpart of `captions.oracle_recall_at_1`).
 
 Example i of a split depends only on (seed, split, i).
 """
@@ -277,15 +277,17 @@ def fitting_scenes(desc: dict, video: dict) -> list[int]:
 
 
 def query_oracle(videos: list[dict], *, first_only: bool = True) -> dict[str, dict[str, float]]:
-  """Best R@1 (%) any model can reach on a corpus, by query type and over all queries.
+  """The R@1 (%) bound of a corpus, by query type and over all queries.
 
   `videos` are `describe` dicts, the corpus; the queries are their moments'
   descriptions (the first of each moment with `first_only`, TVR's one query per
   moment). A query true of n scenes of the corpus lies in n_v videos and in m of its
   own video's scenes; a model that cannot tell those apart from the query ranks its
   own at 1 with probability at most 1/n (VCMR at IoU 0.5 / 0.7: the moments are
-  whole, disjoint scenes), 1/n_v (VR) and 1/m (SVMR). Returns {type: {"VCMR", "VR", "SVMR": R@1 bound,
-  "num_queries", "median_fitting_scenes"}} for each type present and "all".
+  whole, disjoint scenes), 1/n_v (VR) and 1/m (SVMR); the bound is the mean over the
+  queries (an expectation: on one corpus a model's tie-breaking can be luckier).
+  Returns {type: {"VCMR", "VR", "SVMR": R@1 bound, "num_queries",
+  "median_fitting_scenes"}} for each type present and "all".
   """
   rows: dict[str, list[tuple[float, float, float, int]]] = {}
   for v, video in enumerate(videos):
