@@ -19,14 +19,23 @@ Moments. `moments_per_video` distinct scenes (fewer if the video has fewer),
 each a moment whose start/end are that scene's boundaries. Each moment has
 `descs_per_moment` descriptions (TVC: 2 in train, 4 elsewhere; TVR uses one
 query per moment), of a type drawn uniformly from
-  "v"   video only: `captions.sample_mention` + `render_caption` of the scene;
+  "v"   video only: `render_caption` of a visual mention (count, background,
+        objects' shape / colour / motion; never the sound) that is a referring
+        expression of the scene: it fits no other scene of the video (TVR:
+        "the query should be a referring expression that uniquely localizes
+        the moment"; `referring_mention`);
   "t"   subtitle only: who talks about which topic ("Alice tells Bob about
         her lost keys."), true of the scene's topic line and not visible;
   "vt"  both: the topic clause + "as we see" + the scene's objects (count,
         shape, colour, motion; sometimes the background), never the sound.
 The types are the TVR / TVC `type` values. Each description stores its
 mention dict (the visual attributes it states; `captions.caption_fits` holds)
-and, for "t" / "vt", the (speaker, topic) it states.
+and, for "t" / "vt", what it says was said: speaker, topic and the listener it
+names (None when the sentence names none).
+
+`fitting_scenes` says which scenes a description is true of, from the ground
+truth; `query_oracle` turns that into the VR / SVMR / VCMR R@1 bound of a corpus
+(the TVR counterpart of `captions.oracle_recall_at_1`).
 
 Example i of a split depends only on (seed, split, i).
 """
@@ -82,6 +91,28 @@ DEFAULT_SPLIT_SIZES = {'train': 5000, 'val': 500, 'test': 500}
 
 def _pick(rng: np.random.Generator, options):
   return options[int(rng.integers(len(options)))]
+
+
+def full_visual_mention(attributes: dict) -> dict[str, Any]:
+  """Every visual statement of a scene: its count, background and all objects' fields."""
+  return {'num_objects': attributes['num_objects'], 'background': attributes['background'],
+          'objects': [{f: obj[f] for f in world.OBJECT_FIELDS}
+                      for obj in attributes['objects']]}
+
+
+def referring_mention(rng: np.random.Generator, attributes: dict, others, *,
+                      tries: int = 32) -> dict[str, Any]:
+  """A visual mention of the scene (no sound) that fits none of `others` (attribute dicts).
+
+  `captions.sample_mention` without sound, drawn again until no other scene fits,
+  up to `tries` times; then the full visual description (which fits another scene
+  only if that scene looks the same).
+  """
+  for _ in range(tries):
+    mention = captions.sample_mention(rng, attributes, sound_rate=0.0)
+    if not any(captions.caption_fits(mention, o) for o in others):
+      return mention
+  return full_visual_mention(attributes)
 
 
 def _seen_line(rng: np.random.Generator, attributes: dict) -> tuple[str, dict]:
@@ -158,21 +189,25 @@ class LongVideoSource(multiscene.MultiSceneSource):
     for k in moment_scenes:
       attrs = video.scenes[k].attributes()
       topic_line = next(l for l in lines if l['scene'] == k and l['topic'])
-      descs = [self._describe(r, attrs, topic_line, cast) for _ in range(self.descs_per_moment)]
+      others = [s.attributes() for j, s in enumerate(video.scenes) if j != k]
+      descs = [self._describe(r, attrs, others, topic_line, cast)
+               for _ in range(self.descs_per_moment)]
       moments.append((k, descs))
     return cast, lines, moments
 
-  def _describe(self, r: np.random.Generator, attrs: dict, topic_line: dict,
-                cast: list[str]) -> dict:
+  def _describe(self, r: np.random.Generator, attrs: dict, others: list[dict],
+                topic_line: dict, cast: list[str]) -> dict:
     kind = _pick(r, QUERY_TYPES)
     desc: dict[str, Any] = {'type': kind}
     if kind in ('t', 'vt'):
       a = topic_line['speaker']
       b = _pick(r, [c for c in cast if c != a])
-      talk = _pick(r, _TALK).format(a=a, b=b, np=_pick(r, TOPICS[topic_line['topic']][1]))
-      desc['said'] = {'speaker': a, 'topic': topic_line['topic']}
+      template = _pick(r, _TALK)
+      talk = template.format(a=a, b=b, np=_pick(r, TOPICS[topic_line['topic']][1]))
+      desc['said'] = {'speaker': a, 'topic': topic_line['topic'],
+                      'listener': b if '{b}' in template else None}
     if kind == 'v':
-      mention = captions.sample_mention(r, attrs)
+      mention = referring_mention(r, attrs, others)
       desc['text'], _ = captions.render_caption(r, mention)
     elif kind == 't':
       mention = {'objects': []}
@@ -217,3 +252,61 @@ class LongVideoSource(multiscene.MultiSceneSource):
             'num_frames': self.num_frames(index), 'num_clips': self.num_clips(index),
             'cast': list(cast), 'scenes': scenes, 'subtitles': subtitles,
             'moments': out_moments}
+
+
+def fitting_scenes(desc: dict, video: dict) -> list[int]:
+  """Indices of the scenes of `video` (a `describe` dict) that `desc` (one of its
+  moments' descriptions, from any video) is true of.
+
+  True of a scene: its mention fits the scene's ground truth (`captions.caption_fits`)
+  and, for what was said, the scene's topic line has the stated speaker and topic and
+  the video's cast holds the listener it names.
+  """
+  said = desc.get('said')
+  if said and said.get('listener') and said['listener'] not in video['cast']:
+    return []
+  topic_lines = {}
+  if said:
+    for s in video['subtitles']:
+      if s['topic']:
+        k = next(j for j, sc in enumerate(video['scenes']) if s['start'] < sc['stop_s'])
+        topic_lines[k] = (s['speaker'], s['topic'])
+  return [k for k, scene in enumerate(video['scenes'])
+          if (not said or topic_lines.get(k) == (said['speaker'], said['topic']))
+          and captions.caption_fits(desc['mentioned'], scene['attributes'])]
+
+
+def query_oracle(videos: list[dict], *, first_only: bool = True) -> dict[str, dict[str, float]]:
+  """The R@1 (%) bound of a corpus, by query type and over all queries.
+
+  `videos` are `describe` dicts, the corpus; the queries are their moments'
+  descriptions (the first of each moment with `first_only`, TVR's one query per
+  moment). A query true of n scenes of the corpus lies in n_v videos and in m of its
+  own video's scenes; a model that cannot tell those apart from the query ranks its
+  own at 1 with probability at most 1/n (VCMR at IoU 0.5 / 0.7: the moments are
+  whole, disjoint scenes), 1/n_v (VR) and 1/m (SVMR); the bound is the mean over the
+  queries (an expectation: on one corpus a model's tie-breaking can be luckier).
+  Returns {type: {"VCMR", "VR", "SVMR": R@1 bound, "num_queries",
+  "median_fitting_scenes"}} for each type present and "all".
+  """
+  rows: dict[str, list[tuple[float, float, float, int]]] = {}
+  for v, video in enumerate(videos):
+    for m in video['moments']:
+      for desc in (m['descs'][:1] if first_only else m['descs']):
+        fits = [fitting_scenes(desc, other) for other in videos]
+        if m['scene'] not in fits[v]:
+          raise ValueError(f"query {desc['desc_id']!r} is not true of its own moment "
+                           f"{m['moment_id']!r}")
+        n = sum(len(f) for f in fits)
+        n_videos = sum(bool(f) for f in fits)
+        rows.setdefault(desc['type'], []).append((1 / n, 1 / n_videos, 1 / len(fits[v]), n))
+  if not rows:
+    raise ValueError('query_oracle: the videos have no moments')
+  rows['all'] = [r for t in list(rows) for r in rows[t]]
+  out = {}
+  for t, r in rows.items():
+    a = np.asarray(r, np.float64)
+    out[t] = {'VCMR': float(100 * a[:, 0].mean()), 'VR': float(100 * a[:, 1].mean()),
+              'SVMR': float(100 * a[:, 2].mean()), 'num_queries': len(a),
+              'median_fitting_scenes': float(np.median(a[:, 3]))}
+  return out
