@@ -258,18 +258,16 @@ class Attention(nn.Module):
         nn.DenseGeneral, features=(self.num_heads, features // self.num_heads),
         kernel_init=self.kernel_init, dtype=self.dtype)
     projections = [dense(name=n) for n in ("query", "key", "value")]
-    if self.is_initializing():  # creates the parameters, as flax's attention does
+    if self.is_initializing() or decode:
+      # Initialization creates the parameters, as flax's attention does. Decoding reads
+      # each kernel once per call anyway; the fused projection's stacked [D, 3, H, D/H]
+      # kernel would be a new buffer written on every generate call (85 MB for GPT-2
+      # 117M), so one matmul per kernel, the same products.
       query = projections[0](inputs_q)  # [B, L_q, H, D/H]
       key = projections[1](inputs_kv)  # [B, L_kv, H, D/H]
       value = projections[2](inputs_kv)
-    elif is_self and not decode:
-      query, key, value = _fused_projection(projections, inputs_q, self.dtype)
     elif is_self:
-      # Decoding reads each kernel once per call anyway; the fused projection's stacked
-      # [D, 3, H, D/H] kernel would be a new buffer written on every generate call (85 MB
-      # for GPT-2 117M), so one matmul per kernel, the same products.
-      query, key, value = (_fused_projection([p], inputs_q, self.dtype)[0]
-                           for p in projections)
+      query, key, value = _fused_projection(projections, inputs_q, self.dtype)
     else:
       query, = _fused_projection(projections[:1], inputs_q, self.dtype)
       key, value = _fused_projection(projections[1:], inputs_kv, self.dtype)
