@@ -65,20 +65,9 @@ def visible(attrs) -> np.ndarray:
 def tower_and_head(workdir: str):
   """(frames -> raw tower embeddings [N, D], head kernel, head bias) of a stage-1 run."""
   from avtext import runs as runs_lib  # pylint: disable=g-import-not-at-top
-  from avtext.features import tower as tower_lib  # pylint: disable=g-import-not-at-top
   head = runs_lib.load_run(workdir, None).params["head"]
-  apply_fn, frames_per_window, _, _ = tower_lib.tower_from_run(workdir)
-
-  def raw(frames):  # as embed.tower, without the normalization
-    out = []
-    for a in range(0, len(frames), 128):
-      x = frames[a:a + 128]
-      pad = 128 - len(x)
-      x = np.concatenate([x, np.repeat(x[:1], pad, 0)]) if pad else x
-      out.append(apply_fn(np.repeat(x[:, None], frames_per_window, 1))[:128 - pad])
-    return np.concatenate(out)
-
-  return raw, np.asarray(head["kernel"]), np.asarray(head["bias"])
+  return (embed.tower(workdir, normalize=False), np.asarray(head["kernel"]),
+          np.asarray(head["bias"]))
 
 
 def candidates(seed_raw, frame_raw, kernel, bias, seed_oracle, frame_oracle):

@@ -74,8 +74,10 @@ def centre(x: np.ndarray, mean: np.ndarray | None) -> np.ndarray:
   return l2_normalize(x - mean)
 
 
-def tower(workdir: str, step: int | str | None = None, *, batch_size: int = 128) -> Embedder:
-  """A run's RGB tower on single frames (module docstring)."""
+def tower(workdir: str, step: int | str | None = None, *, batch_size: int = 128,
+          normalize: bool = True) -> Embedder:
+  """A run's RGB tower on single frames (module docstring); unit rows unless `normalize`
+  is False (the tower's raw output, e.g. for its classification head)."""
   from avtext.features import tower as tower_lib  # pylint: disable=g-import-not-at-top
   apply_fn, frames_per_window, _, _ = tower_lib.tower_from_run(workdir, step=step)
 
@@ -93,7 +95,8 @@ def tower(workdir: str, step: int | str | None = None, *, batch_size: int = 128)
       clip = np.repeat(x[:, None], frames_per_window, axis=1)
       out.append(apply_fn(clip)[:batch_size - pad])
     d = out[0].shape[-1] if out else 0
-    return l2_normalize(np.concatenate(out) if out else np.zeros((0, d), np.float32))
+    vectors = np.concatenate(out) if out else np.zeros((0, d), np.float32)
+    return l2_normalize(vectors) if normalize else vectors
 
   return embed
 
