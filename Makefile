@@ -131,7 +131,8 @@ demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 	  --workdir=$(WORKDIR)/smit_p2 --config.init_from.workdir=$(WORKDIR)/smit_p1
 
 # VideoCC mining (avtext/mining) on the synthetic mining world: seed images with captions
-# and a corpus of 70 long videos written as mp4 (6 of them bad files the pipeline counts),
+# of what a still shows (mining_world --seed_caption_motion: the old ones, which may state
+# motion) and a corpus of 70 long videos written as mp4 (6 of them bad files the pipeline counts),
 # mined on Beam's direct runner with 2 worker processes, the demo's RGB tower as f; then AVR
 # (configs/videocc_avr.py:demo) trained on the mined pairs and, for the same steps, on the
 # world's ground-truth captioned clips, both tested zero-shot on the first 500 clips of the

@@ -27,7 +27,8 @@ scene was drawn from that seed; *fitting*: its scene fits the seed's caption
 the mean number of a seed's unrelated and fitting frames at >= τ.
 Also prints, for the oracle's reason, the share of (seed, scene) pairs showing exactly
 what the seed image shows whose scene fits the caption, by whether the caption states a
-motion (which no still shows).
+motion (which no still shows: only a world written with `avtext.tools.mining_world
+--seed_caption_motion` has such captions; its precision is capped by them).
 """
 import argparse
 import json
@@ -154,7 +155,8 @@ def main():
         "\n|---|---|---|")
   for label, m in (("all", same), ("caption states no motion", same & ~states_motion[:, None]),
                    ("caption states a motion", same & states_motion[:, None])):
-    print(f"| {label} | {m.sum()} | {100 * fit[m].mean():.1f} |")
+    share = f"{100 * fit[m].mean():.1f}" if m.any() else "-"
+    print(f"| {label} | {m.sum()} | {share} |")
 
   frame_video = np.concatenate([np.full(len(r[3]), k) for k, r in enumerate(records)])
   times = np.concatenate([r[3] for r in records])

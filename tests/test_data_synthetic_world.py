@@ -206,6 +206,49 @@ def test_caption_statistics(train_described):
   assert len({d['caption'] for d in train_described}) > 0.9 * n
 
 
+def _mention_digest(**kwargs):
+  """sha256 of 500 mentions of random scenes, each followed by the stream's next integer
+  (so a change in how many numbers a draw consumes changes the digest)."""
+  h = hashlib.sha256()
+  rng = np.random.default_rng(2026)
+  for _ in range(500):
+    attributes = world.sample_scene(rng, rng, world.WorldSpec()).attributes()
+    mention = captions.sample_mention(rng, attributes, **kwargs)
+    h.update(json.dumps(mention, sort_keys=True).encode())
+    h.update(str(rng.integers(1 << 30)).encode())
+  return h.hexdigest()
+
+
+def test_sample_mention_default_draws_as_before_object_fields():
+  # Recorded from `sample_mention` before it took `object_fields`: the clip, multi-scene
+  # and long-video worlds draw their captions through the default path, bit for bit.
+  before = '93b68973b5a7d50b09bcdef12307a9e12c3fdeba967a2bc79af44049e331a83b'
+  assert _mention_digest() == before
+  assert _mention_digest(object_fields=world.OBJECT_FIELDS) == before
+  assert _mention_digest(object_fields=('shape', 'colour')) != before
+
+
+def test_sample_mention_states_only_the_object_fields_asked_for():
+  rng = np.random.default_rng(3)
+  stated = collections.Counter()
+  for _ in range(400):
+    attributes = world.sample_scene(rng, rng, SPEC).attributes()
+    mention = captions.sample_mention(rng, attributes, sound_rate=0.0,
+                                      object_fields=('shape', 'colour'))
+    assert captions.num_statements(mention) >= 2
+    assert captions.caption_fits(mention, attributes)
+    assert 'sound' not in mention
+    for desc in mention['objects']:
+      assert desc and set(desc) <= {'shape', 'colour'}, mention
+      stated.update(desc.keys())
+    stated.update(k for k in ('num_objects', 'background') if k in mention)
+  assert set(stated) == {'shape', 'colour', 'num_objects', 'background'}
+  attributes = world.sample_scene(rng, rng, SPEC).attributes()
+  for bad in ((), ('shape', 'size'), ('shape', 'shape')):
+    with pytest.raises(ValueError, match='object_fields'):
+      captions.sample_mention(rng, attributes, object_fields=bad)
+
+
 def test_captions_say_exactly_the_mentioned_attributes(train_described):
   categories = {'shape': captions.SHAPE_WORDS,
                 'colour': captions.COLOUR_WORDS,

@@ -1,7 +1,9 @@
 """VideoCC mining (issues 12, 34): the synthetic mining world, video_io, the FAISS shard
 search, and the Beam pipeline on the direct runner and on a local Dask cluster against a
 brute-force loop."""
+import dataclasses
 import functools
+import hashlib
 import json
 import pathlib
 
@@ -49,6 +51,46 @@ def test_default_corpus_videos_are_at_least_a_minute_and_plant_seed_content():
   w2 = mining.MiningWorld(num_seeds=50, num_videos=20)
   assert w2.describe_video(7) == w.describe_video(7)
   np.testing.assert_array_equal(w2.seed_image(3), w.seed_image(3))
+
+
+def _seed_captions_digest(w):
+  h = hashlib.sha256()
+  for i in range(w.num_seeds):
+    h.update(w.seed_caption(i).encode())
+    h.update(json.dumps(w.seed_mention(i), sort_keys=True).encode())
+  return h.hexdigest()
+
+
+def test_seed_captions_state_what_a_still_shows_and_the_option_restores_motion():
+  w = mining.MiningWorld(num_seeds=200, num_videos=1)
+  old = dataclasses.replace(w, seed_caption_motion=True)
+  stated_motion = 0
+  for i in range(w.num_seeds):
+    scene = w._seed(i)[0]  # pylint: disable=protected-access
+    mention, text = w.seed_mention(i), w.seed_caption(i)
+    assert all(set(d) <= {'shape', 'colour'} for d in mention['objects']), mention
+    assert not any(field == 'motion' for field, _ in captions.parse_statements(text)), text
+    assert captions.caption_fits(mention, scene.attributes())
+    old_mention = old.seed_mention(i)
+    assert captions.caption_fits(old_mention, scene.attributes())
+    stated_motion += any('motion' in d for d in old_mention['objects'])
+  assert stated_motion / w.num_seeds > 0.5  # 74 % of these 200
+  # The option gives the captions of the world before it, exactly (recorded then); the
+  # images and the corpus are the same either way.
+  assert _seed_captions_digest(old) == (
+      '23d7c1a5d06f55146a5dc1419dfb0040b0d28c3dc1e1203fbc05c19286494fe6')
+  np.testing.assert_array_equal(w.seed_image(7), old.seed_image(7))
+  assert w.describe_video(0) == old.describe_video(0)
+
+
+def test_world_json_keeps_the_caption_option_and_reads_old_worlds_as_stating_motion():
+  for w in (TINY, dataclasses.replace(TINY, seed_caption_motion=True)):
+    meta = json.loads(json.dumps(mining_corpus.world_meta(w, FAULTS)))
+    assert mining_corpus.world_from_meta(meta) == w
+  old = json.loads(json.dumps(mining_corpus.world_meta(TINY, FAULTS)))
+  del old['world']['seed_caption_motion']
+  old['format'] = 'avtext.mining_world/1'  # written before the option
+  assert mining_corpus.world_from_meta(old).seed_caption_motion
 
 
 def test_clip_fits_is_some_overlapping_scene_fitting():

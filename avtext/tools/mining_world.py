@@ -1,7 +1,7 @@
 r"""Write the synthetic mining world as files to mine (`make demo-mining`).
 
     python -m avtext.tools.mining_world --out=DIR --num_seeds=2000 --num_videos=200 \
-        [--faults=truncated,empty,not_video,audio_only,no_audio,short]
+        [--faults=truncated,empty,not_video,audio_only,no_audio,short] [--seed_caption_motion]
 
 The layout and the faults: `avtext.data.synthetic.mining_corpus`. Writing is
 deterministic (byte-identical files from the same flags) and skips files that exist
@@ -25,6 +25,10 @@ _NUM_VIDEOS = flags.DEFINE_integer("num_videos", 200, "corpus videos", lower_bou
 _RATE = flags.DEFINE_float("seed_scene_rate", 0.3, "the share of videos with a seed's "
                            "scene planted in them", flag_values=FLAGS)
 _SEED = flags.DEFINE_integer("seed", 0, "the world's seed", flag_values=FLAGS)
+_MOTION = flags.DEFINE_bool("seed_caption_motion", False, "seed captions may state the "
+                            "objects' motion, which a still does not show (the world before "
+                            "issue 32; by default they state what the image shows)",
+                            flag_values=FLAGS)
 _FAULTS = flags.DEFINE_list("faults", [], "bad files that replace the last videos, of "
                             f"{list(mining_corpus.FAULTS)}", flag_values=FLAGS)
 _WORKERS = flags.DEFINE_integer("workers", 2, "processes writing videos", lower_bound=1,
@@ -41,6 +45,7 @@ def main(argv):
                           f"{list(mining_corpus.FAULTS)}")
   w = mining.MiningWorld(num_seeds=_NUM_SEEDS.value, num_videos=_NUM_VIDEOS.value,
                          seed_scene_rate=_RATE.value, seed=_SEED.value,
+                         seed_caption_motion=_MOTION.value,
                          spec=world.WorldSpec(height=64, width=64, fps=25, duration_s=10.0))
   mining_corpus.write(_OUT.value, w, tuple(_FAULTS.value), workers=_WORKERS.value)
 

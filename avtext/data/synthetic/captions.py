@@ -99,18 +99,25 @@ def num_statements(mention: Mapping[str, Any]) -> int:
 
 
 def sample_mention(rng: np.random.Generator, attributes: Mapping[str, Any], *,
-                   sound_rate: float = SOUND_MENTION_RATE) -> dict[str, Any]:
+                   sound_rate: float = SOUND_MENTION_RATE,
+                   object_fields: Sequence[str] = world.OBJECT_FIELDS) -> dict[str, Any]:
   """A random subset (>= 2 statements) of the scene's attributes.
 
   The sound is mentioned with probability `sound_rate` (SOUND_MENTION_RATE; 0 for
   an image's caption, which cannot say what is heard), independently of
   everything else; the visual statements are a uniform random subset of the
-  count, the background and the objects' fields.
+  count, the background and the objects' `object_fields` (all of
+  world.OBJECT_FIELDS by default; an image's caption leaves out 'motion', which
+  a still does not show). The default draws exactly as before the option.
   """
+  unknown = [f for f in object_fields if f not in world.OBJECT_FIELDS]
+  if not object_fields or unknown or len(set(object_fields)) != len(object_fields):
+    raise ValueError(f'object_fields: expected distinct fields of {world.OBJECT_FIELDS}, '
+                     f'got {tuple(object_fields)}')
   mention_sound = bool(rng.random() < sound_rate)
   atoms = [('num_objects',), ('background',)] + [
       ('object', j, field) for j in range(attributes['num_objects'])
-      for field in world.OBJECT_FIELDS]
+      for field in object_fields]
   choices = [k for k in _VISUAL_STATEMENTS[mention_sound] if k <= len(atoms)]
   k = choices[rng.integers(len(choices))]
   mention: dict[str, Any] = {}

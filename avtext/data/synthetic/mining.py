@@ -7,9 +7,16 @@ random streams, so no seed is a corpus frame.
 
 Seeds (stream 'mining/seeds'): seed i is a scene and one frame of it at a
 random time in [0, 2) s, the *image*; its caption is `captions.sample_mention`
-with no sound statement (an image's caption cannot say what is heard) rendered
-by `captions.render_caption`. Captions may state the objects' motion, which a
-still image does not show, as CC3M's captions state actions.
+rendered by `captions.render_caption`, and, like CC3M's alt-text, it describes
+what the image shows: the objects' shapes and colours, their count and the
+background (`STILL_FIELDS`). It states no sound (an image's caption cannot say
+what is heard) and, for the same reason, no motion: a still frame shows no
+motion (`world.render_frames` draws no motion cue in a frame). The option
+`seed_caption_motion=True` (`avtext.tools.mining_world --seed_caption_motion`)
+restores the earlier captions, which may also state the objects' motion (70 %
+of them do), for comparison: no image-only embedder can rank a still by a motion,
+so they cap any f's precision. The option changes the captions only (the
+'mining/seeds' text stream); the seed scenes, images and the corpus are the same.
 
 Corpus (stream 'mining/corpus'): video i is a `multiscene` video of
 `num_scenes` scenes of `scene_seconds` each (default 8-12 scenes of 8-12 s:
@@ -43,6 +50,8 @@ from avtext.data.synthetic import world
 
 SEED_STREAM = 'mining/seeds'
 CORPUS_STREAM = 'mining/corpus'
+# The object fields a seed caption may state: what a still frame shows.
+STILL_FIELDS = ('shape', 'colour')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +64,7 @@ class MiningWorld:
   scene_seconds: tuple[float, float] = (8.0, 12.0)
   seed: int = 0
   spec: world.WorldSpec = world.WorldSpec(duration_s=10.0)
+  seed_caption_motion: bool = False  # True: seed captions may state motion (the old world)
 
   def __post_init__(self):
     if self.num_seeds < 1 or self.num_videos < 1:
@@ -72,7 +82,9 @@ class MiningWorld:
     rng = world.example_rng(self.seed, SEED_STREAM, i)
     scene = world.sample_scene(rng.visual, rng.audio, self.spec)
     time_s = float(np.floor(rng.visual.uniform(0.0, 2.0) * self.spec.fps) / self.spec.fps)
-    mention = captions.sample_mention(rng.text, scene.attributes(), sound_rate=0.0)
+    mention = captions.sample_mention(
+        rng.text, scene.attributes(), sound_rate=0.0,
+        object_fields=world.OBJECT_FIELDS if self.seed_caption_motion else STILL_FIELDS)
     text, _ = captions.render_caption(rng.text, mention)
     return scene, time_s, mention, text
 

@@ -33,18 +33,23 @@ from avtext.data.synthetic import mining
 from avtext.data.synthetic import world
 
 FAULTS = ('truncated', 'empty', 'not_video', 'audio_only', 'short', 'no_audio')  # video_io's
+# /2: the world has `seed_caption_motion`; a /1 world.json was written before it, by a world
+# whose seed captions could state motion.
+FORMAT = 'avtext.mining_world/2'
 
 
 def world_meta(w: mining.MiningWorld, faults: tuple[str, ...]) -> dict:
   params = dataclasses.asdict(w)
   params['spec'] = dataclasses.asdict(w.spec)
-  return {'format': 'avtext.mining_world/1', 'world': params, 'faults': list(faults),
+  return {'format': FORMAT, 'world': params, 'faults': list(faults),
           'seeds': {w.seed_id(i): i for i in range(w.num_seeds)},
           'videos': {w.video_id(i): i for i in range(w.num_videos)}}
 
 
 def world_from_meta(meta: dict) -> mining.MiningWorld:
   params = dict(meta['world'])
+  if meta.get('format') == 'avtext.mining_world/1':
+    params.setdefault('seed_caption_motion', True)
   spec = world.WorldSpec(**{k: tuple(v) if isinstance(v, list) else v
                             for k, v in params.pop('spec').items()})
   return mining.MiningWorld(spec=spec, **{k: tuple(v) if isinstance(v, list) else v
