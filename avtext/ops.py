@@ -73,7 +73,12 @@ def dense_matmul(x: jax.Array, kernel: jax.Array, precision=None) -> jax.Array:
   3072 -> 256 (XML's video projection) (dy^T x)^T took 255 ms against 417 ms for x^T dy,
   the one XLA picked on its own, and for 256 -> 768 (a fused query / key / value
   projection) x^T dy 76 ms against 110 ms (2-core dev VM, shared with other jobs;
-  BENCHMARKS.md, XML train step)."""
+  BENCHMARKS.md, XML train step). Only where JAX's default backend is the CPU: elsewhere
+  (measured nowhere else, and remat policies on TPU / GPU configs see plain dots) the
+  plain product."""
+  if jax.default_backend() != "cpu":
+    return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
+                               precision=precision)
   return _dense_matmul(x, kernel, precision)
 
 
@@ -107,8 +112,12 @@ def broadcast_leading(x: jax.Array, lead: tuple[int, ...]) -> jax.Array:
   """`jnp.broadcast_to(x, lead + x.shape)` whose gradient, the sum over the leading axes,
   is a matrix product with ones: XLA's CPU reduce over a major axis ran ~10x slower than
   that product for [128, 100, 256] -> [100, 256] (a position table added to every item of
-  the batch; 2-core dev VM, shared with other jobs). The same sums."""
-  return _broadcast_leading(x, tuple(int(n) for n in lead))
+  the batch; 2-core dev VM, shared with other jobs). The same sums. Only where JAX's default
+  backend is the CPU (as `dense_matmul`); elsewhere `jnp.broadcast_to`."""
+  lead = tuple(int(n) for n in lead)
+  if jax.default_backend() != "cpu":
+    return jnp.broadcast_to(x, lead + x.shape)
+  return _broadcast_leading(x, lead)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
