@@ -135,6 +135,57 @@ def test_span_logits_are_convse_of_the_mean_stream_similarity():
   np.testing.assert_allclose(s2[0], start[1, :4], rtol=1e-5, atol=1e-5)
 
 
+def test_train_loss_and_gradients_equal_the_plain_matmul_step(monkeypatch):
+  """`ops.dense_matmul` in the projections (kernel gradients in the faster orientation) and
+  `ops.broadcast_leading` in the position tables give the same training loss and
+  gradients as plain matmuls and broadcasts: the official default config (hash dropout
+  on), feature widths above the hidden width (the wide-input path), videos of 3-10 real
+  clips padded to 10, queries of 2-6 tokens."""
+  from avtext import ops  # pylint: disable=g-import-not-at-top
+  from avtext.losses import xml as xml_losses  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  b, length, lq = 6, 10, 6
+  model = xml.XML(hidden_size=8, num_heads=2, max_ctx_len=length, max_query_len=lq,
+                  span_query_linear=True, dropout_masks="hash")
+  clips, tokens = rng.integers(3, length + 1, b), rng.integers(2, lq + 1, b)
+  cm = jnp.asarray(np.arange(length)[None] < clips[:, None], jnp.int32)
+  qm = jnp.asarray(np.arange(lq)[None] < tokens[:, None], jnp.int32)
+  ctx = {"video": jnp.asarray(rng.normal(size=(b, length, 24)) * cm[..., None], jnp.float32),
+         "sub": jnp.asarray(rng.normal(size=(b, length, 12)) * cm[..., None], jnp.float32)}
+  q = jnp.asarray(rng.normal(size=(b, lq, 16)) * qm[..., None], jnp.float32)
+  start = jnp.asarray(rng.integers(0, clips), jnp.int32)
+  end = jnp.minimum(start + 1, jnp.asarray(clips - 1))
+  # Random parameters (biases, LayerNorms and all), shaped without running init eagerly.
+  shapes, tree = jax.tree.flatten(
+      jax.eval_shape(model.init, jax.random.PRNGKey(0), q, qm, ctx, cm)["params"])
+  params = jax.tree.unflatten(tree, [jnp.asarray(rng.normal(size=x.shape) * 0.3 + (x.ndim == 1),
+                                                 jnp.float32) for x in shapes])
+
+  def loss(params):
+    out = model.apply({"params": params}, q, qm, ctx, cm, train=True,
+                      rngs={"dropout": jax.random.PRNGKey(1)})
+    neg_v, neg_q = xml_losses.sample_negatives(jax.random.PRNGKey(2), out["vr_scores"])
+    return (xml_losses.video_retrieval_hinge(out["vr_scores"], neg_v, neg_q, margin=0.1)
+            + 0.01 * xml_losses.svmr_nll(out["start"], out["end"], start, end, cm))
+
+  # XLA's backend optimizations off: half the compile time, the same function.
+  step = lambda: jax.jit(jax.value_and_grad(loss), compiler_options={  # noqa: E731
+      "xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True})(params)
+  ours = step()
+  monkeypatch.setattr(ops, "dense_matmul", lambda x, k, precision=None: jnp.matmul(x, k))
+  monkeypatch.setattr(ops, "broadcast_leading",
+                      lambda x, lead: jnp.broadcast_to(x, tuple(lead) + x.shape))
+  plain = step()
+  assert float(ours[0]) > 0
+  np.testing.assert_allclose(ours[0], plain[0], rtol=1e-6)
+  flat = lambda t: dict(jax.tree_util.tree_leaves_with_path(t))  # noqa: E731
+  got, want = flat(ours[1]), flat(plain[1])
+  assert got.keys() == want.keys()
+  for k in want:
+    assert np.any(np.asarray(want[k]) != 0), k  # every parameter gets a gradient here
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-7, err_msg=str(k))
+
+
 def test_official_default_convse_reads_the_padded_clips():
   """Official: ConvSE filters S as computed at padded clips too (only the output is
   masked), and a padded position's cross-attention attends to every context position;

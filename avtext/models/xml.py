@@ -88,6 +88,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from avtext import ops
 from avtext.losses import xml as xml_losses
 from avtext.models import attention
 from avtext.models import layers
@@ -134,18 +135,21 @@ class _Sublayer(nn.Module):
 
 
 class _InputProjection(_Sublayer, kw_only=True):
-  """LN -> dropout -> Linear -> ReLU (the official LinearLayer)."""
+  """LN -> dropout -> Linear -> ReLU (the official LinearLayer); the Linear's kernel
+  gradient in the faster orientation (`ops.dense_matmul`)."""
   features: int
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
     x = self.drop(self.norm(x), deterministic)
     return nn.relu(nn.Dense(self.features, kernel_init=nn.initializers.normal(0.02),
-                            dtype=self.dtype, name="dense")(x))
+                            dtype=self.dtype, dot_general=ops.dense_dot_general,
+                            name="dense")(x))
 
 
 class _Positions(_Sublayer, kw_only=True):
-  """LN(x + P[:L]) -> dropout, P learned [max_len, D]."""
+  """LN(x + P[:L]) -> dropout, P learned [max_len, D] (its gradient, the sum over the
+  batch, a product with ones: `ops.broadcast_leading`)."""
   max_len: int
 
   @nn.compact
@@ -155,7 +159,8 @@ class _Positions(_Sublayer, kw_only=True):
                        "(config.model.max_ctx_len / max_query_len)")
     table = self.param("embedding", nn.initializers.normal(0.02),
                        (self.max_len, x.shape[-1]), jnp.float32)
-    return self.drop(self.norm(x + table[:x.shape[-2]].astype(x.dtype)), deterministic)
+    rows = ops.broadcast_leading(table[:x.shape[-2]].astype(x.dtype), x.shape[:-2])
+    return self.drop(self.norm(x + rows), deterministic)
 
 
 def _conv_init(key, shape, dtype=jnp.float32):
