@@ -215,6 +215,7 @@ def _model_nodes(node):
 
 def _train_step(config, devices):
   """(trainer, lowered train step) on `devices` from abstract inputs."""
+  from avtext import ops  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
   from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
   from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
@@ -229,7 +230,8 @@ def _train_step(config, devices):
                    partitioning.data_sharding(run.mesh))
   state, tx, schedule = run.abstract_state(batch)
   step = run.make_train_step(tx, schedule, jax.tree.map(lambda x: x.sharding, state))
-  with partitioning.mesh_context(run.mesh, config):
+  # Traced as the TPU program, also when counting its FLOPs on a CPU device.
+  with partitioning.mesh_context(run.mesh, config), ops.lowering_for("tpu"):
     return run, task, state, step.lower(state, batch)
 
 
@@ -264,6 +266,7 @@ def evaluator_fns(config) -> list[str]:
 def _predict_fns(config, run, task, state) -> dict:
   """{name: lowered predict function} for the evaluators' predict functions."""
   import jax  # pylint: disable=g-import-not-at-top
+  from avtext import ops  # pylint: disable=g-import-not-at-top
   from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
   spec = task.example_spec(train=False)
@@ -281,7 +284,7 @@ def _predict_fns(config, run, task, state) -> dict:
       continue
     batch = _sharded(task.batch_spec(batch_size, train=False, predict_fn=name),
                      partitioning.data_sharding(run.mesh))
-    with partitioning.mesh_context(run.mesh, config):
+    with partitioning.mesh_context(run.mesh, config), ops.lowering_for("tpu"):
       lowered[name] = jax.jit(fns[name]).lower(variables, batch)
   return lowered
 

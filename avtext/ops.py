@@ -1,5 +1,7 @@
 """Small array ops shared by models and losses (pure jnp)."""
+import contextlib
 import functools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +52,28 @@ def hash_bernoulli(key: jax.Array, p: float, shape) -> jax.Array:
   return (x >> 8) < threshold
 
 
+_LOWERING = threading.local()
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str):
+  """Trace for `platform` ("cpu", "tpu", "gpu") whatever JAX's default backend: the
+  CPU-only rewrites below (`dense_matmul`, `broadcast_leading`) follow it. `avtext.aot`
+  compiles TPU programs on a host whose default backend is the CPU; without this they
+  would carry the CPU's rewrites. Nests; restores the previous choice on exit."""
+  previous = getattr(_LOWERING, "platform", None)
+  _LOWERING.platform = platform
+  try:
+    yield
+  finally:
+    _LOWERING.platform = previous
+
+
+def _cpu_rewrites() -> bool:
+  """Whether the traced program is for the CPU (`lowering_for`, else the default backend)."""
+  return (getattr(_LOWERING, "platform", None) or jax.default_backend()) == "cpu"
+
+
 def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
                       preferred_element_type=None) -> jax.Array:
   """`jax.lax.dot_general` for `nn.Dense(dot_general=...)`: `dense_matmul` for the
@@ -75,8 +99,8 @@ def dense_matmul(x: jax.Array, kernel: jax.Array, precision=None) -> jax.Array:
   projection) x^T dy 76 ms against 110 ms (2-core dev VM, shared with other jobs;
   BENCHMARKS.md, XML train step). Only where JAX's default backend is the CPU: elsewhere
   (measured nowhere else, and remat policies on TPU / GPU configs see plain dots) the
-  plain product."""
-  if jax.default_backend() != "cpu":
+  plain product (`lowering_for` names the target when it is not the default backend)."""
+  if not _cpu_rewrites():
     return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
                                precision=precision)
   return _dense_matmul(x, kernel, precision)
@@ -115,7 +139,7 @@ def broadcast_leading(x: jax.Array, lead: tuple[int, ...]) -> jax.Array:
   the batch; 2-core dev VM, shared with other jobs). The same sums. Only where JAX's default
   backend is the CPU (as `dense_matmul`); elsewhere `jnp.broadcast_to`."""
   lead = tuple(int(n) for n in lead)
-  if jax.default_backend() != "cpu":
+  if not _cpu_rewrites():
     return jnp.broadcast_to(x, lead + x.shape)
   return _broadcast_leading(x, lead)
 

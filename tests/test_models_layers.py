@@ -437,6 +437,30 @@ def test_broadcast_leading_gradient_is_the_sum_over_the_leading_axes():
   np.testing.assert_array_equal(ops.broadcast_leading(table, ()), table)
 
 
+def test_cpu_rewrites_follow_the_platform_traced_for():
+  """`ops.lowering_for("tpu")` (as `avtext.aot` traces TPU programs on a CPU host) drops
+  both CPU-only rewrites: the gradients' jaxprs have no barrier, as plain jnp's; on the
+  CPU they have one each; the previous choice comes back on exit."""
+  from avtext import ops  # pylint: disable=g-import-not-at-top
+  x, k = jnp.ones((3, 8), jnp.float32), jnp.ones((8, 4), jnp.float32)
+  table = jnp.ones((5, 3), jnp.float32)
+
+  def barriers():
+    jaxprs = [jax.make_jaxpr(jax.grad(lambda k: jnp.sum(ops.dense_matmul(x, k))))(k),
+              jax.make_jaxpr(jax.grad(lambda t: jnp.sum(ops.broadcast_leading(t, (2,)))))(table)]
+    return [sum(e.primitive.name == "optimization_barrier" for e in j.jaxpr.eqns)
+            for j in jaxprs]
+
+  assert jax.default_backend() == "cpu"
+  assert barriers() == [1, 1]
+  with ops.lowering_for("tpu"):
+    assert barriers() == [0, 0]
+    with ops.lowering_for("cpu"):
+      assert barriers() == [1, 1]
+    assert barriers() == [0, 0]
+  assert barriers() == [1, 1]
+
+
 # ---- hash dropout masks (ops.hash_bernoulli, dropout_masks="hash") ----------
 
 
