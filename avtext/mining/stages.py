@@ -115,8 +115,9 @@ def seed_shard(staging: str, shard: int, start: int, stop: int, paths: Sequence[
   """Seed rows [start, stop) -> their unit vectors in STAGING/seeds-SHARD.npy; (shard,
   start, the file, the vectors' `embed.fixed_point_sum`, their number). The vectors come
   from f on the seed images (`paths`), `embed_batch` images at a time, or from rows of the
-  precomputed seed_features array (paths None). One task writes a whole shard, so seed vectors never pass through a shuffle and a
-  worker holds one shard (~3 copies of it at the write) whatever the number of seeds."""
+  precomputed seed_features array (paths None). One task writes a whole shard, so seed
+  vectors never pass through a shuffle and a worker holds one shard (~3 copies of it at
+  the write) whatever the number of seeds."""
   if seed_features:
     vecs = embed.l2_normalize(read_npy_rows(seed_features, start, stop))
   else:

@@ -26,8 +26,8 @@ _RATE = flags.DEFINE_float("seed_scene_rate", 0.3, "the share of videos with a s
                            "scene planted in them", flag_values=FLAGS)
 _SEED = flags.DEFINE_integer("seed", 0, "the world's seed", flag_values=FLAGS)
 _MOTION = flags.DEFINE_bool("seed_caption_motion", False, "seed captions may state the "
-                            "objects' motion, which a still does not show (the world before "
-                            "issue 32; by default they state what the image shows)",
+                            "objects' motion, which a still does not show (the world's earlier "
+                            "captions; by default they state what the image shows)",
                             flag_values=FLAGS)
 _FAULTS = flags.DEFINE_list("faults", [], "bad files that replace the last videos, of "
                             f"{list(mining_corpus.FAULTS)}", flag_values=FLAGS)
