@@ -1,0 +1,53 @@
+"""The measuring helpers of benchmarks/dtype_step_cpu.py against hand-counted facts."""
+import jax
+import jax.numpy as jnp
+import pytest
+
+from benchmarks import dtype_step_cpu
+
+
+def _hlo(fn, *args) -> str:
+  return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def test_traffic_counts_an_elementwise_kernels_operand_and_result_bytes():
+  # exp(x) * 2 over f32[256, 64]: one fused kernel reading 64 KiB and writing 64 KiB.
+  x = jnp.ones((256, 64), jnp.float32)
+  assert dtype_step_cpu.hlo_traffic(_hlo(lambda v: jnp.exp(v) * 2, x)) == (2 * 256 * 64 * 4, 1)
+  # Two results of one input (a multi-output kernel or two kernels): 64 KiB of bfloat16
+  # in, at least the two 32/64 KiB results out, the input read at least once.
+  y = jnp.ones((256, 128), jnp.bfloat16)
+  moved, kernels = dtype_step_cpu.hlo_traffic(
+      _hlo(lambda v: (v.astype(jnp.float32) * 3, v * 2), y))
+  assert kernels >= 1 and moved >= 64 * 1024 + 128 * 1024 + 64 * 1024
+
+
+def test_traffic_leaves_products_out_and_dots_are_counted_with_their_flops():
+  a, b = jnp.ones((64, 32), jnp.float32), jnp.ones((32, 16), jnp.float32)
+  hlo = _hlo(lambda u, v: u @ v, a, b)
+  assert dtype_step_cpu.hlo_traffic(hlo) == (0, 0)
+  (key, count), = dtype_step_cpu.hlo_dots(hlo).items()
+  assert count == 1 and key[1:3] == ((64, 32), (32, 16))
+  assert dtype_step_cpu.dot_flops(*key[1:]) == 2 * 64 * 32 * 16
+
+
+def test_traffic_refuses_loops():
+  x = jnp.ones((8,), jnp.float32)
+  hlo = _hlo(lambda v: jax.lax.fori_loop(0, jnp.int32(v[0]), lambda i, s: s * 2, v), x)
+  with pytest.raises(ValueError, match="loop"):
+    dtype_step_cpu.hlo_traffic(hlo)
+
+
+def test_config_overrides_set_fields_and_name_unknown_ones():
+  config = dtype_step_cpu.load_config(
+      "configs/videocc_avr.py", "float32",
+      ("train.batch_size=3", "model.video.init_from_vit.path=", "model.remat=none",
+       "model.scan_layers=False"))
+  assert config.train.batch_size == 3
+  assert config.model.video.init_from_vit.path == ""
+  assert config.model.remat == "none" and config.model.scan_layers is False
+  assert config.model.dtype == "float32" and config.num_devices == 1
+  with pytest.raises(KeyError, match="model.nope"):
+    dtype_step_cpu.load_config("configs/videocc_avr.py", "float32", ("model.nope=1",))
+  with pytest.raises(ValueError, match="dotted.key=value"):
+    dtype_step_cpu.load_config("configs/videocc_avr.py", "float32", ("train.batch_size",))
