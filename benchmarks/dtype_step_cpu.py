@@ -176,22 +176,25 @@ def hlo_traffic(hlo_text: str) -> tuple[int, int]:
 
 def stream_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> dict:
   """GB/s of two jitted streaming kernels over a float32 buffer far larger than the caches
-  (median of `repeats`): "read" sums it, "read_write" updates it in place (x * a + b on
-  the donated buffer; its bytes read and written both count)."""
-  x = jnp.ones((nbytes // 4,), jnp.float32)
+  (median of `repeats`, after a warm-up): "read" sums it, "read_write" updates it in place
+  (x * a + b on the donated buffer; its bytes read and written both count)."""
+  buffer = [jnp.ones((nbytes // 4,), jnp.float32)]
   total = jax.jit(jnp.sum)
   update = jax.jit(lambda v: v * 1.0000001 + 1e-7, donate_argnums=0)
+
+  def read():
+    jax.block_until_ready(total(buffer[0]))
+
+  def read_write():
+    buffer[0] = jax.block_until_ready(update(buffer[0]))
+
   out = {}
-  for name, fn, moved in (("read", total, nbytes), ("read_write", update, 2 * nbytes)):
-    x = jax.block_until_ready(update(x)) if name == "read_write" else x
-    jax.block_until_ready(total(x))
+  for name, run, moved in (("read", read, nbytes), ("read_write", read_write, 2 * nbytes)):
+    run()
     times = []
     for _ in range(repeats):
       t0 = time.perf_counter()
-      if name == "read":
-        jax.block_until_ready(total(x))
-      else:
-        x = jax.block_until_ready(update(x))
+      run()
       times.append(time.perf_counter() - t0)
     out[name] = moved / float(np.median(times)) / 1e9
   return out
