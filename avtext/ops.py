@@ -1,6 +1,7 @@
 """Small array ops shared by models and losses (pure jnp)."""
 import contextlib
 import functools
+import math
 import threading
 
 import jax
@@ -154,9 +155,7 @@ def _broadcast_leading_fwd(x, lead):
 
 
 def _broadcast_leading_bwd(lead, _, dy):
-  n = 1
-  for d in lead:
-    n *= d
+  n = math.prod(lead)
   ones = jnp.ones((1, n), dy.dtype)
   dx = jax.lax.optimization_barrier(ones @ dy.reshape(n, -1))
   return (dx.reshape(dy.shape[len(lead):]),)
