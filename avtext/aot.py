@@ -1,6 +1,6 @@
 r"""Compile a config for a TPU slice ahead of time, on any machine: does it fit, how fast can it go.
 
-    python -m avtext.aot --config=configs/videocc_avr.py [--topology=v5e:4x4] [--json]
+    python -m avtext.aot --config=configs/videocc_avr.py [--topology=v5e:4x4] [--json|--breakdown]
 
 The config's real train step (the trainer's own jitted step, with the config's dtype,
 remat, attention, micro-batches and partitioning) is lowered from abstract inputs at the
@@ -14,26 +14,31 @@ each with half the chip's HBM and FLOP/s)
 
   HBM needed      arguments + outputs + temporaries - aliased (donated) buffers, from
                   the compiled program's memory analysis, against the chip's HBM
-  FLOPs           the step's HLO cost analysis, rematerialized work included, from the
-                  unrolled step lowered on a CPU device (`lowered_costs`: the compiled
-                  program's own count sees no FLOPs inside Pallas kernels and counts a
-                  scanned loop's body once); the compiled count is in the JSON too
-  bytes accessed  the compiled program's cost analysis (with scan_layers scaled by the
-                  loops' trip counts, `lowered_costs`); / the chip's HBM bandwidth =
-                  the memory-bandwidth bound
-  step bound      max(FLOPs / bf16 peak, bytes / bandwidth): no step can be faster
+  bytes, FLOPs,   read from the compiled program itself (`avtext.train.hlo_cost`): every
+  interconnect    kernel it launches, weighted by its loops' trip counts (scanned layers
+                  count N times), its HBM operands and outputs at their tiled size, the
+                  FLOPs of its products (the Pallas flash kernels' from their shapes),
+                  the bytes each collective sends (FSDP's all-gathers and
+                  reduce-scatters, the gradient all-reduce)
+  step bound      max(FLOPs / bf16 peak, bytes / HBM bandwidth, interconnect bytes /
+                  ICI bandwidth) (`avtext.train.cost_model`); the JSON's `bound_by`
+                  names the term that binds: no step of this program can be faster
   MFU at bound    model FLOPs (the same step lowered without remat, before the
                   compiler) / (step bound x peak): the best utilization this program
                   allows; a real step is slower
+  breakdown       bytes, FLOPs and share of the bound by op class (matmuls/convs,
+                  attention kernels, elementwise/LayerNorm fusions, copies/transposes,
+                  collectives, optimizer update) and the 15 largest kernels by bytes:
+                  `--breakdown`, and always in `--json`
 
+Progress lines go to stderr while it works.
 With --evals (default on) each predict function the evaluators call is compiled too, at
 config.eval.batch_size, and must fit beside the parameters. `fits` is HBM needed <= the
 chip's HBM; the paper configs keep >= 10 % headroom (tests/test_aot.py, BENCHMARKS.md).
-The chip table below holds the public per-chip figures; topology names are libtpu's
-("v5e:4x4", "v4:2x2x4", "v5p:2x2x2", "v6e:2x2").
+The chip table (`cost_model.CHIPS`) holds the public per-chip figures and their
+sources; topology names are libtpu's ("v5e:4x4", "v4:2x2x4", "v5p:2x2x2", "v6e:2x2").
 """
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -48,6 +53,8 @@ import numpy as np
 
 from avtext import cli
 from avtext import errors
+from avtext.train import cost_model
+from avtext.train import hlo_cost
 
 FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file(
@@ -60,35 +67,16 @@ _JSON = flags.DEFINE_bool("json", False, "print one JSON object instead of the r
                           flag_values=FLAGS)
 _EVALS = flags.DEFINE_bool("evals", True, "also compile the evaluators' predict functions",
                            flag_values=FLAGS)
+_BREAKDOWN = flags.DEFINE_bool("breakdown", False, "print the step's costs by op class and "
+                                "its 15 largest kernels (always in --json)",
+                                flag_values=FLAGS)
 flags.mark_flag_as_required("config", flag_values=FLAGS)
 
 
 GIB = 2 ** 30
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-  name: str
-  hbm_gib: float  # usable HBM per chip
-  bf16_flops: float  # peak dense bf16 FLOP/s per chip
-  hbm_bytes_per_s: float  # HBM bandwidth per chip
-
-
-# Cloud TPU system-architecture pages; v5e's 15.75 GiB is what its runtime leaves usable.
-CHIPS = {
-    "v4": Chip("TPU v4", 32.0, 275e12, 1228e9),
-    "v5e": Chip("TPU v5 lite", 15.75, 197e12, 819e9),
-    "v5p": Chip("TPU v5p", 95.0, 459e12, 2765e9),
-    "v6e": Chip("TPU v6 lite", 31.25, 918e12, 1640e9),
-}
-
-
-def chip_of(topology: str) -> Chip:
-  kind = topology.split(":")[0].lower()
-  if kind not in CHIPS:
-    raise ValueError(f"topology {topology!r}: unknown chip {kind!r}; expected one of "
-                     f"{sorted(CHIPS)} (e.g. v5e:4x4, v4:2x2x4)")
-  return CHIPS[kind]
+Chip, CHIPS, chip_of = cost_model.Chip, cost_model.CHIPS, cost_model.chip_of
 
 
 @contextlib.contextmanager
@@ -106,19 +94,54 @@ def _quiet_stderr():
     os.close(saved)
 
 
+# The H100 SXM5 as XLA's GPU compiler models it (a `stream_executor.GpuTargetConfigProto`
+# text): NVIDIA's datasheet figures (132 SMs at 1.98 GHz, 80 GB HBM3 at 3.35 TB/s, 50 MB
+# L2, compute capability 9.0) and the CUDA limits of that architecture.
+H100_TARGET = """gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
+  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
+  clock_rate_ghz: 1.98 device_memory_size: 84978434048
+  shared_memory_per_block_optin: 232448 cuda_compute_capability { major: 9 }
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+
+
+def gpu_topology_devices(topology: str) -> list:
+  """The GPUs of `topology` ("h100:HOSTSxGPUS", e.g. h100:1x1, h100:1x8) described by
+  the CUDA PJRT plugin of requirements-cuda12.txt from `H100_TARGET`, no GPU needed."""
+  dims = topology.split(":")[1].split("x") if ":" in topology else []
+  if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
+    raise ValueError(f"topology {topology!r}: a GPU topology is h100:HOSTSxGPUS "
+                     "(h100:1x1 for one GPU, h100:1x8 for an 8-GPU host)")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    desc = topologies.get_topology_desc(
+        topology_name=topology, platform="cuda", topology=f"1x{dims[0]}x{dims[1]}",
+        target_config=H100_TARGET)
+  except Exception as e:  # pylint: disable=broad-except
+    raise RuntimeError(
+        f"the CUDA plugin could not describe {topology!r} ({type(e).__name__}: "
+        f"{str(e).splitlines()[0] if str(e) else ''}); compiling for GPUs needs the CUDA "
+        "wheels: make venv ACCEL=cuda12 (or pip install -r requirements-cuda12.txt)") from e
+  return list(desc.devices)
+
+
 def per_device(chip: Chip, topology: str, devices: list) -> Chip:
-  """The chip's figures per JAX device: libtpu describes a v4 / v5p chip as two devices
-  (its two TensorCores), each with half the chip's HBM, bandwidth and FLOP/s."""
+  """The chip's figures per JAX device (`cost_model.per_device`)."""
   dims = [int(d) for d in topology.split(":")[1].split("x")]
-  per_chip = len(devices) // int(np.prod(dims))
-  if per_chip <= 1:
-    return chip
-  return Chip(f"{chip.name} TensorCore ({per_chip} per chip)", chip.hbm_gib / per_chip,
-              chip.bf16_flops / per_chip, chip.hbm_bytes_per_s / per_chip)
+  return cost_model.per_device(chip, len(devices) // int(np.prod(dims)))
 
 
 def topology_devices(topology: str) -> list:
-  """The devices of a TPU slice described by libtpu (no TPU needed)."""
+  """The devices of a TPU slice described by libtpu, or of GPU hosts described by the
+  CUDA PJRT plugin (`gpu_topology_devices`); no accelerator needed."""
+  if chip_of(topology).platform == "cuda":
+    return gpu_topology_devices(topology)
   # libtpu takes a machine-wide lock file by default; describing a slice needs no chip,
   # so several checks (and tests) may run at once.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -182,29 +205,6 @@ def scans_layers(config) -> bool:
   return any(node.get("scan_layers") for node in _model_nodes(config.model))
 
 
-def lowered_costs(config) -> dict[str, dict[str, float]]:
-  """HLO cost analyses of the config's train step lowered on one CPU device (tracing
-  only, no compilation), remat as configured, the materialized attention:
-  {"unrolled": ..., "scanned": ... (only with scan_layers)}, each {"flops", "bytes"}.
-
-  The compiled TPU program's own count misses two things: XLA counts a while loop's
-  body once, whatever its trip count (`scan_layers`), and sees no FLOPs inside a Pallas
-  kernel (`flash_tpu`). The unrolled lowering has neither problem, so it gives the
-  step's FLOPs (remat's recomputation included); the ratio unrolled / scanned scales
-  the compiled program's bytes accessed (an estimate: a ratio of un-fused costs,
-  compared with the unrolled compile in tests/test_aot.py)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  costs = {}
-  for name, scan in (("unrolled", False), ("scanned", True)):
-    if scan and not scans_layers(config):
-      continue
-    lowered = _train_step(_variant(config, remat=True, scan=scan), jax.devices("cpu")[:1])[3]
-    cost = _cost(lowered.cost_analysis())
-    costs[name] = {"flops": float(cost.get("flops", 0.0)),
-                   "bytes": float(cost.get("bytes accessed", 0.0))}
-  return costs
-
-
 def _model_nodes(node):
   import ml_collections  # pylint: disable=g-import-not-at-top
   yield node
@@ -231,8 +231,15 @@ def _train_step(config, devices):
   state, tx, schedule = run.abstract_state(batch)
   step = run.make_train_step(tx, schedule, jax.tree.map(lambda x: x.sharding, state))
   # Traced as the TPU program, also when counting its FLOPs on a CPU device.
-  with partitioning.mesh_context(run.mesh, config), ops.lowering_for("tpu"):
+  with partitioning.mesh_context(run.mesh, config), ops.lowering_for(_target(devices)):
     return run, task, state, step.lower(state, batch)
+
+
+def _target(devices) -> str:
+  """The platform a program for `devices` is traced for: theirs ("tpu", "gpu"); CPU
+  devices (the FLOP-counting lowerings) trace the accelerator program, "tpu"."""
+  platform = devices[0].platform
+  return "gpu" if platform in ("cuda", "rocm", "gpu") else "tpu"
 
 
 def model_flops_per_step(config) -> float:
@@ -284,35 +291,52 @@ def _predict_fns(config, run, task, state) -> dict:
       continue
     batch = _sharded(task.batch_spec(batch_size, train=False, predict_fn=name),
                      partitioning.data_sharding(run.mesh))
-    with partitioning.mesh_context(run.mesh, config), ops.lowering_for("tpu"):
+    with partitioning.mesh_context(run.mesh, config), ops.lowering_for(
+        _target(run.mesh.devices.flat)):
       lowered[name] = jax.jit(fns[name]).lower(variables, batch)
   return lowered
 
 
-def analyze(config, topology: str | None = None, *, evals: bool = True) -> dict[str, Any]:
-  """Compiles `config` for `topology` (default config.target_topology); the report dict."""
+def _progress(message: str) -> None:
+  """A progress line on stderr (the compiles take minutes on a small machine)."""
+  print(f"aot: {message}", file=sys.stderr, flush=True)
+
+
+def program_cost(compiled, devices: int) -> hlo_cost.HloCost:
+  """The per-device costs of a compiled program, from its optimized HLO."""
+  return hlo_cost.analyze_hlo(compiled.as_text(), devices)
+
+
+def analyze(config, topology: str | None = None, *, evals: bool = True,
+            progress=_progress) -> dict[str, Any]:
+  """Compiles `config` for `topology` (default config.target_topology); the report dict.
+
+  Bytes, FLOPs and interconnect bytes are read from the compiled program
+  (`hlo_cost.analyze_hlo`: every kernel weighted by its loops' trip counts, so scanned
+  layers count N times); the bound is `cost_model.bound`. `progress(message)` is
+  told what runs (lowering, compiling, ...)."""
   topology = topology or config.get("target_topology")
   if not topology:
     raise ValueError("no topology: pass --topology=v5e:4x4 (or set config.target_topology)")
   chip = per_device(chip_of(topology), topology, devices := topology_devices(topology))
+  progress(f"lowering the train step (global batch {config.train.batch_size}) for "
+           f"{topology}, {len(devices)} x {chip.name}")
   t0 = time.perf_counter()
   run, task, state, lowered = _train_step(config, devices)
   lower_s = time.perf_counter() - t0
+  progress(f"lowered in {lower_s:.0f} s; compiling for {topology} (the paper AVR step: "
+           "about 2 min on a 2-core machine)")
   t0 = time.perf_counter()
   compiled = lowered.compile()
   compile_s = time.perf_counter() - t0
+  progress(f"compiled in {compile_s:.0f} s; reading the program's costs")
   mem = _memory(compiled)
-  cost = _cost(compiled.cost_analysis())
+  xla = _cost(compiled.cost_analysis())
   chips = run.mesh.size
-  lowered_cost = lowered_costs(config)
-  flops = lowered_cost["unrolled"]["flops"] / chips
-  bytes_factor = (lowered_cost["unrolled"]["bytes"] / max(lowered_cost["scanned"]["bytes"], 1.0)
-                  if "scanned" in lowered_cost else 1.0)
-  bytes_accessed = float(cost.get("bytes accessed", 0.0)) * bytes_factor
+  cost = program_cost(compiled, chips)
+  progress("counting the model's FLOPs (the step lowered without remat on the CPU)")
   model_flops = model_flops_per_step(config) / chips
-  compute_s = flops / chip.bf16_flops
-  memory_s = bytes_accessed / chip.hbm_bytes_per_s
-  bound = max(compute_s, memory_s)
+  roof = cost_model.bound(cost, chip, model_flops)
   needed = _needed(mem)
   report = {
       "config": config.get("task"), "topology": topology, "chip": chip.name,
@@ -321,24 +345,27 @@ def analyze(config, topology: str | None = None, *, evals: bool = True) -> dict[
       "microbatches": int(config.train.get("microbatches") or 1),
       "dtype": config.model.get("dtype") or "float32",
       "remat": config.model.get("remat") or "none",
+      "attention": config.model.get("attention") or "xla",
       "scan_layers": scans_layers(config),
-      "bytes_loop_factor": bytes_factor,
       "fsdp": bool((config.get("partitioning") or {}).get("fsdp", False)),
       "hbm_needed_gib": needed / GIB, "hbm_per_chip_gib": chip.hbm_gib,
       "headroom": 1.0 - needed / GIB / chip.hbm_gib,
       "fits": needed / GIB <= chip.hbm_gib,
       "memory_gib": {k: v / GIB for k, v in mem.items()},
-      "flops_per_chip": flops, "model_flops_per_chip": model_flops,
-      "compiled_flops_per_chip": float(cost.get("flops", 0.0)),
-      "bytes_per_chip": bytes_accessed,
-      "compute_bound_s": compute_s, "memory_bound_s": memory_s,
-      "step_time_lower_bound_s": bound,
-      "mfu_at_bound": model_flops / (bound * chip.bf16_flops) if bound else 0.0,
+      "flops_per_chip": cost.flops, "model_flops_per_chip": model_flops,
+      "bytes_per_chip": cost.bytes, "comm_bytes_per_chip": cost.comm_bytes,
+      # XLA's own cost analysis, for comparison: a loop body counted once, no FLOPs
+      # inside Mosaic kernels, on-chip operands charged as memory traffic.
+      "xla_cost_analysis": {"flops": float(xla.get("flops", 0.0)),
+                            "bytes": float(xla.get("bytes accessed", 0.0))},
+      "unreadable_loops": cost.unreadable_loops,
+      **roof,
       "lower_s": lower_s, "compile_s": compile_s,
   }
   if evals:
     report["predict"] = {}
     for name, fn in _predict_fns(config, run, task, state).items():
+      progress(f"compiling the predict function {name}")
       t0 = time.perf_counter()
       c = fn.compile()
       m = _memory(c)
@@ -346,6 +373,7 @@ def analyze(config, topology: str | None = None, *, evals: bool = True) -> dict[
                                  "fits": _needed(m) / GIB <= chip.hbm_gib,
                                  "compile_s": time.perf_counter() - t0}
     report["fits"] = report["fits"] and all(p["fits"] for p in report["predict"].values())
+  progress("done")
   return report
 
 
@@ -364,26 +392,36 @@ def advice(report: dict) -> str:
   return "; or ".join(steps)
 
 
-def format_report(r: dict) -> str:
+def format_report(r: dict, breakdown: bool = False) -> str:
   lines = [
       f"{r['topology']} ({r['chips']} x {r['chip']}, mesh {r['mesh']}), global batch "
       f"{r['global_batch']} in {r['microbatches']} micro-batch(es), {r['dtype']} compute, "
-      f"remat {r['remat']}, FSDP {'on' if r['fsdp'] else 'off'}"
+      f"remat {r['remat']}, attention {r['attention']}, FSDP {'on' if r['fsdp'] else 'off'}"
       f"{', layers scanned' if r.get('scan_layers') else ''}",
-      f"  HBM per chip     {r['hbm_needed_gib']:.2f} GiB needed of {r['hbm_per_chip_gib']} GiB "
-      f"({100 * r['headroom']:.0f} % headroom): args {r['memory_gib']['argument']:.2f}, "
+      f"  HBM per chip     {r['hbm_needed_gib']:.2f} GiB needed of {r['hbm_per_chip_gib']:.2f} "
+      f"GiB ({100 * r['headroom']:.0f} % headroom): args {r['memory_gib']['argument']:.2f}, "
       f"outputs {r['memory_gib']['output']:.2f}, temporaries {r['memory_gib']['temp']:.2f}, "
       f"aliased {r['memory_gib']['alias']:.2f}",
-      f"  FLOPs per chip   {r['flops_per_chip'] / 1e9:.4g} GFLOP per step "
-      f"(model {r['model_flops_per_chip'] / 1e9:.4g} without remat)",
-      f"  bytes per chip   {r['bytes_per_chip'] / 1e9:.4g} GB per step"
-      + (f" (the scanned program's x{r['bytes_loop_factor']:.3g}, `lowered_costs`)"
-         if r.get("scan_layers") else ""),
-      f"  step bound       {1e3 * r['step_time_lower_bound_s']:.4g} ms = max(compute "
-      f"{1e3 * r['compute_bound_s']:.4g} ms, HBM bandwidth {1e3 * r['memory_bound_s']:.4g} ms);"
-      f" MFU at the bound {100 * r['mfu_at_bound']:.0f} %",
+      f"  FLOPs per chip   {r['flops_per_chip'] / 1e9:,.0f} GFLOP per step "
+      f"(model {r['model_flops_per_chip'] / 1e9:,.0f} without remat)",
+      f"  HBM traffic      {r['bytes_per_chip'] / 1e9:,.1f} GB per step per chip",
+      f"  interconnect     {r['comm_bytes_per_chip'] / 1e9:,.2f} GB sent per step per chip",
+      f"  step bound       {1e3 * r['step_time_lower_bound_s']:,.1f} ms, set by "
+      f"{r['bound_by']} = max(compute {1e3 * r['compute_bound_s']:,.1f} ms, HBM "
+      f"{1e3 * r['memory_bound_s']:,.1f} ms, ICI {1e3 * r['ici_bound_s']:,.1f} ms); "
+      f"MFU at the bound {100 * r['mfu_at_bound']:.1f} %",
       f"  compile          {r['compile_s']:.0f} s (lowering {r['lower_s']:.0f} s)",
   ]
+  if breakdown:
+    lines.append("  by op class       HBM GB   GFLOP   ICI GB  kernels  share of bound")
+    for name, b in r["breakdown"].items():
+      lines.append(f"    {name:26s} {b['bytes'] / 1e9:7.1f} {b['flops'] / 1e9:8,.0f} "
+                   f"{b['comm_bytes'] / 1e9:7.2f} {b['kernels']:8d}  "
+                   f"{100 * b['share_of_bound']:5.1f} %")
+    lines.append("  largest kernels by bytes (all runs)")
+    for k in r["largest"]:
+      lines.append(f"    {k['bytes'] / 1e9:7.2f} GB x{k['runs']:<3d} {k['op_class']:24s} "
+                   f"{k['name'][:36]:36s} {k['op_name'][-70:]}")
   for name, p in (r.get("predict") or {}).items():
     lines.append(f"  predict {name}: {p['hbm_needed_gib']:.2f} GiB, compiled in "
                  f"{p['compile_s']:.0f} s{'' if p['fits'] else ' (does not fit)'}")
@@ -405,7 +443,7 @@ def main(argv):
   except (ValueError, RuntimeError) as e:
     raise errors.BadInput(str(e)) from None
   print(json.dumps(report, indent=2, sort_keys=True) if _JSON.value
-        else format_report(report))
+        else format_report(report, breakdown=_BREAKDOWN.value))
 
 
 if __name__ == "__main__":

@@ -70,9 +70,16 @@ def lowering_for(platform: str):
     _LOWERING.platform = previous
 
 
+def lowering_platform() -> str:
+  """The platform the traced program is for: `lowering_for`'s, else JAX's default
+  backend ("cpu", "tpu", "gpu"; CUDA and ROCm are "gpu")."""
+  platform = getattr(_LOWERING, "platform", None) or jax.default_backend()
+  return "gpu" if platform in ("cuda", "rocm") else platform
+
+
 def _cpu_rewrites() -> bool:
   """Whether the traced program is for the CPU (`lowering_for`, else the default backend)."""
-  return (getattr(_LOWERING, "platform", None) or jax.default_backend()) == "cpu"
+  return lowering_platform() == "cpu"
 
 
 def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,

@@ -5,8 +5,10 @@ r"""Every paper config compiled for its target TPU topology: the BENCHMARKS tabl
 Runs `python -m avtext.aot --config=configs/<name>.py --json` (the paper setup, on
 `config.target_topology`) for each config in its own process, then prints one markdown
 row per config: topology, HBM needed / per chip (headroom), GFLOPs per step per chip
-(with remat, and the model's own without), the step-time lower bound (compute or
-HBM bandwidth, whichever is larger), the MFU that bound implies, and compile seconds.
+(the compiled program's, and the model's own without remat), HBM and interconnect
+bytes per step per chip, the step-time lower bound and the term that sets it (compute,
+HBM or ICI), the MFU that bound implies, the two op classes with the largest share of
+the bound, and compile seconds.
 Rows already in --out (same config) are reused, so an interrupted run resumes.
 """
 import argparse
@@ -60,19 +62,23 @@ def run_one(name: str, extra: list[str]) -> dict:
 
 def row(r: dict) -> str:
   if "error" in r:
-    return f"| {r['name']} | | failed: {r['error'].splitlines()[-1][:120]} | | | | | |"
+    return f"| {r['name']} | | failed: {r['error'].splitlines()[-1][:120]} | | | | | | | |"
+  shares = sorted(r["breakdown"].items(), key=lambda kv: -kv[1]["share_of_bound"])[:2]
+  top = ", ".join(f"{name} {100 * b['share_of_bound']:.0f} %" for name, b in shares)
   return (f"| {r['name']} | {r['topology']} ({r['chips']} chips) | "
           f"{r['hbm_needed_gib']:.1f} / {r['hbm_per_chip_gib']:.2f} GiB "
           f"({100 * r['headroom']:.0f} %) | "
           f"{r['flops_per_chip'] / 1e9:,.0f} ({r['model_flops_per_chip'] / 1e9:,.0f}) | "
-          f"{1e3 * r['step_time_lower_bound_s']:,.1f} ms "
-          f"({'HBM' if r['memory_bound_s'] > r['compute_bound_s'] else 'compute'}) | "
-          f"{100 * r['mfu_at_bound']:.0f} % | {r['global_batch']} | {r['compile_s']:.0f} s |")
+          f"{r['bytes_per_chip'] / 1e9:,.1f} | {r['comm_bytes_per_chip'] / 1e9:,.2f} | "
+          f"{1e3 * r['step_time_lower_bound_s']:,.1f} ms ({r['bound_by']}) | "
+          f"{100 * r['mfu_at_bound']:.1f} % | {top} | {r['global_batch']} | "
+          f"{r['compile_s']:.0f} s |")
 
 
-HEADER = ("| config | topology | HBM needed / per chip (headroom) | GFLOPs/step/chip with remat "
-          "(model) | step lower bound (by) | MFU at bound | global batch | compile |\n"
-          "|---|---|---|---|---|---|---|---|")
+HEADER = ("| config | topology | HBM needed / per chip (headroom) | GFLOPs/step/chip compiled "
+          "(model) | HBM GB/step/chip | ICI GB/step/chip | step lower bound (by) | MFU at "
+          "bound | largest op classes (share of bound) | global batch | compile |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main():

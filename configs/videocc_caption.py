@@ -104,7 +104,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the flash kernel (the decoder's prefix-LM mask: the blocked path), layers scanned.
   # State replicated: with FSDP the compiler needs 17.4 GiB a chip (over v5e's 15.75),
   # without it 11.3 (3.5 of them the replicated params and optimizer state).
-  videocc_avr.paper_scale(config, "v5e:8x8", remat="full", attention="flash_tpu",
+  videocc_avr.paper_scale(config, "v5e:8x8", remat="full", attention="auto",
                           scan_layers=True)
   if synthetic:
     _synthetic(config, tiny="tiny" in variants)

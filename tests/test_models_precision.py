@@ -5,6 +5,8 @@ bfloat16 model stays within a stated tolerance of its float32 twin.
 The references are independent: a naive softmax attention written here in numpy, and the
 float32 / no-remat path of the same parameters.
 """
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from avtext import ops
 from avtext.models import attention
 from avtext.models import layers
 from avtext.models import registry as models_registry
@@ -81,7 +84,8 @@ class _Stack(nn.Module):
 
 # "full" (~14 s) runs with -m slow; the named-policy case checks the same by default.
 @pytest.mark.parametrize("policy", [pytest.param("full", marks=pytest.mark.slow),
-                                    "dots_with_no_batch_dims_saveable"])
+                                    "dots_with_no_batch_dims_saveable",
+                                    *layers.REMAT_POLICIES])
 def test_remat_gradients_equal_plain(policy):
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.normal(size=(2, 6, 16)), jnp.float32)
@@ -99,6 +103,31 @@ def test_remat_gradients_equal_plain(policy):
   # Same parameter names with and without remat (checkpoints are interchangeable).
   assert jax.tree.structure(g0) == jax.tree.structure(g1)
   assert relative_difference(g1, g0) <= 1e-6
+
+
+def _dots_in_gradient(remat: str) -> int:
+  """dot_general equations the gradient program runs (recomputed ones included)."""
+  x = jnp.ones((2, 6, 16))
+  pm = jnp.ones((2, 6))
+  variables = _Stack("none").init(jax.random.PRNGKey(0), x, pm, False)
+  jaxpr = jax.make_jaxpr(jax.grad(
+      lambda v: jnp.sum(_Stack(remat).apply(v, x, pm, False) ** 2)))(variables)
+
+  def count(j):
+    n = 0
+    for eqn in j.eqns:
+      n += eqn.primitive.name == "dot_general"
+      for sub in jax.core.jaxprs_in_params(eqn.params):
+        n += count(sub)
+    return n
+  return count(jaxpr.jaxpr)
+
+
+def test_named_remat_policies_keep_their_products():
+  """Each named policy recomputes fewer products than "full" and more than none."""
+  dots = {name: _dots_in_gradient(name) for name in ("none", "full", *layers.REMAT_POLICIES)}
+  assert dots["none"] < dots["save_qkv_attention_mlp"] < dots["save_qkv_attention"] \
+      < dots["full"], dots
 
 
 def relative_difference(a, b) -> float:
@@ -163,3 +192,52 @@ def test_cudnn_path_pads_and_masks_to_the_same_function(monkeypatch, mask_kind):
   np.testing.assert_allclose(np.asarray(got), _numpy_attention(q, k, v, mask), atol=2e-6)
   assert calls and calls[0][0] == "cudnn"
   assert ("key_value_seq_lengths" in calls[0][1]) == (mask is None)
+
+
+@pytest.mark.parametrize("platform,dtype,want", [
+    ("tpu", jnp.bfloat16, "flash_tpu"), ("tpu", jnp.float32, "flash_tpu"),
+    ("gpu", jnp.bfloat16, "cudnn"), ("gpu", jnp.float32, "xla"),
+    ("cpu", jnp.bfloat16, "xla"), ("cpu", jnp.float32, "xla")])
+def test_auto_attention_resolves_to_the_platform_kernel(platform, dtype, want):
+  with ops.lowering_for(platform):
+    assert attention.resolve_implementation("auto", dtype) == want
+  assert attention.resolve_implementation("auto", dtype, platform) == want
+  assert attention.resolve_implementation("blocked", dtype, platform) == "blocked"
+
+
+def test_auto_attention_on_a_gpu_target_calls_cudnn(monkeypatch):
+  """Traced for a GPU (as `avtext.aot` traces for its target), "auto" takes cuDNN's
+  kernel: the call is recorded and answered by jax's XLA implementation on this CPU."""
+  calls = []
+  xla_dpa = jax.nn.dot_product_attention
+
+  def on_cpu(*args, implementation=None, **kwargs):
+    calls.append(implementation)
+    return xla_dpa(*args, implementation=None, **kwargs)
+  monkeypatch.setattr(attention.jax.nn, "dot_product_attention", on_cpu)
+  q = jnp.ones((1, 5, 2, 8), jnp.bfloat16)
+  with ops.lowering_for("gpu"):
+    attention.attention_core(q, q, q, None, implementation="auto", dtype=jnp.bfloat16)
+  assert calls == ["cudnn"]
+
+
+def test_tpu_kernel_with_padding_and_segment_ids_equals_reference():
+  """The "auto" path on a TPU target, the Pallas flash kernel run in its interpret mode
+  on this CPU: sequences padded from 11 to 128 (`FUSED_PAD`), padded keys and the
+  padding mask's keys in segment 0; outputs and gradients against numpy's attention and
+  the materialized path."""
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(2)
+  b, length, h, d = 2, 11, 2, 8
+  q, k, v = (jnp.asarray(rng.normal(size=(b, length, h, d)), jnp.float32) for _ in range(3))
+  mask = attention.make_padding_mask(jnp.asarray([[1] * 11, [1] * 7 + [0] * 4]))
+
+  def loss(impl, q, k, v):
+    return jnp.sum(jnp.sin(attention.attention_core(q, k, v, mask, implementation=impl)))
+  with pltpu.force_tpu_interpret_mode(), ops.lowering_for("tpu"):
+    got = attention.attention_core(q, k, v, mask, implementation="auto")
+    grads = jax.grad(functools.partial(loss, "auto"), argnums=(0, 1, 2))(q, k, v)
+  np.testing.assert_allclose(np.asarray(got), _numpy_attention(q, k, v, mask), atol=2e-5)
+  want = jax.grad(functools.partial(loss, "xla"), argnums=(0, 1, 2))(q, k, v)
+  for a, b_ in zip(grads, want):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=2e-5)

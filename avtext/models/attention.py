@@ -43,6 +43,7 @@ from typing import Any, Callable
 import flax.linen as nn
 from flax.linen.dtypes import promote_dtype
 import jax
+from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 
 from avtext import ops
@@ -63,7 +64,11 @@ Initializer = Callable[..., Array]
 # (causal, prefix-LM; cuDNN takes any mask): those calls use "blocked", the same
 # function in bounded memory.
 # Both pad the sequences to a multiple of `FUSED_PAD` and mask the padded keys.
-ATTENTION_IMPLEMENTATIONS = ("xla", "blocked", "cudnn", "flash_tpu")
+# "auto": the fused kernel of the platform the program is traced for
+#   (`ops.lowering_platform`, so `avtext.aot` picks its target's): "flash_tpu" on a TPU,
+#   "cudnn" on a GPU (bfloat16 / float16 compute; "xla" for float32, which cuDNN's
+#   kernel does not take), "xla" on a CPU (`resolve_implementation`).
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "blocked", "cudnn", "flash_tpu")
 ATTENTION_BLOCK = 512
 FUSED_PAD = 128
 
@@ -300,6 +305,7 @@ class Attention(nn.Module):
                          dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
                          dtype=self.dtype, module=self if sow_weights else None,
                          bias=bias)
+    x = checkpoint_name(x, "attention_out")  # `layers.REMAT_POLICIES`
     if not self.output_projection:
       return x.reshape(*x.shape[:-2], features)
     return nn.DenseGeneral(features, axis=(-2, -1),
@@ -353,6 +359,8 @@ def _fused_projection(projections: list[nn.Module], x: Array, dtype: Any) -> lis
   x, kernel, bias = promote_dtype(x, kernel, bias, dtype=dtype)
   y = ops.dense_matmul(x, kernel.reshape(kernel.shape[0], -1)).reshape(
       *x.shape[:-1], *kernel.shape[1:]) + bias
+  # Named for the remat policies that keep the projections (`layers.REMAT_POLICIES`).
+  y = checkpoint_name(y, "qkv")
   return [y[..., i, :, :] for i in range(len(projections))]  # each [.., H, D/H]
 
 
@@ -375,6 +383,20 @@ def _attention_normalized_last(query: Array, key: Array, value: Array, mask: Arr
   total = jnp.sum(unnormalized, -1)  # [.., H, L_q]
   out = jnp.einsum("...hqk,...khd->...qhd", unnormalized, value)
   return out / jnp.swapaxes(total, -1, -2)[..., None]
+
+
+def resolve_implementation(implementation: str, dtype: Any = jnp.float32,
+                           platform: str | None = None) -> str:
+  """The implementation "auto" stands for on `platform` (default: the one being traced
+  for, `ops.lowering_platform`); any other name as it is."""
+  if implementation != "auto":
+    return implementation
+  platform = platform or ops.lowering_platform()
+  if platform == "tpu":
+    return "flash_tpu"
+  if platform == "gpu":
+    return "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
+  return "xla"
 
 
 def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *,
@@ -400,6 +422,7 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
   if implementation not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f"attention implementation {implementation!r}: expected one of "
                      f"{ATTENTION_IMPLEMENTATIONS}")
+  implementation = resolve_implementation(implementation, dtype)
   if bias is not None:
     return nn.dot_product_attention(
         query, key, value, bias=bias, mask=mask, broadcast_dropout=False,

@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from avtext.models import attention as attn
 
@@ -51,19 +52,33 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 
+# Our named policies: what each transformer block keeps for its backward pass (the
+# names are set in `attention.Attention` and `Mlp`); the rest is recomputed.
+REMAT_POLICIES = {
+    # the fused q/k/v projection and the attention core's output: the backward pass
+    # recomputes the LayerNorms, the output projection and the MLP, not the attention
+    "save_qkv_attention": ("qkv", "attention_out"),
+    # ... and the MLP's first product: only LayerNorms, GELU and the output
+    # projections are recomputed
+    "save_qkv_attention_mlp": ("qkv", "attention_out", "mlp_in"),
+}
+
+
 def remat_policy(name: str) -> Callable | None:
   """`config.model.remat` -> a `jax.checkpoint` policy; None for "none"."""
   if name in (None, "", "none"):
     return None
   if name == "full":
     return jax.checkpoint_policies.nothing_saveable
+  if name in REMAT_POLICIES:
+    return jax.checkpoint_policies.save_only_these_names(*REMAT_POLICIES[name])
   policy = getattr(jax.checkpoint_policies, name, None)
   # The factories (save_only_these_names, ...) take arguments; only plain policies here.
   if policy is None or name.startswith(("save_", "offload_")):
     plain = sorted(n for n in dir(jax.checkpoint_policies)
                    if not n.startswith(("_", "save_", "offload_")))
-    raise ValueError(f"config.model.remat={name!r}: expected 'none', 'full' or one of "
-                     f"jax.checkpoint_policies {plain}")
+    raise ValueError(f"config.model.remat={name!r}: expected 'none', 'full', one of "
+                     f"{sorted(REMAT_POLICIES)} or one of jax.checkpoint_policies {plain}")
   return policy
 
 
@@ -197,7 +212,7 @@ class Mlp(nn.Module):
     features = x.shape[-1]
     x = nn.Dense(self.mlp_dim, dtype=self.dtype, kernel_init=self.kernel_init,
                  name="dense_in")(x)
-    x = get_activation(self.activation)(x)
+    x = get_activation(self.activation)(checkpoint_name(x, "mlp_in"))  # REMAT_POLICIES
     return nn.Dense(features, dtype=self.dtype, kernel_init=self.kernel_init,
                     name="dense_out")(x)
 

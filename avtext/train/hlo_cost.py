@@ -1,0 +1,474 @@
+"""What a compiled XLA program moves and computes, read from its optimized HLO text.
+
+`analyze_hlo(text)` walks every kernel the program launches -- the instructions of
+the entry computation and of the computations it runs as loops, conditionals and
+calls, each weighted by how often it runs (a `while` loop's trip count, read from
+its condition or its `known_trip_count`) -- and counts per kernel
+
+  bytes   what it reads and writes in device memory (HBM): the operands and
+          outputs that live in memory space 0, at their tiled (padded) size, where
+          a fused operand only sliced (`dynamic-slice`, `slice`) counts the slices
+          and an in-place `dynamic-update-slice` counts the update only; operands
+          kept in on-chip memory (a TPU's VMEM, `S(1)` in the layout) cost nothing
+          here, their prefetches (`copy-start`) count once
+  flops   2 x multiply-adds of every `dot` / `convolution` inside it, and for the
+          flash-attention kernels of `avtext.models.attention` (Mosaic custom calls
+          XLA cannot look into) the attention FLOPs from their shapes
+  comm    the bytes each collective (all-gather, reduce-scatter, all-reduce,
+          all-to-all, collective-permute) moves over the interconnect per device,
+          ring algorithms: (n - 1) / n of the gathered or scattered array, twice
+          that for an all-reduce, the whole array for a permute
+
+and sorts it into an op class (`OP_CLASSES`). XLA's own `cost_analysis()` counts a
+loop's body once whatever its trip count, sees no FLOPs in a Mosaic kernel and
+charges on-chip operands as memory traffic; this count has none of those gaps, which
+is why `avtext.aot` takes its bound from it (tests/test_aot.py checks it against the
+unrolled program's XLA count). The text format is XLA's `HloModule::ToString`
+(`compiled.as_text()`), for any backend.
+"""
+import collections
+import dataclasses
+import math
+import re
+
+DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+               "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+               "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16, "token": 0}
+
+# The op classes of the breakdown, in report order.
+OP_CLASSES = ("matmul/conv", "attention kernels", "elementwise/norm fusions",
+              "copies/transposes", "collectives", "optimizer update", "other")
+
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
+               "collective-permute")
+# Instructions that launch nothing (or whose work is counted where it is started).
+_FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all",
+         "partition-id", "replica-id", "copy-done", "opt-barrier", "add-dependency",
+         "all-gather-done", "all-reduce-done", "collective-permute-done", "async-done",
+         "send-done", "recv-done", "iota", "slice-done"}
+# Custom calls that only allocate or re-label buffers (TPU).
+_FREE_CALLS = ("AllocateBuffer", "ConcatBitcast", "AssumeGatherIndicesInBound")
+# Fused computations made only of these move data without computing on it.
+_MOVES = {"parameter", "copy", "transpose", "bitcast", "reshape", "broadcast", "pad",
+          "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "constant",
+          "tuple", "get-tuple-element", "convert", "reverse", "iota"}
+_SLICES = {"dynamic-slice", "slice"}
+
+_ARRAY = re.compile(r"([a-z]+[0-9a-z]*)\[([0-9,]*)\](\{[^}]*\})?")
+_HEADER = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s*\(")
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%([\w.\-]+)\s*=\s*")
+_CALLS = re.compile(r"\b(calls|body|condition|to_apply|branch_computations|"
+                    r"async_execution_thread_computations)=\{?(%[\w.\-]+(?:,\s*%[\w.\-]+)*)\}?")
+
+
+@dataclasses.dataclass
+class Array:
+  dtype: str
+  dims: tuple[int, ...]
+  layout: str  # "" when the text gives none
+
+  @property
+  def memory_space(self) -> int:
+    m = re.search(r"S\((\d+)\)", self.layout)
+    return int(m.group(1)) if m else 0
+
+  def nbytes(self, tiled: bool = True) -> float:
+    """Size in bytes; tiled: with the minor dimensions padded to the layout's first tile
+    (a TPU's T(8,128): a 64-wide minor dimension takes 128 lanes)."""
+    dims = list(self.dims)
+    tile = re.search(r"T\(([\d,]+)\)", self.layout) if tiled else None
+    if tile and dims:
+      minor_to_major = [int(d) for d in self.layout[1:].split(":")[0].split(",") if d.strip()]
+      sizes = [int(t) for t in tile.group(1).split(",")]
+      for t, dim in zip(reversed(sizes), minor_to_major):
+        if dim < len(dims):
+          dims[dim] = -(-dims[dim] // t) * t
+    return DTYPE_BYTES.get(self.dtype, 4) * math.prod(dims)
+
+
+def parse_shape(text: str) -> list[Array]:
+  """Every array of a (possibly tuple) HLO shape."""
+  return [Array(d, tuple(int(x) for x in dims.split(",") if x), layout or "")
+          for d, dims, layout in _ARRAY.findall(text)]
+
+
+def _hbm_bytes(arrays, all_spaces: bool = False) -> float:
+  return sum(a.nbytes() for a in arrays if all_spaces or a.memory_space == 0)
+
+
+@dataclasses.dataclass
+class Instruction:
+  name: str
+  shape: list[Array]
+  opcode: str
+  operands: list[str]
+  attrs: str
+  root: bool = False
+  args: str = ""  # the text between the opcode's parentheses
+
+  @property
+  def op_name(self) -> str:
+    m = re.search(r'op_name="([^"]*)"', self.attrs)
+    return m.group(1) if m else ""
+
+  def called(self) -> list[tuple[str, str]]:
+    """(attribute, computation) for each computation this instruction calls."""
+    return [(kind, c.strip().lstrip("%")) for kind, names in _CALLS.findall(self.attrs)
+            for c in names.split(",")]
+
+
+def _matching(text: str, start: int) -> int:
+  """Index just past the bracket closing the one at text[start]."""
+  depth = 0
+  for i in range(start, len(text)):
+    if text[i] in "([{":
+      depth += 1
+    elif text[i] in ")]}":
+      depth -= 1
+      if depth == 0:
+        return i + 1
+  return len(text)
+
+
+def parse_instruction(line: str) -> Instruction | None:
+  m = _INSTR.match(line)
+  if not m:
+    return None
+  rest = line[m.end():]
+  end = _matching(rest, 0) if rest.startswith("(") else rest.index(" ")
+  shape, rest = rest[:end], rest[end:].lstrip()
+  opcode_end = rest.index("(")
+  opcode = rest[:opcode_end]
+  close = _matching(rest, opcode_end)
+  operands = re.findall(r"%([\w.\-]+)", rest[opcode_end:close])
+  return Instruction(m.group(2), parse_shape(shape), opcode, operands, rest[close:],
+                     root=bool(m.group(1)), args=rest[opcode_end + 1:close - 1])
+
+
+def parse_module(text: str) -> tuple[dict[str, list[Instruction]], str]:
+  """({computation: instructions}, entry computation name)."""
+  computations, entry, current = {}, None, None
+  for line in text.splitlines():
+    header = _HEADER.match(line)
+    if header and line.rstrip().endswith("{"):
+      current = header.group(2)
+      computations[current] = []
+      if header.group(1):
+        entry = current
+      continue
+    if current is None:
+      continue
+    if line.startswith("}"):
+      current = None
+      continue
+    instruction = parse_instruction(line)
+    if instruction:
+      computations[current].append(instruction)
+  if entry is None:
+    raise ValueError("HLO text has no ENTRY computation")
+  return computations, entry
+
+
+def trip_count(loop: Instruction, computations) -> int:
+  """Iterations of a `while`: its known_trip_count, else the constant its condition
+  compares the counter with (scan's `i < N`); 1 when neither is readable."""
+  known = re.search(r'known_trip_count[^0-9]*(\d+)', loop.attrs)
+  if known:
+    return int(known.group(1))
+  condition = dict(loop.called()).get("condition")
+  constants = [int(i.args) for i in computations.get(condition, [])
+               if i.opcode == "constant" and re.fullmatch(r"-?\d+", i.args)]
+  return max(constants) if constants else 1
+
+
+@dataclasses.dataclass
+class Kernel:
+  """One launched instruction, its costs for all its runs."""
+  name: str
+  opcode: str
+  op_class: str
+  runs: int
+  bytes: float
+  flops: float
+  comm_bytes: float
+  op_name: str
+
+
+@dataclasses.dataclass
+class HloCost:
+  kernels: list[Kernel]
+  unreadable_loops: int  # while loops whose trip count could not be read (counted once)
+
+  @property
+  def bytes(self) -> float:
+    return sum(k.bytes for k in self.kernels)
+
+  @property
+  def flops(self) -> float:
+    return sum(k.flops for k in self.kernels)
+
+  @property
+  def comm_bytes(self) -> float:
+    return sum(k.comm_bytes for k in self.kernels)
+
+  def by_class(self) -> dict[str, dict[str, float]]:
+    out = {c: {"bytes": 0.0, "flops": 0.0, "comm_bytes": 0.0, "kernels": 0}
+           for c in OP_CLASSES}
+    for k in self.kernels:
+      row = out[k.op_class]
+      row["bytes"] += k.bytes
+      row["flops"] += k.flops
+      row["comm_bytes"] += k.comm_bytes
+      row["kernels"] += k.runs
+    return out
+
+  def largest(self, n: int = 15) -> list[Kernel]:
+    """The n kernels moving the most bytes (all runs of one instruction together)."""
+    return sorted(self.kernels, key=lambda k: -k.bytes)[:n]
+
+
+def _group_size(attrs: str, num_devices: int) -> int:
+  """Devices in each replica group of a collective."""
+  groups = re.search(r"replica_groups=\{\{([\d,]+)\}", attrs)
+  if groups:
+    return len(groups.group(1).split(","))
+  iota = re.search(r"replica_groups=\[(\d+),(\d+)\]", attrs)  # [groups, size]<=[...]
+  if iota:
+    return int(iota.group(2))
+  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+  if mesh:
+    sizes = dict((k.strip("' "), int(v)) for k, v in
+                 (p.split("=") for p in mesh.group(1).split(",")))
+    return math.prod(sizes[a.strip("' ")] for a in mesh.group(2).split(",") if a.strip())
+  return num_devices
+
+
+def _collective_bytes(i: Instruction, symbols: dict[str, list[Array]],
+                      num_devices: int) -> float:
+  """Interconnect bytes a device sends for one run of collective `i` (ring algorithms)."""
+  kind = next((c for c in COLLECTIVES if i.opcode.startswith(c)), None)
+  if kind is None:
+    return 0.0
+  n = _group_size(i.attrs, num_devices)
+  out = sum(a.nbytes(tiled=False) for a in i.shape[:1] if i.opcode.endswith("-start")) or \
+      sum(a.nbytes(tiled=False) for a in i.shape)
+  operand = sum(a.nbytes(tiled=False) for o in i.operands for a in symbols.get(o, []))
+  if kind == "collective-permute":
+    return operand
+  if n <= 1:
+    return 0.0
+  if kind == "all-gather":
+    return out * (n - 1) / n
+  if kind == "reduce-scatter":
+    return operand * (n - 1) / n
+  if kind == "all-reduce":
+    return 2 * operand * (n - 1) / n
+  return operand * (n - 1) / n  # all-to-all
+
+
+def _dot_flops(i: Instruction, symbols) -> float:
+  out = math.prod(i.shape[0].dims) if i.shape else 0
+  if i.opcode == "dot":
+    lhs = symbols.get(i.operands[0], [None])[0]
+    m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", i.attrs)
+    if lhs is None or not m:
+      return 0.0
+    contract = math.prod(lhs.dims[int(d)] for d in m.group(1).split(",") if d)
+    return 2.0 * out * contract
+  if i.opcode == "convolution" and len(i.operands) > 1:
+    return 2.0 * _conv_macs(i, symbols)
+  return 0.0
+
+
+def _valid_taps(out: int, size: int, window: int, stride: int, lo: int,
+                rhs_dilate: int, lhs_dilate: int) -> int:
+  """(output, window) position pairs of one spatial dimension that land on an input
+  element (not on padding or between dilated inputs)."""
+  if lhs_dilate == 1:
+    total = 0
+    for o in range(out):
+      start = o * stride - lo  # input index of tap k: start + k * rhs_dilate
+      k_min = max(0, -(start // rhs_dilate)) if start < 0 else 0
+      k_max = min(window - 1, (size - 1 - start) // rhs_dilate) if size - 1 >= start else -1
+      total += max(0, k_max - k_min + 1)
+    return total
+  dilated = (size - 1) * lhs_dilate + 1
+  return sum(1 for o in range(out) for k in range(window)
+             if 0 <= (p := o * stride + k * rhs_dilate - lo) < dilated and p % lhs_dilate == 0)
+
+
+def _conv_macs(i: Instruction, symbols) -> float:
+  """Multiply-adds of an HLO convolution (the TPU compiler writes matmuls as ones): for
+  every spatial dimension the (output, tap) pairs on real input, times the output batch,
+  output features and the kernel's input features (whatever the grouping)."""
+  lhs = symbols.get(i.operands[0], [None])[0]
+  rhs = symbols.get(i.operands[1], [None])[0]
+  out = i.shape[0] if i.shape else None
+  labels = re.search(r"dim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)", i.attrs)
+  if lhs is None or rhs is None or out is None or not labels:
+    return 0.0
+  lhs_l, rhs_l, out_l = labels.groups()
+  fields = {}
+  window = re.search(r"window=\{([^}]*)\}", i.attrs)
+  for part in (window.group(1).split() if window else []):
+    key, _, value = part.partition("=")
+    fields[key] = value.split("x")
+  spatial = sorted(c for c in out_l if c.isdigit())
+  macs = out.dims[out_l.index("b")] * out.dims[out_l.index("f")] * rhs.dims[rhs_l.index("i")]
+  for n, d in enumerate(spatial):
+    get = lambda key, default: fields.get(key, [default] * len(spatial))[n]
+    lo = int(str(get("pad", "0_0")).split("_")[0])
+    macs *= _valid_taps(out.dims[out_l.index(d)], lhs.dims[lhs_l.index(d)],
+                        int(get("size", 1)), int(get("stride", 1)), lo,
+                        int(get("rhs_dilate", 1)), int(get("lhs_dilate", 1)))
+  return float(macs)
+
+
+def _attention_flops(i: Instruction, symbols) -> float:
+  """FLOPs of a Pallas flash-attention call: q, k as [B, H, L, d] operands 0 and 1;
+  forward 2 products (4 B H Lq Lk d), dK/dV kernel 4 products, dQ kernel 3."""
+  name = i.name.lower()
+  if not re.search(r"flash|attention|mha", name) or len(i.operands) < 2:
+    return 0.0
+  q, k = symbols.get(i.operands[0], [None])[0], symbols.get(i.operands[1], [None])[0]
+  if q is None or k is None or len(q.dims) != 4 or len(k.dims) != 4:
+    return 0.0
+  batch, heads, lq, depth = q.dims
+  products = 4 if "dkv" in name else 3 if "dq" in name else 2
+  return 2.0 * products * batch * heads * lq * k.dims[2] * depth
+
+
+def _fusion_bytes(i: Instruction, body: list[Instruction], symbols,
+                  all_spaces: bool = False) -> float:
+  """HBM bytes of a fusion: operands (only their slices where the fused computation
+  only slices them; none for the buffer an in-place dynamic-update-slice writes into)
+  and outputs (only the update of an in-place dynamic-update-slice)."""
+  params = {b.name: int(b.args) for b in body
+            if b.opcode == "parameter" and b.args.strip().isdigit()}
+  users = collections.defaultdict(list)
+  for b in body:
+    for o in b.operands:
+      users[o].append(b)
+  by_name = {b.name: b for b in body}
+  root = next((b for b in body if b.root), body[-1] if body else None)
+  roots = [by_name[o] for o in root.operands if o in by_name] if (
+      root is not None and root.opcode == "tuple") else [root]
+  in_place = {r.operands[0] for r in roots if r is not None and
+              r.opcode == "dynamic-update-slice"}
+  # A parameter the root tuple hands straight back (an aliased buffer an async
+  # collective writes into) is neither read nor written by this kernel.
+  passthrough = {o for o in (root.operands if root is not None and root.opcode == "tuple"
+                             else []) if o in params}
+  total = 0.0
+  for pname, index in params.items():
+    if index >= len(i.operands):
+      continue
+    arrays = symbols.get(i.operands[index], [])
+    if not arrays or not (all_spaces or arrays[0].memory_space == 0):
+      continue
+    uses = users.get(pname, [])
+    if pname in in_place or (pname in passthrough and all(u is root for u in uses)):
+      continue
+    if uses and all(u.opcode in _SLICES and u.operands[0] == pname for u in uses):
+      total += sum(_hbm_bytes(u.shape, True) for u in uses)
+    else:
+      total += _hbm_bytes(arrays, all_spaces)
+  outputs = i.shape if len(roots) == len(i.shape) else i.shape[:len(roots)] or i.shape
+  for r, out in zip(roots, outputs):
+    if not (all_spaces or out.memory_space == 0) or r is None or r.name in passthrough:
+      continue
+    if r is not None and r.opcode == "dynamic-update-slice" and len(r.operands) > 1:
+      update = next((b for b in body if b.name == r.operands[1]), None)
+      total += _hbm_bytes(update.shape, True) if update is not None else out.nbytes()
+    else:
+      total += out.nbytes()
+  return total
+
+
+def _classify(i: Instruction, fused: list[Instruction]) -> str:
+  ops = {b.opcode for b in fused} | {i.opcode}
+  if i.opcode == "custom-call" and re.search(r"flash|attention|mha", i.name.lower()):
+    return "attention kernels"
+  if ops & {"dot", "convolution"}:  # XLA's collective matmuls (FSDP) included
+    return "matmul/conv"
+  if any(o.startswith(COLLECTIVES) for o in ops):
+    return "collectives"
+  phase = i.op_name.split("/")[1] if i.op_name.count("/") else ""
+  if i.opcode in ("fusion", "add", "multiply", "subtract", "divide") and phase and \
+      phase[0].islower() and not phase.startswith(("jvp(", "transpose(", "checkpoint",
+                                                   "remat", "while", "vmap(")):
+    return "optimizer update"
+  if i.opcode in ("copy", "copy-start", "transpose") or (
+      i.opcode == "fusion" and fused and ops - {"fusion"} <= _MOVES):
+    return "copies/transposes"
+  if i.opcode == "fusion" or i.opcode in ("reduce", "add", "multiply", "exponential",
+                                          "select", "convert", "broadcast"):
+    return "elementwise/norm fusions"
+  return "other"
+
+
+def analyze_hlo(text: str, num_devices: int = 1, *, all_spaces: bool = False) -> HloCost:
+  """The per-kernel costs of one run of the program in `text` (one device's program).
+
+  all_spaces: count operands in every memory space (on-chip ones too), as XLA's
+  `cost_analysis()` does; for comparing the two counts."""
+  computations, entry = parse_module(text)
+  symbols = {c: {i.name: i.shape for i in body} for c, body in computations.items()}
+  kernels, unreadable = [], 0
+
+  def fused_body(comp: str, depth: int = 0) -> list[tuple[str, Instruction]]:
+    """(computation, instruction) of a fused computation and the fusions nested in it."""
+    out = []
+    for b in computations.get(comp, []):
+      out.append((comp, b))
+      if b.opcode == "fusion" and depth < 8:
+        out.extend(fused_body(dict(b.called()).get("calls", ""), depth + 1))
+    return out
+
+  def walk(comp: str, runs: int, depth: int = 0):
+    nonlocal unreadable
+    if depth > 16:
+      return
+    for i in computations[comp]:
+      calls = dict(i.called())
+      if i.opcode == "while":
+        n = trip_count(i, computations)
+        if n == 1 and "known_trip_count" not in i.attrs:
+          unreadable += 1
+        walk(calls["body"], runs * n, depth + 1)
+        walk(calls["condition"], runs * n, depth + 1)
+        continue
+      if i.opcode in ("conditional", "call") or (i.opcode.startswith("async") and
+                                                 i.opcode != "async-done"):
+        for kind, c in i.called():
+          if c in computations and kind != "to_apply":
+            walk(c, runs, depth + 1)
+        if i.opcode in ("conditional", "call"):
+          continue
+      if i.opcode in _FREE or (i.opcode == "custom-call" and any(
+          f'custom_call_target="{t}"' in i.attrs for t in _FREE_CALLS)):
+        continue
+      nested = fused_body(calls["calls"]) if i.opcode == "fusion" else []
+      fused = [b for _, b in nested]
+      local = symbols[comp]
+      if i.opcode == "fusion":
+        nbytes = _fusion_bytes(i, computations.get(calls["calls"], []), local, all_spaces)
+        flops = sum(_dot_flops(b, symbols[c]) for c, b in nested)
+        # An async collective is cloned into the kernel that starts it and the one that
+        # waits for it (root AsyncCollectiveDone): its bytes are sent once, at the start.
+        done = any(b.root and 'AsyncCollectiveDone' in b.attrs
+                   for b in computations.get(calls["calls"], []))
+        comm = 0.0 if done else sum(_collective_bytes(b, symbols[c], num_devices)
+                                    for c, b in nested)
+      else:
+        operands = [a for o in i.operands for a in local.get(o, [])]
+        outputs = i.shape[:1] if i.opcode == "copy-start" else i.shape
+        nbytes = _hbm_bytes(operands, all_spaces) + _hbm_bytes(outputs, all_spaces)
+        flops = _dot_flops(i, local) + (_attention_flops(i, local)
+                                        if i.opcode == "custom-call" else 0.0)
+        comm = _collective_bytes(i, local, num_devices)
+      kernels.append(Kernel(i.name, i.opcode, _classify(i, fused), runs, runs * nbytes,
+                            runs * flops, runs * comm, i.op_name))
+
+  walk(entry, 1)
+  return HloCost(kernels, unreadable)

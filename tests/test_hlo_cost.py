@@ -1,0 +1,141 @@
+"""`avtext.train.hlo_cost`: bytes, FLOPs and interconnect bytes read from optimized HLO,
+checked against hand counts of a hand-written module and against a program whose
+FLOPs are known exactly; `cost_model.bound` against its definition."""
+import jax
+import jax.numpy as jnp
+import pytest
+
+from avtext.train import cost_model
+from avtext.train import hlo_cost
+
+# A scanned layer as the TPU compiler writes it: a 12-trip while loop whose body slices
+# the layer's weights out of a stack kept in HBM and multiplies an activation held in
+# on-chip memory (S(1)) by them; an all-gather over 4 devices; a copy in HBM.
+MODULE = """\
+HloModule jit_step, entry_computation_layout={(f32[16,128]{1,0})->f32[16,128]{1,0}}
+
+%fused_slice (p0: bf16[12,128,64], p1: s32[]) -> bf16[1,128,64] {
+  %p0 = bf16[12,128,64]{2,1,0:T(8,128)(2,1)} parameter(0)
+  %p1 = s32[]{:T(128)} parameter(1)
+  %zero = s32[]{:T(128)} constant(0)
+  ROOT %ds = bf16[1,128,64]{2,1,0:T(8,128)(2,1)} dynamic-slice(%p0, %p1, %zero, %zero), dynamic_slice_sizes={1,128,64}
+}
+
+%fused_dot (a: bf16[16,128], w: bf16[1,128,64]) -> bf16[16,64] {
+  %a = bf16[16,128]{1,0:T(8,128)(2,1)S(1)} parameter(0)
+  %w = bf16[1,128,64]{2,1,0:T(8,128)(2,1)} parameter(1)
+  %b = bf16[128,64]{1,0:T(8,128)(2,1)} bitcast(%w)
+  ROOT %d = bf16[16,64]{1,0:T(8,128)(2,1)} convolution(%a, %b), dim_labels=bf_io->bf
+}
+
+%body (t: (s32[], bf16[16,128], bf16[12,128,64])) -> (s32[], bf16[16,128], bf16[12,128,64]) {
+  %t = (s32[]{:T(128)}, bf16[16,128]{1,0:T(8,128)(2,1)S(1)}, bf16[12,128,64]{2,1,0:T(8,128)(2,1)}) parameter(0)
+  %i = s32[]{:T(128)} get-tuple-element(%t), index=0
+  %x = bf16[16,128]{1,0:T(8,128)(2,1)S(1)} get-tuple-element(%t), index=1
+  %ws = bf16[12,128,64]{2,1,0:T(8,128)(2,1)} get-tuple-element(%t), index=2
+  %w = bf16[1,128,64]{2,1,0:T(8,128)(2,1)} fusion(%ws, %i), kind=kLoop, calls=%fused_slice
+  %y = bf16[16,64]{1,0:T(8,128)(2,1)} fusion(%x, %w), kind=kOutput, calls=%fused_dot, metadata={op_name="jit(step)/jvp(Model)/layer/dot_general"}
+  %one = s32[]{:T(128)} constant(1)
+  %next = s32[]{:T(128)} add(%i, %one)
+  ROOT %out = (s32[]{:T(128)}, bf16[16,128]{1,0:T(8,128)(2,1)S(1)}, bf16[12,128,64]{2,1,0:T(8,128)(2,1)}) tuple(%next, %x, %ws)
+}
+
+%cond (t: (s32[], bf16[16,128], bf16[12,128,64])) -> pred[] {
+  %t = (s32[]{:T(128)}, bf16[16,128]{1,0:T(8,128)(2,1)S(1)}, bf16[12,128,64]{2,1,0:T(8,128)(2,1)}) parameter(0)
+  %i = s32[]{:T(128)} get-tuple-element(%t), index=0
+  %n = s32[]{:T(128)} constant(12)
+  ROOT %lt = pred[]{:T(512)} compare(%i, %n), direction=LT
+}
+
+ENTRY %main (x: bf16[16,128], ws: bf16[12,128,64], g: f32[4,256]) -> f32[16,1024] {
+  %x = bf16[16,128]{1,0:T(8,128)(2,1)S(1)} parameter(0)
+  %ws = bf16[12,128,64]{2,1,0:T(8,128)(2,1)} parameter(1)
+  %g = f32[4,256]{1,0:T(8,128)} parameter(2)
+  %zero = s32[]{:T(128)} constant(0)
+  %init = (s32[]{:T(128)}, bf16[16,128]{1,0:T(8,128)(2,1)S(1)}, bf16[12,128,64]{2,1,0:T(8,128)(2,1)}) tuple(%zero, %x, %ws)
+  %loop = (s32[]{:T(128)}, bf16[16,128]{1,0:T(8,128)(2,1)S(1)}, bf16[12,128,64]{2,1,0:T(8,128)(2,1)}) while(%init), condition=%cond, body=%body
+  %ag = f32[16,256]{1,0:T(8,128)} all-gather(%g), channel_id=1, replica_groups={{0,1,2,3}}, dimensions={0}
+  ROOT %c = f32[16,256]{1,0:T(8,128)} copy(%ag)
+}
+"""
+
+
+def test_hand_written_module_costs_by_hand():
+  cost = hlo_cost.analyze_hlo(MODULE, num_devices=4)
+  assert cost.unreadable_loops == 0
+  by_name = {k.name: k for k in cost.kernels}
+  # 12 runs of the slice fusion: it reads one [128, 64] slice of the stack (64 wide, so
+  # padded to 128 lanes by T(8,128)) and writes it, 2 x 128 x 128 x 2 bytes, and reads
+  # the s32 counter (4 bytes).
+  w = by_name["w"]
+  assert w.runs == 12 and w.bytes == 12 * (2 * 128 * 128 * 2 + 4)
+  assert w.op_class == "copies/transposes"
+  # The product: the activation is on chip (no HBM bytes), the weights slice is read
+  # (128 x 128 padded bf16) and the [16, 64] output written (16 x 128 padded).
+  y = by_name["y"]
+  assert y.op_class == "matmul/conv"
+  assert y.bytes == 12 * (128 * 128 * 2 + 16 * 128 * 2)
+  assert y.flops == 12 * 2 * 16 * 128 * 64
+  assert cost.flops == 12 * 2 * 16 * 128 * 64
+  # The all-gather: each of 4 devices receives the 3 shards it lacks, 3/4 of 16 x 256 f32,
+  # and reads its f32[4,256] shard (padded to 8 rows) and writes the whole output.
+  ag = by_name["ag"]
+  assert ag.op_class == "collectives"
+  assert ag.comm_bytes == 16 * 256 * 4 * 3 / 4 == cost.comm_bytes
+  assert ag.bytes == 8 * 256 * 4 + 16 * 256 * 4
+  assert by_name["c"].bytes == 2 * 16 * 256 * 4
+  # The loop's scalar work: the counter's add and the condition's compare, 12 runs each.
+  assert by_name["next"].bytes == 12 * 3 * 4 and by_name["lt"].bytes == 12 * (4 + 4 + 1)
+  assert cost.bytes == w.bytes + y.bytes + ag.bytes + by_name["c"].bytes + \
+      by_name["next"].bytes + by_name["lt"].bytes
+  # Counting on-chip operands too (XLA's cost analysis does) adds the activation reads.
+  everything = hlo_cost.analyze_hlo(MODULE, num_devices=4, all_spaces=True)
+  assert everything.bytes == cost.bytes + 12 * 16 * 128 * 2
+
+
+def test_tiling_pads_the_minor_dimensions():
+  [a] = hlo_cost.parse_shape("bf16[3,100,64]{2,1,0:T(8,128)(2,1)}")
+  assert a.nbytes(tiled=False) == 3 * 100 * 64 * 2
+  assert a.nbytes() == 3 * 104 * 128 * 2
+  [b] = hlo_cost.parse_shape("f32[64,100]{0,1:T(8,128)}")  # dim 0 is the minor one
+  assert b.nbytes() == 128 * 104 * 4
+  [c] = hlo_cost.parse_shape("f32[5,7]{1,0}")  # no tiling (CPU, GPU)
+  assert c.nbytes() == 5 * 7 * 4 and c.memory_space == 0
+
+
+def test_scanned_matmuls_counted_once_per_trip_on_a_real_program():
+  """A jitted scan of 7 matmuls compiled here: XLA's own count sees the loop body once,
+  the walk sees 7 runs, the exact FLOPs of the program."""
+  m, k, n, steps = 32, 48, 48, 7
+
+  def f(x, ws):
+    return jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)[0]
+
+  compiled = jax.jit(f).lower(jnp.ones((m, k)), jnp.ones((steps, k, n))).compile()
+  cost = hlo_cost.analyze_hlo(compiled.as_text())
+  assert cost.unreadable_loops == 0
+  assert cost.flops == steps * 2 * m * k * n
+  xla = compiled.cost_analysis()
+  xla = xla[0] if isinstance(xla, (list, tuple)) else xla
+  assert cost.flops > 3 * xla["flops"]  # XLA counted the body once
+
+
+def test_bound_takes_the_largest_term_and_names_it():
+  cost = hlo_cost.analyze_hlo(MODULE, num_devices=4)
+  chip = cost_model.Chip("test chip", 16.0, bf16_flops=1e9, hbm_bytes_per_s=1e9,
+                         ici_bytes_per_s=1e6)
+  r = cost_model.bound(cost, chip, model_flops=cost.flops / 2)
+  assert r["bound_by"] == "ICI"
+  assert r["step_time_lower_bound_s"] == pytest.approx(cost.comm_bytes / 1e6)
+  assert r["mfu_at_bound"] == pytest.approx(cost.flops / 2 / (r["step_time_lower_bound_s"] * 1e9))
+  assert r["breakdown"]["collectives"]["share_of_bound"] == pytest.approx(1.0)
+  assert sum(b["bytes"] for b in r["breakdown"].values()) == pytest.approx(cost.bytes)
+  assert [k["name"] for k in r["largest"]][0] == max(cost.kernels, key=lambda k: k.bytes).name
+
+
+def test_chip_table_and_per_device_split():
+  assert cost_model.chip_of("v5e:4x4").ici_bytes_per_s == 200e9
+  with pytest.raises(ValueError, match="unknown chip 'v9x'"):
+    cost_model.chip_of("v9x:2x2")
+  half = cost_model.per_device(cost_model.CHIPS["v4"], 2)
+  assert half.hbm_gib == 16.0 and half.bf16_flops == 137.5e12
