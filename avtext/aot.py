@@ -36,7 +36,11 @@ With --evals (default on) each predict function the evaluators call is compiled 
 config.eval.batch_size, and must fit beside the parameters. `fits` is HBM needed <= the
 chip's HBM; the paper configs keep >= 10 % headroom (tests/test_aot.py, BENCHMARKS.md).
 The chip table (`cost_model.CHIPS`) holds the public per-chip figures and their
-sources; topology names are libtpu's ("v5e:4x4", "v4:2x2x4", "v5p:2x2x2", "v6e:2x2").
+sources; topology names are libtpu's ("v5e:4x4", "v4:2x2x4", "v5p:2x2x2", "v6e:2x2"), or
+"h100:HOSTSxGPUS" for H100 SXM hosts ("h100:1x1", "h100:1x8"), which the CUDA PJRT plugin
+of requirements-cuda12.txt describes from XLA's H100 target description (no GPU needed;
+`make venv ACCEL=cuda12`, several GB, so not in the default venv). On a GPU target
+attention "auto" is cuDNN's fused kernel.
 """
 import contextlib
 import json
@@ -61,12 +65,16 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "configs/<experiment>.py[:variant]; --config.<field>=<value> overrides",
     lock_config=True, flag_values=FLAGS)
 _TOPOLOGY = flags.DEFINE_string(
-    "topology", None, "TPU slice, e.g. v5e:4x4 or v4:2x2x4 (default: config.target_topology)",
+    "topology", None, "TPU slice (v5e:4x4, v4:2x2x4) or GPU hosts (h100:1x1, h100:1x8; "
+    "needs requirements-cuda12.txt) (default: config.target_topology)",
     flag_values=FLAGS)
 _JSON = flags.DEFINE_bool("json", False, "print one JSON object instead of the report",
                           flag_values=FLAGS)
 _EVALS = flags.DEFINE_bool("evals", True, "also compile the evaluators' predict functions",
                            flag_values=FLAGS)
+_HLO_OUT = flags.DEFINE_string("hlo_out", None, "also write the compiled train step's "
+                                "optimized HLO text here (to re-read its costs, or to "
+                                "profile it)", flag_values=FLAGS)
 _BREAKDOWN = flags.DEFINE_bool("breakdown", False, "print the step's costs by op class and "
                                 "its 15 largest kernels (always in --json)",
                                 flag_values=FLAGS)
@@ -308,7 +316,7 @@ def program_cost(compiled, devices: int) -> hlo_cost.HloCost:
 
 
 def analyze(config, topology: str | None = None, *, evals: bool = True,
-            progress=_progress) -> dict[str, Any]:
+            progress=_progress, hlo_out: str | None = None) -> dict[str, Any]:
   """Compiles `config` for `topology` (default config.target_topology); the report dict.
 
   Bytes, FLOPs and interconnect bytes are read from the compiled program
@@ -324,8 +332,8 @@ def analyze(config, topology: str | None = None, *, evals: bool = True,
   t0 = time.perf_counter()
   run, task, state, lowered = _train_step(config, devices)
   lower_s = time.perf_counter() - t0
-  progress(f"lowered in {lower_s:.0f} s; compiling for {topology} (the paper AVR step: "
-           "about 2 min on a 2-core machine)")
+  progress(f"lowered in {lower_s:.0f} s; compiling for {topology} (minutes for a paper "
+           "config: the AVR step takes 2 on 2 quiet cores)")
   t0 = time.perf_counter()
   compiled = lowered.compile()
   compile_s = time.perf_counter() - t0
@@ -333,6 +341,9 @@ def analyze(config, topology: str | None = None, *, evals: bool = True,
   mem = _memory(compiled)
   xla = _cost(compiled.cost_analysis())
   chips = run.mesh.size
+  if hlo_out:
+    with open(hlo_out, "w") as f:
+      f.write(compiled.as_text())
   cost = program_cost(compiled, chips)
   progress("counting the model's FLOPs (the step lowered without remat on the CPU)")
   model_flops = model_flops_per_step(config) / chips
@@ -439,7 +450,7 @@ def main(argv):
   config = cli.config_value(_CONFIG)
   logging.set_verbosity(logging.WARNING)
   try:
-    report = analyze(config, _TOPOLOGY.value, evals=_EVALS.value)
+    report = analyze(config, _TOPOLOGY.value, evals=_EVALS.value, hlo_out=_HLO_OUT.value)
   except (ValueError, RuntimeError) as e:
     raise errors.BadInput(str(e)) from None
   print(json.dumps(report, indent=2, sort_keys=True) if _JSON.value

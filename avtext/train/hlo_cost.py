@@ -325,17 +325,25 @@ def _conv_macs(i: Instruction, symbols) -> float:
 
 
 def _attention_flops(i: Instruction, symbols) -> float:
-  """FLOPs of a Pallas flash-attention call: q, k as [B, H, L, d] operands 0 and 1;
-  forward 2 products (4 B H Lq Lk d), dK/dV kernel 4 products, dQ kernel 3."""
+  """FLOPs of a fused attention call from its q, k operands (0 and 1): the Pallas TPU
+  kernels ([B, H, L, d]: forward 2 products, 4 B H Lq Lk d; the dK/dV kernel 4 products,
+  the dQ kernel 3) and cuDNN's ([B, L, H, d]: forward 2, backward 5)."""
   name = i.name.lower()
   if not re.search(r"flash|attention|mha", name) or len(i.operands) < 2:
     return 0.0
   q, k = symbols.get(i.operands[0], [None])[0], symbols.get(i.operands[1], [None])[0]
   if q is None or k is None or len(q.dims) != 4 or len(k.dims) != 4:
     return 0.0
-  batch, heads, lq, depth = q.dims
+  if "__cudnn$fmha" in i.attrs:  # its [B, H, Lq, Lk] scores are in the backend config
+    products = 5 if "Backward" in i.attrs else 2
+    scores = re.search(r'"intermediate_tensor_shape":\s*\{[^}]*?"dimensions":\s*\[([^\]]*)\]',
+                       i.attrs)
+    if not scores:
+      return 0.0
+    dims = [int(d.strip().strip('"')) for d in scores.group(1).split(",") if d.strip()]
+    return 2.0 * products * math.prod(dims) * q.dims[-1]
   products = 4 if "dkv" in name else 3 if "dq" in name else 2
-  return 2.0 * products * batch * heads * lq * k.dims[2] * depth
+  return 2.0 * products * math.prod(q.dims) * k.dims[2]
 
 
 def _fusion_bytes(i: Instruction, body: list[Instruction], symbols,
@@ -389,7 +397,8 @@ def _classify(i: Instruction, fused: list[Instruction]) -> str:
   ops = {b.opcode for b in fused} | {i.opcode}
   if i.opcode == "custom-call" and re.search(r"flash|attention|mha", i.name.lower()):
     return "attention kernels"
-  if ops & {"dot", "convolution"}:  # XLA's collective matmuls (FSDP) included
+  if ops & {"dot", "convolution"} or (  # XLA's collective matmuls (FSDP) included
+      i.opcode == "custom-call" and re.search(r"__cudnn\$conv|__cublas", i.attrs)):
     return "matmul/conv"
   if any(o.startswith(COLLECTIVES) for o in ops):
     return "collectives"
@@ -463,9 +472,16 @@ def analyze_hlo(text: str, num_devices: int = 1, *, all_spaces: bool = False) ->
       else:
         operands = [a for o in i.operands for a in local.get(o, [])]
         outputs = i.shape[:1] if i.opcode == "copy-start" else i.shape
+        if i.opcode == "slice-start":  # shape ((operand), slice, sync): moves the slice
+          src = operands[0] if operands else None
+          operands = [dataclasses.replace(i.shape[1], layout=src.layout)] if (
+              src is not None and len(i.shape) > 1) else []
+          outputs = i.shape[1:2]
         nbytes = _hbm_bytes(operands, all_spaces) + _hbm_bytes(outputs, all_spaces)
-        flops = _dot_flops(i, local) + (_attention_flops(i, local)
-                                        if i.opcode == "custom-call" else 0.0)
+        flops = _dot_flops(i, local)
+        if i.opcode == "custom-call":
+          flops += (2.0 * _conv_macs(i, local) if "__cudnn$conv" in i.attrs
+                    else _attention_flops(i, local))
         comm = _collective_bytes(i, local, num_devices)
       kernels.append(Kernel(i.name, i.opcode, _classify(i, fused), runs, runs * nbytes,
                             runs * flops, runs * comm, i.op_name))
