@@ -86,6 +86,8 @@ def main():
   parser.add_argument("--configs", default=",".join(PAPER_CONFIGS))
   parser.add_argument("--out", default=None, help="JSON lines, one report per config")
   parser.add_argument("--noevals", action="store_true", help="train step only")
+  parser.add_argument("--hlo_dir", default=None, help="also keep each train step's "
+                      "compiled HLO here (<config>.hlo), to re-read its costs")
   args = parser.parse_args()
   done = {}
   if args.out and pathlib.Path(args.out).exists():
@@ -98,7 +100,9 @@ def main():
     if name not in done:
       print(f"compiling {name} ...", file=sys.stderr, flush=True)
       with tempfile.TemporaryDirectory() as tmp:
-        done[name] = run_one(name, shape_flags(name, pathlib.Path(tmp)) +
+        hlo = ([f"--hlo_out={pathlib.Path(args.hlo_dir) / name.replace(':', '_')}.hlo"]
+               if args.hlo_dir else [])
+        done[name] = run_one(name, shape_flags(name, pathlib.Path(tmp)) + hlo +
                              (["--noevals"] if args.noevals else []))
       if args.out:
         with open(args.out, "a") as f:

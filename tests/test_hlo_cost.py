@@ -139,3 +139,33 @@ def test_chip_table_and_per_device_split():
     cost_model.chip_of("v9x:2x2")
   half = cost_model.per_device(cost_model.CHIPS["v4"], 2)
   assert half.hbm_gib == 16.0 and half.bf16_flops == 137.5e12
+
+
+FLASH = """\
+HloModule jit_attention
+
+ENTRY %main (q: bf16[2,4,1280,128], k: bf16[2,4,1280,128], v: bf16[2,4,1280,128], sq: s32[2,1280,128], sk: s32[2,8,1280]) -> bf16[2,4,1280,128] {
+  %q = bf16[2,4,1280,128]{3,2,1,0:T(8,128)(2,1)} parameter(0)
+  %k = bf16[2,4,1280,128]{3,2,1,0:T(8,128)(2,1)} parameter(1)
+  %v = bf16[2,4,1280,128]{3,2,1,0:T(8,128)(2,1)} parameter(2)
+  %sq = s32[2,1280,128]{2,1,0:T(8,128)} parameter(3)
+  %sk = s32[2,8,1280]{2,1,0:T(8,128)} parameter(4)
+  ROOT %flash_attention.3 = bf16[2,4,1280,128]{3,2,1,0:T(8,128)(2,1)} custom-call(%q, %k, %v, %sq, %sk), custom_call_target="tpu_custom_call", metadata={op_name="jit(f)/flash_fwd_block_q=640/jit(flash_attention)/pallas_call"}
+}
+"""
+
+
+def test_flash_kernel_rereads_the_streamed_side_per_block():
+  """The forward flash kernel reads K, V and their segment ids once per 640-row block
+  of queries (1280 / 640 = 2 reads), Q and its segment ids once, writes O once; its
+  FLOPs are 2 products of 2 x 4 x 1280 x 1280 x 128 multiply-adds."""
+  cost = hlo_cost.analyze_hlo(FLASH)
+  [kernel] = cost.kernels
+  assert kernel.op_class == "attention kernels"
+  qkvo = 2 * 4 * 1280 * 128 * 2
+  once = qkvo + 2 * 1280 * 128 * 4 + qkvo  # q, its segment ids, o
+  assert kernel.bytes == once + 2 * (2 * qkvo + 2 * 8 * 1280 * 4)
+  assert kernel.flops == 2 * 2 * (2 * 4 * 1280 * 1280 * 128)
+  # Without the scope the kernel's default 128-row blocks: 10 reads of K and V.
+  default = hlo_cost.analyze_hlo(FLASH.replace("flash_fwd_block_q=640/", ""))
+  assert default.bytes == once + 10 * (2 * qkvo + 2 * 8 * 1280 * 4)

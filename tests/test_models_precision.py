@@ -241,3 +241,42 @@ def test_tpu_kernel_with_padding_and_segment_ids_equals_reference():
   want = jax.grad(functools.partial(loss, "xla"), argnums=(0, 1, 2))(q, k, v)
   for a, b_ in zip(grads, want):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=2e-5)
+
+
+def _compile_flash_for_v5e(length: int, blocks) -> None:
+  """The flash kernels' forward and backward compiled by libtpu for one v5e chip at the
+  AVR paper step's per-chip shape, [16 clips, 12 heads, length, 64] (Mosaic checks each
+  kernel's scoped VMEM; whether a block fits also depends on where XLA places the
+  operands around the kernel, so the test uses the real size: at [1, 1, ...] the larger
+  blocks fit too)."""
+  import os  # pylint: disable=g-import-not-at-top
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # pylint: disable=g-import-not-at-top
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  device = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+  def grads(q, k, v, ids):
+    def loss(q, k, v):
+      return jnp.sum(pallas_flash.flash_attention(
+          q, k, v, segment_ids=pallas_flash.SegmentIds(ids, ids), block_sizes=blocks,
+          sm_scale=0.125).astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+  head = spec((16, 12, length, 64), jnp.bfloat16)
+  jax.jit(grads).lower(head, head, head, spec((16, length), jnp.int32)).compile()
+
+
+def test_flash_block_sizes_fit_a_v5e_and_larger_do_not():
+  """`attention.flash_block_sizes` at the AVR's 3,200 padded RGB tokens compiles for a
+  v5e; the next larger forward query block (the whole 3,200) runs out of scoped VMEM,
+  which is why `FLASH_MAX_BLOCK_Q` is 640."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  blocks = attention.flash_block_sizes(3200, 3200)
+  assert (blocks.block_q, blocks.block_k_major_dkv, blocks.block_q_dq) == (640, 3200, 640)
+  _compile_flash_for_v5e(3200, blocks)
+  with pytest.raises(Exception, match="Vmem"):
+    _compile_flash_for_v5e(3200, dataclasses.replace(blocks, block_q=3200, block_q_dq=3200))
+  # Short sequences: one block of the whole sequence.
+  assert attention.flash_block_sizes(512, 512).block_q == 512
+  assert attention.flash_block_sizes(128, 128).block_k_major_dkv == 128

@@ -10,7 +10,8 @@ its condition or its `known_trip_count`) -- and counts per kernel
           a fused operand only sliced (`dynamic-slice`, `slice`) counts the slices
           and an in-place `dynamic-update-slice` counts the update only; operands
           kept in on-chip memory (a TPU's VMEM, `S(1)` in the layout) cost nothing
-          here, their prefetches (`copy-start`) count once
+          here, their prefetches (`copy-start`) count once; a Pallas flash kernel
+          re-reads one side's operands once per block of the other side
   flops   2 x multiply-adds of every `dot` / `convolution` inside it, and for the
           flash-attention kernels of `avtext.models.attention` (Mosaic custom calls
           XLA cannot look into) the attention FLOPs from their shapes
@@ -346,6 +347,47 @@ def _attention_flops(i: Instruction, symbols) -> float:
   return 2.0 * products * math.prod(q.dims) * k.dims[2]
 
 
+# The Pallas TPU flash kernels (jax.experimental.pallas.ops.tpu.flash_attention): the
+# operands each re-reads once per major block of the other side, and where its block
+# size is written (the backward kernels' names; `attention.flash_block_sizes` scopes the
+# forward's). Operands: forward (q, k, v, q_segment_ids, kv_segment_ids); both backward
+# kernels (q, k, v, q_segment_ids, kv_segment_ids, l, m, do, di).
+_FLASH_REREAD = {
+    "fwd": ((1, 2, 4), "q", r"flash_fwd_block_q=(\d+)"),
+    "dkv": ((0, 3, 5, 6, 7, 8), "k", r"flash_mha_bwd_dkv_\S*?block_k_major=(\d+)"),
+    "dq": ((1, 2, 4), "q", r"flash_mha_bwd_dq_block_q_major=(\d+)"),
+}
+_FLASH_DEFAULT_BLOCK = 128  # the kernels' default block sizes
+
+
+def _flash_kind(i: Instruction) -> str | None:
+  if i.opcode != "custom-call" or "tpu_custom_call" not in i.attrs:
+    return None
+  name = i.name + " " + i.op_name
+  if "flash_mha_bwd_dkv" in name:
+    return "dkv"
+  if "flash_mha_bwd_dq" in name:
+    return "dq"
+  return "fwd" if "flash_attention" in name else None
+
+
+def _flash_bytes(i: Instruction, kind: str, symbols, all_spaces: bool) -> float:
+  """HBM bytes of a Pallas flash-attention call, re-reads included: the operands of the
+  streamed side once per major block of the other side (`_FLASH_REREAD`)."""
+  reread, side, pattern = _FLASH_REREAD[kind]
+  block = re.search(pattern, i.op_name + " " + i.name)
+  block = int(block.group(1)) if block else _FLASH_DEFAULT_BLOCK
+  operands = [symbols.get(o, []) for o in i.operands]
+  q, k = (operands[0][0] if operands and operands[0] else None,
+          operands[1][0] if len(operands) > 1 and operands[1] else None)
+  length = (q if side == "q" else k).dims[2] if q is not None and k is not None else block
+  blocks = max(1, -(-length // block))
+  total = _hbm_bytes(i.shape, all_spaces)
+  for n, arrays in enumerate(operands):
+    total += _hbm_bytes(arrays, all_spaces) * (blocks if n in reread else 1)
+  return total
+
+
 def _fusion_bytes(i: Instruction, body: list[Instruction], symbols,
                   all_spaces: bool = False) -> float:
   """HBM bytes of a fusion: operands (only their slices where the fused computation
@@ -478,6 +520,8 @@ def analyze_hlo(text: str, num_devices: int = 1, *, all_spaces: bool = False) ->
               src is not None and len(i.shape) > 1) else []
           outputs = i.shape[1:2]
         nbytes = _hbm_bytes(operands, all_spaces) + _hbm_bytes(outputs, all_spaces)
+        if (flash := _flash_kind(i)) is not None:
+          nbytes = _flash_bytes(i, flash, local, all_spaces)
         flops = _dot_flops(i, local)
         if i.opcode == "custom-call":
           flops += (2.0 * _conv_macs(i, local) if "__cudnn$conv" in i.attrs
