@@ -1,6 +1,7 @@
 """The per-frame store (`materialize --format=frames_*`, read as `frames:<name>`): a
 training read samples the frame indices the mp4 path samples and decodes those frames
 only; pixels checked against the mp4 decoded directly by PyAV here."""
+import concurrent.futures
 import json
 
 import ml_collections
@@ -156,6 +157,12 @@ def test_whole_clips_and_layout(clips_dir, stores):
   assert len(b['audio']) == SR * SECONDS and b['video_id'] == 'v2'
   np.testing.assert_array_equal(raw.render_audio(2, 15990, 30), a['audio'][15990:16020])
   np.testing.assert_array_equal(raw.render_audio(2, len(a['audio']) - 5, 10)[5:], 0)
+  # grain reads with threads: concurrent reads give what sequential ones do.
+  asks = [(i % NUM_CLIPS, np.arange(i, 75, 7)) for i in range(12)]
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    got = list(pool.map(lambda a: raw.render_frames(*a), asks))
+  for (i, idx), frames in zip(asks, got):
+    np.testing.assert_array_equal(frames, raw.render_frames(i, idx))
   info = json.loads((stores / 'frames_jpeg' / 'train' / 'info.json').read_text())
   assert (info['format'], info['quality'], info['clips'], info['frames']) == (
       'frames_jpeg', 95, NUM_CLIPS, NUM_CLIPS * 75)
@@ -171,3 +178,21 @@ def test_errors_name_the_fix(stores, tmp_path):
   with pytest.raises(ValueError, match='--format=frames_gif: not a format'):
     materialize.materialize(ml_collections.ConfigDict({'name': 'x'}), ['train'], name='x',
                             data_dir=tmp_path, fmt='frames_gif')
+
+
+def test_audio_dataset_stores_no_frames(tmp_path):
+  from avtext.data.synthetic import layouts  # pylint: disable=g-import-not-at-top
+  from avtext.data.synthetic import world  # pylint: disable=g-import-not-at-top
+  w = layouts.write('clotho', tmp_path / 'clotho', sizes={'train': 1, 'val': 1, 'test': 1},
+                    spec=world.WorldSpec(height=32, width=32, duration_s=2.0), progress=False)
+  ds = ml_collections.ConfigDict({'name': 'clotho', 'path': str(w.root), 'progress': False})
+  materialize.materialize(ds, ['test'], name='clotho', data_dir=tmp_path, fmt='frames_jpeg')
+  lazy = builders.get_source(ds, 'test')
+  stored = builders.get_source(ml_collections.ConfigDict(
+      {'name': 'frames:clotho', 'data_dir': str(tmp_path)}), 'test')
+  assert len(stored) == len(lazy) == 5  # five captions of one file
+  assert stored.describe(0)['num_frames'] == lazy.describe(0)['num_frames'] == 50
+  np.testing.assert_array_equal(stored[3]['audio'], lazy[3]['audio'])
+  assert 'frames' not in stored[3]
+  with pytest.raises(ValueError, match='stores no frames'):
+    stored.render_frames(0, [0])

@@ -50,6 +50,7 @@ FORMATS = ('frames_jpeg', 'frames_png', 'frames_raw')
 KINDS = ('clips', 'frames', 'audio')
 AUDIO_CHUNK_S = 1.0
 _OPTIONS = 'group_size:1,uncompressed'  # one record per read; JPEG / PNG do not deflate
+_PIL_FORMAT = {'frames_jpeg': 'JPEG', 'frames_png': 'PNG'}
 
 
 # ---- codecs ----------------------------------------------------------------------------
@@ -72,7 +73,7 @@ def decode_frame(blob: bytes, fmt: str, height: int, width: int) -> np.ndarray:
   if fmt == 'frames_raw':
     return np.frombuffer(blob, np.uint8).reshape(height, width, 3)
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  image = Image.open(io.BytesIO(blob))
+  image = Image.open(io.BytesIO(blob), formats=(_PIL_FORMAT[fmt],))
   return np.asarray(image if image.mode == 'RGB' else image.convert('RGB'))
 
 
@@ -211,10 +212,9 @@ class FrameClips:
                        f'{idx.min()}..{idx.max()}')
     unique, inverse = np.unique(idx, return_inverse=True)
     blobs = self._files['frames'].__getitems__([c['first_frame'] + int(k) for k in unique])
-    frames = np.empty((len(unique), c['height'], c['width'], 3), np.uint8)
-    for j, blob in enumerate(blobs):
-      frames[j] = decode_frame(blob, self.format, c['height'], c['width'])
-    return frames[inverse.reshape(-1)]
+    frames = [decode_frame(b, self.format, c['height'], c['width']) for b in blobs]
+    return np.stack([frames[k] for k in inverse.reshape(-1)]) if idx.size else np.zeros(
+        (0, c['height'], c['width'], 3), np.uint8)
 
   def render_audio(self, index: int, start_sample: int = 0,
                    num_samples: int | None = None) -> np.ndarray:
