@@ -196,3 +196,24 @@ def test_audio_dataset_stores_no_frames(tmp_path):
   assert 'frames' not in stored[3]
   with pytest.raises(ValueError, match='stores no frames'):
     stored.render_frames(0, [0])
+
+
+def test_shards_roll_at_clip_boundaries(tmp_path):
+  rng = np.random.default_rng(0)
+  clips = [{'frames': rng.integers(0, 256, (n, 8, 10, 3), np.uint8),
+            'audio': rng.normal(size=1600 * n).astype(np.float32), 'has_audio': True,
+            'caption': f'c{n}', 'clip_id': f'{n}', 'video_id': f'v{n}'} for n in (3, 1, 4)]
+  # shard_bytes=1: every clip starts a shard; 1 kHz: 1000-sample audio records.
+  assert framestore.write(tmp_path, 'train', iter(clips), fmt='frames_raw', sample_rate=1000,
+                          shard_bytes=1) == 3
+  assert sorted(p.name for p in (tmp_path / 'train').glob('frames.*')) == [
+      f'frames.array_record-{i:05d}-of-00003' for i in range(3)]
+  source = framestore.FrameClips(tmp_path, 'train')
+  for i, clip in enumerate(clips):
+    np.testing.assert_array_equal(source.render_frames(i, [len(clip['frames']) - 1, 0]),
+                                  clip['frames'][[-1, 0]])
+    np.testing.assert_array_equal(source.render_audio(i), clip['audio'])
+    window = source.render_audio(i, 990, 1020)  # across records; zeros past the end
+    want = clip['audio'][990:2010]
+    np.testing.assert_array_equal(window[:len(want)], want)
+    assert not window[len(want):].any()

@@ -6,9 +6,10 @@ The TFDS format (`--format=tfds`) keeps a clip's frames in one zlib'd tensor, so
 read inflates 26 s of video to use 32 frames. Here every frame is its own array_record
 record, encoded alone (FORMATS):
 
-  frames_jpeg   JPEG at `quality` (default 95), 4:4:4 chroma: re-subsampling the decoded
-                video's chroma to 4:2:0 measured 33 dB PSNR on textured frames against 40
-                dB (tests/test_data_framestore.py), for 0.2 ms more decoding per 224 px frame
+  frames_jpeg   JPEG at `quality` (default 95) with 4:4:4 chroma: against PyAV's decode of
+                the mp4, 39.9-41.1 dB PSNR per frame on tests/test_data_framestore.py's
+                textured frames, where 4:2:0 (re-subsampling the decoded chroma) gave
+                32-33 dB; 4:4:4 costs ~0.2 ms more decoding per 224 px frame
   frames_png    PNG: lossless
   frames_raw    the uint8 pixels: lossless, nothing to decode, the largest
 
@@ -21,7 +22,8 @@ window reads the seconds it covers.
 Layout of <data_dir>/<name>/<split>/ (`write` builds it in <split>.incomplete/ and renames
 it when complete, replacing an earlier one):
 
-  info.json                      {'format', 'quality', 'sample_rate', 'clips', 'source'}
+  info.json                      format, quality, sample_rate, audio_chunk_s, source (the
+                                 dataset and split stored) and the records of each kind
   clips.array_record-NNNNN-of-NNNNN    one JSON record per clip: caption, clip_id,
                                  video_id, has_audio, num_frames, height, width,
                                  num_samples and the index of its first frame / audio record
