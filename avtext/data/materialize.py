@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import json
+import os
 import pathlib
 import sys
 from typing import Any, Iterator
@@ -22,6 +23,7 @@ from avtext.data import video_io
 FORMATS = framestore.FORMATS + ('tfds',)
 DEFAULT_FORMAT = 'frames_jpeg'
 READ_NAME = {'tfds': 'tfds:{name}', **{f: 'frames:{name}' for f in framestore.FORMATS}}
+
 
 def dataset_config(config: ml_collections.ConfigDict, of: str | None) -> ml_collections.ConfigDict:
   """config.dataset, or config.<of>.dataset's overrides over it (as evaluators merge)."""
@@ -123,6 +125,8 @@ def materialize(dataset: ml_collections.ConfigDict, splits: list[str], *, name: 
     summary[s] = {'records': len(src) - sum(failed[s].values()),
                   'skipped': dict(sorted(counts.items()))}
   out = pathlib.Path(data_dir) / name / 'skipped.json'
-  out.write_text(json.dumps({'dataset': dataset.to_dict(), 'format': fmt, 'splits': summary},
+  tmp = out.with_name('skipped.json.tmp')
+  tmp.write_text(json.dumps({'dataset': dataset.to_dict(), 'format': fmt, 'splits': summary},
                             indent=1, default=str))
+  os.replace(tmp, out)
   return summary
