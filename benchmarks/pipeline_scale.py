@@ -2,7 +2,8 @@ r"""Input pipeline at paper scale (AVR): train clips/s per host core, and cores 
 
     python benchmarks/pipeline_scale.py [--out=workdirs/bench/pipeline_scale] [--clips=24]
         [--height=360 --width=640 --duration_s=26] [--grains=0,2.5] [--short_side=224]
-        [--sources=files,tfds,jpeg] [--step_bound_s=S | --aot_json=FILE] [--core=0]
+        [--sources=files,tfds,frames] [--jpeg_quality=95] [--core=0]
+        [--per_chip_batch=16 --v5e_step_s=0.535,1.02 --gpu_clips_per_s=150,86.8]
 
 1. Writes `--clips` synthetic clips as H.264 + AAC mp4s in the videocc3m layout
    (`avtext.data.synthetic.layouts`), `--width`x`--height` at 25 fps, `--duration_s` long
@@ -11,24 +12,25 @@ r"""Input pipeline at paper scale (AVR): train clips/s per host core, and cores 
    ~110 kbit/s: cheaper to decode than real footage); g > 0 adds Gaussian noise of std g
    grey levels to every frame before encoding (2.5: ~400 kbit/s, 4: ~3.5 Mbit/s at 360p),
    standing in for the bits real footage costs.
-2. Stores the same clips as array_record with `avtext.data.materialize` (frames resized on
-   decode to `--short_side`, as `python -m avtext.materialize --short_side` does), and
-   (source `jpeg`, a sketch: avtext has no such store) re-encodes that copy's frames as one
-   JPEG each (`JpegClips`), so a read decodes only the sampled frames.
+2. Stores the same clips with `avtext.data.materialize` (frames resized on decode to
+   `--short_side`, as `python -m avtext.materialize --short_side` does) in two formats:
+   `tfds` (one record per clip, all its frames in one zlib'd tensor) and `frames_jpeg` at
+   `--jpeg_quality` (one JPEG record per frame, `avtext.data.framestore`: a read decodes
+   only the sampled frames).
 3. Times the TRAIN examples of the paper config (`configs/videocc_avr.py`, task AVR's
    `examples(source, train=True)`: 32 frames at stride 14, a random crop resized to 224 px,
-   8 x 100 x 128 log-mel, 32 BERT tokens) from the files (`videocc3m`), the materialized
-   copy (`tfds:<name>`) and the sketch, each in a child process pinned to ONE core
-   (`taskset -c --core`) with one worker thread; the first `--warmup` clips are discarded.
-   Also times the read alone (`ClipReader.read`: frames and audio windows, no
+   8 x 100 x 128 log-mel, 32 BERT tokens) from the files (`videocc3m`), the TFDS copy
+   (`tfds:<name>`) and the frame store (`frames:<name>`), each in a child process pinned
+   to ONE core (`taskset -c --core`) with one worker thread; the first `--warmup` clips are
+   discarded. Also times the read alone (`ClipReader.read`: frames and audio windows, no
    preprocessing). Rates per wall second and per CPU second of the pinned process (the
    latter leaves out time other processes took from the core).
-4. Cores per chip = (clips per chip per step / step time) / (clips per CPU-s), at the step
-   lower bound from --step_bound_s, else the videocc_avr row of a `benchmarks/aot_table.py
-   --out` JSON lines file (--aot_json), else 1.60 s per 256-clip step on v5e:4x4 (16 chips)
-   -- and at the bound's compute part alone when known (the step if the HBM-traffic
-   estimate is loose). Printed as markdown beside the vCPUs a v5e host has per chip
-   (Google's published machine shapes, not measured here).
+4. Host cores an accelerator needs = (clips it trains a second) / (train clips per CPU-s):
+   a v5e chip at `--per_chip_batch` clips per step of each `--v5e_step_s` (0.535 s: AVR at
+   45 % MFU; 1.02 s: the AOT bound today), against the 28 vCPUs a v5e host has per chip;
+   one H100 at each `--gpu_clips_per_s` (150: 45 % MFU; 86.8: measured, BENCHMARKS.md
+   "AVR paper model on one H100"), against the 26 vCPUs per GPU of an 8 x H100 host.
+   The host shapes are Google's published machine types, not measured here.
 
 Clips and stores are kept under --out and reused by a rerun (which then only times).
 """
@@ -46,21 +48,12 @@ sys.path.insert(0, str(REPO / 'benchmarks'))
 
 import decode_throughput  # pylint: disable=wrong-import-position
 
-TFDS_NAME = 'pipeline_scale_avr'
-SOURCES = ('files', 'tfds', 'jpeg')
-# Cloud TPU v5e VM shapes as Google publishes them (https://cloud.google.com/tpu/docs/v5e,
-# "VM types"): ct5lp-hightpu-1t 1 chip / 24 vCPUs, -4t 4 / 112, -8t 8 / 224; v5e:4x4 is
-# 2 hosts of 8 chips. Not measured here.
-V5E_VCPUS_PER_CHIP = {'ct5lp-hightpu-8t (8 chips, 224 vCPUs)': 224 / 8,
-                      'ct5lp-hightpu-4t (4 chips, 112 vCPUs)': 112 / 4}
-# Without --aot_json / --step_bound_s: 1.60 s, the figure issue 27's brief gives (avtext.aot
-# on videocc_avr for v5e:4x4, its HBM-traffic bound), and 0.146 s, the compute_bound_s of
-# that same avtext.aot run (its JSON, /tmp/aot/avr_4x4.json on the dev VM, 2026-11-25).
-DEFAULT_BOUND = {'step_time_lower_bound_s': 1.60, 'compute_bound_s': 0.146,
-                 'global_batch': 256, 'chips': 16, 'topology': 'v5e:4x4',
-                 'source': 'default: 1.60 s per step of 256 clips on v5e:4x4 (the HBM-traffic '
-                           'bound issue 27 gives; compute part 0.146 s from the same avtext.aot '
-                           'run), not read from an aot_table.py output'}
+STORE_NAME = {'tfds': 'pipeline_scale_avr', 'frames': 'pipeline_scale_avr_frames'}
+SOURCES = ('files', 'tfds', 'frames')
+# Published machine shapes (not measured here). Cloud TPU v5e (cloud.google.com/tpu/docs/v5e,
+# "VM types"): ct5lp-hightpu-8t has 8 chips and 224 vCPUs, -4t 4 and 112: 28 a chip.
+# 8 x H100 (cloud.google.com/compute/docs/gpus, A3): a3-highgpu-8g has 208 vCPUs: 26 a GPU.
+HOST_VCPUS = {'v5e chip': 224 / 8, 'H100': 208 / 8}
 
 
 def paper_config(dataset: dict):
@@ -69,74 +62,6 @@ def paper_config(dataset: dict):
   config = videocc_avr.get_config()
   config.dataset = ml_collections.ConfigDict({'progress': False, **dataset})
   return config
-
-
-# ---- a sketch of a store that reads only the sampled frames ---------------------------
-
-class JpegClips:
-  """A 'clips' source over per-frame JPEGs: what a materialized store could hold instead of
-  one zlib'd array of every frame of a clip (avtext has no such store; this is the sketch
-  the table times). Clip i is <root>/<i>.jpg.npy (the JPEG bytes of every frame, end to
-  end), <i>.off.npy (their offsets) and <i>.wav.npy (float32 16 kHz audio), memory-mapped;
-  render_frames decodes only the frames asked for (PIL), so ClipReader's lazy path reads 32
-  JPEGs and the audio span of a train clip."""
-  kind = 'clips'
-
-  def __init__(self, root: str):
-    self.root = pathlib.Path(root)
-    self.meta = json.loads((self.root / 'meta.json').read_text())
-
-  def __len__(self) -> int:
-    return len(self.meta['clips'])
-
-  def describe(self, index: int) -> dict:
-    m = self.meta['clips'][index]
-    return {**m, 'attributes': None}
-
-  def render_frames(self, index: int, frame_indices):
-    import io  # pylint: disable=g-import-not-at-top
-    import numpy as np  # pylint: disable=g-import-not-at-top
-    from PIL import Image  # pylint: disable=g-import-not-at-top
-    data = np.load(self.root / f'{index}.jpg.npy', mmap_mode='r')
-    off = np.load(self.root / f'{index}.off.npy')
-    idx = np.minimum(np.asarray(frame_indices).reshape(-1), len(off) - 2)
-    return np.stack([np.asarray(Image.open(io.BytesIO(data[off[k]:off[k + 1]].tobytes()))
-                               .convert('RGB')) for k in idx])
-
-  def render_audio(self, index: int, start_sample: int, num_samples: int):
-    import numpy as np  # pylint: disable=g-import-not-at-top
-    wave = np.load(self.root / f'{index}.wav.npy', mmap_mode='r')
-    return np.array(wave[start_sample:start_sample + num_samples], np.float32)
-
-
-def write_jpeg_store(tfds_data_dir: pathlib.Path, root: pathlib.Path, quality: int) -> None:
-  """`JpegClips` files from the materialized array_record copy (its frames re-encoded)."""
-  import io  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  if (root / 'meta.json').exists():
-    return
-  root.mkdir(parents=True, exist_ok=True)
-  records = tfds.data_source(TFDS_NAME, split='train', data_dir=str(tfds_data_dir),
-                             download=False)
-  meta = []
-  for i in tqdm(range(len(records)), desc=f'JPEG q{quality} per frame'):
-    ex = records[i]
-    blobs = []
-    for f in ex['frames']:
-      buf = io.BytesIO()
-      Image.fromarray(f).save(buf, format='JPEG', quality=quality)
-      blobs.append(buf.getvalue())
-    np.save(root / f'{i}.jpg.npy', np.frombuffer(b''.join(blobs), np.uint8))
-    np.save(root / f'{i}.off.npy', np.cumsum([0] + [len(b) for b in blobs]))
-    np.save(root / f'{i}.wav.npy', np.asarray(ex['audio'], np.float32))
-    text = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
-    meta.append({'caption': text(ex['caption']), 'clip_id': text(ex['clip_id']),
-                 'video_id': text(ex['video_id']), 'has_audio': bool(ex['has_audio']),
-                 'num_frames': len(ex['frames']), 'num_samples': len(ex['audio'])})
-  (root / 'meta.json').write_text(json.dumps({'quality': quality, 'clips': meta}))
 
 
 # ---- the pinned child: one source, one thread ---------------------------------------
@@ -148,7 +73,7 @@ def measure(dataset: dict, warmup: int) -> dict:
   config = paper_config(dataset)
   t0 = time.perf_counter()
   task = registry.build_task(config)
-  source = JpegClips(dataset['path']) if dataset['name'] == 'jpeg' else task.train_source
+  source = task.train_source
   examples = task.examples(source, train=True)
   open_s = time.perf_counter() - t0
   n = len(source) - warmup
@@ -199,20 +124,6 @@ def run_child(dataset: dict, args) -> dict:
 
 # ---- the parent: data, children, table ----------------------------------------------
 
-def step_bound(args) -> dict:
-  if args.step_bound_s:
-    return {'step_time_lower_bound_s': args.step_bound_s, 'global_batch': 256, 'chips': 16,
-            'topology': 'v5e:4x4',
-            'source': f'--step_bound_s={args.step_bound_s} (256 clips on v5e:4x4 assumed)'}
-  if args.aot_json and pathlib.Path(args.aot_json).exists():
-    for line in pathlib.Path(args.aot_json).read_text().splitlines():
-      r = json.loads(line) if line.strip() else {}
-      if r.get('name') == 'videocc_avr' and 'step_time_lower_bound_s' in r:
-        return {**r, 'source': f'{args.aot_json} (benchmarks/aot_table.py, videocc_avr row)'}
-    print(f'{args.aot_json}: no videocc_avr row with a step bound; using the default')
-  return dict(DEFAULT_BOUND)
-
-
 def dir_mb(path: pathlib.Path) -> float:
   return sum(f.stat().st_size for f in path.rglob('*') if f.is_file()) / 1e6
 
@@ -260,12 +171,16 @@ def main():
                            'synthetic world as layouts writes it)')
   parser.add_argument('--short_side', type=int, default=224,
                       help='materialize: frames resized on decode to this shorter side')
-  parser.add_argument('--jpeg_quality', type=int, default=90)
+  parser.add_argument('--jpeg_quality', type=int, default=95)
   parser.add_argument('--warmup', type=int, default=3, help='clips timed and discarded')
   parser.add_argument('--core', type=int, default=0, help='the core the timing runs on')
-  parser.add_argument('--step_bound_s', type=float, default=None)
-  parser.add_argument('--aot_json', default=None)
-  parser.add_argument('--sources', default='files,tfds,jpeg')
+  parser.add_argument('--sources', default=','.join(SOURCES))
+  parser.add_argument('--per_chip_batch', type=int, default=16,
+                      help='clips per v5e chip per step (AVR: 256 on 16 chips)')
+  parser.add_argument('--v5e_step_s', default='0.535,1.02',
+                      help='v5e step times: AVR at 45 %% MFU, the AOT bound today')
+  parser.add_argument('--gpu_clips_per_s', default='150,86.8',
+                      help='clips/s one H100 trains: at 45 %% MFU, measured (26 %%)')
   parser.add_argument('--_measure', default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
   child = args._measure  # pylint: disable=protected-access
@@ -292,24 +207,26 @@ def main():
     run['write_s'] = time.perf_counter() - t
     print(f'{args.clips} mp4s under {root} ({run["write_s"]:.0f} s), '
           f'{run["kbit_per_s"]:.0f} kbit/s', flush=True)
-    data_dir = out / f'tfds_{root.name}_s{args.short_side}'
-    jpeg_dir = out / f'jpeg_{root.name}_s{args.short_side}_q{args.jpeg_quality}'
+    data_dir = out / f'stores_{root.name}_s{args.short_side}'
+    names = {'tfds': STORE_NAME['tfds'], 'frames': f'{STORE_NAME["frames"]}_q{args.jpeg_quality}'}
     datasets = {'files': {'name': 'videocc3m', 'path': str(root)},
-                'tfds': {'name': f'tfds:{TFDS_NAME}', 'data_dir': str(data_dir)},
-                'jpeg': {'name': 'jpeg', 'path': str(jpeg_dir)}}
-    if {'tfds', 'jpeg'} & set(sources):
-      if not (data_dir / TFDS_NAME / 'skipped.json').exists():
+                'tfds': {'name': f'tfds:{names["tfds"]}', 'data_dir': str(data_dir)},
+                'frames': {'name': f'frames:{names["frames"]}', 'data_dir': str(data_dir)}}
+    run['mb_per_clip'], run['materialize_s'] = {}, {}
+    for fmt, done in (('tfds', 'skipped.json'), ('frames', 'train/info.json')):
+      if fmt not in sources:
+        continue
+      if not (data_dir / names[fmt] / done).exists():
         t = time.perf_counter()
         summary = materialize.materialize(
             ml_collections.ConfigDict({**datasets['files'], 'short_side': args.short_side,
                                        'progress': False}),
-            ['train'], name=TFDS_NAME, data_dir=data_dir)
-        run['materialize_s'] = time.perf_counter() - t
-        print(f'materialized {summary} in {run["materialize_s"]:.0f} s under {data_dir}')
-      run['mb_per_clip'] = {'tfds': dir_mb(data_dir / TFDS_NAME) / args.clips}
-    if 'jpeg' in sources:
-      write_jpeg_store(data_dir, jpeg_dir, args.jpeg_quality)
-      run['mb_per_clip']['jpeg'] = dir_mb(jpeg_dir) / args.clips
+            ['train'], name=names[fmt], data_dir=data_dir, quality=args.jpeg_quality,
+            fmt='tfds' if fmt == 'tfds' else 'frames_jpeg', workers=os.cpu_count() or 1)
+        run['materialize_s'][fmt] = time.perf_counter() - t
+        print(f'materialized {summary} as {fmt} in {run["materialize_s"][fmt]:.0f} s under '
+              f'{data_dir}')
+      run['mb_per_clip'][fmt] = dir_mb(data_dir / names[fmt]) / args.clips
     print(f'stores, MB per clip: {run.get("mb_per_clip")} ({frame_mb:.0f} MB of uint8 '
           'frames uncompressed)', flush=True)
     for name in sources:
@@ -321,40 +238,40 @@ def main():
   report(args, runs, sources)
 
 
+def needs(args) -> dict[str, dict[str, float]]:
+  """{accelerator: {what: clips/s it trains}} from the flags."""
+  v5e = {f'{t:g} s step': args.per_chip_batch / t
+         for t in map(float, args.v5e_step_s.split(','))}
+  gpu = {f'{r:g} clips/s': r for r in map(float, args.gpu_clips_per_s.split(','))}
+  return {'v5e chip': v5e, 'H100': gpu}
+
+
 def report(args, runs: list[dict], sources: list[str]) -> None:
-  bound = step_bound(args)
-  per_chip = bound['global_batch'] / bound['chips']
-  steps = {'bound': bound['step_time_lower_bound_s']}
-  if bound.get('compute_bound_s'):
-    steps['compute'] = bound['compute_bound_s']
-  vcpus = min(V5E_VCPUS_PER_CHIP.values())
+  targets = needs(args)
   print()
-  print(f'Step bound: {bound["step_time_lower_bound_s"]:.3g} s for {bound["global_batch"]} '
-        f'clips on {bound["topology"]} ({bound["chips"]} chips) = {per_chip:g} clips per chip '
-        f'per step -> {per_chip / steps["bound"]:.2f} clips/s per chip'
-        + (f'; its compute part alone, {steps["compute"]:.3g} s -> '
-           f'{per_chip / steps["compute"]:.1f} clips/s per chip' if 'compute' in steps else '')
-        + f'. Source: {bound["source"]}.')
-  print('Published v5e vCPUs per chip: '
-        + '; '.join(f'{k}: {v:g}' for k, v in V5E_VCPUS_PER_CHIP.items()))
+  print('Clips/s to feed: ' + '; '.join(
+      f'{acc} at {what}: {rate:.1f}' for acc, t in targets.items() for what, rate in t.items())
+      + '. Host vCPUs (published): ' + ', '.join(f'{k} {v:g}' for k, v in HOST_VCPUS.items()))
   print()
-  cols = ' | '.join(f'cores/chip at {v:.3g} s' for v in steps.values())
-  print(f'| clips | source | stage | clips/s per core (wall) | clips per CPU-s | CPU ms / clip '
-        f'| {cols} | load avg (1 min) |')
-  print('|---|---|---|---|---|---|' + '---|' * len(steps) + '---|')
+  cols = [(acc, what) for acc, t in targets.items() for what in t]
+  print('| clips | source | stage | clips/s per core (wall) | clips per CPU-s | CPU ms / clip | '
+        + ' | '.join(f'cores per {acc} at {what}' for acc, what in cols)
+        + ' | load avg (1 min) |')
+  print('|---|---|---|---|---|---|' + '---|' * len(cols) + '---|')
   for run in runs:
     clips = (f'{args.width}x{args.height}, grain {run["grain"]:g}, '
              f'{run["kbit_per_s"]:.0f} kbit/s')
     mb = run.get('mb_per_clip', {})
     labels = {'files': 'mp4 files',
-              'tfds': f'array_record ({args.short_side} px, {mb.get("tfds", 0):.0f} MB/clip)',
-              'jpeg': (f'sketch: JPEG q{args.jpeg_quality} per frame ({args.short_side} px, '
-                       f'{mb.get("jpeg", 0):.0f} MB/clip)')}
+              'tfds': f'tfds, a record per clip ({args.short_side} px, {mb.get("tfds", 0):.1f} MB/clip)',
+              'frames': (f'frames_jpeg q{args.jpeg_quality} ({args.short_side} px, '
+                         f'{mb.get("frames", 0):.1f} MB/clip)')}
     for name in sources:
       r = run[name]
       for stage, label in (('read', 'read only'), ('full', 'train example')):
         x = r[stage]
-        cores = ' | '.join(f'{per_chip / v / x["clips_per_cpu_s"]:.1f}' for v in steps.values())
+        cores = ' | '.join(f'{targets[acc][what] / x["clips_per_cpu_s"]:.2f}'
+                           for acc, what in cols)
         print(f'| {clips} | {labels[name]} | {label} | {x["clips_per_s"]:.2f} | '
               f'{x["clips_per_cpu_s"]:.2f} | {x["cpu_ms_per_clip"]:.0f} | {cores} | '
               f'{r["load"][0][0]:.2f} -> {r["load"][1][0]:.2f} |')
@@ -362,19 +279,16 @@ def report(args, runs: list[dict], sources: list[str]) -> None:
   for run in runs:
     for name in sources:
       rate = run[name]['full']['clips_per_cpu_s']
-      # The step time at which this source would need every vCPU of the chip.
-      break_even = per_chip / (vcpus * rate)
       parts = []
-      for what, v in steps.items():
-        cores = per_chip / v / rate
-        parts.append(f'{cores:.1f} cores per chip at the {v:.3g} s {what} step '
-                     f'({100 * cores / vcpus:.0f} % of {vcpus:g} vCPUs: '
-                     f'{"keeps up" if cores <= vcpus else "does NOT keep up"})')
-      print(f'grain {run["grain"]:g}, {name}: ' + '; '.join(parts)
-            + f'; needs all {vcpus:g} at a {1e3 * break_even:.0f} ms step.')
+      for acc, t in targets.items():
+        for what, clips_per_s in t.items():
+          cores = clips_per_s / rate
+          parts.append(f'{acc} at {what}: {cores:.2f} cores, {100 * cores / HOST_VCPUS[acc]:.0f} % '
+                       f'of {HOST_VCPUS[acc]:g}')
+      print(f'grain {run["grain"]:g}, {name}: ' + '; '.join(parts))
   (out_json := pathlib.Path(args.out) / f'results_grains{args.grains.replace(",", "_")}.json'
-   ).write_text(json.dumps({'args': vars(args), 'bound': bound, 'runs': runs}, indent=1,
-                           default=str))
+   ).write_text(json.dumps({'args': vars(args), 'targets': targets, 'host_vcpus': HOST_VCPUS,
+                            'runs': runs}, indent=1, default=str))
   print(f'wrote {out_json}')
 
 

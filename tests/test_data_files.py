@@ -189,25 +189,29 @@ def test_probe_cache_is_reused_until_a_file_changes(msrvtt, tmp_path):
   assert files.probe_files(paths, cache=cache)[paths[0]] == first[paths[0]]
 
 
-def test_materialized_split_reads_back_the_same_clips(msrvtt, tmp_path):
+@pytest.mark.parametrize('fmt', ['tfds', 'frames_raw'])
+def test_materialized_split_reads_back_the_same_clips(msrvtt, tmp_path, fmt):
   ds = ml_collections.ConfigDict({'name': 'msrvtt', 'path': str(msrvtt.root),
                                   'progress': False})
   summary = materialize.materialize(ds, ['train', 'test'], name='msrvtt_tiny',
-                                    data_dir=tmp_path)
+                                    data_dir=tmp_path, fmt=fmt)
   lazy_train = builders.get_source(ds, 'train')
   want = dict(lazy_train.skip_counts())
   want['truncated'] = 2  # found while writing
   assert summary['train'] == {'records': len(lazy_train) - 2, 'skipped': want}
   assert json.loads((tmp_path / 'msrvtt_tiny' / 'skipped.json').read_text())['splits'] == summary
-  stored = builders.get_source(ml_collections.ConfigDict(
-      {'name': 'tfds:msrvtt_tiny', 'data_dir': str(tmp_path)}), 'test')
+  read = ml_collections.ConfigDict({'name': materialize.READ_NAME[fmt].format(
+      name='msrvtt_tiny'), 'data_dir': str(tmp_path)})
+  assert len(builders.get_source(read, 'train')) == summary['train']['records']
+  stored = builders.get_source(read, 'test')
   lazy = builders.get_source(ds, 'test')
   assert len(stored) == len(lazy) == 8
+  text = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731  (TFDS: bytes)
   for i in (0, 7):
     a, b = stored[i], lazy[i]
     np.testing.assert_array_equal(a['frames'], b['frames'])
     np.testing.assert_array_equal(a['audio'], b['audio'])
-    assert a['caption'].decode() == b['caption'] and a['video_id'].decode() == b['video_id']
+    assert text(a['caption']) == b['caption'] and text(a['video_id']) == b['video_id']
 
 
 def test_training_over_bad_files_finishes_and_reports_the_skips(msrvtt, tmp_path):

@@ -11,10 +11,14 @@ and e.g. TensorFlow is imported only by a config that reads TFDS files):
                            features, log-mels) in `builders.smit`'s layout
   smit                     the real S-MiT clips: DIR/<split>.csv of video, spoken caption
                            audio and ASR transcript (`builders.smit`)
+  frames:<name>            a dataset `python -m avtext.materialize` stored frame by frame
+                           (JPEG / PNG / raw records, `avtext.data.framestore`) under
+                           config.dataset.data_dir: a read decodes only the sampled
+                           frames; the fast path for real clip datasets
   tfds:<name>[/config]     a materialized TFDS dataset in array_record format under
-                           config.dataset.data_dir, read with random access; the path
-                           real clip datasets take (tests exercise it with the synthetic
-                           world's TFDS builder)
+                           config.dataset.data_dir, a record per clip, read with random
+                           access (`materialize --format=tfds`; tests exercise it with
+                           the synthetic world's TFDS builder too)
   features:hdf5            precomputed per-item arrays (COOT / TVR style) under
   features:npz             config.dataset.path; layouts and config fields in
   features:array_record    `builders.precomputed` and `avtext.data.features`
@@ -37,7 +41,7 @@ and e.g. TensorFlow is imported only by a config that reads TFDS files):
                            (these four read the user's media files lazily through
                            `builders.files.MediaClips`: layouts in their modules; bad files
                            are counted by reason; `python -m avtext.materialize`
-                           stores them as array_record)
+                           stores them as `frames:` or `tfds:` array_record)
 
 A factory `(dataset_config, split) -> source` is registered with
 `@register_dataset(name)` (or `prefix=True` for a family such as 'tfds:');
