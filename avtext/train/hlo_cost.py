@@ -388,8 +388,42 @@ def _flash_bytes(i: Instruction, kind: str, symbols, all_spaces: bool) -> float:
   return total
 
 
+def _sliced_bytes(body: list[Instruction], pname: str, computations, depth: int = 0):
+  """Bytes the fused computation `body` reads of its parameter `pname` when it only
+  slices it (directly, through bitcasts, or inside nested fusions: a scan's step reading
+  its layer's slice of a stacked array); None when it reads it whole."""
+  if depth > 8:
+    return None
+  total = 0.0
+  uses = [b for b in body if pname in b.operands]
+  if not uses:
+    return None
+  for u in uses:
+    if u.opcode in _SLICES and u.operands[0] == pname and pname not in u.operands[1:]:
+      total += _hbm_bytes(u.shape, True)
+    elif u.opcode == "bitcast":
+      inner = _sliced_bytes(body, u.name, computations, depth + 1)
+      if inner is None:
+        return None
+      total += inner
+    elif u.opcode == "fusion":
+      nested = computations.get(dict(u.called()).get("calls", ""), [])
+      names = {int(b.args): b.name for b in nested
+               if b.opcode == "parameter" and b.args.strip().isdigit()}
+      for n, o in enumerate(u.operands):
+        if o != pname:
+          continue
+        inner = _sliced_bytes(nested, names.get(n, ""), computations, depth + 1)
+        if inner is None:
+          return None
+        total += inner
+    else:
+      return None
+  return total
+
+
 def _fusion_bytes(i: Instruction, body: list[Instruction], symbols,
-                  all_spaces: bool = False) -> float:
+                  all_spaces: bool = False, computations=None) -> float:
   """HBM bytes of a fusion: operands (only their slices where the fused computation
   only slices them; none for the buffer an in-place dynamic-update-slice writes into)
   and outputs (only the update of an in-place dynamic-update-slice)."""
@@ -419,10 +453,8 @@ def _fusion_bytes(i: Instruction, body: list[Instruction], symbols,
     uses = users.get(pname, [])
     if pname in in_place or (pname in passthrough and all(u is root for u in uses)):
       continue
-    if uses and all(u.opcode in _SLICES and u.operands[0] == pname for u in uses):
-      total += sum(_hbm_bytes(u.shape, True) for u in uses)
-    else:
-      total += _hbm_bytes(arrays, all_spaces)
+    sliced = _sliced_bytes(body, pname, computations or {})
+    total += _hbm_bytes(arrays, all_spaces) if sliced is None else sliced
   outputs = i.shape if len(roots) == len(i.shape) else i.shape[:len(roots)] or i.shape
   for r, out in zip(roots, outputs):
     if not (all_spaces or out.memory_space == 0) or r is None or r.name in passthrough:
@@ -503,7 +535,8 @@ def analyze_hlo(text: str, num_devices: int = 1, *, all_spaces: bool = False) ->
       fused = [b for _, b in nested]
       local = symbols[comp]
       if i.opcode == "fusion":
-        nbytes = _fusion_bytes(i, computations.get(calls["calls"], []), local, all_spaces)
+        nbytes = _fusion_bytes(i, computations.get(calls["calls"], []), local, all_spaces,
+                               computations)
         flops = sum(_dot_flops(b, symbols[c]) for c, b in nested)
         # An async collective is cloned into the kernel that starts it and the one that
         # waits for it (root AsyncCollectiveDone): its bytes are sent once, at the start.
