@@ -254,13 +254,13 @@ class VideoCaptioner(nn.Module):
 def gpt2_from_config(cfg) -> GPT2:
   """`config.model.decoder` (name="gpt2") -> GPT2.
 
-  vocab_size None: the size of `vocab_subset` (a `write_vocab_subset` file).
+  vocab_size None: the size of `vocab_subset` (a `write_vocab_subset` file), else of
+  GPT-2's whole vocabulary.
   """
   vocab_size = cfg.get("vocab_size")
   if not vocab_size:
-    if not cfg.get("vocab_subset"):
-      raise ValueError("config.model.decoder: set vocab_size (GPT-2: 50257) or vocab_subset")
-    vocab_size = len(tokenizers.read_vocab_subset(cfg.vocab_subset))
+    vocab_size = (len(tokenizers.read_vocab_subset(cfg.vocab_subset)) if cfg.get("vocab_subset")
+                  else GPT2.vocab_size)
   return GPT2(
       vocab_size=vocab_size, max_positions=cfg.get("max_positions", 1024),
       hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
