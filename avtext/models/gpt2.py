@@ -50,6 +50,9 @@ from avtext.text import tokenizers
 Array = jax.Array
 
 
+CONTEXT_POOLS = ("mean", "max")  # config.model.context_pool of the video captioner
+
+
 class GPT2(nn.Module):
   """GPT-2 LM with an optional embedded prefix (see the module docstring).
 
@@ -189,9 +192,9 @@ class VideoCaptioner(nn.Module):
     whose embedding is the max over its tokens, MBT's rgb_pool="max", where a small
     object's evidence sits in few tokens and a mean dilutes it).
     """
-    if self.context_pool not in ("mean", "max"):
-      raise ValueError(f"config.model.context_pool={self.context_pool!r}: expected 'mean' "
-                       "or 'max'")
+    if self.context_pool not in CONTEXT_POOLS:
+      raise ValueError(f"config.model.context_pool={self.context_pool!r}: expected one of "
+                       f"{CONTEXT_POOLS}")
     pool = jnp.mean if self.context_pool == "mean" else jnp.max
     out = self.video(video_inputs, train=train)
     tokens = []

@@ -66,12 +66,19 @@ class EvaluatorError(RuntimeError):
 
 def total_train_steps(config: ml_collections.ConfigDict, num_examples: int) -> tuple[int, int]:
   """(total steps, steps per epoch) from train.num_steps or train.num_epochs."""
+  if config.train.batch_size < 1:
+    raise ValueError(f"config.train.batch_size={config.train.batch_size}: must be at least 1")
   steps_per_epoch = max(1, num_examples // config.train.batch_size)
-  if config.train.get("num_steps"):
-    return int(config.train.num_steps), steps_per_epoch
-  if config.train.get("num_epochs"):
-    return int(math.ceil(config.train.num_epochs * steps_per_epoch)), steps_per_epoch
-  raise ValueError("set config.train.num_steps or config.train.num_epochs")
+  if config.train.get("num_steps") is not None:
+    total = int(config.train.num_steps)
+  elif config.train.get("num_epochs") is not None:
+    total = int(math.ceil(config.train.num_epochs * steps_per_epoch))
+  else:
+    raise ValueError("config.train.num_steps: set it or config.train.num_epochs")
+  if total < 1:  # a run that trains nothing is no run
+    raise ValueError(f"config.train.num_steps / num_epochs give {total} steps; set them to "
+                     "train at least one")
+  return total, steps_per_epoch
 
 
 def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
