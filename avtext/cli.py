@@ -66,10 +66,25 @@ def DEFINE_path(name: str, default: str | None, help: str, **kwargs):  # pylint:
                       **kwargs)
 
 
-def DEFINE_checkpoint_step(flag_values: flags.FlagValues):  # pylint: disable=invalid-name
-  """`--step` of a program that opens a run (`avtext.runs.load_run`'s `step`)."""
-  return flags.DEFINE_string("step", None, "its checkpoint: N, 'best' or the latest (default)",
-                             flag_values=flag_values)
+class _StepParser(flags.ArgumentParser):
+  syntactic_help = "a checkpoint step N (0 or more) or 'best'"
+
+  def parse(self, argument):
+    text = str(argument).strip()
+    if not (text.isdigit() or text == "best"):
+      raise ValueError(f"{text!r} is no checkpoint step; pass a step number N (0 or more) or "
+                       "'best', or leave --step out for the latest")
+    return text
+
+  def flag_type(self):
+    return "step"
+
+
+def DEFINE_checkpoint_step(flag_values: flags.FlagValues,  # pylint: disable=invalid-name
+                           help: str = "its checkpoint: N, 'best' or the latest (default)"):  # pylint: disable=redefined-builtin
+  """`--step` of a program that opens a run (`avtext.runs.load_run`'s `step`): the string
+  N or 'best', anything else refused when the flags are parsed."""
+  return flags.DEFINE(_StepParser(), "step", None, help, flag_values=flag_values)
 
 
 def cache_dir(env: str, name: str) -> str | None:

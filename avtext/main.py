@@ -41,8 +41,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = cli.DEFINE_path("workdir", None, "run directory (checkpoints, metrics, results); "
                            "its config.json is the run's identity", flag_values=FLAGS)
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"], "what to run", flag_values=FLAGS)
-_STEP = flags.DEFINE_string("step", None, "--mode=eval: checkpoint step N or 'best' "
-                            "(default: latest)", flag_values=FLAGS)
+_STEP = cli.DEFINE_checkpoint_step(FLAGS, "--mode=eval: checkpoint step N or 'best' "
+                                   "(default: latest)")
 _EVAL_DIR = cli.DEFINE_path(
     "eval_dir", None, "--mode=eval: directory for results.json, TensorBoard events and "
     "the evaluators' exports (default: the run, when it is writable and not in use)",

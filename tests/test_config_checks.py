@@ -21,6 +21,7 @@ from avtext.tasks import registry as tasks_registry
 from avtext.train import optimizers
 from tests.test_train_trainer import REPO
 from tests.test_train_trainer import tiny_config
+from tests.test_train_trainer import with_overrides
 
 
 def _caption_config(**overrides):
@@ -29,14 +30,7 @@ def _caption_config(**overrides):
     import videocc_caption  # pylint: disable=g-import-not-at-top
   finally:
     sys.path.remove(str(REPO / "configs"))
-  config = videocc_caption.get_config("tiny")
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+  return with_overrides(videocc_caption.get_config("tiny"), **overrides)
 
 
 # (override, devices, words of the message: the flag and value first)
@@ -166,6 +160,7 @@ def test_the_reported_cases_end_in_one_line_before_anything_is_made(tmp_path):
       ([tiny, "--config.optimizer.name=adamm"], "--config.optimizer.name=adamm"),
       ([tiny, f"--workdir={corrupt}"], "delete that file and re-run the training command"),
       (["--mode=eval", f"--workdir={corrupt}"], "delete that file and re-run the training"),
+      (["--mode=eval", "--step=abc"], "--step=abc: 'abc' is no checkpoint step; pass a step"),
   ]
   with concurrent.futures.ThreadPoolExecutor(3) as pool:
     procs = list(pool.map(lambda case: _main(case[0], tmp_path / str(id(case))), cases))
