@@ -110,3 +110,23 @@ def test_sigint_and_sigterm_save_the_step_and_exit_in_one_line(tmp_path):
     assert lines[-1] == f"interrupted at step {step}; checkpoint {step} kept; re-run to resume"
     assert (checkpoints / str(step) / "checksums.json").is_file()  # sealed: complete
     assert not list(workdirs[signum].rglob("*.orbax-checkpoint-tmp*"))
+
+
+def test_a_run_stopped_short_is_one_line_with_its_exit_status(capsys):
+  """What `main` prints of the two (cli.run): the message, no traceback; 1 or 128 + signal."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from avtext import cli  # pylint: disable=g-import-not-at-top
+  stops = [(errors.EvaluationFailed("evaluator 'test' failed at step 4: KeyError: 'x'"), 1,
+            "error: evaluator 'test' failed at step 4: KeyError: 'x'"),
+           (errors.Interrupted("interrupted at step 3; checkpoint 3 kept; re-run to resume",
+                               signal.SIGTERM), 143,
+            "interrupted at step 3; checkpoint 3 kept; re-run to resume"),
+           (KeyboardInterrupt(), 130, "interrupted")]
+  for stop, status, line in stops:
+    def main(argv, stop=stop):
+      del argv
+      raise stop
+    with pytest.raises(SystemExit) as done:
+      cli.run(main, flags.FlagValues(), ["prog"], doc="")
+    assert done.value.code == status
+    assert capsys.readouterr().err == line + "\n"

@@ -286,7 +286,8 @@ class MBT(nn.Module):
     tokens = {m: towers[m].final(x[m]) for m in modalities}
     cls = {m: tokens[m][:, 0] for m in modalities}
     if self.rgb_pool not in RGB_POOLS:
-      raise ValueError(f"rgb_pool must be one of {RGB_POOLS}, got {self.rgb_pool!r}")
+      raise ValueError(f"rgb_pool must be {' or '.join(map(repr, RGB_POOLS))}, "
+                       f"got {self.rgb_pool!r}")
     pooled = dict(cls)
     if "rgb" in modalities and self.rgb_pool == "max":
       pooled["rgb"] = jnp.max(tokens["rgb"][:, 1:], axis=1)  # [B, D]
