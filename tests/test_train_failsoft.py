@@ -89,16 +89,23 @@ def test_sigint_and_sigterm_save_the_step_and_exit_in_one_line(tmp_path):
                          "--config.evals.test.every_steps=0",
                          "--config.train.log_every_steps=1000") for signum in runs_}
   stderr = lambda signum: pathlib.Path(f"{workdirs[signum]}.stderr").read_text()
-  deadline = time.time() + 240
-  waiting = set(procs)
-  while waiting and time.time() < deadline:
-    for signum in list(waiting):
-      assert procs[signum].poll() is None, stderr(signum)[-3000:]
-      if (workdirs[signum] / "checkpoints").is_dir() and _steps(workdirs[signum] / "checkpoints"):
-        procs[signum].send_signal(signum)
-        waiting.discard(signum)
-    time.sleep(0.1)
-  assert not waiting, "no checkpoint within 240 s"
+  try:
+    deadline = time.time() + 240
+    waiting = set(procs)
+    while waiting and time.time() < deadline:
+      for signum in list(waiting):
+        assert procs[signum].poll() is None, stderr(signum)[-3000:]
+        checkpoints = workdirs[signum] / "checkpoints"
+        if checkpoints.is_dir() and _steps(checkpoints):
+          procs[signum].send_signal(signum)
+          waiting.discard(signum)
+      time.sleep(0.1)
+    assert not waiting, "no checkpoint within 240 s"
+  finally:  # a failed wait leaves no run behind
+    for proc in procs.values():
+      if proc.poll() is None and waiting:
+        proc.kill()
+        proc.wait()
   for signum, status in runs_.items():
     procs[signum].wait(timeout=240)
     err = stderr(signum)
