@@ -10,6 +10,9 @@ behaviour:
   `avtext.errors.UserError`, a missing file) prints `error: <what is wrong and what to
   do>` on stderr, at most a few lines, and exits 2. `--debug` or AVTEXT_DEBUG=1 shows
   the traceback as well. Any other exception is a bug and keeps its traceback.
+- A run that stopped short (`avtext.errors.RunStopped`: an evaluator failed, SIGINT or
+  SIGTERM during training) prints its one line and exits with its own status (1; 130 /
+  143); Ctrl-C anywhere else prints `interrupted` and exits 130.
 - JAX's persistent compilation cache is on (see `compilation_cache_dir`), so running a
   program again does not recompile what it compiled last time.
 - With libtpu installed (the default venv: it AOT-compiles for TPUs) on a machine
@@ -63,10 +66,25 @@ def DEFINE_path(name: str, default: str | None, help: str, **kwargs):  # pylint:
                       **kwargs)
 
 
-def DEFINE_checkpoint_step(flag_values: flags.FlagValues):  # pylint: disable=invalid-name
-  """`--step` of a program that opens a run (`avtext.runs.load_run`'s `step`)."""
-  return flags.DEFINE_string("step", None, "its checkpoint: N, 'best' or the latest (default)",
-                             flag_values=flag_values)
+class _StepParser(flags.ArgumentParser):
+  syntactic_help = "a checkpoint step N (0 or more) or 'best'"
+
+  def parse(self, argument):
+    text = str(argument).strip()
+    if not (text.isdigit() or text == "best"):
+      raise ValueError(f"{text!r} is no checkpoint step; pass a step number N (0 or more) or "
+                       "'best', or leave --step out for the latest")
+    return text
+
+  def flag_type(self):
+    return "step"
+
+
+def DEFINE_checkpoint_step(flag_values: flags.FlagValues,  # pylint: disable=invalid-name
+                           help: str = "its checkpoint: N, 'best' or the latest (default)"):  # pylint: disable=redefined-builtin
+  """`--step` of a program that opens a run (`avtext.runs.load_run`'s `step`): the string
+  N or 'best', anything else refused when the flags are parsed."""
+  return flags.DEFINE(_StepParser(), "step", None, help, flag_values=flag_values)
 
 
 def cache_dir(env: str, name: str) -> str | None:
@@ -239,9 +257,10 @@ def run(main: Callable[[list[str]], object], flag_values: flags.FlagValues,
   """Runs `main(args)` as an avtext program: parses `argv` (default sys.argv) into the
   program's own `flag_values`, then calls main with the positional arguments
   (args[0]: the program). Returns when main does; exits 0 after --help, 2 on a user
-  error (module docstring). Tests call it in-process with their own argv. `known_only`:
-  flags the program does not define go to main with the positional arguments (a program
-  that passes them on, e.g. Beam's options, checks them itself)."""
+  error, a RunStopped's status when a run stops short (module docstring). Tests call
+  it in-process with their own argv. `known_only`: flags the program does not define go
+  to main with the positional arguments (a program that passes them on, e.g. Beam's
+  options, checks them itself)."""
   argv = list(sys.argv if argv is None else argv)
   program = _program() if argv[0] == sys.argv[0] else argv[0]
   if doc is None:
@@ -267,3 +286,13 @@ def run(main: Callable[[list[str]], object], flag_values: flags.FlagValues,
       traceback.print_exc()
     report(e, program)
     sys.exit(2)
+  except errors.RunStopped as e:
+    if debug:
+      traceback.print_exc()
+    print(f"{e.prefix}{e}", file=sys.stderr)
+    sys.exit(e.exit_code)
+  except KeyboardInterrupt:
+    if debug:
+      traceback.print_exc()
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)

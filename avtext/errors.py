@@ -21,3 +21,25 @@ class InputNotFound(UserError, FileNotFoundError):
 
 class WorkdirInUse(UserError):
   """The run directory holds another run, or another process runs in it."""
+
+
+class RunStopped(Exception):
+  """A run that stopped short for a reason its one-line message gives, with what it kept
+  and what to do (not a mistake in the inputs): `avtext.cli.run` prints `prefix` +
+  message on stderr, without a traceback unless --debug, and exits with `exit_code`."""
+  exit_code = 1
+  prefix = "error: "
+
+
+class EvaluationFailed(RunStopped):
+  """An evaluator raised; the message names it and the step, and says what is on disk."""
+
+
+class Interrupted(RunStopped):
+  """SIGINT / SIGTERM: stopped at a step boundary with its checkpoint saved. Exit status
+  128 + the signal's number, as a shell reports a process the signal ended (130, 143)."""
+  prefix = ""
+
+  def __init__(self, message: str, signum: int):
+    super().__init__(message)
+    self.exit_code = 128 + int(signum)

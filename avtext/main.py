@@ -41,8 +41,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = cli.DEFINE_path("workdir", None, "run directory (checkpoints, metrics, results); "
                            "its config.json is the run's identity", flag_values=FLAGS)
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"], "what to run", flag_values=FLAGS)
-_STEP = flags.DEFINE_string("step", None, "--mode=eval: checkpoint step N or 'best' "
-                            "(default: latest)", flag_values=FLAGS)
+_STEP = cli.DEFINE_checkpoint_step(FLAGS, "--mode=eval: checkpoint step N or 'best' "
+                                   "(default: latest)")
 _EVAL_DIR = cli.DEFINE_path(
     "eval_dir", None, "--mode=eval: directory for results.json, TensorBoard events and "
     "the evaluators' exports (default: the run, when it is writable and not in use)",
@@ -185,6 +185,18 @@ def _eval_config(workdir: str):
         f"first, fix --workdir, or pass --config") from None
 
 
+def _config_errors(build, config):
+  """build(config); a ValueError it raises about a config field ("config.<field>...",
+  the convention of every check that reads one) becomes one line naming the flag."""
+  try:
+    return build(config)
+  except ValueError as e:
+    text = cli.exception_message(e)
+    if not text.startswith("config."):
+      raise
+    raise errors.BadInput(f"--{text}") from e
+
+
 def _remove_if_unused(workdir: pathlib.Path) -> None:
   """Removes a run directory this command created when it saved no checkpoint there."""
   from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top
@@ -240,23 +252,27 @@ def main(argv):
   sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
   _log_platform(jax)
   _check_backend(config, jax.default_backend())
-  # The run's files (weights, vocabularies, dataset paths), before the data is probed.
+  # Every value, then the run's files (weights, vocabularies, dataset paths), before the
+  # data is probed.
   from avtext import experiment  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
-  task = tasks_registry.build_task(config)
+  experiment.check_config(config, jax.device_count())
+  task = _config_errors(tasks_registry.build_task, config)
   experiment.check_inputs(config, task)
   from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top
   if _MODE.value == "train":
-    task.train_source  # pylint: disable=pointless-statement
+    _config_errors(lambda _: task.train_source, config)
     # ^ opens (and checks) the training data before the workdir is created
   workdir_path = pathlib.Path(workdir).absolute()
+  from avtext import evals  # pylint: disable=g-import-not-at-top
+  evaluators = _config_errors(lambda c: evals.build_evaluators(c, task, workdir_path), config)
   created = _MODE.value == "train" and not workdir_path.exists()
   try:
     with contextlib.ExitStack() as stack:
       if _MODE.value == "train":
         # Before anything else is built, so a second launch exits in seconds.
         stack.enter_context(rundir.lock(workdir, process_index=jax.process_index()))
-      run = experiment.build(config, workdir, task=task)
+      run = experiment.build(config, workdir, task=task, evaluators=evaluators)
       if _MODE.value == "train":
         run.train()
       else:

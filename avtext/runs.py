@@ -92,7 +92,7 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
   if not path.exists():
     raise FileNotFoundError(f"{path}: not found; is {workdir} an avtext run directory?")
   return ml_collections.ConfigDict(rundir.read_json(
-      path, fix="re-running the run's training command rewrites it"))
+      path, fix=rundir.CONFIG_FIX))
 
 
 RUN_CACHE_ENV = "AVTEXT_RUN_CACHE"  # a directory, or "off"; default ~/.cache/avtext/runs

@@ -131,7 +131,8 @@ def test_tiny_run_trains_evaluates_and_writes_predictions(tmp_path):
   tokenizers.write_vocab_subset(train_captions, tmp_path / "vocab.json")
   config.model.decoder.vocab_subset = str(tmp_path / "vocab.json")
   config.init_from.workdir = str(tmp_path / "avr")
-  config.evals.test.baselines.nearest_neighbour.run = str(tmp_path / "avr")
+  config.evals.test.baselines.nearest_neighbour = dict(run=str(tmp_path / "avr"), step=None,
+                                                       num_train=32, num_clips=1)
   workdir = tmp_path / "cap"
   state = experiment.build(config, workdir).train()
   assert int(state.step) == config.train.num_steps

@@ -28,8 +28,8 @@ def make_trainer(config, workdir):
   return experiment.build(config, workdir)
 
 
-def tiny_config(**overrides):
-  config = videocc_avr.get_config("tiny")
+def with_overrides(config, **overrides):
+  """`config` with each dotted field of `overrides` set (as --config.<field>= would)."""
   for key, value in overrides.items():
     node = config
     *parents, leaf = key.split(".")
@@ -37,6 +37,10 @@ def tiny_config(**overrides):
       node = node[p]
     node[leaf] = value
   return config
+
+
+def tiny_config(**overrides):
+  return with_overrides(videocc_avr.get_config("tiny"), **overrides)
 
 
 def _losses(config, workdir, steps):

@@ -82,6 +82,11 @@ class CaptioningEvaluator(base.Evaluator):
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self._baselines = None
+    nearest = (self.cfg.get("baselines") or {}).get("nearest_neighbour")
+    if nearest and not nearest.get("run"):  # known now, not after training
+      raise ValueError(f"config.evals.{self.name}.baselines.nearest_neighbour.run is not set: "
+                       "set it to the run directory of a retrieval model (e.g. "
+                       "workdirs/demo/avr), which the baseline embeds the clips with")
 
   def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
     fn = self.cache.predict_fn(self.cfg.get("captions_fn", "captions"))
@@ -162,9 +167,6 @@ class CaptioningEvaluator(base.Evaluator):
 
   def _nearest_neighbour(self, cfg, keep: list[int], *, mesh) -> list[str]:
     from avtext import runs  # pylint: disable=g-import-not-at-top
-    if not cfg.get("run"):
-      raise ValueError(f"config.evals.{self.name}.baselines.nearest_neighbour.run is not set: "
-                       "the run directory of a retrieval model (e.g. workdirs/demo/avr)")
     run = runs.load_run(cfg.run, step=cfg.get("step"))
     if cfg.get("num_clips"):  # fewer test clips per video than the run evaluates with
       run.config.data.eval_num_clips = int(cfg.num_clips)

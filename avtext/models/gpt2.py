@@ -50,6 +50,9 @@ from avtext.text import tokenizers
 Array = jax.Array
 
 
+CONTEXT_POOLS = ("mean", "max")  # config.model.context_pool of the video captioner
+
+
 class GPT2(nn.Module):
   """GPT-2 LM with an optional embedded prefix (see the module docstring).
 
@@ -189,9 +192,9 @@ class VideoCaptioner(nn.Module):
     whose embedding is the max over its tokens, MBT's rgb_pool="max", where a small
     object's evidence sits in few tokens and a mean dilutes it).
     """
-    if self.context_pool not in ("mean", "max"):
-      raise ValueError(f"config.model.context_pool={self.context_pool!r}: expected 'mean' "
-                       "or 'max'")
+    if self.context_pool not in CONTEXT_POOLS:
+      raise ValueError(f"config.model.context_pool={self.context_pool!r}: expected one of "
+                       f"{CONTEXT_POOLS}")
     pool = jnp.mean if self.context_pool == "mean" else jnp.max
     out = self.video(video_inputs, train=train)
     tokens = []
@@ -254,13 +257,13 @@ class VideoCaptioner(nn.Module):
 def gpt2_from_config(cfg) -> GPT2:
   """`config.model.decoder` (name="gpt2") -> GPT2.
 
-  vocab_size None: the size of `vocab_subset` (a `write_vocab_subset` file).
+  vocab_size None: the size of `vocab_subset` (a `write_vocab_subset` file), else of
+  GPT-2's whole vocabulary.
   """
   vocab_size = cfg.get("vocab_size")
   if not vocab_size:
-    if not cfg.get("vocab_subset"):
-      raise ValueError("config.model.decoder: set vocab_size (GPT-2: 50257) or vocab_subset")
-    vocab_size = len(tokenizers.read_vocab_subset(cfg.vocab_subset))
+    vocab_size = (len(tokenizers.read_vocab_subset(cfg.vocab_subset)) if cfg.get("vocab_subset")
+                  else GPT2.vocab_size)
   return GPT2(
       vocab_size=vocab_size, max_positions=cfg.get("max_positions", 1024),
       hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,

@@ -61,6 +61,9 @@ def _block_kwargs(module: nn.Module, index: int) -> dict[str, Any]:
       dtype=module.dtype, remat=module.remat, attention_impl=module.attention)
 
 
+RGB_POOLS = ("cls", "max")  # config.model.video.rgb_pool: the RGB embedding's pooling
+
+
 class ModalityTower(nn.Module):
   """One modality's ViT: tokenizer, [CLS], positions, layers, final norm.
 
@@ -282,8 +285,9 @@ class MBT(nn.Module):
 
     tokens = {m: towers[m].final(x[m]) for m in modalities}
     cls = {m: tokens[m][:, 0] for m in modalities}
-    if self.rgb_pool not in ("cls", "max"):
-      raise ValueError(f"rgb_pool must be 'cls' or 'max', got {self.rgb_pool!r}")
+    if self.rgb_pool not in RGB_POOLS:
+      raise ValueError(f"rgb_pool must be {' or '.join(map(repr, RGB_POOLS))}, "
+                       f"got {self.rgb_pool!r}")
     pooled = dict(cls)
     if "rgb" in modalities and self.rgb_pool == "max":
       pooled["rgb"] = jnp.max(tokens["rgb"][:, 1:], axis=1)  # [B, D]

@@ -347,6 +347,6 @@ def _stored_best_mode(workdir: pathlib.Path) -> str:
   config = workdir / rundir.CONFIG_FILE
   if not config.exists():
     return "max"
-  select = rundir.read_json(config, fix="re-running the training command rewrites it"
+  select = rundir.read_json(config, fix=rundir.CONFIG_FIX
                             ).get("eval", {}).get("select")
   return select[1] if select else "max"

@@ -34,6 +34,11 @@ import ml_collections
 import optax
 
 
+# The names config.optimizer.name and config.optimizer.schedule take.
+OPTIMIZERS = ("sgd", "adam", "adamw", "radam")
+SCHEDULES = ("cosine", "constant", "linear")
+
+
 def learning_rate_schedule(opt: ml_collections.ConfigDict, total_steps: int,
                            steps_per_epoch: int) -> optax.Schedule:
   """Linear warmup then the named decay; VideoCC: cosine, 1.5-epoch warmup."""
@@ -58,8 +63,7 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, total_steps: int,
     return optax.join_schedules(
         [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)],
         [warmup])
-  raise ValueError(f"config.optimizer.schedule={name!r}; expected 'cosine', 'constant' or "
-                   "'linear'")
+  raise ValueError(f"config.optimizer.schedule={name!r}; expected one of {', '.join(SCHEDULES)}")
 
 
 def _base(opt: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.GradientTransformation:
@@ -87,8 +91,7 @@ def _base(opt: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.GradientT
   elif name == "radam":
     tx = optax.radam(lr, **adam_args)
   else:
-    raise ValueError(
-        f"config.optimizer.name={name!r}; expected one of sgd, adam, adamw, radam")
+    raise ValueError(f"config.optimizer.name={name!r}; expected one of {', '.join(OPTIMIZERS)}")
   l2 = opt.get("weight_decay") or 0.0
   # PyTorch's coupled weight decay: g <- g + wd * p before the optimizer sees g.
   return optax.chain(optax.add_decayed_weights(l2), tx) if l2 else tx

@@ -38,6 +38,10 @@ CONFIG_FILE = "config.json"
 LATEST_DIR = "checkpoints"
 BEST_DIR = "best_checkpoints"
 CHECKSUMS = "checksums.json"  # in each step directory, once the checkpoint is sealed
+# What to do about a config.json that does not parse: every reader says the same.
+CONFIG_FIX = ("if the directory holds the run of your config, delete that file and re-run "
+              "the training command, which rewrites it (--mode=eval: pass --config); else "
+              "pick another --workdir")
 
 _held: dict[str, int] = {}  # locked directory -> nesting depth, in this process
 _fds: dict[str, int] = {}  # locked directory -> the open lock file holding the flock
@@ -47,7 +51,7 @@ class RunLockedError(RuntimeError):
   """Another live process is writing the run directory."""
 
 
-class RunFileError(ValueError):
+class RunFileError(errors.BadInput):
   """A run file exists but cannot be parsed (its message names the file and the fix)."""
 
 
@@ -215,10 +219,7 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
   path = pathlib.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return
-  try:
-    theirs = identity(ml_collections.ConfigDict(json.loads(path.read_text())))
-  except (OSError, ValueError) as e:
-    raise errors.WorkdirInUse(f"{path}: unreadable ({e}); pick another --workdir") from None
+  theirs = identity(ml_collections.ConfigDict(read_json(path, fix=CONFIG_FIX)))
   ours = identity(config)
   differ = [k for k in sorted(set(ours) & set(theirs)) if ours[k] != theirs[k]]
   if not differ:

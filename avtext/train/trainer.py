@@ -36,11 +36,14 @@ import ml_collections
 import numpy as np
 import optax
 
+from avtext import errors
 from avtext.train import checkpointing
 from avtext.train import control as control_lib
 from avtext.train import optimizers
 from avtext.train import partitioning
+from avtext.train import results as results_lib
 from avtext.train import rundir
+from avtext.train import stop as stop_lib
 from avtext.train import step as step_lib
 from avtext.train.step import TrainState
 from avtext.train import warm_start
@@ -50,14 +53,32 @@ class NonFiniteError(FloatingPointError):
   """A training loss, or the parameters about to be evaluated or saved, are not finite."""
 
 
+class EvaluatorError(RuntimeError):
+  """An evaluator raised; one line naming it, the step and the cause."""
+
+  def __init__(self, name: str, step: int, cause: BaseException):
+    text = " ".join(str(cause).split()) or type(cause).__name__
+    super().__init__(f"evaluator {name!r} failed at step {step}: {type(cause).__name__}: "
+                     f"{text[:300]}")
+    self.__cause__ = cause
+    self.step = step
+
+
 def total_train_steps(config: ml_collections.ConfigDict, num_examples: int) -> tuple[int, int]:
   """(total steps, steps per epoch) from train.num_steps or train.num_epochs."""
+  if config.train.batch_size < 1:
+    raise ValueError(f"config.train.batch_size={config.train.batch_size}: must be at least 1")
   steps_per_epoch = max(1, num_examples // config.train.batch_size)
-  if config.train.get("num_steps"):
-    return int(config.train.num_steps), steps_per_epoch
-  if config.train.get("num_epochs"):
-    return int(math.ceil(config.train.num_epochs * steps_per_epoch)), steps_per_epoch
-  raise ValueError("set config.train.num_steps or config.train.num_epochs")
+  if config.train.get("num_steps") is not None:
+    total = int(config.train.num_steps)
+  elif config.train.get("num_epochs") is not None:
+    total = int(math.ceil(config.train.num_epochs * steps_per_epoch))
+  else:
+    raise ValueError("config.train.num_steps: set it or config.train.num_epochs")
+  if total < 1:  # a run that trains nothing is no run
+    raise ValueError(f"config.train.num_steps / num_epochs give {total} steps; set them to "
+                     "train at least one")
+  return total, steps_per_epoch
 
 
 def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
@@ -70,7 +91,7 @@ def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> N
     rundir.write_text(path, text)
 
 
-class Trainer:
+class Trainer(results_lib.RunResults):
   """Runs `task` as `config` says in `workdir`: `train()` or `evaluate()`.
 
   `evaluators`: {name: evaluator}, each with `run(variables, mesh=, step=)` -> metrics
@@ -244,44 +265,32 @@ class Trainer:
     self._reconcile_best()
     return state, opt_pieces, data_iter
 
-  def _reconcile_best(self) -> None:
-    """Makes results.json's `best` name a checkpoint in best_checkpoints/: a run killed
-    after a best save and before its record (or, before this order, the other way
-    round) leaves them apart. The best one on disk wins; with none, `best` goes."""
-    if (self.best_checkpointer is None or jax.process_index() != 0
-        or not (self.workdir / rundir.RESULTS_FILE).exists()):
-      return
-    on_disk = self.best_checkpointer.all_steps()
-
-    def reconcile(results):
-      recorded = (results.get("best") or {}).get("step")
-      if recorded in on_disk or (recorded is None and not on_disk):
-        return
-      step = self.best_checkpointer.best_step()
-      if step is None:
-        results.pop("best", None)
-      else:
-        results["best"] = {"metric": self.select[0], "step": step,
-                           "value": self.best_checkpointer.metric(step)}
-      logging.warning("results.json named best step %s, %s holds %s; best is now %s",
-                      recorded, self.best_checkpointer.directory, sorted(on_disk), step)
-    self._update_results(reconcile)
-
   def _writer(self):
     quiet = self.results_dir is None or jax.process_index() > 0
     return metric_writers.create_default_writer(
         None if quiet else str(self.results_dir), just_logging=quiet)
 
   def train(self) -> TrainState:
-    """Trains (or resumes) to the end, holding the run's writer lock (`rundir.lock`)."""
-    with rundir.lock(self.workdir, process_index=jax.process_index()):
-      return self._train()
+    """Trains (or resumes) to the end, holding the run's writer lock (`rundir.lock`).
 
-  def _train(self) -> TrainState:
+    SIGINT / SIGTERM stop it at the next step boundary with that step's checkpoint on
+    disk (`stop.py`, errors.Interrupted); an evaluator that raises stops it with the
+    step's checkpoint on disk (errors.EvaluationFailed): re-running the command
+    evaluates that step again without training it again.
+    """
+    with (rundir.lock(self.workdir, process_index=jax.process_index()),
+          stop_lib.StopRequest().catching() as stop):
+      try:
+        return self._train(stop)
+      except EvaluatorError as e:
+        raise errors.EvaluationFailed(
+            f"{e}; checkpoint {e.step} is on disk: fix it and re-run the same command, "
+            "which evaluates that step again without training it again") from e
+
+  def _train(self, stop: stop_lib.StopRequest) -> TrainState:
     config = self.config
     state, (tx, schedule), data_iter = self.restore_or_init()
     _write_config(config, self.workdir)
-    train_step = self.make_train_step(tx, schedule, self._state_sharding(state))
     start = int(state.step)
     writer = self._writer()
     if start == 0:
@@ -292,24 +301,49 @@ class Trainer:
     log_every = config.train.get("log_every_steps", 50)
     ckpt_every = config.train.get("checkpoint_every_steps", 500)
     periods = {name: ev.every(self.steps_per_epoch) for name, ev in self.evaluators.items()}
+
+    def due_at(step):
+      return [name for name, every in periods.items()
+              if step == self.total_steps or (every and step % every == 0)]
+
+    last_saved = self.checkpointer.latest_step()
+
+    def evaluate(state, step, names, recorded=None):
+      """`_evaluate`; on a failure, the step's checkpoint is on disk before it is raised."""
+      try:
+        return self._evaluate(state, step, writer, names, data_iter=data_iter,
+                              recorded=recorded)
+      except EvaluatorError:
+        if last_saved != step:
+          self.checkpointer.save(step, state, data_iter.get_state())
+        self.checkpointer.wait()
+        raise
+
+    # The evaluations due at the step resumed from, if they did not finish (the
+    # checkpoint is saved before them); the ones that did are replayed from results.json.
+    state, caught_up = (state, []) if start == 0 else self._catch_up(
+        state, start, due_at(start), evaluate)
     if bool(state.control.stopped) or start >= self.total_steps:
-      logging.info("the run in %s is complete (step %d%s); evaluating again", self.workdir,
-                   start, ", early-stopped" if bool(state.control.stopped) else "")
-      # Results only: the control counters are final and stay as saved.
-      self._run_evaluators(self._variables(state), start, writer,
-                           list(self.evaluators))
+      logging.info("the run in %s is complete (step %d%s)", self.workdir, start,
+                   ", early-stopped" if bool(state.control.stopped) else "")
+      rest = [name for name in self.evaluators if name not in self._recorded(start)]
+      if not caught_up and not rest:
+        logging.info("evaluating step %d again", start)
+        rest = list(self.evaluators)
+      if rest:  # results only: the control counters are final and stay as saved
+        self._run_or_fail(self._variables(state), start, writer, rest)
       writer.flush()
       return state
     logging.info("training steps %d -> %d on mesh %s (%d steps per epoch)",
                  start, self.total_steps, dict(self.mesh.shape), self.steps_per_epoch)
+    train_step = self.make_train_step(tx, schedule, self._state_sharding(state))
 
     pending: list[tuple[int, dict]] = []  # metrics not yet checked on host
-    last_saved = self.checkpointer.latest_step()
     params_norm = jax.jit(optax.global_norm)
     window_start, window_steps, window_sum = time.perf_counter(), 0, None
     step = start
     try:
-      while step < self.total_steps:
+      while step < self.total_steps and not stop.requested:
         with (jax.profiler.StepTraceAnnotation("train", step_num=step),
               partitioning.mesh_context(self.mesh, config)):
           batch = partitioning.host_to_global(next(data_iter), self.mesh)
@@ -332,18 +366,22 @@ class Trainer:
           scalars.update({f"train_skipped/{k}": v for k, v in self._train_skips().items()})
           writer.write_scalars(step, scalars)
           window_start, window_steps, window_sum = time.perf_counter(), 0, None
-        due = [name for name, every in periods.items()
-               if step == self.total_steps or (every and step % every == 0)]
+        due = due_at(step)
         save_due = step % ckpt_every == 0 or step == self.total_steps
-        if due or save_due:
+        if due or save_due or stop.requested:
           # The params evaluated and saved here are the step's output, which its loss
           # (computed from the previous params) does not vouch for: a step can blow
           # them up to 1e29, finite, and NaN only at the next step.
           self._check_finite(pending, last_saved, params_norm=params_norm(state.params))
-        if due:
-          state = self._evaluate(state, step, writer, due, data_iter=data_iter)
+        if save_due or stop.requested:
+          self.checkpointer.save(step, state, data_iter.get_state())
+          last_saved = step
+          if due:  # training is on disk before any evaluator runs
+            self.checkpointer.wait()
+        if due and not stop.requested:
+          state = evaluate(state, step, due)
         stopped = bool(state.control.stopped) if due else False
-        if save_due or stopped:
+        if stopped and last_saved != step:
           self.checkpointer.save(step, state, data_iter.get_state())
           last_saved = step
         if stopped:
@@ -354,10 +392,17 @@ class Trainer:
           # run at the end included), so a stopped run ends as its re-run does.
           rest = [name for name in self.evaluators if name not in due]
           if rest:
-            self._run_evaluators(self._variables(state), step, writer,
-                                 rest)
+            self._run_or_fail(self._variables(state), step, writer, rest)
           break
       self._check_finite(pending, last_saved)
+      if stop.requested:
+        if last_saved != step and step > 0:
+          self.checkpointer.save(step, state, data_iter.get_state())
+          last_saved = step
+        self.checkpointer.wait()
+        kept = (f"checkpoint {step} kept; re-run to resume" if last_saved == step else
+                "no checkpoint yet; re-run to start again")
+        raise errors.Interrupted(f"interrupted at step {step}; {kept}", stop.signum)
     finally:
       self.checkpointer.wait()
       if self.best_checkpointer is not None:
@@ -370,6 +415,21 @@ class Trainer:
           "examples": self.task.num_train_examples(), "skipped": skips}))
     writer.flush()
     return state
+
+  def _catch_up(self, state: TrainState, step: int, due: list[str], evaluate
+                ) -> tuple[TrainState, list[str]]:
+    """(state, the evaluators run now): the evaluations `due` at `step`, where training
+    resumes. Each step's checkpoint is saved before they run, so its control counters
+    do not include them yet: those recorded in results.json are replayed into them (the
+    selected metric), the others are run now (`evaluate(state, step, names)`)."""
+    if not due:
+      return state, []
+    recorded = self._recorded(step)
+    missing = [name for name in due if name not in recorded]
+    if missing:
+      logging.info("step %d: evaluating %s, which did not finish before", step,
+                   ", ".join(missing))
+    return evaluate(state, step, due, recorded), missing
 
   def _check_finite(self, pending: list[tuple[int, dict]], last_saved: int | None, *,
                     params_norm: jax.Array | None = None) -> None:
@@ -396,11 +456,15 @@ class Trainer:
     return self.task.train_skip_counts()
 
   def _evaluate(self, state: TrainState, step: int, writer, names: list[str], *,
-                data_iter) -> TrainState:
-    """Runs the evaluators `names` during training; the selected metric drives
-    state.control (best checkpoint, plateau, early stopping)."""
-    results = self._run_evaluators(self._variables(state), step, writer,
-                                   names)
+                data_iter, recorded: dict | None = None) -> TrainState:
+    """Runs the evaluators `names` during training, except those `recorded` ({name:
+    metrics} already in results.json); the selected metric drives state.control (best
+    checkpoint, plateau, early stopping)."""
+    recorded = recorded or {}
+    results = self._run_or_fail(self._variables(state), step, writer,
+                                [name for name in names if name not in recorded])
+    results.update({f"{name}/{metric}": value for name, metrics in recorded.items()
+                    if name in names for metric, value in metrics.items()})
     if not self.select or self.select[0] not in results:
       return state
     key = self.select[0]
@@ -412,20 +476,28 @@ class Trainer:
     if events["improved"] or self.config.eval.get("keep_best", 1) > 1:
       # With keep_best > 1 every evaluation is offered; orbax keeps the N best.
       self.best_checkpointer.save(step, state, data_iter.get_state(), metric=results[key])
-      # On disk before the record below and before this step's regular checkpoint (whose
-      # control says this step was the best; a resumed run would not evaluate it again).
+      # On disk before the record below: results.json never names a best checkpoint
+      # that is not there.
       self.best_checkpointer.wait()
     if events["improved"] and jax.process_index() == 0:
       self._update_results(lambda r: r.update(
           best={"metric": key, "step": step, "value": float(results[key])}))
     return state
 
-  def _run_evaluators(self, variables, step: int, writer, names: list[str]) -> dict[str, Any]:
-    """{"<evaluator>/<metric>": value} of the evaluators `names`, logged and saved."""
+  def _run_or_fail(self, variables, step: int, writer, names: list[str]) -> dict[str, Any]:
+    """{"<evaluator>/<metric>": value} of the evaluators `names`, logged and saved. An
+    evaluator that raises does not stop the others; the first failure is raised after
+    them (EvaluatorError), the results of the others being saved."""
     flat: dict[str, Any] = {}
+    failures = []
     for name in names:
-      with ReportTime(f"eval {name}") as timer:
-        results = self.evaluators[name].run(variables, mesh=self.mesh, step=step)
+      try:
+        with ReportTime(f"eval {name}") as timer:
+          results = self.evaluators[name].run(variables, mesh=self.mesh, step=step)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.exception("evaluator %r failed at step %d", name, step)
+        failures.append(EvaluatorError(name, step, e))
+        continue
       results = {**results, "eval_seconds": timer.seconds}
       # The split's entries whose files were bad (builders.files); evaluators that read
       # no files (the tests' stand-ins) need not have skip_counts.
@@ -433,53 +505,17 @@ class Trainer:
       if counts is not None:
         results.update({f"skipped/{k}": v for k, v in counts.items()})
       flat.update({f"{name}/{k}": v for k, v in results.items()})
-    writer.write_scalars(step, {k: v for k, v in flat.items()
-                                if isinstance(v, (int, float)) and not isinstance(v, bool)})
-    if jax.process_index() == 0 and self.results_dir is not None:
+    if writer is not None:
+      writer.write_scalars(step, {k: v for k, v in flat.items()
+                                  if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    if flat and jax.process_index() == 0 and self.results_dir is not None:
       def add(all_results):
         all_results.setdefault(str(step), {}).update(flat)
         all_results["latest"] = {"step": step, **all_results[str(step)]}
       self._update_results(add)
+    if failures:
+      raise failures[0] from failures[0].__cause__
     return flat
-
-  def _update_results(self, change) -> None:
-    """Applies `change` to results.json; a lost or unreadable one is rebuilt first."""
-    path = self.results_dir / rundir.RESULTS_FILE
-    if not path.exists():
-      all_results = self._rebuilt_results()
-    else:
-      try:
-        all_results = rundir.read_json(path, fix="rebuilt from the checkpoints")
-      except rundir.RunFileError as e:
-        logging.warning("%s", e)
-        all_results = self._rebuilt_results()
-    change(all_results)
-    rundir.write_json(path, all_results)
-
-  def _rebuilt_results(self) -> dict:
-    """What the checkpoints record of results.json: the selected metric of each kept
-    best checkpoint (orbax stores it with the checkpoint) and `best`. The other numbers
-    of past evaluations stay in the TensorBoard events; later ones are added as usual."""
-    directory = self.workdir / checkpointing.BEST_DIR
-    if not self.select or self.results_dir != self.workdir or not directory.is_dir():
-      return {}
-    ckpt = self.best_checkpointer or checkpointing.Checkpointer(
-        directory, async_save=False, best_mode=self.select[1])
-    try:
-      values = ckpt.stored_metrics()
-    finally:
-      if ckpt is not self.best_checkpointer:
-        ckpt.close()
-    if not values:
-      return {}
-    key, mode = self.select
-    sign = -1 if mode == "max" else 1
-    best = min(values, key=lambda s: (sign * values[s], s))  # the first of equal values
-    logging.info("%s rebuilt from %s: %s at steps %s, best %g at step %d",
-                 self.results_dir / rundir.RESULTS_FILE, directory, key, sorted(values),
-                 values[best], best)
-    return {**{str(s): {key: v} for s, v in values.items()},
-            "best": {"metric": key, "step": best, "value": values[best]}}
 
   def evaluate(self, step: int | str | None = None,
                eval_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
@@ -513,7 +549,11 @@ class Trainer:
       for evaluator in self.evaluators.values():
         evaluator.workdir = out
       writer = self._writer()
-      results = self._run_evaluators(variables, step, writer, list(self.evaluators))
+      try:
+        results = self._run_or_fail(variables, step, writer, list(self.evaluators))
+      except EvaluatorError as e:
+        raise errors.EvaluationFailed(f"{e}; the other evaluators' results are kept: fix it "
+                                      "and re-run") from e
       writer.flush()
     return results
 
