@@ -41,6 +41,7 @@ class _FailingAt:
     return {"score": float(step)}
 
 
+@pytest.mark.slow  # trains and compiles a tiny AVR twice: ~100 s on 2 cores
 def test_an_evaluator_failing_at_the_last_step_keeps_the_final_checkpoint(tmp_path,
                                                                           monkeypatch):
   # test_train_run_faults' schedule: its train step comes from the compilation cache.
@@ -80,6 +81,7 @@ def _main(workdir, *overrides):
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
 
 
+@pytest.mark.slow  # two training processes: ~2 min on 2 cores
 def test_sigint_and_sigterm_save_the_step_and_exit_in_one_line(tmp_path):
   """Two runs side by side (one compile each on the 2 cores): Ctrl-C one, SIGTERM the
   other, once each has a checkpoint on disk."""
