@@ -1,4 +1,4 @@
-"""The measuring helpers of benchmarks/dtype_step_cpu.py against hand-counted facts."""
+"""The measuring helpers of benchmarks/dtype_step_cpu.py and aot_scenic.py, on known facts."""
 import jax
 import jax.numpy as jnp
 import pytest
@@ -51,3 +51,24 @@ def test_config_overrides_set_fields_and_name_unknown_ones():
     dtype_step_cpu.load_config("configs/videocc_avr.py", "float32", ("model.nope=1",))
   with pytest.raises(ValueError, match="dotted.key=value"):
     dtype_step_cpu.load_config("configs/videocc_avr.py", "float32", ("train.batch_size",))
+
+
+def test_aot_scenic_refuses_a_directory_without_scenic_and_unknown_sides(tmp_path, capsys):
+  from benchmarks import aot_scenic  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit):
+    aot_scenic.parse_args([f"--scenic_dir={tmp_path}"])
+  assert "scenic/projects/mbt/model.py" in capsys.readouterr().err
+  model = tmp_path / "scenic" / "projects" / "mbt" / "model.py"
+  model.parent.mkdir(parents=True)
+  model.write_text("")
+  assert aot_scenic.parse_args([f"--scenic_dir={tmp_path}"]).sides == ["scenic", "avtext"]
+  with pytest.raises(SystemExit):
+    aot_scenic.parse_args([f"--scenic_dir={tmp_path}", "--sides=scenic,flax"])
+
+
+def test_aot_scenic_sums_a_buffer_assignments_allocations():
+  from benchmarks import aot_scenic  # pylint: disable=g-import-not-at-top
+  text = ("BufferAssignment:\nallocation 0: size 512, thread-local:\n value: <28 select.9 @0>\n"
+          "allocation 1: size 2564096, parameter 0, shape |f32[16,40000]|\n"
+          "allocation 2: size 4096, constant:\n")
+  assert aot_scenic.buffer_assignment_bytes(text) == 512 + 2564096 + 4096
