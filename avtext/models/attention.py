@@ -227,7 +227,8 @@ class Attention(nn.Module):
   def __call__(self, inputs_q: Array, inputs_kv: Array | None = None, *,
                mask: Array | None = None, causal: bool = False,
                decode: bool = False, deterministic: bool,
-               sow_weights: bool = False, bias: Array | None = None) -> Array:
+               sow_weights: bool = False, bias: Array | None = None,
+               prefix_lm: int = 0) -> Array:
     """Attends from `inputs_q` to `inputs_kv`.
 
     Args:
@@ -243,6 +244,9 @@ class Attention(nn.Module):
         'intermediates' entry 'attention_weights'.
       bias: float logits term broadcastable to [B, H, L_q, L_kv], added before
         `mask` (`attention_core`); not with decode.
+      prefix_lm: P > 0: a prefix LM over the first P positions (`attention_core`), in
+        place of a `make_prefix_lm_mask` mask, so the fused kernels can take the prefix;
+        self-attention without decode or causal, and `mask` masks keys only.
 
     Returns:
       [B, L_q, D].
@@ -254,9 +258,12 @@ class Attention(nn.Module):
     is_self = inputs_kv is None
     if decode and bias is not None:
       raise ValueError("Attention: bias is not supported with decode=True")
-    if not is_self and (causal or decode):
-      raise ValueError("causal masking and decode=True apply to "
+    if not is_self and (causal or decode or prefix_lm):
+      raise ValueError("causal masking, prefix_lm and decode=True apply to "
                        "self-attention only (inputs_kv=None)")
+    if prefix_lm and (causal or decode):
+      raise ValueError("prefix_lm replaces causal masking and takes no decode=True "
+                       "(decode with a make_prefix_lm_mask mask)")
     if is_self:
       inputs_kv = inputs_q
     dense = functools.partial(
@@ -290,6 +297,9 @@ class Attention(nn.Module):
     mask = combine_masks(*masks)
 
     if self.dropout_masks != "jax" and not deterministic and self.dropout_rate > 0:
+      if prefix_lm:
+        mask = combine_masks(mask, make_prefix_lm_mask(jnp.full((1,), prefix_lm),
+                                                       query.shape[1]))
       weights = nn.dot_product_attention_weights(
           query, key, bias=bias, mask=mask, deterministic=True, dtype=self.dtype,
           force_fp32_for_softmax=True, module=self if sow_weights else None)
@@ -304,7 +314,7 @@ class Attention(nn.Module):
       x = attention_core(query, key, value, mask, implementation=implementation,
                          dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
                          dtype=self.dtype, module=self if sow_weights else None,
-                         bias=bias)
+                         bias=bias, prefix_lm=prefix_lm)
     x = checkpoint_name(x, "attention_out")  # `layers.REMAT_POLICIES`
     if not self.output_projection:
       return x.reshape(*x.shape[:-2], features)
@@ -402,7 +412,8 @@ def resolve_implementation(implementation: str, dtype: Any = jnp.float32,
 def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *,
                    implementation: str = "xla", dropout_rng: Array | None = None,
                    dropout_rate: float = 0.0, dtype: Any = jnp.float32,
-                   module: nn.Module | None = None, bias: Array | None = None) -> Array:
+                   module: nn.Module | None = None, bias: Array | None = None,
+                   prefix_lm: int = 0) -> Array:
   """softmax(q k^T / sqrt(d) + mask) v per head, by `implementation`.
 
   Args:
@@ -415,6 +426,12 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
     bias: float, broadcastable to [B, H, L_q, L_kv], added to the logits before the
       mask (BERT's "extended attention mask", (1 - m) * -10000, as official PyTorch
       code writes it); it always takes the materialized "xla" path.
+    prefix_lm: P > 0: self-attention as a prefix LM (`make_prefix_lm_mask`) on top of
+      `mask`, which must then mask keys only ([.., 1, L_kv] or None): positions < P
+      attend to every position < P, position i >= P to j <= i. The fused kernels take
+      the P prefix rows unmasked (they see only the prefix) and the L - P rows after
+      them, which need the causal mask, take the materialized path: a video prefix of
+      thousands of tokens never meets a per-query mask.
 
   Returns:
     [B, L_q, H, d].
@@ -423,14 +440,34 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
     raise ValueError(f"attention implementation {implementation!r}: expected one of "
                      f"{ATTENTION_IMPLEMENTATIONS}")
   implementation = resolve_implementation(implementation, dtype)
+  if prefix_lm:
+    mask = _as_4d(mask)
+    length = query.shape[1]
+    if key.shape[1] != length or not 0 < prefix_lm <= length:
+      raise ValueError(f"prefix_lm={prefix_lm} needs self-attention over at least that "
+                       f"many positions, got queries {query.shape}, keys {key.shape}")
+    if mask is not None and mask.shape[2] != 1:
+      raise ValueError(f"with prefix_lm the mask must mask keys only ([.., 1, L_kv]), "
+                       f"got {mask.shape}")
+    fused = implementation in ("cudnn", "flash_tpu")
+    if fused and dropout_rng is None and bias is None and module is None:
+      p = prefix_lm
+      head = attention_core(query[:, :p], key[:, :p], value[:, :p],
+                            None if mask is None else mask[..., :p],
+                            implementation=implementation, dtype=dtype)
+      if p == length:
+        return head
+      rows = make_prefix_lm_mask(jnp.full((1,), p), length)[..., p:, :]
+      tail = attention_core(query[:, p:], key, value, combine_masks(mask, rows),
+                            implementation="xla", dtype=dtype)
+      return jnp.concatenate([head, tail.astype(head.dtype)], axis=1)
+    mask = combine_masks(mask, make_prefix_lm_mask(jnp.full((1,), prefix_lm), length))
   if bias is not None:
     return nn.dot_product_attention(
         query, key, value, bias=bias, mask=mask, broadcast_dropout=False,
         dropout_rate=dropout_rate, deterministic=dropout_rng is None, dtype=dtype,
         force_fp32_for_softmax=True, dropout_rng=dropout_rng, module=module)
-  if mask is not None:
-    mask = jnp.asarray(mask, jnp.bool_)
-    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+  mask = _as_4d(mask)
   key_padding = mask is None or mask.shape[1:3] == (1, 1)
   if dropout_rng is None and (implementation == "cudnn" or
                               (implementation == "flash_tpu" and key_padding)):
@@ -446,6 +483,14 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
       return _attention_normalized_last(query, key, value, mask, dtype)
     return xla(query, key, value, mask=mask, dropout_rng=dropout_rng, module=module)
   return _blocked_attention(xla, query, key, value, mask, dropout_rng)
+
+
+def _as_4d(mask: Array | None) -> Array | None:
+  """A bool mask broadcastable to [B, H, L_q, L_kv] as a 4-d array (None stays None)."""
+  if mask is None:
+    return None
+  mask = jnp.asarray(mask, jnp.bool_)
+  return mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
 
 
 def _fused_attention(implementation: str, query: Array, key: Array, value: Array,
@@ -554,8 +599,7 @@ def _blocked_attention(xla: Callable, query: Array, key: Array, value: Array,
   q = q.reshape(batch, blocks, ATTENTION_BLOCK, heads, depth).swapaxes(0, 1)
   row_mask = None
   if mask is not None and mask.shape[-2] != 1:  # rows differ: split them with the queries
-    mask = jnp.asarray(mask, jnp.bool_)
-    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    mask = _as_4d(mask)
     # Padded query rows may attend anywhere; their outputs are cut off below.
     rows = jnp.pad(mask, ((0, 0), (0, 0), (0, pad), (0, 0)), constant_values=True)
     row_mask = jnp.moveaxis(

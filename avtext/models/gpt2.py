@@ -108,7 +108,8 @@ class GPT2(nn.Module):
   def __call__(self, input_ids: Array, *, positions: Array | None = None,
                prefix: Array | None = None, mask: Array | None = None,
                padding_mask: Array | None = None, decode: bool = False,
-               train: bool = False, last_only: bool = False) -> Array:
+               train: bool = False, last_only: bool = False,
+               prefix_lm: bool = False) -> Array:
     """Next-token logits.
 
     Args:
@@ -125,6 +126,9 @@ class GPT2(nn.Module):
       train: enables dropout (needs the 'dropout' rng).
       last_only: the logits of the last position only (a decoding prefill needs no
         others, and the [L, vocab] projection of the rest costs as much as the layers).
+      prefix_lm: the prefix attends to itself in both directions and the tokens
+        causally (`attention.make_prefix_lm_mask`'s function) without a mask argument
+        (not while decoding): the fused attention kernels take the prefix's rows.
 
     Returns:
       float32 [B, L, vocab_size] (last_only: [B, 1, vocab_size]): logits of the token
@@ -143,7 +147,11 @@ class GPT2(nn.Module):
       num_prefix = prefix.shape[1]
       x = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
     x = layers.shard_batch(x.astype(self.dtype))
-    if mask is None:
+    if prefix_lm and (decode or mask is not None or not num_prefix):
+      raise ValueError("GPT2(prefix_lm=True) needs a prefix and takes no mask or "
+                       "decode=True (decode with a make_prefix_lm_mask mask)")
+    block_prefix = num_prefix if prefix_lm else 0  # the blocks' prefix_lm argument
+    if mask is None and not prefix_lm:
       if decode:
         raise ValueError("GPT2(decode=True) needs the whole cache's mask, e.g. "
                          "attention.make_causal_mask(cache length)")
@@ -154,7 +162,7 @@ class GPT2(nn.Module):
 
       def step(h, params, rng):
         return block.apply({"params": params}, h, padding_mask, mask=mask,
-                           deterministic=not train,
+                           deterministic=not train, prefix_lm=block_prefix,
                            rngs=None if rng is None else {"dropout": rng})
 
       x = layers.scan_layers(
@@ -163,7 +171,8 @@ class GPT2(nn.Module):
                                  self.attention_dropout_rate))
     else:
       for block in self.blocks:
-        x = block(x, padding_mask, mask=mask, deterministic=not train, decode=decode)
+        x = block(x, padding_mask, mask=mask, deterministic=not train, decode=decode,
+                  prefix_lm=block_prefix)
     x = self.ln_f(x[:, -1:] if last_only else x[:, num_prefix:])
     # The tied projection (`wte.attend`) in the compute dtype; float32 logits for the softmax.
     embedding = self.wte.embedding.astype(self.dtype)
@@ -223,9 +232,7 @@ class VideoCaptioner(nn.Module):
                train: bool = False) -> Array:
     """Teacher forcing: logits [B, L, V]; position i predicts token i + 1 (target i)."""
     context = self.encode(video_inputs, train=train)
-    b, p = context.shape[:2]
-    return self.decoder(input_ids, prefix=context, train=train,
-                        mask=self._mask(b, p, input_ids.shape[1]))
+    return self.decoder(input_ids, prefix=context, train=train, prefix_lm=True)
 
   def start(self, video_inputs: dict[str, Array], bos: Array, max_len: int) -> Array:
     """Prefill: encodes the video, runs [C ; BOS] into the cache; first-word logits [B, V].

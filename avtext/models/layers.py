@@ -385,7 +385,7 @@ class EncoderBlock(nn.Module):
   def __call__(self, x: Array, padding_mask: Array | None = None, *,
                mask: Array | None = None, context: Array | None = None,
                context_mask: Array | None = None, deterministic: bool,
-               decode: bool = False) -> Array:
+               decode: bool = False, prefix_lm: int = 0) -> Array:
     """Applies the layer.
 
     Args:
@@ -401,14 +401,17 @@ class EncoderBlock(nn.Module):
         ones get zero attention weight. None: all real.
       deterministic: disables dropout and stochastic depth.
       decode: extend the self-attention cache (module docstring).
+      prefix_lm: P > 0: self-attention as a prefix LM over the first P positions
+        (`attention.attention_core`), with `mask` masking keys only; the fused
+        attention kernels then take the prefix.
 
     Returns:
       [B, L, D] (with decode [B, T, D]; with query_positions = n, [B, n, D]).
     """
     if self.query_positions and (self.causal or self.cross_attention or decode or
-                                 not self.self_attention):
+                                 prefix_lm or not self.self_attention):
       raise ValueError("EncoderBlock(query_positions > 0) is for self-attention layers "
-                       "without causal masking, cross-attention or decode")
+                       "without causal masking, prefix_lm, cross-attention or decode")
     if self.cross_attention != (context is not None):
       raise ValueError(
           f"EncoderBlock(cross_attention={self.cross_attention}) was called "
@@ -437,12 +440,14 @@ class EncoderBlock(nn.Module):
           mask)
     body = EncoderBlock._sublayers
     if not decode:
-      body = remat(body, self.remat, static_argnums=(5, 6))
-    return body(self, x, mask, context, context_mask, deterministic, decode, cross_bias)
+      body = remat(body, self.remat, static_argnums=(5, 6, 8))
+    return body(self, x, mask, context, context_mask, deterministic, decode, cross_bias,
+                prefix_lm)
 
   def _sublayers(self, x: Array, mask: Array | None, context: Array | None,
                  context_mask: Array | None, deterministic: bool,
-                 decode: bool, cross_bias: Array | None = None) -> Array:
+                 decode: bool, cross_bias: Array | None = None,
+                 prefix_lm: int = 0) -> Array:
     if self.attention_output not in ("dense", "none"):
       raise ValueError(f"EncoderBlock attention_output={self.attention_output!r}; expected "
                        "'dense' or 'none'")
@@ -466,7 +471,7 @@ class EncoderBlock(nn.Module):
     elif self.self_attention:
       branches.append(("attention", lambda y: attention(name="attention")(
           y, mask=mask, causal=self.causal, decode=decode,
-          deterministic=deterministic)))
+          deterministic=deterministic, prefix_lm=prefix_lm)))
     if self.cross_attention:
       context_keys = None
       if context_mask is not None:
