@@ -178,8 +178,10 @@ $(BENCH_VENV)/.installed: requirements.lock requirements-bench.txt setup.py
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
+# The long checks (`-m slow`: the SIGKILL resume, FSDP reopen, full-size paper compiles,
+# ...), which CI runs after `make test` (.ci/run).
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m slow $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) workdirs
