@@ -16,6 +16,7 @@ import pytest
 
 from avtext import ops
 from avtext.models import attention
+from avtext.models import fused_attention
 from avtext.models import layers
 from avtext.models import registry as models_registry
 
@@ -181,7 +182,7 @@ def test_cudnn_path_pads_and_masks_to_the_same_function(monkeypatch, mask_kind):
     calls.append((implementation, sorted(kwargs)))
     return xla_dpa(*args, implementation=None, **kwargs)
   monkeypatch.setattr(attention.jax.nn, "dot_product_attention", on_cpu)
-  monkeypatch.setattr(attention, "FUSED_PAD", 8)  # 11 -> 16: five padded positions
+  monkeypatch.setattr(fused_attention, "FUSED_PAD", 8)  # 11 -> 16: five padded positions
   rng = np.random.default_rng(1)
   b, length, h, d = 2, 11, 3, 8
   q, k, v = (jnp.asarray(rng.normal(size=(b, length, h, d)), jnp.float32) for _ in range(3))
@@ -259,17 +260,17 @@ def test_prefix_lm_takes_the_tpu_kernel_for_the_prefix_and_equals_the_mask():
     return jnp.sum(jnp.sin(attention.attention_core(
         q, k, v, mask, implementation=impl, prefix_lm=prefix_lm)))
   kernels = []
-  original = attention._fused_attention
+  original = fused_attention.fused_attention
   def spy(implementation, query, *args):
     kernels.append((implementation, query.shape[1]))
     return original(implementation, query, *args)
   with pltpu.force_tpu_interpret_mode(), ops.lowering_for("tpu"):
-    attention._fused_attention = spy
+    fused_attention.fused_attention = spy
     try:
       got = attention.attention_core(q, k, v, keys, implementation="auto", prefix_lm=p)
       grads = jax.grad(functools.partial(loss, "auto", keys, p), argnums=(0, 1, 2))(q, k, v)
     finally:
-      attention._fused_attention = original
+      fused_attention.fused_attention = original
   assert kernels and all(call == ("flash_tpu", p) for call in kernels)  # the prefix rows
   np.testing.assert_allclose(np.asarray(got), _numpy_attention(q, k, v, full), atol=2e-5)
   want = jax.grad(functools.partial(loss, "xla", full, 0), argnums=(0, 1, 2))(q, k, v)
@@ -346,15 +347,15 @@ def _compile_flash_for_v5e(length: int, blocks) -> None:
 
 
 def test_flash_block_sizes_fit_a_v5e_and_larger_do_not():
-  """`attention.flash_block_sizes` at the AVR's 3,200 padded RGB tokens compiles for a
+  """`fused_attention.flash_block_sizes` at the AVR's 3,200 padded RGB tokens compiles for a
   v5e; the next larger forward query block (the whole 3,200) runs out of scoped VMEM,
   which is why `FLASH_MAX_BLOCK_Q` is 640."""
   import dataclasses  # pylint: disable=g-import-not-at-top
-  blocks = attention.flash_block_sizes(3200, 3200)
+  blocks = fused_attention.flash_block_sizes(3200, 3200)
   assert (blocks.block_q, blocks.block_k_major_dkv, blocks.block_q_dq) == (640, 3200, 640)
   _compile_flash_for_v5e(3200, blocks)
   with pytest.raises(Exception, match="Vmem"):
     _compile_flash_for_v5e(3200, dataclasses.replace(blocks, block_q=3200, block_q_dq=3200))
   # Short sequences: one block of the whole sequence.
-  assert attention.flash_block_sizes(512, 512).block_q == 512
-  assert attention.flash_block_sizes(128, 128).block_k_major_dkv == 128
+  assert fused_attention.flash_block_sizes(512, 512).block_q == 512
+  assert fused_attention.flash_block_sizes(128, 128).block_k_major_dkv == 128

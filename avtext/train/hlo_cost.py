@@ -349,7 +349,7 @@ def _attention_flops(i: Instruction, symbols) -> float:
 
 # The Pallas TPU flash kernels (jax.experimental.pallas.ops.tpu.flash_attention): the
 # operands each re-reads once per major block of the other side, and where its block
-# size is written (the backward kernels' names; `attention.flash_block_sizes` scopes the
+# size is written (the backward kernels' names; `fused_attention.flash_block_sizes` scopes the
 # forward's). Operands: forward (q, k, v, q_segment_ids, kv_segment_ids); both backward
 # kernels (q, k, v, q_segment_ids, kv_segment_ids, l, m, do, di).
 _FLASH_REREAD = {

@@ -1,0 +1,105 @@
+"""The fused attention kernels behind `attention.attention_core`: cuDNN's flash attention
+on NVIDIA GPUs and the Pallas flash-attention kernel on TPUs, on sequences padded to a
+multiple of `FUSED_PAD`, and the Pallas kernels' block sizes."""
+import math
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+FUSED_PAD = 128
+
+
+def fused_attention(implementation: str, query: Array, key: Array, value: Array,
+                     mask: Array | None) -> Array:
+  """A fused kernel on sequences padded to a multiple of `FUSED_PAD` (cuDNN's flash
+  attention and the Pallas TPU kernel take no ragged lengths such as ViT's 1 + N)."""
+  batch, length, heads, depth = query.shape
+  kv_length = key.shape[1]
+  pad_q, pad_kv = -length % FUSED_PAD, -kv_length % FUSED_PAD
+  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n), (0, 0), (0, 0)))
+  query, key, value = pad(query, pad_q), pad(key, pad_kv), pad(value, pad_kv)
+  real_key = jnp.arange(kv_length + pad_kv) < kv_length  # [L_kv']
+  if implementation == "cudnn":
+    if mask is None:  # cuDNN's own padding support: no [B, H, L, L] mask in memory
+      lengths = lambda n: jnp.full((batch,), n, jnp.int32)
+      out = jax.nn.dot_product_attention(
+          query, key, value, query_seq_lengths=lengths(length),
+          key_value_seq_lengths=lengths(kv_length), implementation="cudnn")
+      return out[:, :length]
+    # Padded query rows may attend anywhere (their outputs are cut off below).
+    keys = jnp.broadcast_to(real_key, (1, 1, 1, kv_length + pad_kv))
+    if mask is not None:
+      mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad_kv)))
+      if mask.shape[2] != 1:
+        mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_q), (0, 0)), constant_values=True)
+      keys = jnp.logical_and(keys, mask)
+    keys = jnp.broadcast_to(keys, (batch, keys.shape[1], length + pad_q, kv_length + pad_kv))
+    out = jax.nn.dot_product_attention(query, key, value, mask=keys, implementation="cudnn")
+    return out[:, :length]
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # pylint: disable=g-import-not-at-top
+  # Segment ids: real keys (and every query) are segment 1, padded or masked keys 0.
+  kv_ids = jnp.broadcast_to(real_key[None], (batch, kv_length + pad_kv))
+  if mask is not None:
+    kv_ids = jnp.logical_and(kv_ids, jnp.pad(
+        jnp.broadcast_to(mask[:, 0, 0, :], (batch, kv_length)), ((0, 0), (0, pad_kv))))
+  segments = pallas_flash.SegmentIds(q=jnp.ones((batch, length + pad_q), jnp.int32),
+                                     kv=kv_ids.astype(jnp.int32))
+  heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, H, L, d], the kernel's layout
+
+  blocks = flash_block_sizes(length + pad_q, kv_length + pad_kv)
+
+  def kernel(q, k, v, q_ids, kv_ids):
+    # The forward kernel's name carries no block sizes (the backward ones' do): the
+    # scope puts them in its op_name for `avtext.train.hlo_cost`.
+    with jax.named_scope(f"flash_fwd_block_q={blocks.block_q}"):
+      return pallas_flash.flash_attention(
+          q, k, v, segment_ids=pallas_flash.SegmentIds(q=q_ids, kv=kv_ids),
+          sm_scale=1.0 / math.sqrt(depth), block_sizes=blocks)
+
+  # A Mosaic kernel is not partitioned by XLA: under a mesh (the trainer and avtext.aot
+  # set one for flash_tpu, partitioning.mesh_context) each device runs it on its slice
+  # of the batch.
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and "data" in mesh.axis_names:
+    batch_axis = jax.sharding.PartitionSpec("data")
+    kernel = jax.shard_map(kernel, mesh=mesh, in_specs=batch_axis, out_specs=batch_axis,
+                           check_vma=False)
+  out = kernel(heads_first(query), heads_first(key), heads_first(value), segments.q,
+               segments.kv)
+  return heads_first(out)[:, :length]
+
+
+# The Pallas flash kernels stream one operand side block by block and re-read the other
+# side once per block of it: the forward and dQ kernels read K and V once per block of
+# queries, the dK/dV kernel reads Q, dO and the softmax statistics once per block of
+# keys. Large major blocks cut that traffic (at 3,200 tokens and 128-row blocks K and V
+# are read 25 times); the limits are the kernels' scoped VMEM on a v5e at the AVR paper
+# step's per-chip shape, found by compiling for it (`tests/test_models_precision.py`):
+# 640 query rows in the forward and dQ kernels, 3,200 key rows in the dK/dV kernel
+# (3,200-row query blocks do not fit).
+FLASH_MAX_BLOCK_Q = 640
+FLASH_MAX_BLOCK_K_DKV = 4096
+
+
+def _largest_block(length: int, limit: int) -> int:
+  """The largest multiple of `FUSED_PAD` that divides `length` and is <= limit."""
+  best = FUSED_PAD
+  for block in range(FUSED_PAD, min(length, limit) + 1, FUSED_PAD):
+    if length % block == 0:
+      best = block
+  return best
+
+
+def flash_block_sizes(q_length: int, kv_length: int):
+  """The Pallas flash kernels' block sizes for sequences padded to `FUSED_PAD`: major
+  blocks as large as fit (`FLASH_MAX_BLOCK_Q`, `FLASH_MAX_BLOCK_K_DKV`), minor blocks
+  of 128."""
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # pylint: disable=g-import-not-at-top
+  block_q = _largest_block(q_length, FLASH_MAX_BLOCK_Q)
+  return pallas_flash.BlockSizes(
+      block_q=block_q, block_k_major=FUSED_PAD, block_k=FUSED_PAD, block_b=1,
+      block_q_major_dkv=FUSED_PAD, block_k_major_dkv=_largest_block(
+          kv_length, FLASH_MAX_BLOCK_K_DKV), block_k_dkv=FUSED_PAD,
+      block_q_dkv=FUSED_PAD, block_k_major_dq=FUSED_PAD, block_k_dq=FUSED_PAD,
+      block_q_dq=block_q)
