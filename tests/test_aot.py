@@ -41,6 +41,7 @@ def tiny_avr_train_flops() -> int:
   return 8 * per_example
 
 
+@pytest.mark.slow  # `make test` budget: `make test-slow` (CI runs both)
 def test_tiny_avr_compiles_for_v5e_2x2_with_hand_counted_flops():
   out = subprocess.run(
       [sys.executable, "-m", "avtext.aot", "--config=configs/videocc_avr.py:tiny",
@@ -75,6 +76,7 @@ def test_tiny_avr_compiles_for_v5e_2x2_with_hand_counted_flops():
   assert set(report["predict"]) == {"embed_text", "embed_video"}
 
 
+@pytest.mark.slow  # `make test` budget: `make test-slow` (CI runs both)
 def test_paper_options_compile_for_tpu_and_remat_recomputes():
   """bf16 + full remat + FSDP + attention "auto" lower and compile for a real TPU slice:
   "auto" is the Pallas flash kernel there (under shard_map: its forward and two backward

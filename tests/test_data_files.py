@@ -214,6 +214,7 @@ def test_materialized_split_reads_back_the_same_clips(msrvtt, tmp_path, fmt):
     assert text(a['caption']) == b['caption'] and text(a['video_id']) == b['video_id']
 
 
+@pytest.mark.slow  # `make test` budget: `make test-slow` (CI runs both)
 def test_training_over_bad_files_finishes_and_reports_the_skips(msrvtt, tmp_path):
   from tests.test_train_trainer import make_trainer  # pylint: disable=g-import-not-at-top
   from tests.test_train_trainer import tiny_config  # pylint: disable=g-import-not-at-top

@@ -41,6 +41,10 @@ from avtext.train import partitioning
 from tests.test_train_trainer import REPO
 from tests.test_train_trainer import make_trainer
 
+# The module's fixture trains, indexes and captions a run (minutes): `make test-slow`
+# (CI runs both suites).
+pytestmark = pytest.mark.slow
+
 SPEC = world.WorldSpec(height=32, width=32, duration_s=2.0)  # the tiny config's world
 NUM_VIDEOS = 16
 STEPS = 40

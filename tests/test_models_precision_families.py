@@ -284,10 +284,11 @@ def _dtypes(tree) -> set:
 # ------------------------------------------------------------------------------ tests
 
 
-# COOT's case (~28 s, the longest) runs with -m slow (`make test-slow`) to keep the
-# default run within its budget.
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "coot" else n
-                                  for n in CASES])
+# The four longest cases run with -m slow (`make test-slow`, which CI runs too) to keep
+# the default run within its budget.
+_SLOW_CASES = ("coot", "xml", "mmt", "smit_resdavenet")
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
+                                  if n in _SLOW_CASES else n for n in CASES])
 def test_bfloat16_and_remat_against_float32(name):
   case = CASES[name]()
   init, loss_f32 = case.make(case.config)
@@ -393,6 +394,7 @@ def test_bfloat16_decoding_gpt2_captioner():
   assert out["tokens"].shape == (2, 6) and np.all(np.asarray(out["tokens"]) < 23)
 
 
+@pytest.mark.slow  # `make test` budget: `make test-slow` (CI runs both)
 def test_bfloat16_decoding_mmt():
   """MMT's cached decoding in bfloat16, logits near float32's; greedy bans UNK."""
   case = _mmt_case()

@@ -57,6 +57,7 @@ def run_in_repo():
     shutil.rmtree(REPO / relative, ignore_errors=True)
 
 
+@pytest.mark.slow  # `make test` budget: `make test-slow` (CI runs both)
 def test_inspect_run_notebook_from_notebooks_dir_on_a_tiny_run(run_in_repo):
   """As README says to open it: Jupyter starts the kernel in notebooks/, and the run
   path is relative to the repository root."""

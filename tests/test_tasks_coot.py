@@ -135,6 +135,7 @@ def test_collate_packs_clips_into_slots(tmp_path):
   assert {k: v.shape for k, v in packed.items()} == {k: v.shape for k, v in spec.items()}
 
 
+@pytest.mark.slow  # `make test` budget: `make test-slow` (CI runs both)
 def test_packed_sequences_give_the_unpacked_embeddings_loss_and_gradients(tmp_path):
   """data.pack_sequences packs clips / sentences / videos / paragraphs several to a row
   (segment-masked attention, positions restarting per sequence, pooling per sequence):

@@ -18,6 +18,7 @@ def _fsdp(**overrides):
                         **overrides})
 
 
+@pytest.mark.slow  # `make test` budget: `make test-slow` (CI runs both)
 def test_fsdp_on_eight_devices_trains_like_one_device(tmp_path):
   assert jax.device_count() == 8, "tests/conftest.py must configure 8 fake devices"
   l1, s1 = _losses(tiny_config(num_devices=1), tmp_path / "one", 3)

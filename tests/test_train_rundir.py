@@ -71,6 +71,7 @@ def test_small_files_are_replaced_whole_and_bad_ones_named(tmp_path, monkeypatch
     rundir.read_json(path, fix="rebuild it")
 
 
+@pytest.mark.slow  # `make test` budget: `make test-slow` (CI runs both)
 def test_a_second_launch_exits_at_once_and_the_first_ends_as_a_solo_run(tmp_path):
   steps = 2
   solo = _run_main(tmp_path / "solo", steps, *_EVAL_DRIVEN)

@@ -106,6 +106,7 @@ def test_train_writes_checkpoints_results_and_restores(tmp_path):
     runs.load_run(tmp_path, step=7)
 
 
+@pytest.mark.slow  # `make test` budget: `make test-slow` (CI runs both)
 def test_loss_decreases_on_repeated_batches(tmp_path):
   # 8 clips, batch 8: every step sees the same pairs, which the model must fit.
   config = tiny_config(**{"dataset.num_train": 8, "train.num_steps": 40, "optimizer.frozen": (),

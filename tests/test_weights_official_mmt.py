@@ -120,6 +120,7 @@ def _batch(config, rng, b=3):
   return ids, video, mask, np.ascontiguousarray(types), caption
 
 
+@pytest.mark.slow  # `make test` budget: `make test-slow` (CI runs both)
 def test_npz_round_trip_imports_evaluates_and_equals_the_direct_forward(tiny, tmp_path):
   config, params, state, meta, root = tiny
   ckpt = tmp_path / "model.npz"
