@@ -7,13 +7,16 @@ out/
   matches.jsonl    every match at the lowest threshold searched (min of τ and the τ grid):
                    seed_id, caption, video_id, path, sim, frame_s, start_us, end_us,
                    has_audio, rank
-  skipped.jsonl    video_id, path, reason (video_io.REASONS or 'short'), detail
+  skipped.jsonl    the videos skipped: video_id, path, reason (video_io.REASONS or
+                   'short'), detail; then the seeds skipped (image missing or not
+                   decodable): seed_id, path, reason ('missing', 'unreadable'), detail
   dataset.json     what the `videocc_mined` dataset reads: the CSV, the video id -> path
                    map, τ, and the corpus' synthetic origin when it has one
   stats.json       per τ of the grid: matches, clips, videos, captions, seeds matched,
                    clips per caption (Fig. 8 histogram), and precision when the corpus
                    knows its truth (a synthetic corpus: `world.json` beside its videos);
-                   skip counts by reason; random_pairs: the cosine quantiles of the
+                   skip counts by reason (videos: skipped, seeds: seeds_skipped);
+                   random_pairs: the cosine quantiles of the
                    `recall_sample` seeds against every frame (the embedder's scale for
                    unrelated pairs, to set τ by); the same for two runs of the same command
   run.json         wall time, video shards (index kind, frames, build and search
@@ -155,8 +158,8 @@ def write(out: str | pathlib.Path, **kwargs) -> dict:
 
 
 def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skipped, shards,
-           seconds: float, videos_dir: str, embedder: str, workers: Sequence[dict] = ()
-           ) -> dict:
+           seconds: float, videos_dir: str, embedder: str, workers: Sequence[dict] = (),
+           seed_skips: Sequence[dict] = ()) -> dict:
   out_dir.mkdir(parents=True, exist_ok=True)
   rows = _clip_rows(matches, captions, cfg)
   at_tau = [r for r in rows if r['sim'] >= cfg.tau]
@@ -168,8 +171,9 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
   (out_dir / 'matches.jsonl').write_text(''.join(json.dumps(r, sort_keys=True) + '\n'
                                                  for r in rows))
   skipped = sorted(skipped, key=lambda s: s['video_id'])
+  seed_skips = sorted(seed_skips, key=lambda s: s['seed_id'])
   (out_dir / 'skipped.jsonl').write_text(''.join(json.dumps(s, sort_keys=True) + '\n'
-                                                 for s in skipped))
+                                                 for s in [*skipped, *seed_skips]))
   found = synthetic_truth(videos_dir)
   truth, origin = (found if found is not None else (None, None))
   taus = sorted(set(cfg.tau_grid) | {cfg.tau})
@@ -180,6 +184,7 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
       'seeds': len(seeds), 'videos_listed': len(videos),
       'videos_searched': len(videos) - len(skipped),
       'skipped': dict(sorted(collections.Counter(s['reason'] for s in skipped).items())),
+      'seeds_skipped': dict(sorted(collections.Counter(s['reason'] for s in seed_skips).items())),
       'matched_videos_without_audio': len(no_audio),
       'per_tau': [stats_at(rows, t, cfg.top_k, truth) for t in taus],
       'random_pairs': random_pairs(shards),

@@ -163,15 +163,18 @@ def seed_shards(num_seeds: int, cfg: MiningConfig) -> list[tuple[int, int, int]]
 # ------------------------------------------------------------------ the Beam pipeline
 def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
                   cfg: MiningConfig, beam_args: Sequence[str] = (), *,
-                  seed_features: str | None = None) -> dict:
-  """Run the pipeline; write the outputs (`outputs.write`); return run info."""
+                  seed_features: str | None = None, seeds: list | None = None,
+                  videos: list | None = None) -> dict:
+  """Run the pipeline; write the outputs (`outputs.write`); return run info. `seeds` and
+  `videos`: `files.read_seeds` and `files.list_videos` of the first two, when the caller
+  has read them already."""
   import apache_beam as beam  # pylint: disable=g-import-not-at-top
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from avtext.mining import outputs  # pylint: disable=g-import-not-at-top
   from avtext.mining import runners  # pylint: disable=g-import-not-at-top
 
-  seeds = files.read_seeds(seeds_tsv)
-  videos = files.list_videos(videos_dir)
+  seeds = files.read_seeds(seeds_tsv) if seeds is None else seeds
+  videos = files.list_videos(videos_dir) if videos is None else videos
   if not videos:
     raise ValueError(f'--videos {videos_dir}: no files with extensions {files.VIDEO_EXTENSIONS}')
   if seed_features:
@@ -286,9 +289,12 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
     for row, top in json.loads(files.read_bytes(path)):
       matches += [[seeds[row][0], m] for m in top]
   workers = [json.loads(files.read_bytes(w)) for w in files.match(files.join(staging, 'workers/*'))]
+  seed_skips = [{'seed_id': seeds[s.pop('seed_row')][0], **s}
+                for s in stages.seed_skips(staging)]
   files.delete_tree(staging)
   workers.append({'worker': 'driver', 'peak_rss_mb': stages.peak_rss_mb()})
   return outputs.write(out, cfg=cfg, seeds=seeds, captions=captions, videos=videos,
-                       matches=matches, skipped=done['skip'], shards=done['info'],
+                       matches=matches, skipped=done['skip'], seed_skips=seed_skips,
+                       shards=done['info'],
                        seconds=seconds, videos_dir=videos_dir, embedder=embedder_name,
                        workers=workers)
