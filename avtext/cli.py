@@ -147,6 +147,13 @@ def check_range(flag: str, value, low=None, high=None, *, why: str = "") -> None
     raise errors.BadInput(f"--{flag}={value}: must be {bounds}{'; ' + why if why else ''}")
 
 
+def note_cut(what: str, tokens: int, kept: int, limit: str) -> None:
+  """One line on stderr saying an input was cut: `what` is `tokens` tokens long, only
+  the first `kept` are used (`limit` names what sets that)."""
+  print(f"note: {what} is {tokens} tokens long; only its first {kept} are used ({limit}); "
+        "shorten it to search all of it", file=sys.stderr)
+
+
 def cache_dir(env: str, name: str) -> str | None:
   """A cache directory: the environment variable `env` (a directory, or "off"), else
   $XDG_CACHE_HOME/avtext/<name> (~/.cache/avtext/<name>)."""

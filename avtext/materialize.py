@@ -24,12 +24,15 @@ Entries that fail to decode while being written are counted by reason like those
 source skipped when it opened: both go to <data_dir>/<name>/skipped.json and are printed.
 An audio-only dataset (Clotho) stores no frames.
 """
+import pathlib
+
 from absl import flags
 from ml_collections import config_flags
 
 from avtext import cli
 from avtext import errors
 from avtext.data import materialize as materialize_lib
+from avtext.train import rundir
 
 FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file(
@@ -62,9 +65,12 @@ def main(argv):
   dataset = materialize_lib.dataset_config(config, _DATASET_OF.value)
   if _SHORT_SIDE.value:
     dataset.short_side = _SHORT_SIDE.value
-  summary = materialize_lib.materialize(dataset, _SPLITS.value, name=_NAME.value,
-                                        data_dir=_DATA_DIR.value, fmt=_FORMAT.value,
-                                        quality=_QUALITY.value, workers=_WORKERS.value)
+  cli.check_output_dir("data_dir", _DATA_DIR.value)
+  # One process writes a dataset at a time, as one writes a run directory.
+  with rundir.output_lock(pathlib.Path(_DATA_DIR.value) / _NAME.value, "data_dir"):
+    summary = materialize_lib.materialize(dataset, _SPLITS.value, name=_NAME.value,
+                                          data_dir=_DATA_DIR.value, fmt=_FORMAT.value,
+                                          quality=_QUALITY.value, workers=_WORKERS.value)
   for split, s in summary.items():
     skipped = ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "none"
     print(f"{split}: {s['records']} records; skipped: {skipped}")

@@ -12,6 +12,7 @@ error. Without --runner it runs on Beam's local engine with 2 worker processes;
 --runner=DaskRunner with --dask_local_workers=N (a local Dask cluster) or
 --dask_address=HOST:PORT (an existing one).
 """
+import contextlib
 import importlib
 import json
 import logging
@@ -27,6 +28,7 @@ from avtext.mining import pipeline
 from avtext.mining import runners
 from avtext.mining import search
 from avtext.mining import stages
+from avtext.train import rundir
 
 _D = pipeline.MiningConfig()
 FLAGS = flags.FlagValues()
@@ -250,8 +252,11 @@ def main(argv):
   # Beam's own INFO lines (and its relay of each worker's log, which the workers also
   # print themselves) would bury the pipeline's progress and skip messages.
   logging.getLogger("apache_beam").setLevel(logging.WARNING)
-  with runners.beam_args_for(beam_args, dask_address=_DASK_ADDRESS.value,
-                             dask_local_workers=_DASK_LOCAL.value) as beam_args:
+  # One process writes --out at a time (a remote one is the cluster's to guard).
+  lock = (contextlib.nullcontext() if files.is_remote(_OUT.value)
+          else rundir.output_lock(_OUT.value, "out"))
+  with lock, runners.beam_args_for(beam_args, dask_address=_DASK_ADDRESS.value,
+                                   dask_local_workers=_DASK_LOCAL.value) as beam_args:
     info = pipeline.build_and_run(_SEEDS.value, _VIDEOS.value, embedder, _OUT.value, cfg,
                                   beam_args, seed_features=_SEED_FEATURES.value,
                                   seeds=seeds, videos=videos)
