@@ -7,7 +7,8 @@
   flag and the owner, and a directory the lock made for nothing is removed;
 - a stored corpus encoded at another step (or by another run) than `search_moments`
   loads is an error, not other scores;
-- an input cut to fit says so.
+- an input cut to fit says so;
+- evaluator exports and small output files are replaced whole.
 
 Each program runs through `cli.run` as `python -m` runs it (its stderr captured); only
 the lock holder is another process (a flock is per process).
@@ -191,3 +192,25 @@ def test_a_cut_input_says_so(capsys):
   err = capsys.readouterr().err
   assert err.startswith("note: query 1 (12000 characters) is 2402 tokens long; only its "
                         "first 32 are used") and len(err.splitlines()) == 1
+
+
+def test_exports_and_small_outputs_are_written_atomically(tmp_path, monkeypatch):
+  """Evaluator exports (moments submission, captions), the features' DONE marker and the
+  mining outputs go through `rundir.write_text` (temporary file, fsync, rename): a
+  reader or a crash sees the old file or the new one, never half of one."""
+  from avtext.evals import captioning as captioning_eval  # pylint: disable=g-import-not-at-top
+  from avtext.evals import vcmr as vcmr_eval  # pylint: disable=g-import-not-at-top
+  from avtext.features import done  # pylint: disable=g-import-not-at-top
+  written = []
+  real = rundir.write_text
+  monkeypatch.setattr(rundir, "write_text",
+                      lambda path, text: (written.append(pathlib.Path(path).name),
+                                          real(path, text)))
+  captioning_eval._write_coco(tmp_path / "coco.json", ["a cat"], ["1"])  # pylint: disable=protected-access
+  captioning_eval._write_tvc(tmp_path / "tvc.jsonl", ["a cat"], ["1"],  # pylint: disable=protected-access
+                             host={"ts": [[0, 1]], "vid_name": ["v"]}, keep=[0])
+  vcmr_eval.VCMREvaluator._write(types.SimpleNamespace(workdir=tmp_path, name="test"),  # pylint: disable=protected-access
+                                 {"VCMR": []}, 5)
+  done.mark_finished(tmp_path, {"a": 1})
+  assert written == ["coco.json", "tvc.jsonl", "test_step5.json", "DONE"]
+  assert not list(tmp_path.glob(".*.tmp*"))
