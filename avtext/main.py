@@ -274,9 +274,16 @@ def main(argv):
         stack.enter_context(rundir.lock(workdir, process_index=jax.process_index()))
       run = experiment.build(config, workdir, task=task, evaluators=evaluators)
       if _MODE.value == "train":
-        run.train()
+        state = run.train()
+        done = f"trained {workdir} to step {int(state.step)}: checkpoints in " \
+               f"{workdir_path / rundir.LATEST_DIR}"
       else:
         run.evaluate(_STEP.value, eval_dir=_EVAL_DIR.value)
+        done = f"evaluated {workdir}"
+      results = run.results_dir and pathlib.Path(run.results_dir) / rundir.RESULTS_FILE
+      if jax.process_index() == 0:  # the one line saying where the results are
+        print(f"{done}; results in {results}" if results and results.exists()
+              else f"{done}; no results written (no evaluator ran, or see the warning above)")
   except rundir.RunLockedError as e:
     raise errors.WorkdirInUse(str(e)) from None  # one line, as the messages are
   except checkpointing.CheckpointSaveError as e:  # e.g. a full disk: what to do is known

@@ -24,7 +24,9 @@ Entries that fail to decode while being written are counted by reason like those
 source skipped when it opened: both go to <data_dir>/<name>/skipped.json and are printed.
 An audio-only dataset (Clotho) stores no frames.
 """
+import contextlib
 import pathlib
+import sys
 
 from absl import flags
 from ml_collections import config_flags
@@ -67,7 +69,10 @@ def main(argv):
     dataset.short_side = _SHORT_SIDE.value
   cli.check_output_dir("data_dir", _DATA_DIR.value)
   # One process writes a dataset at a time, as one writes a run directory.
-  with rundir.output_lock(pathlib.Path(_DATA_DIR.value) / _NAME.value, "data_dir"):
+  # TFDS prints "Downloading and preparing" and its progress on stdout: progress goes to
+  # stderr, stdout keeps the results.
+  with rundir.output_lock(pathlib.Path(_DATA_DIR.value) / _NAME.value, "data_dir"), \
+      contextlib.redirect_stdout(sys.stderr):
     summary = materialize_lib.materialize(dataset, _SPLITS.value, name=_NAME.value,
                                           data_dir=_DATA_DIR.value, fmt=_FORMAT.value,
                                           quality=_QUALITY.value, workers=_WORKERS.value)
@@ -75,8 +80,8 @@ def main(argv):
     skipped = ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "none"
     print(f"{split}: {s['records']} records; skipped: {skipped}")
   read_name = materialize_lib.READ_NAME[_FORMAT.value].format(name=_NAME.value)
-  print(f"read it with --config.dataset.name={read_name} "
-        f"--config.dataset.data_dir={_DATA_DIR.value}")
+  print(f"stored in {pathlib.Path(_DATA_DIR.value) / _NAME.value}: read it with "
+        f"--config.dataset.name={read_name} --config.dataset.data_dir={_DATA_DIR.value}")
 
 
 if __name__ == "__main__":

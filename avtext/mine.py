@@ -17,6 +17,9 @@ import importlib
 import json
 import logging
 import os
+import re
+import sys
+import threading
 
 from absl import flags
 
@@ -90,7 +93,48 @@ _EMBED_BATCH = flags.DEFINE_integer("embed_batch", _D.embed_batch, "images per e
                                     lower_bound=1, flag_values=FLAGS)
 _IMAGE_SIZE = flags.DEFINE_list("image_size", None, "H,W to resize frames and seed images to "
                                 "(default: as decoded)", flag_values=FLAGS)
+_VERBOSE = flags.DEFINE_bool("verbose", False, "show Beam's own INFO lines and every "
+                             "worker's log (default: the pipeline's progress, skips and "
+                             "warnings)", flag_values=FLAGS)
 flags.mark_flags_as_required(["seeds", "videos", "out"], flag_values=FLAGS)
+
+# What Beam's local worker processes print on the shared stderr (they log at INFO: the
+# direct runner does not hand them --default_sdk_harness_log_level), dropped unless
+# --verbose; the pipeline's own lines (avtext.*) stay.
+_WORKER_NOISE = re.compile(rb"^(INFO:(?!avtext)|WARNING:__main__:No semi_persistent_directory|"
+                           rb"WARNING:root:apitools not found|"
+                           rb"ModuleNotFoundError\(\"No module named 'faiss\.swigfaiss)")
+
+
+@contextlib.contextmanager
+def quiet_workers(verbose: bool):
+  """Unless `verbose`: this process' stderr (file descriptor 2, which Beam's worker
+  processes inherit) goes through a filter that drops the workers' start-up lines."""
+  if verbose:
+    yield
+    return
+  sys.stderr.flush()
+  read, write = os.pipe()
+  saved = os.dup(2)
+  os.dup2(write, 2)
+  os.close(write)
+
+  def pump():
+    with os.fdopen(read, "rb") as src, os.fdopen(os.dup(saved), "wb") as dst:
+      for line in src:
+        if not _WORKER_NOISE.match(line):
+          dst.write(line)
+          dst.flush()
+
+  thread = threading.Thread(target=pump, daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)  # the pipe closes once the (finished) workers let go of it
+    os.close(saved)
+    thread.join(timeout=5)
 
 
 def beam_options(args: list[str], program: str) -> list[str]:
@@ -249,13 +293,19 @@ def main(argv):
     if not any(x.startswith("--direct_running_mode") for x in beam_args):
       beam_args += ["--direct_running_mode=multi_processing"]
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-  # Beam's own INFO lines (and its relay of each worker's log, which the workers also
-  # print themselves) would bury the pipeline's progress and skip messages.
-  logging.getLogger("apache_beam").setLevel(logging.WARNING)
+  if not _VERBOSE.value:
+    # Beam's own INFO lines (and its relay of each worker's log, which the workers also
+    # print themselves) would bury the pipeline's progress and skip messages.
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(
+        logging.ERROR)
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+      beam_args += ["--default_sdk_harness_log_level=WARNING",
+                    '--sdk_harness_log_level_overrides={"avtext": "INFO"}']
   # One process writes --out at a time (a remote one is the cluster's to guard).
   lock = (contextlib.nullcontext() if files.is_remote(_OUT.value)
           else rundir.output_lock(_OUT.value, "out"))
-  with lock, runners.beam_args_for(beam_args, dask_address=_DASK_ADDRESS.value,
+  with lock, quiet_workers(_VERBOSE.value), runners.beam_args_for(beam_args, dask_address=_DASK_ADDRESS.value,
                                    dask_local_workers=_DASK_LOCAL.value) as beam_args:
     info = pipeline.build_and_run(_SEEDS.value, _VIDEOS.value, embedder, _OUT.value, cfg,
                                   beam_args, seed_features=_SEED_FEATURES.value,

@@ -221,3 +221,16 @@ def test_a_run_that_mines_nothing_exits_non_zero_with_one_line(corpus, tmp_path,
   for word in words:
     assert word in last, (word, last)
   assert (tmp_path / "o" / "skipped.jsonl").exists()  # the outputs say what was skipped
+
+
+@pytest.mark.slow  # a whole mining run with Beam's worker processes (~30 s quiet, minutes loaded)
+def test_a_successful_mine_is_quiet_and_says_where_its_results_are(corpus, tmp_path):
+  out = tmp_path / "mined"
+  proc, _ = _mine([f"--seeds={corpus / 'seeds' / 'good.tsv'}", f"--videos={corpus / 'videos'}",
+                   f"--embedder={HIST}", f"--out={out}", "--clip_seconds=1", "--tau=0.9",
+                   "--tau_grid=0.9"], dict(os.environ, PYTHONPATH=str(REPO)))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert len(proc.stderr.strip().splitlines()) <= 2, proc.stderr  # no Beam / worker INFO
+  last = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert last == {"csv": f"{out}/videocc.csv", "dataset": f"{out}/dataset.json"}
+  assert not (out / "run.lock").exists()

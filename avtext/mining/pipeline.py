@@ -114,6 +114,9 @@ from avtext.mining import files
 from avtext.mining import search as search_lib
 from avtext.mining import stages
 
+# The workers' progress and skips (`python -m avtext.mine` keeps this logger at INFO in
+# every worker while Beam's own loggers stay at WARNING).
+_LOG = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class MiningConfig:
@@ -208,15 +211,13 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
       record, skip = stages.decode_and_embed(video_id, path, embedder_name, cfg)
       self.done += 1
       if self.done % 50 == 0:
-        logging.info('mining: this worker decoded and embedded %d videos', self.done)
+        _LOG.info('mining: this worker decoded and embedded %d videos', self.done)
       stages.note_peak_rss(staging)
       if skip is not None:
-        logging.warning('mining: skipped %s (%s: %s)', video_id, skip['reason'],
-                        skip['detail'])
+        _LOG.warning('mining: skipped %s (%s: %s)', video_id, skip['reason'],
+                     skip['detail'])
         yield 'skip', -1, skip
         return
-      if not record['has_audio']:
-        logging.warning('mining: %s has no audio stream (kept, flagged)', video_id)
       yield 'video', shard_of(video_id, num_video_shards), record
 
   def fan_out(seed_shard):  # a seed shard file, to every video shard
