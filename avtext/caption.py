@@ -76,7 +76,6 @@ def main(argv: Sequence[str]) -> None:
   if not paths:
     raise errors.BadInput("give the video files to caption: python -m avtext.caption "
                           "--workdir=RUN FILE [FILE ...]")
-  cli.check_input_dir("workdir", _WORKDIR.value, "captioning run directory")
   done = caption_files(_WORKDIR.value, paths, step=index_lib.parse_step(_STEP.value),
                        beam=_BEAM.value, progress=True)
   for path, caption, reason in done:
