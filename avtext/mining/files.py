@@ -6,6 +6,7 @@ Layouts: `avtext.mining.pipeline`'s docstring.
 from __future__ import annotations
 
 import pathlib
+import re
 
 import numpy as np
 
@@ -148,4 +149,6 @@ def load_image(path: str, size: tuple[int, int] | None) -> np.ndarray:
         im = im.resize((size[1], size[0]), Image.BILINEAR)
       return np.asarray(im, np.uint8)
   except (OSError, ValueError, SyntaxError) as e:  # PIL's decoders raise all three
-    raise ImageReadError(path, 'unreadable', f'{type(e).__name__}: {e}'[:200]) from e
+    # PIL names the in-memory buffer by its address: the same bytes in every run instead.
+    detail = re.sub(r'<_io\.BytesIO object at 0x[0-9a-f]+>', 'the file', str(e))
+    raise ImageReadError(path, 'unreadable', f'{type(e).__name__}: {detail}'[:200]) from e
