@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib.util
+import logging
 import os
 import pathlib
 import re
@@ -202,6 +203,29 @@ def quiet_tpu_probe() -> None:
          and os.path.exists("/dev/nvidiactl"))
   os.environ["JAX_PLATFORMS"] = "cuda,cpu" if gpu else "cpu"
   os.environ[AUTO_PLATFORMS_ENV] = "1"
+
+
+class QuietLibraries(logging.Filter):
+  """Drops INFO chatter of checkpointing internals; warnings still pass.
+
+  A failed save is reported once, by the trainer (checkpointing.CheckpointSaveError):
+  the tracebacks orbax's save threads log for it, and asyncio's for each array write
+  they leave unfinished (thousands of lines on a full disk), are dropped.
+  """
+
+  def filter(self, record):
+    if "/orbax/" in record.pathname:
+      return record.levelno >= logging.WARNING and not record.exc_info
+    return not (record.name == "asyncio" and record.levelno >= logging.ERROR)
+
+
+def log_progress() -> None:
+  """A program's own progress (absl INFO) on stderr, without the libraries' INFO
+  chatter (`QuietLibraries`): main, and the programs that write features."""
+  absl_logging.set_verbosity(absl_logging.INFO)
+  handler = absl_logging.get_absl_handler()
+  if not any(isinstance(f, QuietLibraries) for f in handler.filters):
+    handler.addFilter(QuietLibraries())
 
 
 def _program() -> str:

@@ -213,3 +213,24 @@ def test_exports_and_small_outputs_are_written_atomically(tmp_path, monkeypatch)
   done.mark_finished(tmp_path, {"a": 1})
   assert written == ["coco.json", "tvc.jsonl", "test_step5.json", "DONE"]
   assert not list(tmp_path.glob(".*.tmp*"))
+
+
+def test_programs_that_log_progress_drop_the_libraries_info():
+  """main and the feature writers log their progress at INFO; orbax's INFO lines (and
+  its save threads' tracebacks) are dropped from it, its warnings kept."""
+  import logging  # pylint: disable=g-import-not-at-top
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  cli.log_progress()
+  cli.log_progress()  # once is enough: no second filter
+  quiet = [f for f in absl_logging.get_absl_handler().filters
+           if isinstance(f, cli.QuietLibraries)]
+  assert len(quiet) == 1
+
+  def record(path, level, name="x"):
+    return logging.LogRecord(name, level, path, 1, "m", (), None)
+
+  orbax = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
+  assert not quiet[0].filter(record(orbax, logging.INFO))
+  assert quiet[0].filter(record(orbax, logging.WARNING))
+  assert quiet[0].filter(record("/avtext/features/smit.py", logging.INFO))
+  assert not quiet[0].filter(record("/asyncio/base_events.py", logging.ERROR, "asyncio"))

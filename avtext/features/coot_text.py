@@ -206,7 +206,7 @@ flags.mark_flag_as_required("dataset_dir", flag_values=FLAGS)
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
-  logging.set_verbosity(logging.INFO)
+  cli.log_progress()
   cli.check_input_dir("dataset_dir", _DATASET_DIR.value, "COOT dataset directory")
   with rundir.output_lock(_DATASET_DIR.value, "dataset_dir"):
     print(precompute(_DATASET_DIR.value, metadata_name=_METADATA_NAME.value,

@@ -150,7 +150,7 @@ def main(argv):
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
   config = cli.config_value(_CONFIG)
-  logging.set_verbosity(logging.INFO)
+  cli.log_progress()
   cli.check_output_dir("out", _OUT.value)
   with rundir.output_lock(_OUT.value, "out"):
     out = extract(config, _OUT.value, splits=tuple(_SPLITS.value),

@@ -148,7 +148,7 @@ flags.mark_flag_as_required("data", flag_values=FLAGS)
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
-  logging.set_verbosity(logging.INFO)
+  cli.log_progress()
   cli.check_input_dir("data", _DATA.value, "TVR directory")
   with rundir.output_lock(_DATA.value, "data"):
     queries, subtitles = write(_DATA.value, bert_dir=_BERT_DIR.value, layer=_LAYER.value,
