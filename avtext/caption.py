@@ -66,7 +66,8 @@ _WORKDIR = cli.DEFINE_path("workdir", None, "a captioning run directory (e.g. "
                            "workdirs/demo/caption)", flag_values=FLAGS)
 _STEP = cli.DEFINE_checkpoint_step(FLAGS)
 _BEAM = flags.DEFINE_integer("beam", None, "beam size (default: the run's "
-                             "config.generation.beam_size; 1 = greedy)", flag_values=FLAGS)
+                             "config.generation.beam_size; 1 = greedy)", lower_bound=1,
+                             flag_values=FLAGS)
 flags.mark_flag_as_required("workdir", flag_values=FLAGS)
 
 
@@ -75,13 +76,19 @@ def main(argv: Sequence[str]) -> None:
   if not paths:
     raise errors.BadInput("give the video files to caption: python -m avtext.caption "
                           "--workdir=RUN FILE [FILE ...]")
-  for path, caption, reason in caption_files(_WORKDIR.value, paths,
-                                             step=index_lib.parse_step(_STEP.value),
-                                             beam=_BEAM.value, progress=True):
+  done = caption_files(_WORKDIR.value, paths, step=index_lib.parse_step(_STEP.value),
+                       beam=_BEAM.value, progress=True)
+  for path, caption, reason in done:
     if caption is None:
       print(f"{path}\t[skipped: {reason}]", file=sys.stderr)
     else:
       print(f"{path}\t{caption}")
+  captioned = sum(caption is not None for _, caption, _ in done)
+  if not captioned:
+    raise errors.NothingProduced(f"none of the {len(done)} file(s) could be captioned (each "
+                                 "skipped above, with its reason); give video files that "
+                                 "decode (any format PyAV / ffmpeg reads)")
+  print(f"captioned {captioned} of {len(done)} file(s) (above, on stdout)", file=sys.stderr)
 
 
 if __name__ == "__main__":

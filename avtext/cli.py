@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib.util
+import logging
 import os
 import pathlib
 import re
@@ -87,6 +88,73 @@ def DEFINE_checkpoint_step(flag_values: flags.FlagValues,  # pylint: disable=inv
   return flags.DEFINE(_StepParser(), "step", None, help, flag_values=flag_values)
 
 
+def _remote(path: str) -> bool:
+  return "://" in str(path)
+
+
+def check_input_file(flag: str, path: str, what: str = "file") -> None:
+  """--flag=path must be a readable file (a remote path is left to its reader)."""
+  if _remote(path):
+    return
+  if not os.path.exists(path):
+    raise errors.InputNotFound(f"--{flag}={path}: no such {what}")
+  if os.path.isdir(path):
+    raise errors.BadInput(f"--{flag}={path}: a directory, not a {what}; give the {what}")
+  if not os.access(path, os.R_OK):
+    raise errors.BadInput(f"--{flag}={path}: not readable (permission denied); fix its "
+                          "permissions or give another")
+
+
+def check_input_dir(flag: str, path: str, what: str = "directory") -> None:
+  """--flag=path must be a readable directory (a remote path is left to its reader)."""
+  if _remote(path):
+    return
+  if not os.path.exists(path):
+    raise errors.InputNotFound(f"--{flag}={path}: no such directory")
+  if not os.path.isdir(path):
+    raise errors.BadInput(f"--{flag}={path}: a file, not a directory; give the {what}")
+  if not os.access(path, os.R_OK | os.X_OK):
+    raise errors.BadInput(f"--{flag}={path}: not readable (permission denied); fix its "
+                          "permissions or give another")
+
+
+def check_output_dir(flag: str, path: str) -> None:
+  """--flag=path names an output directory: refused before any work when it is a file, or
+  when it (or, not there yet, the nearest directory above it) cannot be written."""
+  if _remote(path):
+    return
+  target = pathlib.Path(path).absolute()
+  if target.exists() and not target.is_dir():
+    raise errors.BadInput(f"--{flag}={path}: a file, not a directory; give a directory "
+                          "(created when missing)")
+  probe = target
+  while not probe.exists():
+    probe = probe.parent
+  if not probe.is_dir():
+    raise errors.BadInput(f"--{flag}={path}: {probe} is a file, so no directory can be made "
+                          "under it; give another path")
+  if not os.access(probe, os.W_OK | os.X_OK):
+    raise errors.BadInput(f"--{flag}={path}: {probe} is not writable (permission denied); "
+                          "give a directory you can write")
+
+
+def check_range(flag: str, value, low=None, high=None, *, why: str = "") -> None:
+  """--flag=value must lie in [low, high] (either bound None: open)."""
+  if value is None:
+    return
+  if (low is not None and value < low) or (high is not None and value > high):
+    bounds = (f"in [{low}, {high}]" if low is not None and high is not None
+              else f">= {low}" if low is not None else f"<= {high}")
+    raise errors.BadInput(f"--{flag}={value}: must be {bounds}{'; ' + why if why else ''}")
+
+
+def note_cut(what: str, tokens: int, kept: int, limit: str) -> None:
+  """One line on stderr saying an input was cut: `what` is `tokens` tokens long, only
+  the first `kept` are used (`limit` names what sets that)."""
+  print(f"note: {what} is {tokens} tokens long; only its first {kept} are used ({limit}); "
+        "shorten it to search all of it", file=sys.stderr)
+
+
 def cache_dir(env: str, name: str) -> str | None:
   """A cache directory: the environment variable `env` (a directory, or "off"), else
   $XDG_CACHE_HOME/avtext/<name> (~/.cache/avtext/<name>)."""
@@ -135,6 +203,29 @@ def quiet_tpu_probe() -> None:
          and os.path.exists("/dev/nvidiactl"))
   os.environ["JAX_PLATFORMS"] = "cuda,cpu" if gpu else "cpu"
   os.environ[AUTO_PLATFORMS_ENV] = "1"
+
+
+class QuietLibraries(logging.Filter):
+  """Drops INFO chatter of checkpointing internals; warnings still pass.
+
+  A failed save is reported once, by the trainer (checkpointing.CheckpointSaveError):
+  the tracebacks orbax's save threads log for it, and asyncio's for each array write
+  they leave unfinished (thousands of lines on a full disk), are dropped.
+  """
+
+  def filter(self, record):
+    if "/orbax/" in record.pathname:
+      return record.levelno >= logging.WARNING and not record.exc_info
+    return not (record.name == "asyncio" and record.levelno >= logging.ERROR)
+
+
+def log_progress() -> None:
+  """A program's own progress (absl INFO) on stderr, without the libraries' INFO
+  chatter (`QuietLibraries`): main, and the programs that write features."""
+  absl_logging.set_verbosity(absl_logging.INFO)
+  handler = absl_logging.get_absl_handler()
+  if not any(isinstance(f, QuietLibraries) for f in handler.filters):
+    handler.addFilter(QuietLibraries())
 
 
 def _program() -> str:

@@ -31,6 +31,11 @@ class RunStopped(Exception):
   prefix = "error: "
 
 
+class NothingProduced(RunStopped):
+  """The command ran but its result is empty (every input skipped, no clip mined, no
+  file captioned): the message says why and where the record of the skips is."""
+
+
 class EvaluationFailed(RunStopped):
   """An evaluator raised; the message names it and the step, and says what is on disk."""
 

@@ -51,6 +51,7 @@ from avtext import errors
 from avtext.data import video_io
 from avtext.data.builders import files
 from avtext.inference import exported
+from avtext.train import rundir
 
 FORMAT = "avtext.video_index/1"
 MIN_SECONDS = 0.5  # shorter files are skipped ('short'): too little for one clip
@@ -196,6 +197,17 @@ class VideoEmbedder:
     vectors[sorted(failed)] = 0.0
     return vectors, failed
 
+  def note_cut_texts(self, texts: Sequence[str], what: str = "query") -> None:
+    """`cli.note_cut` for each text longer than the run's tokenizer keeps."""
+    tokenizer = self.task.tokenizer
+    if not hasattr(tokenizer, "wordpiece"):
+      return
+    for i, text in enumerate(texts, 1):
+      tokens = len(tokenizer.wordpiece(text)) + 2  # + [CLS], [SEP]
+      if tokens > tokenizer.max_len:
+        cli.note_cut(f"{what} {i} ({len(text)} characters)", tokens, tokenizer.max_len,
+                     "the run's text tower reads at most that many")
+
   def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
     """float32 [N, D]: each text tokenized and embedded as the evaluator does a caption."""
     from avtext.evals import base  # pylint: disable=g-import-not-at-top
@@ -259,12 +271,18 @@ def build(run: str | pathlib.Path, videos: str | pathlib.Path, out: str | pathli
           progress: bool = True) -> dict:
   """Brings `out` up to date with `videos` (module docstring): embeds the new files and
   the changed ones (size or mtime differ), drops the rows of the files gone; returns
-  meta.json, whose last_added / last_updated / last_removed count what changed."""
+  meta.json, whose last_added / last_updated / last_removed count what changed. --videos
+  and --out are checked first; one process writes `out` at a time (`rundir.output_lock`)."""
+  cli.check_input_dir("videos", str(videos), "folder of videos")
+  cli.check_output_dir("out", str(out))
+  with rundir.output_lock(pathlib.Path(out).expanduser(), "out"):
+    return _build(run, videos, out, step=step, embedder=embedder, progress=progress)
+
+
+def _build(run, videos, out, *, step, embedder, progress) -> dict:
   import faiss  # pylint: disable=g-import-not-at-top
   from avtext.mining import search as mining_search  # pylint: disable=g-import-not-at-top
   root, out = pathlib.Path(videos).expanduser().absolute(), pathlib.Path(out).expanduser()
-  if not root.is_dir():
-    raise errors.InputNotFound(f"--videos={videos}: no such directory")
   old = VideoIndex(out) if (out / "meta.json").exists() else None
   if old is not None and old.meta["videos"] != str(root):
     raise errors.BadInput(f"{out}: an index of the videos under {old.meta['videos']}, not "
@@ -310,8 +328,8 @@ def build(run: str | pathlib.Path, videos: str | pathlib.Path, out: str | pathli
   faiss.write_index(index, str(faiss_tmp))
   faiss_tmp.replace(out / "index.faiss")
   np.save(out / "vectors.npy", np.asarray(vectors, np.float32))
-  (out / "ids.json").write_text(json.dumps(ids, indent=0))
-  (out / "stamps.json").write_text(json.dumps(stamps))
+  rundir.write_text(out / "ids.json", json.dumps(ids, indent=0))
+  rundir.write_text(out / "stamps.json", json.dumps(stamps))
   updated_set = set(updated)
   meta = {"format": FORMAT, "run": emb.identity, "videos": str(root), "num_videos": len(ids),
           "dim": int(vectors.shape[1]), "num_clips": int(emb.run.config.data.eval_num_clips),
@@ -319,7 +337,7 @@ def build(run: str | pathlib.Path, videos: str | pathlib.Path, out: str | pathli
           "last_updated": sum(name in updated_set for name in embedded),
           "last_removed": len(removed) + len(updated_set - set(embedded)),
           "skipped": skipped, "skip_counts": counts}
-  (out / "meta.json").write_text(json.dumps(meta, indent=1))
+  rundir.write_text(out / "meta.json", json.dumps(meta, indent=1))
   return meta
 
 
@@ -339,11 +357,12 @@ def main(argv: Sequence[str]) -> None:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
   meta = build(_WORKDIR.value, _VIDEOS.value, _OUT.value, step=parse_step(_STEP.value))
   counts = ", ".join(f"{k} {v}" for k, v in meta["skip_counts"].items()) or "none"
-  print(f"{_OUT.value}: {meta['num_videos']} videos ({meta['last_added']} added, "
-        f"{meta['last_updated']} updated, {meta['last_removed']} removed) with "
-        f"{meta['run']['workdir']} step {meta['run']['step']}; skipped: {counts}")
   for s in meta["skipped"]:
     print(f"  skipped {s['path']}: {s['reason']} ({s['detail']})")
+  print(f"{_OUT.value}: {meta['num_videos']} videos ({meta['last_added']} added, "
+        f"{meta['last_updated']} updated, {meta['last_removed']} removed) with "
+        f"{meta['run']['workdir']} step {meta['run']['step']}; skipped: {counts}; search it "
+        f"with python -m avtext.search_videos --index={_OUT.value}")
 
 
 if __name__ == "__main__":

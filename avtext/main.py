@@ -18,7 +18,6 @@ it exits at once with one line naming the running one.
 import contextlib
 import difflib
 import importlib.util
-import logging as py_logging
 import os
 import pathlib
 import re
@@ -69,20 +68,6 @@ _REQUIRE_BACKEND = flags.DEFINE_enum(
     "is this (launch/ scripts pass it, so a missing runtime or device is no CPU run)",
         flag_values=FLAGS)
 flags.mark_flags_as_required(["workdir"], flag_values=FLAGS)
-
-
-class _QuietLibraries(py_logging.Filter):
-  """Drops INFO chatter of checkpointing internals; warnings still pass.
-
-  A failed save is reported once, by the trainer (checkpointing.CheckpointSaveError):
-  the tracebacks orbax's save threads log for it, and asyncio's for each array write
-  they leave unfinished (thousands of lines on a full disk), are dropped.
-  """
-
-  def filter(self, record):
-    if "/orbax/" in record.pathname:
-      return record.levelno >= py_logging.WARNING and not record.exc_info
-    return not (record.name == "asyncio" and record.levelno >= py_logging.ERROR)
 
 
 def _quiet_closed_loops(hook):
@@ -247,8 +232,7 @@ def main(argv):
         process_id=_PROCESS_ID.value,
         local_device_ids=None if _LOCAL_DEVICES.value is None else
         [int(i) for i in _LOCAL_DEVICES.value])
-  logging.set_verbosity(logging.INFO)
-  logging.get_absl_handler().addFilter(_QuietLibraries())
+  cli.log_progress()
   sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
   _log_platform(jax)
   _check_backend(config, jax.default_backend())
@@ -274,9 +258,16 @@ def main(argv):
         stack.enter_context(rundir.lock(workdir, process_index=jax.process_index()))
       run = experiment.build(config, workdir, task=task, evaluators=evaluators)
       if _MODE.value == "train":
-        run.train()
+        state = run.train()
+        done = f"trained {workdir} to step {int(state.step)}: checkpoints in " \
+               f"{workdir_path / rundir.LATEST_DIR}"
       else:
         run.evaluate(_STEP.value, eval_dir=_EVAL_DIR.value)
+        done = f"evaluated {workdir}"
+      results = run.results_dir and pathlib.Path(run.results_dir) / rundir.RESULTS_FILE
+      if jax.process_index() == 0:  # the one line saying where the results are
+        print(f"{done}; results in {results}" if results and results.exists()
+              else f"{done}; no results written (no evaluator ran, or see the warning above)")
   except rundir.RunLockedError as e:
     raise errors.WorkdirInUse(str(e)) from None  # one line, as the messages are
   except checkpointing.CheckpointSaveError as e:  # e.g. a full disk: what to do is known

@@ -24,12 +24,17 @@ Entries that fail to decode while being written are counted by reason like those
 source skipped when it opened: both go to <data_dir>/<name>/skipped.json and are printed.
 An audio-only dataset (Clotho) stores no frames.
 """
+import contextlib
+import pathlib
+import sys
+
 from absl import flags
 from ml_collections import config_flags
 
 from avtext import cli
 from avtext import errors
 from avtext.data import materialize as materialize_lib
+from avtext.train import rundir
 
 FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file(
@@ -62,15 +67,21 @@ def main(argv):
   dataset = materialize_lib.dataset_config(config, _DATASET_OF.value)
   if _SHORT_SIDE.value:
     dataset.short_side = _SHORT_SIDE.value
-  summary = materialize_lib.materialize(dataset, _SPLITS.value, name=_NAME.value,
-                                        data_dir=_DATA_DIR.value, fmt=_FORMAT.value,
-                                        quality=_QUALITY.value, workers=_WORKERS.value)
+  cli.check_output_dir("data_dir", _DATA_DIR.value)
+  # One process writes a dataset at a time, as one writes a run directory.
+  # TFDS prints "Downloading and preparing" and its progress on stdout: progress goes to
+  # stderr, stdout keeps the results.
+  with rundir.output_lock(pathlib.Path(_DATA_DIR.value) / _NAME.value, "data_dir"), \
+      contextlib.redirect_stdout(sys.stderr):
+    summary = materialize_lib.materialize(dataset, _SPLITS.value, name=_NAME.value,
+                                          data_dir=_DATA_DIR.value, fmt=_FORMAT.value,
+                                          quality=_QUALITY.value, workers=_WORKERS.value)
   for split, s in summary.items():
     skipped = ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "none"
     print(f"{split}: {s['records']} records; skipped: {skipped}")
   read_name = materialize_lib.READ_NAME[_FORMAT.value].format(name=_NAME.value)
-  print(f"read it with --config.dataset.name={read_name} "
-        f"--config.dataset.data_dir={_DATA_DIR.value}")
+  print(f"stored in {pathlib.Path(_DATA_DIR.value) / _NAME.value}: read it with "
+        f"--config.dataset.name={read_name} --config.dataset.data_dir={_DATA_DIR.value}")
 
 
 if __name__ == "__main__":

@@ -12,17 +12,26 @@ error. Without --runner it runs on Beam's local engine with 2 worker processes;
 --runner=DaskRunner with --dask_local_workers=N (a local Dask cluster) or
 --dask_address=HOST:PORT (an existing one).
 """
+import contextlib
+import importlib
 import json
 import logging
 import os
+import re
+import sys
+import threading
 
 from absl import flags
 
 from avtext import cli
 from avtext import errors
+from avtext.mining import embed
+from avtext.mining import files
 from avtext.mining import pipeline
 from avtext.mining import runners
 from avtext.mining import search
+from avtext.mining import stages
+from avtext.train import rundir
 
 _D = pipeline.MiningConfig()
 FLAGS = flags.FlagValues()
@@ -32,8 +41,7 @@ _VIDEOS = cli.DEFINE_path("videos", None, "the corpus: every video file under th
                           "directory (local or gs:// ...)", flag_values=FLAGS)
 _WORKDIR = cli.DEFINE_path("workdir", None, "the run whose vision tower embeds frames and "
                            "seed images (e.g. workdirs/demo/video_pretrain)", flag_values=FLAGS)
-_STEP = flags.DEFINE_string("step", None, "its checkpoint: N or the latest (default)",
-                            flag_values=FLAGS)
+_STEP = cli.DEFINE_checkpoint_step(FLAGS)
 _EMBEDDER = flags.DEFINE_string("embedder", None, "instead of --workdir: "
                                 "callable:MODULE:NAME, frames -> [N, D]", flag_values=FLAGS)
 _OUT = cli.DEFINE_path("out", None, "the output directory (videocc.csv, dataset.json, "
@@ -85,15 +93,64 @@ _EMBED_BATCH = flags.DEFINE_integer("embed_batch", _D.embed_batch, "images per e
                                     lower_bound=1, flag_values=FLAGS)
 _IMAGE_SIZE = flags.DEFINE_list("image_size", None, "H,W to resize frames and seed images to "
                                 "(default: as decoded)", flag_values=FLAGS)
+_VERBOSE = flags.DEFINE_bool("verbose", False, "show Beam's own INFO lines and every "
+                             "worker's log (default: the pipeline's progress, skips and "
+                             "warnings)", flag_values=FLAGS)
 flags.mark_flags_as_required(["seeds", "videos", "out"], flag_values=FLAGS)
+
+# What Beam's local worker processes print on the shared stderr (they log at INFO: the
+# direct runner does not hand them --default_sdk_harness_log_level), dropped unless
+# --verbose; the pipeline's own lines (avtext.*) stay.
+_WORKER_NOISE = re.compile(rb"^(INFO:(?!avtext)|WARNING:__main__:No semi_persistent_directory|"
+                           rb"WARNING:root:apitools not found|"
+                           rb"ModuleNotFoundError\(\"No module named 'faiss\.swigfaiss)")
+
+
+@contextlib.contextmanager
+def quiet_workers(verbose: bool):
+  """Unless `verbose`: this process' stderr (file descriptor 2, which Beam's worker
+  processes inherit) goes through a filter that drops the workers' start-up lines."""
+  if verbose:
+    yield
+    return
+  sys.stderr.flush()
+  read, write = os.pipe()
+  saved = os.dup(2)
+  os.dup2(write, 2)
+  os.close(write)
+
+  def pump():
+    with os.fdopen(read, "rb") as src, os.fdopen(os.dup(saved), "wb") as dst:
+      for line in src:
+        if not _WORKER_NOISE.match(line):
+          dst.write(line)
+          dst.flush()
+
+  thread = threading.Thread(target=pump, daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)  # the pipe closes once the (finished) workers let go of it
+    os.close(saved)
+    thread.join(timeout=5)
 
 
 def beam_options(args: list[str], program: str) -> list[str]:
   """The Beam options among `args`, checked against every option Beam defines; an
   unknown flag (a typo of ours or of Beam's) is an error naming the closest one."""
-  # Beam's import warns of GCP client libraries a local run does not use.
+  # Beam's import warns of GCP client libraries a local run does not use (on its own
+  # logger, and on the root logger: "apitools not found").
   logging.getLogger("apache_beam").setLevel(logging.ERROR)
-  from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.ERROR)
+  try:
+    from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
+    import apache_beam  # pylint: disable=g-import-not-at-top,unused-import
+  finally:
+    root.setLevel(level)
   parser = pipeline_options._BeamArgumentParser(allow_abbrev=False)  # pylint: disable=protected-access
   pending = list(pipeline_options.PipelineOptions.__subclasses__())
   while pending:
@@ -119,26 +176,114 @@ def embedder_name() -> str:
     raise errors.BadInput("give the embedder: --workdir=RUN [--step=N] (a run's vision "
                           "tower) or --embedder=callable:MODULE:NAME")
   if _EMBEDDER.value:
-    if not _EMBEDDER.value.startswith("callable:"):
+    kind, _, rest = _EMBEDDER.value.partition(":")
+    module, _, name = rest.partition(":")
+    if kind != "callable" or not module or not name:
       raise errors.BadInput(f"--embedder={_EMBEDDER.value}: expected callable:MODULE:NAME "
                             "(a run's tower: --workdir=RUN [--step=N])")
+    try:
+      fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+      raise errors.BadInput(f"--embedder={_EMBEDDER.value}: {cli.exception_message(e)}; give "
+                            "an importable MODULE and a NAME defined in it") from None
+    if not callable(fn):
+      raise errors.BadInput(f"--embedder={_EMBEDDER.value}: {module}.{name} is not callable; "
+                            "give a function frames [N, H, W, 3] uint8 -> [N, D]")
     return _EMBEDDER.value
   workdir = _WORKDIR.value if "://" in _WORKDIR.value else os.path.abspath(_WORKDIR.value)
-  if "://" not in workdir and not os.path.exists(os.path.join(workdir, "config.json")):
-    raise errors.InputNotFound(f"--workdir={_WORKDIR.value}: not an avtext run (no "
-                               "config.json); train the tower first (make demo) or fix it")
+  embed.check_run(workdir, _STEP.value)
   return f"run:{workdir}" + (f"@{_STEP.value}" if _STEP.value else "")
+
+
+def mining_config() -> pipeline.MiningConfig:
+  """The flags' MiningConfig, each value checked (one line naming the flag)."""
+  cosine = "a cosine lies in [-1, 1] (the paper's tau is 0.6; stats.json's random_pairs " \
+           "quantiles show the embedder's scale)"
+  cli.check_range("tau", _TAU.value, -1.0, 1.0, why=cosine)
+  try:
+    image_size = tuple(int(x) for x in _IMAGE_SIZE.value) if _IMAGE_SIZE.value else None
+  except ValueError:
+    raise errors.BadInput(f"--image_size={','.join(_IMAGE_SIZE.value)}: expected H,W (two "
+                          "whole numbers of pixels, e.g. 224,224)") from None
+  if image_size is not None and (len(image_size) != 2 or min(image_size) < 1):
+    raise errors.BadInput(f"--image_size={','.join(_IMAGE_SIZE.value)}: expected H,W (two "
+                          "whole numbers of pixels >= 1, e.g. 224,224)")
+  tau_grid = []
+  for t in _TAU_GRID.value:
+    try:
+      tau_grid.append(float(t))
+    except ValueError:
+      raise errors.BadInput(f"--tau_grid={','.join(_TAU_GRID.value)}: {t!r} is no number; "
+                            "give thresholds like 0.5,0.6,0.7") from None
+    cli.check_range("tau_grid", tau_grid[-1], -1.0, 1.0, why=cosine)
+  for flag, low in ((_CLIP_SECONDS, 1e-3), (_FRAMES_HZ, 1e-3)):
+    cli.check_range(flag.name, flag.value, low, why="a length / rate must be positive")
+  for flag, low in ((_EXACT_MAX, 0), (_RECALL, 0), (_EF, 1), (_NPROBE, 1)):
+    cli.check_range(flag.name, flag.value, low)
+  cli.check_range("dask_local_workers", _DASK_LOCAL.value, 1)
+  return pipeline.MiningConfig(
+      tau=_TAU.value, center=_CENTER.value, top_k=_TOP_K.value, clip_seconds=_CLIP_SECONDS.value,
+      frames_hz=_FRAMES_HZ.value, one_per_video=not _ALL_FRAMES.value,
+      tau_grid=tuple(tau_grid), shard_videos=_SHARD_VIDEOS.value,
+      shard_seeds=_SHARD_SEEDS.value,
+      index=search.IndexConfig(exact_max_frames=_EXACT_MAX.value, approx=_APPROX.value,
+                               hnsw_ef_search=_EF.value, ivf_nprobe=_NPROBE.value),
+      recall_sample=_RECALL.value, embed_batch=_EMBED_BATCH.value, image_size=image_size)
+
+
+def check_inputs() -> tuple[list, list, str, pipeline.MiningConfig]:
+  """(seeds, videos, embedder, config): every input checked in this process before Beam
+  starts (the flags' values, --out's kind and permission, the seeds file's structure,
+  the videos folder, the tower run), so a mistake is one line, not a worker's trace."""
+  cfg = mining_config()
+  cli.check_output_dir("out", _OUT.value)
+  cli.check_input_file("seeds", _SEEDS.value)
+  if _SEED_FEATURES.value:
+    cli.check_input_file("seed_features", _SEED_FEATURES.value)
+  cli.check_input_dir("videos", _VIDEOS.value, "folder of videos")
+  embedder = embedder_name()
+  seeds = files.read_seeds(_SEEDS.value)
+  if _SEED_FEATURES.value:
+    shape, _, _ = stages.npy_header(_SEED_FEATURES.value)
+    if shape[0] != len(seeds):
+      raise errors.BadInput(f"--seed_features={_SEED_FEATURES.value}: {shape[0]} rows for the "
+                            f"{len(seeds)} seeds of --seeds; row i must be line i's vector")
+  videos = files.list_videos(_VIDEOS.value)
+  if not videos:
+    raise errors.InputNotFound(f"--videos={_VIDEOS.value}: no video files in it (looked for "
+                               f"{', '.join(files.VIDEO_EXTENSIONS)}, in subfolders too); "
+                               "give the folder that holds the corpus")
+  return seeds, videos, embedder, cfg
+
+
+def check_result(out: str, stats: dict) -> None:
+  """A run that mined nothing ends non-zero, saying why (`errors.NothingProduced`)."""
+  skipped = sum(stats["skipped"].values())
+  seeds_skipped = sum(stats["seeds_skipped"].values())
+  listing = f"{out}/skipped.jsonl lists them"
+  if seeds_skipped == stats["seeds"]:
+    raise errors.NothingProduced(
+        f"every seed image was skipped ({stats['seeds_skipped']}); {listing}: fix the image "
+        "paths of --seeds (relative to the file)")
+  if skipped == stats["videos_listed"]:
+    raise errors.NothingProduced(
+        f"every video was skipped ({stats['skipped']}); {listing}: fix or re-encode the "
+        f"videos under --videos (clips need >= {_CLIP_SECONDS.value} s)")
+  at_tau = next(r for r in stats["per_tau"] if r["tau"] == _TAU.value)
+  if not at_tau["clips"]:
+    scale = ""
+    if stats["random_pairs"]:
+      top = max(stats["random_pairs"]["cosine_quantiles"].values())
+      scale = f" (99.99 % of sampled seed-frame cosines are <= {top:.3f})"
+    raise errors.NothingProduced(
+        f"no clip matched at --tau={_TAU.value}{scale}; {out}/stats.json has the counts at "
+        "every tau of --tau_grid: lower --tau")
 
 
 def main(argv):
   program = argv[0]
   beam_args = beam_options(list(argv[1:]), program)
-  for flag in (_SEEDS, _SEED_FEATURES):
-    if flag.value and "://" not in flag.value and not os.path.isfile(flag.value):
-      raise errors.InputNotFound(f"--{flag.name}={flag.value}: no such file")
-  if "://" not in _VIDEOS.value and not os.path.isdir(_VIDEOS.value):
-    raise errors.InputNotFound(f"--videos={_VIDEOS.value}: no such directory")
-  embedder = embedder_name()
+  seeds, videos, embedder, cfg = check_inputs()
   if not any(x.startswith("--runner") for x in beam_args):
     # The direct runner's engine itself: Beam's DirectRunner first tries Prism, a binary
     # it downloads from GitHub at run time, and falls back to this one.
@@ -147,29 +292,30 @@ def main(argv):
       beam_args += ["--direct_num_workers=2"]
     if not any(x.startswith("--direct_running_mode") for x in beam_args):
       beam_args += ["--direct_running_mode=multi_processing"]
-  try:
-    image_size = tuple(int(x) for x in _IMAGE_SIZE.value) if _IMAGE_SIZE.value else None
-    tau_grid = tuple(float(t) for t in _TAU_GRID.value if t)
-  except ValueError as e:
-    raise errors.BadInput(f"--image_size / --tau_grid: {e}") from None
-  cfg = pipeline.MiningConfig(
-      tau=_TAU.value, center=_CENTER.value, top_k=_TOP_K.value, clip_seconds=_CLIP_SECONDS.value,
-      frames_hz=_FRAMES_HZ.value, one_per_video=not _ALL_FRAMES.value, tau_grid=tau_grid,
-      shard_videos=_SHARD_VIDEOS.value, shard_seeds=_SHARD_SEEDS.value,
-      index=search.IndexConfig(exact_max_frames=_EXACT_MAX.value, approx=_APPROX.value,
-                               hnsw_ef_search=_EF.value, ivf_nprobe=_NPROBE.value),
-      recall_sample=_RECALL.value, embed_batch=_EMBED_BATCH.value, image_size=image_size)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-  # Beam's own INFO lines (and its relay of each worker's log, which the workers also
-  # print themselves) would bury the pipeline's progress and skip messages.
-  logging.getLogger("apache_beam").setLevel(logging.WARNING)
-  with runners.beam_args_for(beam_args, dask_address=_DASK_ADDRESS.value,
-                             dask_local_workers=_DASK_LOCAL.value) as beam_args:
+  if not _VERBOSE.value:
+    # Beam's own INFO lines (and its relay of each worker's log, which the workers also
+    # print themselves) would bury the pipeline's progress and skip messages.
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(
+        logging.ERROR)
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+      beam_args += ["--default_sdk_harness_log_level=WARNING",
+                    '--sdk_harness_log_level_overrides={"avtext": "INFO"}']
+  # One process writes --out at a time (a remote one is the cluster's to guard).
+  lock = (contextlib.nullcontext() if files.is_remote(_OUT.value)
+          else rundir.output_lock(_OUT.value, "out"))
+  with lock, quiet_workers(_VERBOSE.value), runners.beam_args_for(beam_args, dask_address=_DASK_ADDRESS.value,
+                                   dask_local_workers=_DASK_LOCAL.value) as beam_args:
     info = pipeline.build_and_run(_SEEDS.value, _VIDEOS.value, embedder, _OUT.value, cfg,
-                                  beam_args, seed_features=_SEED_FEATURES.value)
+                                  beam_args, seed_features=_SEED_FEATURES.value,
+                                  seeds=seeds, videos=videos)
   stats = info["stats"]
+  seeds_skipped = sum(stats["seeds_skipped"].values())
   print(f"mined {_OUT.value}: {stats['videos_searched']}/{stats['videos_listed']} videos "
-        f"searched, skipped {stats['skipped'] or 'none'}; {info['frames']} frames in "
+        f"searched, skipped {stats['skipped'] or 'none'}; "
+        f"{stats['seeds'] - seeds_skipped}/{stats['seeds']} seeds, skipped "
+        f"{stats['seeds_skipped'] or 'none'}; {info['frames']} frames in "
         f"{info['seconds']:.1f} s")
   print("tau   matches  clips  videos  captions  precision")
   for row in stats["per_tau"]:
@@ -188,6 +334,7 @@ def main(argv):
   if info["approx_recall"] is not None:
     print(f"approximate index recall vs exact: {100 * info['approx_recall']:.1f} %")
   print(json.dumps({"csv": f"{_OUT.value}/videocc.csv", "dataset": f"{_OUT.value}/dataset.json"}))
+  check_result(_OUT.value, stats)
 
 
 if __name__ == "__main__":

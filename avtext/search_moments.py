@@ -33,6 +33,21 @@ from avtext.features import tvr_text
 from avtext.inference import vcmr
 
 
+def check_corpus(store: vcmr.CorpusStore, run, corpus) -> None:
+  """The corpus' encodings must come from `run` at its step (they depend on the weights):
+  another step or run is `errors.BadInput` naming both and the fix."""
+  by = store.encoded_by
+  if by.get("workdir") and os.path.realpath(by["workdir"]) != os.path.realpath(run.workdir):
+    raise errors.BadInput(f"--corpus={corpus}: encoded by the run {by['workdir']}, not "
+                          f"--workdir={run.workdir}; search it with that run, or encode the "
+                          "corpus with this one (--mode=eval, keep_corpus=True)")
+  if by.get("step") is not None and int(by["step"]) != run.step:
+    raise errors.BadInput(f"--corpus={corpus}: encoded at step {by['step']}, but the run is "
+                          f"loaded at step {run.step} (--step): the scores would mix two "
+                          f"models; pass --step={by['step']}, or encode the corpus at step "
+                          f"{run.step} (--mode=eval, keep_corpus=True)")
+
+
 class Searcher:
   """A run + a stored corpus: `__call__(texts) -> per query, [(vid_name, st, ed, score)]`."""
 
@@ -44,6 +59,7 @@ class Searcher:
       raise errors.BadInput(f"{workdir}: a {config.model.name!r} run; avtext.search_moments "
                             "needs an XML run (configs/xml_tvr.py)")
     self.store = vcmr.CorpusStore(corpus)
+    check_corpus(self.store, self.run, corpus)
     streams = tuple(model.context.split("_"))
     if self.store.streams != streams:
       raise errors.BadInput(f"{corpus}: streams {self.store.streams} but the run's context is "
@@ -64,8 +80,14 @@ class Searcher:
   def encode(self, texts: Sequence[str]) -> np.ndarray:
     ids = {str(i): self.encoder.sentence_ids(t, tvr_text.MAX_QUERY_TOKENS)
            for i, t in enumerate(texts)}
-    feats = self.encoder.run(ids, desc="queries")
     max_len = self.run.model.max_query_len
+    for i, t in enumerate(texts):
+      tokens = len(self.encoder.tokenizer.wordpiece(t))
+      kept = min(len(ids[str(i)]) - 2, max_len)
+      if tokens > kept:
+        cli.note_cut(f"query {i + 1} ({len(t)} characters)", tokens, kept,
+                     "the query encoder and the run's max_query_len")
+    feats = self.encoder.run(ids, desc="queries")
     q = np.zeros((len(texts), max_len, self.encoder.dim), np.float32)
     mask = np.zeros((len(texts), max_len), np.int32)
     for i in range(len(texts)):
@@ -105,6 +127,11 @@ def main(argv: Sequence[str]) -> None:
   if not os.path.isdir(_CORPUS.value):
     raise errors.InputNotFound(f"--corpus={_CORPUS.value}: no such directory; the moments "
                                "evaluator writes it under workdir/corpus/ (keep_corpus=True)")
+  cli.check_input_dir("workdir", _WORKDIR.value, "XML run directory")
+  if _BERT_DIR.value:
+    cli.check_input_dir("bert_dir", _BERT_DIR.value, "HF BERT directory")
+  if _QUERIES.value != "-":
+    cli.check_input_file("queries", _QUERIES.value)
   if _QUERIES.value == "-":
     if sys.stdin.isatty():
       raise errors.BadInput("--queries=-: type the queries, one per line, then Ctrl-D; or "

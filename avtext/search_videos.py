@@ -38,6 +38,7 @@ class IndexSearcher:
       raise errors.BadInput(f"{index}: indexed with {run}, not {self.embedder.identity}")
 
   def texts(self, queries: Sequence[str], top: int = 5) -> list[list[tuple[str, float]]]:
+    self.embedder.note_cut_texts(queries)
     scores, rows = self.index.search(self.embedder.embed_texts(queries), top)
     return [[(self.index.ids[r], float(sc)) for sc, r in zip(s, rr) if r >= 0]
             for s, rr in zip(scores, rows)]
@@ -51,6 +52,7 @@ class IndexSearcher:
     vectors, failed = self.embedder.embed_videos(source, progress=False)
     if failed:
       raise failed[0]
+    self.embedder.note_cut_texts(captions, "caption")
     sim = self.embedder.embed_texts(captions) @ vectors[0]
     order = np.argsort(-sim, kind="stable")[:top]
     return [(captions[i], float(sim[i])) for i in order]
@@ -73,6 +75,8 @@ def main(argv: Sequence[str]) -> None:
   if _VIDEO.value:
     if queries or not _CAPTIONS.value:
       raise errors.BadInput("--video ranks the lines of --captions=FILE; give no text queries")
+    cli.check_input_file("video", _VIDEO.value, "video file")
+    cli.check_input_file("captions", _CAPTIONS.value)
     with open(_CAPTIONS.value, encoding="utf-8") as f:
       captions = [line.strip() for line in f if line.strip()]
     if not captions:

@@ -163,6 +163,8 @@ def test_eval_and_inspect_need_no_write_access_to_the_run(selected_run, tmp_path
   out = done.stdout + done.stderr
   assert done.returncode == 0, out
   assert f"--mode=eval writes nothing into {run} (" in out
+  # Its last line says where the results are: nowhere, here (issue 46 part 7).
+  assert f"evaluated {run}; no results written" in done.stdout
   # The evaluators ran on the best checkpoint: its numbers, as logged (%g).
   logged = out.split(f"[{best}] ")[1].splitlines()[0]
   assert f"test/v2t_mAP={stored[str(best)]['test/v2t_mAP']:g}" in logged.split(", ")

@@ -328,6 +328,24 @@ def test_caption_cli_greedy_equals_beam_one(own):
   assert f'{files[1]}\t[skipped: unreadable' in greedy_err
 
 
+def test_nothing_captioned_exits_1_and_a_cut_query_says_so(own, indexed):
+  """Issue 46 part 3: `caption` over files that all fail ends non-zero with one line; a
+  12k-character query is searched by its first tokens, and the user is told."""
+  out, err = io.StringIO(), io.StringIO()
+  with pytest.raises(SystemExit) as done, contextlib.redirect_stdout(out), \
+      contextlib.redirect_stderr(err):
+    cli.run(caption.main, caption.FLAGS, ['avtext.caption', '--workdir',
+                                          str(own['root'] / 'caption_run'),
+                                          str(own['videos'] / 'notes.mp4'),
+                                          str(own['root'] / 'gone.mp4')])
+  lines = err.getvalue().strip().splitlines()
+  assert done.value.code == 1 and not out.getvalue(), err.getvalue()
+  assert lines[-1].startswith('error: none of the 2 file(s) could be captioned'), lines
+  assert 'Traceback' not in err.getvalue() and len(lines) <= 6, lines
+  _, err = _cli(search_videos, ['--index', str(indexed[0]), 'red ' * 3000])
+  assert 'note: query 1 (12000 characters) is 3002 tokens long; only its first' in err, err
+
+
 @pytest.mark.slow
 def test_demo_run_finds_own_videos_by_their_captions(tmp_path):
   """With `make demo`'s trained AVR run: 50 mp4s of the world's test split (never

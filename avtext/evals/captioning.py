@@ -47,6 +47,7 @@ from avtext.data import pipelines
 from avtext.evals import base
 from avtext.evals import protocols
 from avtext.metrics import captioning as metrics
+from avtext.train import rundir
 
 EMPTY = "<empty>"
 
@@ -60,7 +61,7 @@ def _attributes(host: dict) -> list[dict] | None:
 
 def _write_coco(path, texts: list[str], ids: list[str]) -> None:
   rows = [{"image_id": k, "caption": t} for k, t in zip(ids, texts)]
-  path.write_text(json.dumps(rows, indent=0))
+  rundir.write_text(path, json.dumps(rows, indent=0))  # whole or not at all
 
 
 def _write_tvc(path, texts: list[str], ids: list[str], *, host: dict, keep: list[int]) -> None:
@@ -70,7 +71,7 @@ def _write_tvc(path, texts: list[str], ids: list[str], *, host: dict, keep: list
     lines.append(json.dumps({"descs": [{"desc": text}],
                              "clip_id": int(clip_id) if clip_id.isdigit() else clip_id,
                              "ts": host["ts"][row], "vid_name": host["vid_name"][row]}))
-  path.write_text("".join(line + "\n" for line in lines))
+  rundir.write_text(path, "".join(line + "\n" for line in lines))
 
 
 @evals.register_evaluator("captioning")

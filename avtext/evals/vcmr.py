@@ -33,6 +33,7 @@ from avtext.evals import base
 from avtext.evals import protocols
 from avtext.inference import vcmr
 from avtext.metrics import vcmr as metrics
+from avtext.train import rundir
 
 TASKS = ("VCMR", "SVMR", "VR")
 
@@ -98,8 +99,10 @@ class VCMREvaluator(base.Evaluator):
     model = self.task.config.model
     return (model.get("span_head") or "convse") == "convse" and not model.get("masked_convse")
 
-  def encode_corpus(self, variables, *, mesh, directory) -> vcmr.CorpusStore:
-    """The split's corpus through `encode_context`, stored in `directory`."""
+  def encode_corpus(self, variables, *, mesh, directory, step: int | None = None
+                    ) -> vcmr.CorpusStore:
+    """The split's corpus through `encode_context`, stored in `directory`, with the run
+    and `step` that encoded it (`CorpusStore.encoded_by`)."""
     source = self.source
     fn = self.cache.predict_fn("encode_context")
     jitted = self.cache.jitted(("moments_context", fn), mesh, lambda: fn)
@@ -112,7 +115,9 @@ class VCMREvaluator(base.Evaluator):
                                max_len=out["h0"].shape[-2],
                                dtype=self.cfg.get("corpus_dtype", "float32"),
                                clip_length=source.clip_length,
-                               keep_padded_h1=self._convse_reads_padding())
+                               keep_padded_h1=self._convse_reads_padding(),
+                               encoded_by={"workdir": str(pathlib.Path(self.workdir).absolute())
+                                           if self.workdir else None, "step": step})
     writer.add(host["vid_name"], [int(i) for i in host["video_idx"]], np.asarray(out["h0"]),
                np.asarray(out["h1"]), np.asarray(out["mask"]))
     return writer.close()
@@ -130,7 +135,7 @@ class VCMREvaluator(base.Evaluator):
     root = pathlib.Path(self.workdir) if self.workdir else None
     corpus_dir = (root / "corpus" / f"{self.name}_step{step}" if root
                   else pathlib.Path(tempfile.mkdtemp(prefix="avtext_corpus_")))
-    store = self.encode_corpus(variables, mesh=mesh, directory=corpus_dir)
+    store = self.encode_corpus(variables, mesh=mesh, directory=corpus_dir, step=step)
     fn = self.cache.predict_fn("encode_query")
     out, host = self.predict(("moments_query", fn), lambda: fn, variables, mesh=mesh)
     queries = [{"desc_id": int(d) if d.lstrip("-").isdigit() else d, "desc": t}
@@ -172,7 +177,7 @@ class VCMREvaluator(base.Evaluator):
     out = pathlib.Path(self.workdir) / "moments"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{self.name}_step{step}{suffix}.json"
-    path.write_text(json.dumps(sub))
+    rundir.write_text(path, json.dumps(sub))  # whole or not at all
     return path
 
   def report(self, results: dict, step: int) -> None:

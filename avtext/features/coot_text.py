@@ -39,6 +39,7 @@ from avtext import errors
 
 from avtext.data import feature_layout
 from avtext.features import text as text_lib
+from avtext.train import rundir
 
 MINILM_NAME = "minilm-l6"
 CLS, SEP = "[CLS]", "[SEP]"
@@ -205,7 +206,9 @@ flags.mark_flag_as_required("dataset_dir", flag_values=FLAGS)
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
-  logging.set_verbosity(logging.INFO)
-  print(precompute(_DATASET_DIR.value, metadata_name=_METADATA_NAME.value,
-                   bert_dir=_BERT_DIR.value, layers=parse_layers(_LAYERS.value),
-                   name=_NAME.value, batch_size=_BATCH_SIZE.value, force=_FORCE.value))
+  cli.log_progress()
+  cli.check_input_dir("dataset_dir", _DATASET_DIR.value, "COOT dataset directory")
+  with rundir.output_lock(_DATASET_DIR.value, "dataset_dir"):
+    print(precompute(_DATASET_DIR.value, metadata_name=_METADATA_NAME.value,
+                     bert_dir=_BERT_DIR.value, layers=parse_layers(_LAYERS.value),
+                     name=_NAME.value, batch_size=_BATCH_SIZE.value, force=_FORCE.value))

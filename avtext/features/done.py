@@ -10,6 +10,8 @@ import pathlib
 
 from absl import logging
 
+from avtext.train import rundir
+
 
 def reuse_finished(out: pathlib.Path, args: dict, force: bool) -> bool:
   """True when `out` holds a build finished with `args` (its DONE marker); else clears the mark."""
@@ -22,4 +24,4 @@ def reuse_finished(out: pathlib.Path, args: dict, force: bool) -> bool:
 
 
 def mark_finished(out: pathlib.Path, args: dict) -> None:
-  (pathlib.Path(out) / "DONE").write_text(json.dumps(args))
+  rundir.write_json(pathlib.Path(out) / "DONE", args)

@@ -39,6 +39,7 @@ from avtext.data import builders
 from avtext.data.builders import smit as smit_builder
 from avtext.features import done
 from avtext.tasks import registry
+from avtext.train import rundir
 from avtext.train import warm_start
 
 
@@ -149,6 +150,9 @@ def main(argv):
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
   config = cli.config_value(_CONFIG)
-  logging.set_verbosity(logging.INFO)
-  extract(config, _OUT.value, splits=tuple(_SPLITS.value), batch_size=_BATCH_SIZE.value,
-          force=_FORCE.value)
+  cli.log_progress()
+  cli.check_output_dir("out", _OUT.value)
+  with rundir.output_lock(_OUT.value, "out"):
+    out = extract(config, _OUT.value, splits=tuple(_SPLITS.value),
+                  batch_size=_BATCH_SIZE.value, force=_FORCE.value)
+  print(f"features written to {out}")

@@ -37,6 +37,7 @@ from avtext.data import feature_layout
 from avtext.data.builders import tvc
 from avtext.data.builders import tvr
 from avtext.features import text as text_lib
+from avtext.train import rundir
 
 MAX_QUERY_TOKENS = 30  # the official tokenizer max_length (with <s> </s>)
 MAX_LINE_TOKENS = 64
@@ -147,7 +148,10 @@ flags.mark_flag_as_required("data", flag_values=FLAGS)
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
-  logging.set_verbosity(logging.INFO)
-  write(_DATA.value, bert_dir=_BERT_DIR.value, layer=_LAYER.value, subtitles=_SUBTITLES.value,
-        video_features=_VIDEO_FEATURES.value, clip_length=_CLIP_LENGTH.value,
-        force=_FORCE.value)
+  cli.log_progress()
+  cli.check_input_dir("data", _DATA.value, "TVR directory")
+  with rundir.output_lock(_DATA.value, "data"):
+    queries, subtitles = write(_DATA.value, bert_dir=_BERT_DIR.value, layer=_LAYER.value,
+                subtitles=_SUBTITLES.value, video_features=_VIDEO_FEATURES.value,
+                clip_length=_CLIP_LENGTH.value, force=_FORCE.value)
+  print(f"features written to {queries} and {subtitles}")

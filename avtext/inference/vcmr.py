@@ -71,7 +71,7 @@ class CorpusWriter:
 
   def __init__(self, directory, *, num_videos: int, streams: Sequence[str], dim: int,
                max_len: int, dtype: str = "float32", clip_length: float = 1.5,
-               keep_padded_h1: bool = False):
+               keep_padded_h1: bool = False, encoded_by: dict | None = None):
     if dtype not in DTYPES:
       raise ValueError(f"corpus dtype {dtype!r}; expected one of {sorted(DTYPES)}")
     self.dir = pathlib.Path(directory)
@@ -80,6 +80,8 @@ class CorpusWriter:
     (self.dir / "meta.json").unlink(missing_ok=True)  # incomplete until close()
     self.meta = dict(streams=list(streams), dim=int(dim), max_len=int(max_len), dtype=dtype,
                      clip_length=float(clip_length), num_videos=int(num_videos))
+    if encoded_by:  # what the encodings depend on: {"workdir": ..., "step": N}
+      self.meta["encoded_by"] = dict(encoded_by)
     shape = (num_videos, len(streams), max_len, dim)
     self.h = {n: np.memmap(self.dir / f"{n}.bin", DTYPES[dtype], "w+", shape=shape)
               for n in ("h0", "h1")}
@@ -156,6 +158,17 @@ class CorpusStore:
 
   def __len__(self) -> int:
     return len(self.videos)
+
+  @property
+  def encoded_by(self) -> dict:
+    """{"workdir", "step"} of the weights that encoded it, as far as known: meta.json's
+    (stores written since it was kept), else the step in an evaluator's directory name
+    (`<eval>_step<N>`); {} when neither says."""
+    import re  # pylint: disable=g-import-not-at-top
+    if self.meta.get("encoded_by"):
+      return dict(self.meta["encoded_by"])
+    found = re.search(r"_step(\d+)$", self.dir.name)
+    return {"step": int(found.group(1))} if found else {}
 
   @property
   def nbytes_h0(self) -> int:

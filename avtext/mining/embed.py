@@ -101,6 +101,46 @@ def tower(workdir: str, step: int | str | None = None, *, batch_size: int = 128,
   return embed
 
 
+def check_run(workdir: str, step: str | None = None) -> None:
+  """Before any work: `workdir` can be `tower`'s run, or `errors.UserError` says why not
+  (no config.json; a run without an RGB-only video tower, e.g. a captioning or
+  audio-visual run; no checkpoint at `step`: None the latest, 'best' or N). A remote
+  run is left to the workers."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  from avtext import errors  # pylint: disable=g-import-not-at-top
+  from avtext.train import rundir  # pylint: disable=g-import-not-at-top
+  if '://' in workdir:
+    return
+  root = pathlib.Path(workdir)
+  if not (root / rundir.CONFIG_FILE).is_file():
+    raise errors.InputNotFound(f'--workdir={workdir}: not an avtext run (no config.json); '
+                               'train the tower first (make demo) or fix the path')
+  try:
+    config = json.loads((root / rundir.CONFIG_FILE).read_text())
+  except (ValueError, UnicodeDecodeError) as e:
+    raise errors.BadInput(f'--workdir={workdir}: its config.json is not valid JSON ({e}); '
+                          f'{rundir.CONFIG_FIX}') from None
+  model = config.get('model') or {}
+  video = model.get('video')
+  modalities = video.get('modalities', 'rgb') if isinstance(video, dict) else None
+  if modalities != 'rgb':
+    has = (f"a video tower on {modalities!r}" if modalities else 'no video tower')
+    raise errors.BadInput(
+        f"--workdir={workdir}: a {config.get('task')!r} run ({model.get('name')}) with {has}; "
+        "the mining embedder needs a run whose model.video takes RGB frames alone "
+        "(configs/synthetic_video_pretrain.py), or --embedder=callable:MODULE:NAME")
+  folder = root / (rundir.BEST_DIR if step == 'best' else rundir.LATEST_DIR)
+  steps = sorted(int(p.name) for p in folder.glob('[0-9]*') if p.name.isdigit()) \
+      if folder.is_dir() else []
+  if not steps:
+    raise errors.InputNotFound(f'--workdir={workdir}: no checkpoint in {folder.name}/; train '
+                               'the run first (re-running its command resumes it)')
+  if step not in (None, 'best') and int(step) not in steps:
+    raise errors.InputNotFound(f'--step={step}: {workdir} has no checkpoint at that step; '
+                               f'it has {steps[-5:]}: pass one of them or leave --step out')
+
+
 def resolve(name: str) -> Embedder:
   """'run:DIR[@STEP]' or 'callable:MODULE:NAME' -> an embedder (module docstring)."""
   kind, _, rest = name.partition(':')

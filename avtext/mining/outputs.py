@@ -7,13 +7,16 @@ out/
   matches.jsonl    every match at the lowest threshold searched (min of τ and the τ grid):
                    seed_id, caption, video_id, path, sim, frame_s, start_us, end_us,
                    has_audio, rank
-  skipped.jsonl    video_id, path, reason (video_io.REASONS or 'short'), detail
+  skipped.jsonl    the videos skipped: video_id, path, reason (video_io.REASONS or
+                   'short'), detail; then the seeds skipped (image missing or not
+                   decodable): seed_id, path, reason ('missing', 'unreadable'), detail
   dataset.json     what the `videocc_mined` dataset reads: the CSV, the video id -> path
                    map, τ, and the corpus' synthetic origin when it has one
   stats.json       per τ of the grid: matches, clips, videos, captions, seeds matched,
                    clips per caption (Fig. 8 histogram), and precision when the corpus
                    knows its truth (a synthetic corpus: `world.json` beside its videos);
-                   skip counts by reason; random_pairs: the cosine quantiles of the
+                   skip counts by reason (videos: skipped, seeds: seeds_skipped);
+                   random_pairs: the cosine quantiles of the
                    `recall_sample` seeds against every frame (the embedder's scale for
                    unrelated pairs, to set τ by); the same for two runs of the same command
   run.json         wall time, video shards (index kind, frames, build and search
@@ -155,8 +158,10 @@ def write(out: str | pathlib.Path, **kwargs) -> dict:
 
 
 def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skipped, shards,
-           seconds: float, videos_dir: str, embedder: str, workers: Sequence[dict] = ()
-           ) -> dict:
+           seconds: float, videos_dir: str, embedder: str, workers: Sequence[dict] = (),
+           seed_skips: Sequence[dict] = ()) -> dict:
+  # Each file whole or not at all (the run directory's writer; driver-side only).
+  from avtext.train import rundir  # pylint: disable=g-import-not-at-top
   out_dir.mkdir(parents=True, exist_ok=True)
   rows = _clip_rows(matches, captions, cfg)
   at_tau = [r for r in rows if r['sim'] >= cfg.tau]
@@ -164,12 +169,13 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
   writer = csv.writer(buf, lineterminator='\n')
   for r in at_tau:
     writer.writerow([r['video_id'], r['start_us'], r['end_us'], r['caption']])
-  (out_dir / CSV_NAME).write_text(buf.getvalue())
-  (out_dir / 'matches.jsonl').write_text(''.join(json.dumps(r, sort_keys=True) + '\n'
-                                                 for r in rows))
+  rundir.write_text(out_dir / CSV_NAME, buf.getvalue())
+  rundir.write_text(out_dir / 'matches.jsonl',
+                    ''.join(json.dumps(r, sort_keys=True) + '\n' for r in rows))
   skipped = sorted(skipped, key=lambda s: s['video_id'])
-  (out_dir / 'skipped.jsonl').write_text(''.join(json.dumps(s, sort_keys=True) + '\n'
-                                                 for s in skipped))
+  seed_skips = sorted(seed_skips, key=lambda s: s['seed_id'])
+  rundir.write_text(out_dir / 'skipped.jsonl', ''.join(
+      json.dumps(s, sort_keys=True) + '\n' for s in [*skipped, *seed_skips]))
   found = synthetic_truth(videos_dir)
   truth, origin = (found if found is not None else (None, None))
   taus = sorted(set(cfg.tau_grid) | {cfg.tau})
@@ -180,11 +186,13 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
       'seeds': len(seeds), 'videos_listed': len(videos),
       'videos_searched': len(videos) - len(skipped),
       'skipped': dict(sorted(collections.Counter(s['reason'] for s in skipped).items())),
+      'seeds_skipped': dict(sorted(collections.Counter(s['reason'] for s in seed_skips).items())),
       'matched_videos_without_audio': len(no_audio),
       'per_tau': [stats_at(rows, t, cfg.top_k, truth) for t in taus],
       'random_pairs': random_pairs(shards),
   }
-  (out_dir / 'stats.json').write_text(json.dumps(stats, indent=1, sort_keys=True) + '\n')
+  rundir.write_text(out_dir / 'stats.json',
+                    json.dumps(stats, indent=1, sort_keys=True) + '\n')
   used = {r['video_id'] for r in at_tau}
   dataset = {'format': DATASET_FORMAT, 'csv': CSV_NAME, 'tau': cfg.tau,
              'clip_seconds': cfg.clip_seconds,
@@ -192,7 +200,8 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
                         for vid, path in videos if vid in used},
              'no_audio': [v for v in no_audio if v in used],
              'origin': origin}
-  (out_dir / 'dataset.json').write_text(json.dumps(dataset, indent=1, sort_keys=True) + '\n')
+  rundir.write_text(out_dir / 'dataset.json',
+                    json.dumps(dataset, indent=1, sort_keys=True) + '\n')
   _plots(out_dir / 'plots', stats)
   recall_hits = sum(s.get('recall_hits', 0) for s in shards)
   recall_total = sum(s.get('recall_total', 0) for s in shards)
@@ -205,7 +214,8 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
          'workers': sorted(workers, key=lambda w: w['worker']),
          'peak_worker_rss_mb': max((w['peak_rss_mb'] for w in workers
                                     if w['worker'] != 'driver'), default=None)}
-  (out_dir / 'run.json').write_text(json.dumps(run, indent=1, sort_keys=True) + '\n')
+  rundir.write_text(out_dir / 'run.json',
+                    json.dumps(run, indent=1, sort_keys=True) + '\n')
   return {**run, 'stats': stats}
 
 

@@ -114,6 +114,9 @@ from avtext.mining import files
 from avtext.mining import search as search_lib
 from avtext.mining import stages
 
+# The workers' progress and skips (`python -m avtext.mine` keeps this logger at INFO in
+# every worker while Beam's own loggers stay at WARNING).
+_LOG = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class MiningConfig:
@@ -163,15 +166,18 @@ def seed_shards(num_seeds: int, cfg: MiningConfig) -> list[tuple[int, int, int]]
 # ------------------------------------------------------------------ the Beam pipeline
 def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
                   cfg: MiningConfig, beam_args: Sequence[str] = (), *,
-                  seed_features: str | None = None) -> dict:
-  """Run the pipeline; write the outputs (`outputs.write`); return run info."""
+                  seed_features: str | None = None, seeds: list | None = None,
+                  videos: list | None = None) -> dict:
+  """Run the pipeline; write the outputs (`outputs.write`); return run info. `seeds` and
+  `videos`: `files.read_seeds` and `files.list_videos` of the first two, when the caller
+  has read them already."""
   import apache_beam as beam  # pylint: disable=g-import-not-at-top
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from avtext.mining import outputs  # pylint: disable=g-import-not-at-top
   from avtext.mining import runners  # pylint: disable=g-import-not-at-top
 
-  seeds = files.read_seeds(seeds_tsv)
-  videos = files.list_videos(videos_dir)
+  seeds = files.read_seeds(seeds_tsv) if seeds is None else seeds
+  videos = files.list_videos(videos_dir) if videos is None else videos
   if not videos:
     raise ValueError(f'--videos {videos_dir}: no files with extensions {files.VIDEO_EXTENSIONS}')
   if seed_features:
@@ -205,15 +211,13 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
       record, skip = stages.decode_and_embed(video_id, path, embedder_name, cfg)
       self.done += 1
       if self.done % 50 == 0:
-        logging.info('mining: this worker decoded and embedded %d videos', self.done)
+        _LOG.info('mining: this worker decoded and embedded %d videos', self.done)
       stages.note_peak_rss(staging)
       if skip is not None:
-        logging.warning('mining: skipped %s (%s: %s)', video_id, skip['reason'],
-                        skip['detail'])
+        _LOG.warning('mining: skipped %s (%s: %s)', video_id, skip['reason'],
+                     skip['detail'])
         yield 'skip', -1, skip
         return
-      if not record['has_audio']:
-        logging.warning('mining: %s has no audio stream (kept, flagged)', video_id)
       yield 'video', shard_of(video_id, num_video_shards), record
 
   def fan_out(seed_shard):  # a seed shard file, to every video shard
@@ -286,9 +290,12 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
     for row, top in json.loads(files.read_bytes(path)):
       matches += [[seeds[row][0], m] for m in top]
   workers = [json.loads(files.read_bytes(w)) for w in files.match(files.join(staging, 'workers/*'))]
+  seed_skips = [{'seed_id': seeds[s.pop('seed_row')][0], **s}
+                for s in stages.seed_skips(staging)]
   files.delete_tree(staging)
   workers.append({'worker': 'driver', 'peak_rss_mb': stages.peak_rss_mb()})
   return outputs.write(out, cfg=cfg, seeds=seeds, captions=captions, videos=videos,
-                       matches=matches, skipped=done['skip'], shards=done['info'],
+                       matches=matches, skipped=done['skip'], seed_skips=seed_skips,
+                       shards=done['info'],
                        seconds=seconds, videos_dir=videos_dir, embedder=embedder_name,
                        workers=workers)

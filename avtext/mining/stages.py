@@ -111,34 +111,60 @@ def read_npy_rows(path: str, start: int, stop: int) -> np.ndarray:
 
 def seed_shard(staging: str, shard: int, start: int, stop: int, paths: Sequence[str] | None,
                embedder_name: str, seed_features: str | None, cfg
-               ) -> tuple[int, int, str, np.ndarray, int]:
+               ) -> tuple[int, int, str, np.ndarray, int, tuple[int, ...]]:
   """Seed rows [start, stop) -> their unit vectors in STAGING/seeds-SHARD.npy; (shard,
-  start, the file, the vectors' `embed.fixed_point_sum`, their number). The vectors come
-  from f on the seed images (`paths`), `embed_batch` images at a time, or from rows of the
-  precomputed seed_features array (paths None). One task writes a whole shard, so seed
-  vectors never pass through a shuffle and a worker holds one shard (~3 copies of it at
-  the write) whatever the number of seeds."""
+  start, the file, the vectors' `embed.fixed_point_sum`, the number of seeds embedded,
+  the rows skipped). The vectors come from f on the seed images (`paths`), `embed_batch`
+  images at a time, or from rows of the precomputed seed_features array (paths None).
+  A seed image that is missing or does not decode is skipped: its row is zeros, left out
+  of the sum and of every search, and recorded in STAGING/seed_skips-SHARD.json
+  (`seed_skips`). One task writes a whole shard, so seed vectors never pass through a
+  shuffle and a worker holds one shard (~3 copies of it at the write) whatever the
+  number of seeds."""
+  bad: list[int] = []
   if seed_features:
     vecs = embed.l2_normalize(read_npy_rows(seed_features, start, stop))
   else:
-    blocks = []
+    skips, rows, blocks = [], [], []
     for a in range(0, stop - start, cfg.embed_batch):
-      images = [files.load_image(p, cfg.image_size) for p in paths[a:a + cfg.embed_batch]]
+      images = []
+      for r, p in enumerate(paths[a:a + cfg.embed_batch], start + a):
+        try:
+          images.append(files.load_image(p, cfg.image_size))
+          rows.append(r)
+        except files.ImageReadError as e:
+          bad.append(r)
+          skips.append({'seed_row': r, 'path': e.path, 'reason': e.reason, 'detail': e.detail})
       shapes = {im.shape for im in images}
       if len(shapes) > 1:
         raise ValueError(f'seed images differ in size {sorted(shapes)[:3]}; pass '
                          '--image_size=H,W')
-      blocks.append(embed_fixed(embedder(embedder_name), np.stack(images), cfg.embed_batch))
-    vecs = np.concatenate(blocks)
+      if images:
+        blocks.append(embed_fixed(embedder(embedder_name), np.stack(images), cfg.embed_batch))
+    dim = blocks[0].shape[1] if blocks else 0
+    vecs = np.zeros((stop - start, dim), np.float32)
+    if blocks:
+      vecs[np.asarray(rows) - start] = np.concatenate(blocks)
+    if skips:
+      files.write_bytes(files.join(staging, f'seed_skips-{shard:06d}.json'),
+                        json.dumps(skips).encode())
   path = files.join(staging, f'seeds-{shard:06d}.npy')
   vecs = np.ascontiguousarray(vecs, np.float32)
-  total = embed.fixed_point_sum(vecs)
+  total = embed.fixed_point_sum(vecs)  # the skipped rows are zeros: they add nothing
   buf = io.BytesIO()
   np.save(buf, vecs)
   del vecs
   files.write_bytes(path, buf.getbuffer())
   note_peak_rss(staging)
-  return shard, start, path, total, stop - start
+  return shard, start, path, total, stop - start - len(bad), tuple(bad)
+
+
+def seed_skips(staging: str) -> list[dict]:
+  """Every seed_shard's skipped seeds: [{seed_row, path, reason, detail}], by row."""
+  found = []
+  for path in files.match(files.join(staging, 'seed_skips-*.json')):
+    found += json.loads(files.read_bytes(path))
+  return sorted(found, key=lambda s: s['seed_row'])
 
 
 def seed_mean(seed_shards: Sequence[tuple]) -> np.ndarray:
@@ -207,7 +233,7 @@ def search_video_shard(shard: int, records: Sequence[dict],
   records = sorted((r for r in records if len(r['times'])), key=lambda r: r['video_id'])
   info = {'video_shard': shard, 'videos': len(records), 'index': 'none', 'frames': 0,
           'queries': 0, 'seconds': 0.0, 'build_seconds': 0.0}
-  if records:
+  if records and any(s[4] for s in seed_shards):
     mean = seed_mean(seed_shards) if cfg.center == 'seed_mean' else None
     frames = embed.centre(np.concatenate([r['vecs'] for r in records]), mean)
     frame_video = np.concatenate([np.full(len(r['times']), k) for k, r in enumerate(records)])
@@ -217,12 +243,17 @@ def search_video_shard(shard: int, records: Sequence[dict],
     info.update(index=desc, frames=len(frames), build_seconds=time.perf_counter() - t0)
     sample = recall_rows(num_seeds, cfg.recall_sample)
     kw = dict(tau=cfg.search_tau, top_k=cfg.top_k, one_per_video=cfg.one_per_video)
-    for _, start, path, _, _ in sorted(seed_shards, key=lambda s: s[0]):
+    for _, start, path, _, count, bad in sorted(seed_shards, key=lambda s: s[0]):
+      if not count:  # every seed image of the shard was skipped
+        continue
       seeds = embed.centre(load_npy(path), mean)
       found, shard_info = search_lib.search_shard(seeds, frames, frame_video, index=index, **kw)
+      for row in bad:  # a skipped seed's zero row matches nothing
+        found[row - start] = []
       info['seconds'] += shard_info['seconds']
       info['queries'] += len(seeds)
       rows = sample[(sample >= start) & (sample < start + len(seeds))] - start
+      rows = rows[~np.isin(rows + start, bad)]
       if len(rows):
         hist = search_lib.cosine_histogram(seeds[rows], frames)
         info['cosine_hist'] = (hist + info.get('cosine_hist', 0)).tolist()

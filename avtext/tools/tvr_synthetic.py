@@ -59,9 +59,10 @@ flags.mark_flags_as_required(["workdir", "out"], flag_values=FLAGS)
 def main(argv):
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
-  build_dataset(_OUT.value, tower_workdir=_WORKDIR.value, num_train=_NUM_TRAIN.value,
+  out = build_dataset(_OUT.value, tower_workdir=_WORKDIR.value, num_train=_NUM_TRAIN.value,
                 num_val=_NUM_VAL.value, num_test=_NUM_TEST.value, seed=_SEED.value,
                 force=_FORCE.value)
+  print(f"the synthetic dataset is in {out}: train on it with --config.dataset.path={out}")
 
 
 if __name__ == "__main__":

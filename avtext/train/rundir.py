@@ -82,6 +82,29 @@ def lock(workdir: str | pathlib.Path, *, process_index: int = 0) -> Iterator[Non
       _release(workdir / LOCK_FILE, _fds.pop(key))
 
 
+@contextlib.contextmanager
+def output_lock(path: str | pathlib.Path, flag: str) -> Iterator[None]:
+  """`lock` on a program's output directory (`--flag`: an index, mined clips, features, a
+  materialized dataset), so two processes never write one output; the second stops with
+  `errors.WorkdirInUse` naming the flag and the owner. A directory the lock created and
+  nothing was written to is removed again."""
+  path = pathlib.Path(path)
+  created = not path.exists()
+  with contextlib.ExitStack() as stack:
+    if created:  # runs last, once the lock file is gone
+      stack.callback(_remove_if_empty, path)
+    try:
+      stack.enter_context(lock(path))
+    except RunLockedError as e:
+      raise errors.WorkdirInUse(f"--{flag}={path}: {e}") from None
+    yield
+
+
+def _remove_if_empty(path: pathlib.Path) -> None:
+  with contextlib.suppress(OSError):
+    path.rmdir()  # fails, as it should, when anything is in it
+
+
 def check_free(workdir: str | pathlib.Path) -> None:
   """Raises RunLockedError, as `lock` would, when a live process holds `workdir`'s lock;
   creates nothing (`main` asks before it validates the rest, then takes the lock)."""
