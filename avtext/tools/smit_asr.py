@@ -1,7 +1,7 @@
 r"""Transcribes an S-MiT config's spoken captions with a real ASR engine, once.
 
     python -m avtext.tools.smit_asr --config=configs/smit_language_amm.py:demo,asr \
-        --out=workdirs/demo/smit_asr [--splits=test] [--lm=train] [--num_workers=N]
+        [--out=workdirs/demo/smit_asr] [--splits=test] [--lm=train] [--num_workers=N]
 
 For each split of `config.features_source` (a synthetic_smit clips dataset, speech
 rendered as it says: dataset.speech='espeak' for real speech) every clip's spoken
@@ -43,7 +43,9 @@ FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "an S-MiT config whose features_source is synthetic_smit "
     "(configs/smit_language_amm.py:demo,asr)", lock_config=False, flag_values=FLAGS)
-_OUT = cli.DEFINE_path("out", None, "the directory to write", flag_values=FLAGS)
+_OUT = cli.DEFINE_path("out", None, "the directory to write (default: "
+                       "config.features_source.asr_transcripts, where the features read it)",
+                       flag_values=FLAGS)
 _SPLITS = flags.DEFINE_list("splits", ["test"], "the splits to transcribe", flag_values=FLAGS)
 _LM = flags.DEFINE_enum("lm", "train", ["train", "general"], "the language model: train "
                         "(a trigram of the training captions) or general (the wheel's English "
@@ -51,7 +53,7 @@ _LM = flags.DEFINE_enum("lm", "train", ["train", "general"], "the language model
 _NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "processes (default: one per core)",
                                     lower_bound=1, flag_values=FLAGS)
 _FORCE = flags.DEFINE_bool("force", False, "redo even when finished", flag_values=FLAGS)
-flags.mark_flags_as_required(["config", "out"], flag_values=FLAGS)
+flags.mark_flags_as_required(["config"], flag_values=FLAGS)
 
 _WORKER = {}  # per worker process: the sources and the recognizer
 
@@ -90,9 +92,8 @@ def transcribe(origin: ml_collections.ConfigDict, out: str | os.PathLike, *,
                      f"speech={origin.get('speech')!r}; the ASR engine transcribes the "
                      f"synthetic S-MiT's real speech: set name='synthetic_smit', "
                      f"speech='espeak' (configs/smit_language_amm.py:demo,asr)")
-  if origin.get("asr_transcripts"):
-    raise ValueError("config.features_source.asr_transcripts is set: the engine reads the "
-                     "speech, not earlier transcripts; leave it unset here")
+  origin = ml_collections.ConfigDict(origin.to_dict())
+  origin.asr_transcripts = None  # what this writes; the engine reads the speech
   args = json.loads(json.dumps({"origin": origin.to_dict(), "splits": list(splits), "lm": lm},
                                default=list))
   out.mkdir(parents=True, exist_ok=True)
@@ -128,7 +129,11 @@ def main(argv):
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
   config = cli.config_value(_CONFIG)
-  transcribe(config.features_source, _OUT.value, splits=tuple(_SPLITS.value), lm=_LM.value,
+  out = _OUT.value or config.features_source.get("asr_transcripts")
+  if not out:
+    raise errors.BadInput("--out is unset and so is config.features_source.asr_transcripts: "
+                          "name the directory to write")
+  transcribe(config.features_source, out, splits=tuple(_SPLITS.value), lm=_LM.value,
              num_workers=_NUM_WORKERS.value, force=_FORCE.value)
 
 
