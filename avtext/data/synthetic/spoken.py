@@ -106,12 +106,11 @@ class SpokenClipSource(clips.ClipCaptionSource):
       wave = self._waves.pop(i, None)
     if wave is None:
       wave = self._render(self._sample(i)[2], self._speech(i)[0])
-      wave.flags.writeable = False  # shared by the readers of the cache
     with self._lock:
       self._waves[i] = wave
       while len(self._waves) > 256:
         self._waves.popitem(last=False)
-    return wave
+    return wave.copy()  # a caller may write into its array
 
   def __getitem__(self, index: int) -> dict[str, Any]:
     example = super().__getitem__(index)
