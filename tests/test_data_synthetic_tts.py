@@ -81,3 +81,23 @@ def test_pocketsphinx_hears_at_least_half_the_words_of_rendered_test_captions(wo
   # An engine that never saw these captions, their audio or the renderer: if the
   # renderer said something other than the words, this could not pass.
   assert asr.word_error_rate(refs, hyps) <= 0.5, list(zip(refs, hyps))
+
+
+def test_a_real_engines_transcripts_replace_the_seeded_errors(tmp_path):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from avtext.data import builders  # pylint: disable=g-import-not-at-top
+  heard = ["a red ball", "", "two shapes"]
+  (tmp_path / "test.json").write_text(json.dumps({"transcripts": heard}))
+  dataset = ml_collections.ConfigDict(dict(name="synthetic_smit", num_eval=3,
+                                           asr_transcripts=str(tmp_path)))
+  source = builders.get_source(dataset, "test")
+  assert [source.describe(i)["transcript"] for i in range(3)] == heard
+  plain = builders.get_source(ml_collections.ConfigDict(dict(name="synthetic_smit", num_eval=3)),
+                              "test")
+  assert [plain.describe(i)["caption"] for i in range(3)] == [
+      source.describe(i)["caption"] for i in range(3)]  # the clips are the same
+  with pytest.raises(FileNotFoundError, match="dataset.asr_transcripts.*--splits=val"):
+    builders.get_source(dataset, "val")
+  dataset.num_eval = 4
+  with pytest.raises(ValueError, match="3 ASR transcripts for 4 clips"):
+    builders.get_source(dataset, "test")
