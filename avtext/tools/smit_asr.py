@@ -75,11 +75,13 @@ def _caption(job: tuple[str, int]) -> str:
   return _source(split).describe(i)["caption"]
 
 
-def _transcribe(job: tuple[str, int]) -> str:
+def _transcribe(job: tuple[str, int]) -> tuple[str, str]:
+  """(caption, what the engine heard in its speech) of clip `job`."""
   split, i = job
   if "recognizer" not in _WORKER:
     _WORKER["recognizer"] = asr.Recognizer(_WORKER["lm_dir"])
-  return _WORKER["recognizer"].transcribe(_source(split).render_speech(i))
+  source = _source(split)
+  return source.describe(i)["caption"], _WORKER["recognizer"].transcribe(source.render_speech(i))
 
 
 def transcribe(origin: ml_collections.ConfigDict, out: str | os.PathLike, *,
@@ -112,12 +114,11 @@ def transcribe(origin: ml_collections.ConfigDict, out: str | os.PathLike, *,
     for split in splits:
       n, start = sizes[split], time.time()
       jobs = [(split, i) for i in range(n)]
-      hyps = pool.map(_transcribe, jobs, chunksize=16)
-      refs = pool.map(_caption, jobs, chunksize=64)
+      refs, hyps = zip(*pool.map(_transcribe, jobs, chunksize=16))
       wers[split] = asr.word_error_rate(refs, hyps)
       num_words = sum(len(asr.words(r)) for r in refs)
       (out / f"{split}.json").write_text(json.dumps(
-          {"transcripts": hyps, "wer": wers[split], "num_clips": n, "num_words": num_words,
+          {"transcripts": list(hyps), "wer": wers[split], "num_clips": n, "num_words": num_words,
            "lm": f"trigram of {sizes['train']} train captions" if lm_dir else "general"}))
       print(f"smit_asr: {split}: WER {100 * wers[split]:.1f} % over {num_words} words of "
             f"{n} clips ({time.time() - start:.0f} s)", flush=True)
