@@ -37,6 +37,11 @@ Variants (after the colon, comma-separated):
   phase2   phase 2 (see above); with demo: 64-clip batches from frames, 10 steps and
            the test split only (a CPU cannot do more within the demo's 15 minutes: the
            run shows the chain, it is not a converged phase 2).
+  asr      with demo: the ASR-text model's test: the same world with the captions spoken
+           by espeak-ng (features_source.speech='espeak') and transcribed by pocketsphinx
+           (avtext.tools.smit_asr -> features_source.asr_transcripts), features of the
+           test split only (workdirs/demo/smit_asr_features), evaluated by phase 1's
+           checkpoint (`--mode=eval --step=best --eval_dir=...`; make demo-smit).
   tiny     seconds-long smoke run (tests).
 
 Loss: --config.loss.name=amm|mms|nce|semi_hard_triplet (avtext/tasks/smit.py).
@@ -54,7 +59,7 @@ FROZEN_PHASE1 = (r"^video/image/", r"^video/temporal/")
 
 
 def get_config(arg: str | None = None, caption: str = "language") -> ml_collections.ConfigDict:
-  variants = videocc_avr.parse_variants(arg, ("demo", "tiny", "phase2"),
+  variants = videocc_avr.parse_variants(arg, ("demo", "tiny", "phase2", "asr"),
                                         f"configs/smit_{caption}_amm.py")
   phase2 = "phase2" in variants
 
@@ -173,6 +178,15 @@ def get_config(arg: str | None = None, caption: str = "language") -> ml_collecti
                             remat="full" if caption == "spoken" else "none")
   if "demo" in variants or "tiny" in variants:
     _synthetic(config, tiny="tiny" in variants, phase2=phase2)
+  if "asr" in variants:
+    if "demo" not in variants or phase2:
+      raise ValueError(f"configs/smit_{caption}_amm.py: the asr variant goes with demo "
+                       f"(phase 1), as demo,asr")
+    config.features_source.speech = "espeak"
+    config.features_source.asr_transcripts = "workdirs/demo/smit_asr"
+    config.dataset.path = "workdirs/demo/smit_asr_features"
+    del config.evals["val"]  # the engine transcribes the test split (the demo's budget)
+    config.eval.select = None
   return config
 
 
@@ -184,7 +198,9 @@ def _synthetic(config, *, tiny: bool, phase2: bool) -> None:
   config.dataset = ml_collections.ConfigDict()
   clips = ml_collections.ConfigDict(dict(
       name="synthetic_smit", world=world, world_seed=0, asr_wer=0.15,
-      asr_substitution_share=0.7, num_train=3000, num_val=500, num_eval=2000))
+      asr_substitution_share=0.7, num_train=3000, num_val=500, num_eval=2000,
+      speech="tones",  # or "espeak": real speech (avtext/data/synthetic/tts.py)
+      asr_transcripts=ml_collections.config_dict.placeholder(str)))
   if phase2:
     config.dataset = clips
   else:

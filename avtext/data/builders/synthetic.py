@@ -6,8 +6,14 @@ None or absent sizes take `synthetic.DEFAULT_SPLIT_SIZES` (`spoken.SPLIT_SIZES`
 for synthetic_smit: 20k / 1k / 2k). synthetic_smit (the Spoken Moments stand-in,
 `avtext.data.synthetic.spoken`) adds dataset.asr_wer (0.15) and
 dataset.asr_substitution_share (0.7) and dataset.num_val (the val size, default
-num_eval), and its world defaults to 3 s clips.
+num_eval), and its world defaults to 3 s clips; dataset.speech ('tones', the default,
+or 'espeak': real speech, `avtext.data.synthetic.tts`) and dataset.asr_transcripts (a
+directory of `avtext.tools.smit_asr`: the real engine's transcripts,
+<dir>/<split>.json, replace the seeded word errors).
 """
+import json
+import pathlib
+
 import ml_collections
 
 from avtext.data import builders
@@ -40,6 +46,14 @@ def synthetic_smit(dataset: ml_collections.ConfigDict, split: str) -> SyntheticS
   if split == "val" and dataset.get("num_val"):
     num = dataset.num_val
   spec = {"duration_s": spoken.CLIP_SECONDS, **dict(dataset.get("world", {}) or {})}
+  transcripts = None
+  if dataset.get("asr_transcripts"):
+    path = pathlib.Path(dataset.asr_transcripts) / f"{split}.json"
+    if not path.is_file():
+      raise FileNotFoundError(f"dataset.asr_transcripts: no {path}; transcribe the split with "
+                              f"python -m avtext.tools.smit_asr --splits={split}")
+    transcripts = json.loads(path.read_text())["transcripts"]
   return SyntheticSpokenClips(split, seed=dataset.get("world_seed", 0), num_examples=num,
                               spec=world.WorldSpec(**spec), wer=dataset.get("asr_wer", 0.15),
-                              substitution_share=dataset.get("asr_substitution_share", 0.7))
+                              substitution_share=dataset.get("asr_substitution_share", 0.7),
+                              speech=dataset.get("speech", "tones"), transcripts=transcripts)

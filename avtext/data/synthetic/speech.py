@@ -17,28 +17,25 @@ clip's caption, with no system package:
   expected word error rate against the caption is `wer` (default 15 %, the
   order of a public ASR engine's on S-MiT's spoken captions).
 - `word_error_rate(references, hypotheses)`: corpus WER, (S + D + I) / N by
-  word-level Levenshtein alignment.
+  word-level Levenshtein alignment (its home is `avtext.data.asr`, beside the real
+  engine; `tts.render_speech` is the real-speech renderer).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import hashlib
-import re
 from typing import Sequence
 
 import numpy as np
+
+from avtext.data.asr import word_error_rate  # pylint: disable=unused-import
+from avtext.data.asr import words
 
 SAMPLE_RATE = 16_000
 _GRID = 200.0 * 2.0 ** (np.arange(32) / 8.0)  # 32 steps of 1/8 octave, 200 Hz .. 2.9 kHz
 _SYLLABLE_S = (0.09, 0.12, 0.15)  # base syllable lengths
 _GAP_S = 0.06  # base pause between words
-_WORD = re.compile(r"[a-z']+")
-
-
-def words(text: str) -> list[str]:
-  """Lower-cased words of a caption (punctuation dropped)."""
-  return _WORD.findall(text.lower())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,25 +118,3 @@ def asr_transcript(rng: np.random.Generator, caption: str, vocabulary: Sequence[
     elif u >= wer:
       out.append(w)
   return " ".join(out)
-
-
-def _edit_distance(ref: Sequence[str], hyp: Sequence[str]) -> int:
-  prev = list(range(len(hyp) + 1))
-  for i, r in enumerate(ref, 1):
-    cur = [i] + [0] * len(hyp)
-    for j, h in enumerate(hyp, 1):
-      cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
-    prev = cur
-  return prev[-1]
-
-
-def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> float:
-  """Corpus WER: total word edit distance / total reference words."""
-  if len(references) != len(hypotheses):
-    raise ValueError(f"word_error_rate: {len(references)} references but "
-                     f"{len(hypotheses)} hypotheses")
-  errors = sum(_edit_distance(words(r), words(h)) for r, h in zip(references, hypotheses))
-  total = sum(len(words(r)) for r in references)
-  if not total:
-    raise ValueError("word_error_rate: the references have no words")
-  return errors / total
