@@ -22,9 +22,9 @@ Speech encoder (config.model.speech, table 3): ResNet-50 (the paper's best) with
 phase 2 by init_from); --config.model.speech.depth=34 for ResNet-34, or
 --config.model.speech.name=resdavenet for ResDAVEnet.
 
-demo: the language demo's world and tower, the captions spoken by espeak-ng (real
-speech, `avtext/data/synthetic/tts.py`; --config.features_source.speech=tones for the
-world's tone renderer, a fixed sound per word), with what the speech encoder, trained from
+demo: the language demo's world and tower, the captions spoken by the world's tone
+renderer (a fixed sound per word; --config.features_source.speech=espeak for real speech
+by espeak-ng, `avtext/data/synthetic/tts.py`), with what the speech encoder, trained from
 scratch, needs on a 2-core CPU (BENCHMARKS.md "Table 3"): 20k training clips (on the
 language demo's 3000 it stays at chance: it memorizes the utterances), a ResNet-34 of
 base width 8 (1/64 of the FLOPs of width 64; ResDAVEnet's widths / 8 with
@@ -53,7 +53,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.speech.depth, config.model.speech.width = 34, 8
     config.model.speech.widths = (16, 16, 32, 64, 128)  # ResDAVEnet at 1/8 width
     config.features_source.num_train = 20_000
-    config.features_source.speech = "espeak"
     if "phase2" not in variants:
       config.dataset.path = "workdirs/demo/smit_spoken_features"
       config.train.batch_size = 256
