@@ -70,6 +70,9 @@ def main():
   parser.add_argument("--evaluator", default="test",
                       help="the run's evaluator whose baselines are reused")
   parser.add_argument("--settings", default="beam_size=1")
+  parser.add_argument("--baselines", default=True, action=argparse.BooleanOptionalAction,
+                      help="--no-baselines: the model's rows only (e.g. when the run's "
+                           "training already scored the baselines on this split)")
   parser.add_argument("--out", default=None, help="JSON file for the rows")
   args = parser.parse_args()
   settings = parse_settings(args.settings)
@@ -78,6 +81,8 @@ def main():
   config = ml_collections.ConfigDict(run.config.to_dict())
   cfg = config.evals[args.evaluator]
   cfg.split = args.split
+  if not args.baselines:
+    del cfg["baselines"]
   config.evals = ml_collections.ConfigDict({args.split: cfg})
   task = registry.build_task(config)
   # Each clip rendered once for every setting.
