@@ -1,7 +1,7 @@
 r"""Decoding sweep of a trained VideoCC captioner on the synthetic world's val split.
 
     .venv/bin/python benchmarks/caption_decoding_sweep.py --run=workdirs/demo/caption \
-        --settings="beam_size=1;beam_size=4;beam_size=4,length_penalty=1.0;beam_size=1,min_length=12"
+        --settings="beam_size=1;beam_size=4,length_penalty=1.0;beam_size=1,min_length=12"
 
 Loads the run's checkpoint (`--step`, default the latest) and config, and scores one
 caption per clip of `--split` (default val: settings are chosen there, never on test)
