@@ -30,7 +30,12 @@ The decoder is GPT-2 117M by default. No GPT-2 weights exist offline here, so
 it starts from random init unless `model.decoder.weights` names a local HF
 GPT-2 directory (config.json + model.safetensors; avtext/weights/gpt2.py).
 Decoding is greedy (§4.2: y_i = argmax softmax(Phi h_{i-1})); set
-`generation.beam_size` for beam search.
+`generation.beam_size` for beam search, `generation.length_penalty` (a hypothesis
+scores its summed log-probability / length ** length_penalty, HF's convention; it
+changes which hypothesis wins only under beam search) and `generation.min_length`
+(no EOS before that many tokens; 1: never an empty caption). To compare settings
+on a trained run without retraining, on the val split:
+`python benchmarks/caption_decoding_sweep.py --run=<run> --settings=...`.
 """
 import pathlib
 import sys

@@ -258,3 +258,45 @@ def test_captioner_greedy_equals_teacher_forced_argmax():
     np.testing.assert_array_equal(out[:, i], tok)
     seq = np.concatenate([seq, tok[:, None]], axis=1)
   assert math.isfinite(float(out.sum()))
+
+
+def _table_decoder(probs0, table):
+  """A hand-built decoder: p(token 0) = probs0, p(token t | token t-1 = j) = table[t][j]."""
+  logp0 = jnp.log(jnp.asarray([probs0], jnp.float32))  # [1, V]
+  logp = jnp.log(jnp.asarray(table, jnp.float32))  # [T, V, V]
+
+  def start_fn():
+    return logp0, {"rows": jnp.zeros((1, 1), jnp.float32)}
+
+  def step_fn(state, tokens, t):
+    return logp[t][tokens], state
+  return start_fn, step_fn
+
+
+def test_length_penalty_and_min_length_on_a_hand_built_model():
+  """Scores computed by hand: the length penalty picks the longer caption, min_length
+  bans the early EOS. Tokens: 0 = EOS, 1 = x, 2 = y."""
+  uniform = [1 / 3] * 3
+  table = [[uniform] * 3,
+           [uniform, [0.6, 0.3, 0.1], [0.1, 0.05, 0.85]],   # t = 1, after EOS / x / y
+           [uniform, [0.7, 0.2, 0.1], [0.9, 0.05, 0.05]]]   # t = 2
+  start, step = _table_decoder([0.05, 0.55, 0.40], table)
+  a = math.log(0.55) + math.log(0.6)                      # "x EOS"      -1.10866
+  b = math.log(0.40) + math.log(0.85) + math.log(0.9)     # "y y EOS"    -1.18417
+  d = math.log(0.55) + math.log(0.3) + math.log(0.7)      # "x x EOS"    -2.15848
+  cases = [  # (beam_size, length_penalty, min_length) -> tokens, score
+      ((1, 0.0, 0), [1, 0], a),
+      ((1, 1.0, 0), [1, 0], a / 2),           # greedy: the penalty only rescales
+      ((1, 0.0, 2), [1, 1, 0], d),             # EOS banned at token 1
+      ((2, 0.0, 0), [1, 0], a),                # a > b: the plain sum keeps the short one
+      ((2, 1.0, 0), [2, 2, 0], b / 3),         # b / 3 = -0.395 > a / 2 = -0.554
+      ((2, 0.0, 2), [2, 2, 0], b),             # "x EOS" banned; b > d
+  ]
+  for (k, lp, min_length), tokens, score in cases:
+    out = jax.jit(lambda k=k, lp=lp, m=min_length: generate.generate(
+        start, step, max_new_tokens=3, eos_id=0, beam_size=k, length_penalty=lp,
+        min_length=m))()
+    n = len(tokens)
+    np.testing.assert_array_equal(np.asarray(out["tokens"])[0, :n], tokens, err_msg=str((k, lp)))
+    assert int(out["lengths"][0]) == n
+    np.testing.assert_allclose(float(out["scores"][0]), score, rtol=1e-5)
