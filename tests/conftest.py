@@ -10,11 +10,6 @@ import shutil
 import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-# The tests' programs are tiny and compiled far more often than run: LLVM without its
-# optimization passes compiles them in about half the time (same IEEE arithmetic: XLA's
-# CPU fast-math stays off). Subprocesses (the CLIs under test) inherit it.
-if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-  os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
