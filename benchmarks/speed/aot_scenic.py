@@ -2,9 +2,9 @@ r"""avtext's AVR paper train step beside scenic's MBT, both compiled ahead of ti
 
     fetch github:google-research/scenic; git --git-dir=<mirror> archive HEAD scenic/__init__.py \
         scenic/projects/__init__.py scenic/projects/mbt scenic/projects/baselines scenic/model_lib \
-        scenic/common_lib scenic/train_lib <scenic/dataset_lib/*.py> | tar -x -C /tmp/scenic-src
-    python benchmarks/aot_scenic.py --scenic_dir=/tmp/scenic-src [--topology=v5e:4x4] \
-        [--hlo_dir=/tmp/aot_scenic] [--reanalyse] [--json]
+        scenic/common_lib scenic/train_lib <scenic/dataset_lib/*.py> | tar -x -C <scenic checkout>
+    python -m benchmarks.speed.aot_scenic --scenic_dir=<scenic checkout> [--topology=v5e:4x4] \
+        [--out=workdirs/bench/aot_scenic] [--reanalyse] [--json]
 
 Two train steps of `configs/videocc_avr.py` (global batch 256, RGB [B, 32, 224, 224, 3] and
 log-mel [B, 800, 128], BERT-base on 32 tokens, D = 256 projections, NCE at sigma 0.05, clipped
@@ -40,52 +40,51 @@ so a side that does not fit still gets its bytes, FLOPs and bound from its HLO; 
 needed is then the compiler's own figure for the temporaries alone, from its error (a floor:
 arguments come on top). The sum of the dumped buffer assignment's allocations is printed for
 both sides as a like-for-like reading (it reads under the memory analysis: the AVR step 8.18
-against 9.87 GiB). --reanalyse
-reads `<hlo_dir>/<side>.json` and the dumped HLO again without compiling.
+against 9.87 GiB). The dumped HLO and each side's figures are kept under --out;
+--reanalyse reads `<out>/<side>.json` and the dumped HLO again without compiling.
+--quick: both towers at 2 layers (fusion at layer 1) and a global batch of one clip a chip.
+Rows: each side's HBM needed, HBM bytes, FLOPs, ICI bytes, step bound and MFU at the bound.
 """
-import argparse
 import datetime
 import json
+import math
 import os
 import pathlib
 import re
-import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from absl import app
+from absl import flags
+
+from benchmarks import common
+from benchmarks.common import hlo as hlo_lib
 
 SIDES = ("scenic", "avtext")
 GIB = 2 ** 30
+_SCENIC_DIR = flags.DEFINE_string("scenic_dir", None, "a checkout of google-research/scenic "
+                                  "(the directory holding scenic/)", required=True)
+_TOPOLOGY = flags.DEFINE_string("topology", "v5e:4x4", "libtpu's name of the TPU slice")
+_REANALYSE = flags.DEFINE_bool("reanalyse", False, "read --out again instead of compiling")
+_SIDES = flags.DEFINE_list("sides", list(SIDES), "a subset of scenic,avtext")
+_JSON = flags.DEFINE_bool("json", False, "print one JSON object")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--scenic_dir", required=True,
-                      help="a checkout of google-research/scenic (the directory holding scenic/)")
-  parser.add_argument("--topology", default="v5e:4x4", help="libtpu's name of the TPU slice")
-  parser.add_argument("--hlo_dir", default="/tmp/aot_scenic",
-                      help="where the dumped HLO and each side's figures are kept")
-  parser.add_argument("--reanalyse", action="store_true",
-                      help="read --hlo_dir again instead of compiling")
-  parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated: scenic,avtext")
-  parser.add_argument("--json", action="store_true", help="print one JSON object")
-  args = parser.parse_args(argv)
-  model = pathlib.Path(args.scenic_dir) / "scenic" / "projects" / "mbt" / "model.py"
-  if not model.is_file():
-    parser.error(f"--scenic_dir={args.scenic_dir}: no {model.relative_to(args.scenic_dir)} there;"
-                 " pass a checkout of github.com/google-research/scenic")
-  args.sides = [s for s in args.sides.split(",") if s]
-  if not args.sides or set(args.sides) - set(SIDES):
-    parser.error(f"--sides={','.join(args.sides)}: expected a subset of {','.join(SIDES)}")
-  return args
+@flags.validator("scenic_dir", message="no scenic/projects/mbt/model.py there; pass a "
+                 "checkout of github.com/google-research/scenic")
+def _has_scenic(path):
+  return path is None or (pathlib.Path(path) / "scenic" / "projects" / "mbt" / "model.py").is_file()
+
+
+@flags.validator("sides", message=f"expected a non-empty subset of {','.join(SIDES)}")
+def _known_sides(sides):
+  return bool(sides) and not set(sides) - set(SIDES)
 
 
 # ---- scenic's MBT as the dual encoder's video tower ------------------------------------------
 
 def register_scenic_tower(scenic_dir: str) -> None:
   """Registers model "scenic_mbt": scenic's `MBT` returning {'embedding': [B, D]}."""
-  sys.path.insert(0, str(pathlib.Path(scenic_dir).resolve()))  # scenic is imported from here
+  common.import_checkout(scenic_dir)  # scenic is imported from here
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
@@ -137,11 +136,14 @@ def register_scenic_tower(scenic_dir: str) -> None:
 def configs(topology: str) -> dict:
   """{side: config}: the AVR paper config, and the same with scenic's MBT as video tower."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from configs import videocc_avr  # pylint: disable=g-import-not-at-top
-  avtext = videocc_avr.get_config()
+  avtext = common.load_config("configs/videocc_avr.py")
   with avtext.unlocked():
     avtext.target_topology = topology
     avtext.evals = ml_collections.ConfigDict()
+    if common.quick():
+      v = avtext.model.video
+      v.num_layers, v.fusion_layer = 2, 1
+      avtext.train.batch_size = math.prod(int(d) for d in topology.split(":")[1].split("x"))
   scenic = avtext.copy_and_resolve_references()
   v = avtext.model.video
   with scenic.unlocked():
@@ -155,11 +157,6 @@ def configs(topology: str) -> dict:
 
 # ---- compiling, reading the dump -------------------------------------------------------------
 
-def buffer_assignment_bytes(text: str) -> int:
-  """Sum of the allocations of an XLA buffer assignment dump (`allocation N: size S, ...`)."""
-  return sum(int(m.group(1)) for m in re.finditer(r"^allocation \d+: size (\d+)", text, re.M))
-
-
 def _dumped(dump: pathlib.Path) -> set:
   return set(dump.glob("*after_optimizations.txt")) if dump.is_dir() else set()
 
@@ -169,7 +166,7 @@ def compile_side(side: str, config, devices, hlo_dir: pathlib.Path) -> dict:
   from avtext import aot  # pylint: disable=g-import-not-at-top
   dump = hlo_dir / "dump"
   before = _dumped(dump)
-  log = lambda m: print(f"aot_scenic: {side}: {m}", file=sys.stderr, flush=True)
+  log = lambda m: print(f"aot_scenic: {side}: {m}", flush=True)  # noqa: E731
   log(f"lowering the train step (global batch {config.train.batch_size})")
   t0 = time.perf_counter()
   _, _, _, lowered = aot._train_step(config, devices)  # pylint: disable=protected-access
@@ -205,7 +202,7 @@ def analyse(fig: dict, chip) -> dict:
   cost = hlo_cost.analyze_hlo(hlo.read_text(), fig["chips"])
   model_flops = fig["model_flops_per_step"] / fig["chips"]
   roof = cost_model.bound(cost, chip, model_flops)
-  assigned = buffer_assignment_bytes(assignment.read_text()) if assignment.is_file() else None
+  assigned = hlo_lib.buffer_assignment_bytes(assignment.read_text()) if assignment.is_file() else None
   mem = fig.get("memory_analysis")
   if mem:
     needed = (mem["argument"] + mem["output"] + mem["temp"] - mem["alias"]) / GIB
@@ -254,21 +251,21 @@ def table(rows: dict, topology: str) -> str:
   return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-  args = parse_args(argv)
-  hlo_dir = pathlib.Path(args.hlo_dir)
-  hlo_dir.mkdir(parents=True, exist_ok=True)
-  if not args.reanalyse:
+def main(argv) -> None:
+  del argv
+  hlo_dir = common.out_dir()
+  if not _REANALYSE.value:
     # Before jax starts: the optimized HLO and buffer assignment of every compile, also of
     # one that runs out of HBM.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={hlo_dir}/dump"
                                " --xla_dump_hlo_as_text").strip()
   from avtext import aot  # pylint: disable=g-import-not-at-top
-  if not args.reanalyse:
-    register_scenic_tower(args.scenic_dir)
-    devices = aot.topology_devices(args.topology)
-    for side, config in configs(args.topology).items():
-      if side in args.sides:
+  topology = _TOPOLOGY.value
+  if not _REANALYSE.value:
+    register_scenic_tower(_SCENIC_DIR.value)
+    devices = aot.topology_devices(topology)
+    for side, config in configs(topology).items():
+      if side in _SIDES.value:
         fig = compile_side(side, config, devices, hlo_dir)
         (hlo_dir / f"{side}.json").write_text(json.dumps(fig, indent=1))
   rows = {}
@@ -276,14 +273,27 @@ def main(argv=None) -> int:
     path = hlo_dir / f"{side}.json"
     if path.is_file():
       fig = json.loads(path.read_text())
-      rows[side] = analyse(fig, aot.per_device(aot.chip_of(args.topology), args.topology,
+      rows[side] = analyse(fig, aot.per_device(aot.chip_of(topology), topology,
                                                [None] * fig["chips"]))
   if not rows:
-    print(f"no figures under {hlo_dir}: run without --reanalyse first", file=sys.stderr)
-    return 1
-  print(json.dumps(rows, indent=1, sort_keys=True) if args.json else table(rows, args.topology))
-  return 0
+    raise app.UsageError(f"no figures under {hlo_dir}: run without --reanalyse first")
+  print(json.dumps(rows, indent=1, sort_keys=True) if _JSON.value else table(rows, topology))
+  if _REANALYSE.value:
+    return  # the rows of the compile that wrote these figures are in the store
+  caption = f"{topology}, global batch {next(iter(rows.values()))['global_batch']}"
+  for side, r in rows.items():
+    metric = f"{side}'s MBT"
+    record = lambda column, value, unit="", **kw: common.record(  # noqa: E731
+        "Paper configs (AOT)", metric, value, unit=unit, table=caption, column=column, **kw)
+    record("HBM needed / chip", f"{'' if r['fits'] else '>= '}{r['hbm_needed_gib']:.2f} / "
+           f"{r['hbm_per_chip_gib']:.2f} GiB" + ("" if r["fits"] else " (does not fit)"))
+    record("HBM GB/step/chip", r["bytes_per_chip"] / 1e9)
+    record("GFLOP/step/chip", r["flops_per_chip"] / 1e9, digits=5)
+    record("model GFLOP/step/chip", r["model_flops_per_chip"] / 1e9, digits=5)
+    record("ICI GB/step/chip", r["comm_bytes_per_chip"] / 1e9, digits=3)
+    record("step bound", f"{1e3 * r['step_time_lower_bound_s']:.1f} ms ({r['bound_by']})")
+    record("MFU at bound", 100 * r["mfu_at_bound"], "%", digits=3)
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  common.main(main)

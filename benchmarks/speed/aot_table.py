@@ -1,6 +1,6 @@
 r"""Every paper config compiled for its target TPU topology: the BENCHMARKS table.
 
-    python benchmarks/aot_table.py [--configs=videocc_avr,xml_tvr] [--out=FILE.jsonl]
+    python -m benchmarks.speed.aot_table [--configs=videocc_avr,xml_tvr] [--out=DIR] [--keep_hlo]
 
 Runs `python -m avtext.aot --config=configs/<name>.py --json` (the paper setup, on
 `config.target_topology`) for each config in its own process, then prints one markdown
@@ -9,9 +9,11 @@ row per config: topology, HBM needed / per chip (headroom), GFLOPs per step per 
 bytes per step per chip, the step-time lower bound and the term that sets it (compute,
 HBM or ICI), the MFU that bound implies, the two op classes with the largest share of
 the bound, and compile seconds.
-Rows already in --out (same config) are reused, so an interrupted run resumes.
+Each config's report is kept in <out>/aot.jsonl (and with --keep_hlo its train step's
+compiled HLO in <out>/hlo/<config>.hlo, which --reread reads again with the current cost
+model, no compile); reports already there are reused, so an interrupted run resumes.
+--quick: xml_tvr's train step only. Rows: one per config, the table's columns.
 """
-import argparse
 import json
 import os
 import pathlib
@@ -20,8 +22,10 @@ import sys
 import tempfile
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from absl import flags
+
+from benchmarks import common
+
 # What a config reads from your files that its shapes depend on, stood in for here:
 # MMT's vocabulary is the word2idx file; a stand-in of 57,100 words, TVR's whole
 # vocabulary (TVR paper, Table 1), an upper bound on TVCaption's word2idx (words seen
@@ -38,9 +42,19 @@ def shape_flags(name: str, tmp: pathlib.Path) -> list[str]:
       list(vocab_lib.WordVocab.SPECIAL) + words)})
   vocab.save(tmp / "tvc_word2idx.json")
   return [f"--config.model.vocab={tmp / 'tvc_word2idx.json'}"]
+
+
 PAPER_CONFIGS = ("videocc_avr", "videocc_caption", "smit_language_amm", "smit_spoken_amm",
                  "smit_language_amm:phase2", "smit_spoken_amm:phase2", "coot_activitynet",
                  "coot_youcook2", "xml_tvr", "mmt_tvc")
+_CONFIGS = flags.DEFINE_list("configs", list(PAPER_CONFIGS), "configs[:variant] under configs/")
+_NOEVALS = flags.DEFINE_bool("noevals", False, "train step only")
+_KEEP_HLO = flags.DEFINE_bool("keep_hlo", False, "also keep each train step's compiled HLO "
+                              "(<out>/hlo/<config>.hlo), to re-read its costs")
+_REREAD = flags.DEFINE_bool("reread", False, "recompute the costs of the reports in --out "
+                            "from their kept HLO with the current cost model (no compile)")
+SYSTEM = "Paper configs (AOT)"
+HEADLINE = ("videocc_avr", "videocc_caption")
 
 
 def config_flag(name: str) -> str:
@@ -53,7 +67,7 @@ def run_one(name: str, extra: list[str]) -> dict:
   t0 = time.perf_counter()
   out = subprocess.run(
       [sys.executable, "-m", "avtext.aot", config_flag(name), "--json", *extra],
-      cwd=REPO, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+      cwd=common.REPO, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   if out.returncode:
     tail = "\n".join(out.stderr.strip().splitlines()[-5:])
     return {"name": name, "error": tail, "wall_s": time.perf_counter() - t0}
@@ -95,43 +109,68 @@ def reread(r: dict, hlo: pathlib.Path) -> dict:
           **cost_model.bound(cost, chip, r["model_flops_per_chip"])}
 
 
-def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--configs", default=",".join(PAPER_CONFIGS))
-  parser.add_argument("--out", default=None, help="JSON lines, one report per config")
-  parser.add_argument("--noevals", action="store_true", help="train step only")
-  parser.add_argument("--hlo_dir", default=None, help="also keep each train step's "
-                      "compiled HLO here (<config>.hlo), to re-read its costs")
-  parser.add_argument("--reread", action="store_true", help="recompute the costs of rows "
-                      "already in --out from their HLO in --hlo_dir with the current cost "
-                      "model (no compile)")
-  args = parser.parse_args()
+def record(r: dict) -> None:
+  name = r["name"]
+
+  def row(column, value, unit="", **kw):
+    common.record(SYSTEM, name, value, unit=unit, table="each paper config on its target "
+                  "topology (per chip)", column=column, **kw)
+
+  if "error" in r:
+    row("topology", f"failed: {r['error'].splitlines()[-1][:120]}")
+    return
+  shares = sorted(r["breakdown"].items(), key=lambda kv: -kv[1]["share_of_bound"])[:2]
+  row("topology", f"{r['topology']} ({r['chips']} chips)")
+  row("HBM needed / per chip (headroom)", f"{r['hbm_needed_gib']:.1f} / "
+      f"{r['hbm_per_chip_gib']:.2f} GiB ({100 * r['headroom']:.0f} %)")
+  row("GFLOPs/step compiled (model)", f"{r['flops_per_chip'] / 1e9:.0f} "
+      f"({r['model_flops_per_chip'] / 1e9:.0f})")
+  row("HBM GB/step", r["bytes_per_chip"] / 1e9)
+  row("ICI GB/step", r["comm_bytes_per_chip"] / 1e9, digits=3)
+  row("step lower bound (by)", f"{1e3 * r['step_time_lower_bound_s']:.1f} ms ({r['bound_by']})")
+  row("MFU at bound", 100 * r["mfu_at_bound"], "%", digits=3)
+  row("largest op classes (share of bound)",
+      ", ".join(f"{n} {100 * b['share_of_bound']:.0f} %" for n, b in shares))
+  row("global batch", r["global_batch"])
+  row("compile", round(r["compile_s"]), "s")
+  if name in HEADLINE:
+    common.record(SYSTEM, f"{name} train step on {r['topology']}: MFU at its "
+                  f"{r['bound_by']} bound", 100 * r["mfu_at_bound"], unit="%",
+                  headline="quality", digits=3)
+
+
+def main(argv):
+  del argv
+  out = common.out_dir()
+  reports = out / "aot.jsonl"
+  hlo_dir = out / "hlo"
+  names = ["xml_tvr"] if common.quick() else _CONFIGS.value
   done = {}
-  if args.out and pathlib.Path(args.out).exists():
-    for line in pathlib.Path(args.out).read_text().splitlines():
+  if reports.exists():
+    for line in reports.read_text().splitlines():
       r = json.loads(line)
       if "error" not in r:
         done[r["name"]] = r
   rows = []
-  for name in args.configs.split(","):
-    if name not in done:
-      print(f"compiling {name} ...", file=sys.stderr, flush=True)
+  for name in names:
+    fresh = name not in done
+    if fresh:
+      print(f"compiling {name} ...", flush=True)
       with tempfile.TemporaryDirectory() as tmp:
-        hlo = ([f"--hlo_out={pathlib.Path(args.hlo_dir) / name.replace(':', '_')}.hlo"]
-               if args.hlo_dir else [])
+        hlo = ([f"--hlo_out={hlo_dir / name.replace(':', '_')}.hlo"] if _KEEP_HLO.value else [])
         done[name] = run_one(name, shape_flags(name, pathlib.Path(tmp)) + hlo +
-                             (["--noevals"] if args.noevals else []))
-      if args.out:
-        with open(args.out, "a") as f:
-          f.write(json.dumps(done[name]) + "\n")
-    if args.reread and args.hlo_dir and "error" not in done[name]:
-      done[name] = reread(done[name], pathlib.Path(args.hlo_dir) /
-                          f"{name.replace(':', '_')}.hlo")
+                             (["--noevals"] if _NOEVALS.value or common.quick() else []))
+      with open(reports, "a") as f:
+        f.write(json.dumps(done[name]) + "\n")
+    if _REREAD.value and "error" not in done[name]:
+      done[name] = reread(done[name], hlo_dir / f"{name.replace(':', '_')}.hlo")
+    if fresh or _REREAD.value:
+      record(done[name])
     rows.append(row(done[name]))
-    print(rows[-1], file=sys.stderr, flush=True)
+    print(rows[-1], flush=True)
   print(HEADER)
   print("\n".join(rows))
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

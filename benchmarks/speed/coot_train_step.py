@@ -2,8 +2,9 @@ r"""COOT train step: avtext (JAX) beside the official PyTorch COOT, same batch, 
 
     make bench-venv      # .venv-bench: requirements.lock + requirements-bench.txt (torch CPU)
     git -C <mirror of simon-ging/coot-videotext> archive HEAD coot nntrainer config repo_config.py \
-        | tar -x -C /tmp/coot-videotext
-    .venv-bench/bin/python benchmarks/bench_coot_train_step.py --coot_repo=/tmp/coot-videotext
+        | tar -x -C <coot checkout>
+    .venv-bench/bin/python -m benchmarks.speed.coot_train_step --coot_repo=<coot checkout> \
+        [--steps=10 --block=5 --warmup=2]
 
 The official code is imported from `--coot_repo` (a checkout of simon-ging/coot-videotext);
 it is never vendored here. Both sides run ActivityNet's configuration
@@ -28,8 +29,7 @@ row, as the official code).
 Before timing, a child process (both frameworks) checks step 1's loss on this batch with
 the same weights: the official model as the timed side builds it (seed 0) is saved as
 nntrainer saves checkpoints (`mgr.get_model_state()`), imported with
-`avtext.import_checkpoint` and opened with `avtext.runs.load_run` (`parity_coot`'s
-helpers); both losses without dropout (eval / train=False) and with the CMC over all clips
+`avtext.import_checkpoint` and opened with `avtext.runs.load_run` (`common.official`); both losses without dropout (eval / train=False) and with the CMC over all clips
 (`CycleConsistencyLoss(num_samples=-1)` / `config.loss.cycle_samples=-1`: the trainer's one
 random clip per video is no draw two RNGs share). It prints "step-1 loss, same weights, no
 dropout: official X, avtext Y" and stops unless they agree to a relative 1e-4, and unless
@@ -40,22 +40,30 @@ official / avtext until each side has `--steps` timed steps (load drifts hit bot
 and IQR. The timed steps start from each side's own random init (and train with dropout),
 so their losses differ; both optimizers run at a constant lr 1e-3 (no warm-up), and the
 losses on the repeated batch are a sanity check that both steps train.
+--quick: 8 videos, 2 timed steps a side. Rows: each side's median step and IQR, the ratio,
+the same-weights step-1 losses and the parameter counts.
 """
-import argparse
-import datetime
-import importlib.util
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
+from absl import flags
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))  # this checkout's avtext, not an installed one
-import parity_coot  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
-import side_by_side  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from benchmarks import common
+from benchmarks.common import official as off_lib
+from benchmarks.common import side_by_side
+
+_COOT_REPO = flags.DEFINE_string("coot_repo", None, "checkout of simon-ging/coot-videotext",
+                                 required=True)
+_VIDEOS = flags.DEFINE_integer("videos", 64, "videos in the batch")
+_STEPS_PER_EPOCH = flags.DEFINE_integer("steps_per_epoch", 157,
+                                        "ActivityNet: 10009 train videos / 64")
+_NO_PACKING = flags.DEFINE_bool("no_packing", False, "our side on the padded layout "
+                                "(data.pack_sequences=False)")
+_CHECK = flags.DEFINE_bool("check", False, "(child process)")
+side_by_side.define_flags()
+SYSTEM = "COOT"
 
 LOSS_RTOL = 1e-4  # official vs avtext, step-1 loss with the same weights
 CLIP_P = {2: .25, 3: .30, 4: .20, 5: .12, 6: .07, 7: .04, 8: .02}
@@ -112,15 +120,15 @@ def official_batch(examples, th, batch_cls):
 
 
 def official_step_fn(repo: pathlib.Path, examples, threads: int):
-  off = parity_coot.official(repo)  # (restores the collections ABCs the official code needs)
+  off = off_lib.coot(repo)  # (restores the collections ABCs the official code needs)
   th = off.torch
   th.set_num_threads(threads)
-  cfg, mgr = parity_coot.official_manager(off, repo, seed=0)
+  cfg, mgr = off_lib.coot_manager(off, repo, seed=0)
   mgr.set_all_models_train()
   params, _, _ = mgr.get_all_params()
   optimizer = off.optimization.make_optimizer(cfg.optimizer, params)
   # The trainer's own loss methods, bound to a stand-in holding what they read.
-  shim = parity_coot.stand_in_trainer(off, cfg)
+  shim = off_lib.coot_stand_in_trainer(off, cfg)
   batch = official_batch(examples, th, off.data.RetrievalDataBatchTuple)
   num_params = sum(p.numel() for m in mgr.model_dict.values() for p in m.parameters())
 
@@ -143,11 +151,7 @@ def avtext_task(examples, *, pack: bool = True, config=None):
   on the CPU, shapes as the official collate's, `data.pack_sequences` as given."""
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
   if config is None:
-    spec = importlib.util.spec_from_file_location(
-        "coot_activitynet", pathlib.Path(__file__).parents[1] / "configs/coot_activitynet.py")
-    coot_config = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(coot_config)
-    config = coot_config.get_config()
+    config = common.load_config("configs/coot_activitynet.py")
   config.model.video_dim = examples[0]["video"].shape[-1]
   side_by_side.cpu_float32(config)
   # As the official collate: every axis padded to the batch's longest (rounded up to
@@ -176,16 +180,16 @@ def avtext_step_fn(examples, steps_per_epoch: int, pack: bool):
 def same_weights_check(repo: pathlib.Path, examples) -> dict:
   """Step 1's training loss on the benchmark's batch, the same weights on both sides, no
   randomness: the official model as `official_step_fn` builds it (seed 0), in eval mode,
-  imported with `import_checkpoint` (`parity_coot.import_official`); the CMC over all clips
+  imported with `import_checkpoint` (`official.coot_import`); the CMC over all clips
   (CycleConsistencyLoss(num_samples=-1) / config.loss.cycle_samples=-1: the trainer's one
   random clip per video is no draw two RNGs share). Ours on the padded and on the packed
   layout (`data.pack_sequences`): the same function, so equal up to float rounding."""
   import jax  # pylint: disable=g-import-not-at-top
-  off = parity_coot.official(repo)
-  cfg, mgr = parity_coot.official_manager(off, repo, seed=0)
+  off = off_lib.coot(repo)
+  cfg, mgr = off_lib.coot_manager(off, repo, seed=0)
   mgr.set_all_models_eval()
-  run = parity_coot.import_official(off, mgr)
-  stand_in = parity_coot.stand_in_trainer(off, cfg, num_samples=-1)
+  run = off_lib.coot_import(off, mgr)
+  stand_in = off_lib.coot_stand_in_trainer(off, cfg, num_samples=-1)
   batch = official_batch(examples, off.torch, off.data.RetrievalDataBatchTuple)
   with off.torch.no_grad():
     visual, text = mgr.encode_visual(batch), mgr.encode_text(batch)
@@ -205,47 +209,36 @@ def same_weights_check(repo: pathlib.Path, examples) -> dict:
   return out
 
 
-def run_side(args) -> None:
+def run_side(flag) -> None:
   """Child process: build one side, `--warmup` then `--steps` timed steps; print JSON."""
   threads = os.cpu_count()
-  examples = make_batch(args.seed, args.videos)
+  examples = make_batch(flag.seed, flag.videos)
   info = {"clips": sum(len(e["clip_lengths"]) for e in examples)}
-  if args.side == "official":
-    step, info["params"], info["version"] = official_step_fn(args.coot_repo, examples, threads)
+  if flag.side == "official":
+    step, info["params"], info["version"] = official_step_fn(
+        pathlib.Path(flag.coot_repo), examples, threads)
   else:
     step, info["params"], shapes, info["version"] = avtext_step_fn(
-        examples, args.steps_per_epoch, not args.no_packing)
+        examples, flag.steps_per_epoch, not flag.no_packing)
     info["shapes"] = {k: list(v) for k, v in shapes.items() if len(v) > 1}
-  side_by_side.time_steps(step, args.warmup, args.steps, info)
+  side_by_side.time_steps(step, flag.warmup, flag.steps, info)
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--coot_repo", required=True, type=pathlib.Path,
-                      help="checkout of simon-ging/coot-videotext")
-  parser.add_argument("--videos", type=int, default=64)
-  parser.add_argument("--steps_per_epoch", type=int, default=157,
-                      help="ActivityNet: 10009 train videos / 64")
-  parser.add_argument("--no_packing", action="store_true",
-                      help="our side on the padded layout (data.pack_sequences=False)")
-  parser.add_argument("--check", action="store_true", help="(child process)")
-  side_by_side.add_timing_args(parser)
-  args = parser.parse_args()
-  if not (args.coot_repo / "coot" / "model_retrieval.py").is_file():
-    raise SystemExit(f"--coot_repo={args.coot_repo}: no coot/model_retrieval.py; pass a checkout "
-                     "of simon-ging/coot-videotext (see the module docstring)")
-  if args.check:
-    print("RESULT " + json.dumps(same_weights_check(args.coot_repo,
-                                                    make_batch(args.seed, args.videos))))
+def main(argv):
+  del argv
+  flag = flags.FLAGS
+  repo = off_lib.require(pathlib.Path(flag.coot_repo), "coot-videotext")
+  videos = 8 if common.quick() else flag.videos
+  if flag.check:
+    print("RESULT " + json.dumps(same_weights_check(repo, make_batch(flag.seed, videos))))
     return
-  if args.side:
-    run_side(args)
+  if flag.side:
+    run_side(flag)
     return
-  out = subprocess.run([sys.executable, __file__, f"--coot_repo={args.coot_repo}",
-                        "--check", f"--seed={args.seed}", f"--videos={args.videos}"],
-                       check=True, capture_output=True, text=True).stdout
-  check = json.loads(out.split("RESULT ", 1)[1])
-  timed = "padded" if args.no_packing else "packed"  # the layout our timed step runs
+  steps, block, warmup = (2, 1, 1) if common.quick() else (flag.steps, flag.block, flag.warmup)
+  check = side_by_side.result(common.child(f"--coot_repo={repo}", "--check",
+                                           f"--seed={flag.seed}", f"--videos={videos}"))
+  timed = "padded" if flag.no_packing else "packed"  # the layout our timed step runs
   print(f"step-1 loss, same weights, no dropout: official {check['official']:.6f}, avtext "
         f"{check[timed]:.6f}", flush=True)
   print(f"avtext's layouts: padded ({check['padded_clip_rows']} clip rows) "
@@ -256,24 +249,31 @@ def main() -> None:
   if not np.isclose(check[timed], check["official"], rtol=LOSS_RTOL, atol=0):
     raise SystemExit(f"step-1 losses with the same weights differ beyond rtol {LOSS_RTOL:g}")
   results = side_by_side.alternate(
-      lambda side, n: [sys.executable, __file__, f"--coot_repo={args.coot_repo}", f"--side={side}",
-             f"--steps={n}", f"--warmup={args.warmup}",
-             f"--seed={args.seed}", f"--videos={args.videos}",
-             f"--steps_per_epoch={args.steps_per_epoch}"]
-      + (["--no_packing"] if args.no_packing else []),
-      args.steps, args.block)
+      lambda side, n: common.child(
+          f"--coot_repo={repo}", f"--side={side}", f"--steps={n}", f"--warmup={warmup}",
+          f"--seed={flag.seed}", f"--videos={videos}",
+          f"--steps_per_epoch={flag.steps_per_epoch}",
+          *(["--no_packing"] if flag.no_packing else [])),
+      steps, block)
   first = {side: r[0] for side, r in results.items()}
-  cpu = side_by_side.cpu_name()
-  threads = os.cpu_count()
-  print(f"\ndate {datetime.date.today()}, {cpu}, {threads} cores; torch "
-        f"{first['official']['version']} ({threads} threads), jax {first['avtext']['version']}")
-  print(f"batch: {args.videos} videos, {first['avtext']['clips']} clips; avtext shapes "
+  print(f"\n{common.cpu_name()}, {os.cpu_count()} cores; torch "
+        f"{first['official']['version']}, jax {first['avtext']['version']}")
+  print(f"batch: {videos} videos, {first['avtext']['clips']} clips; avtext shapes "
         + ", ".join(f"{k} {tuple(v)}" for k, v in first["avtext"]["shapes"].items()
                     if k in ("clips", "sentences", "video", "paragraph")))
   print(f"params: official {first['official']['params'] / 1e6:.2f} M, "
         f"avtext {first['avtext']['params'] / 1e6:.2f} M")
-  side_by_side.report(results, args.steps, args.block, args.warmup)
+  timing = side_by_side.summary(results, steps, block, warmup)
+  table = (f"anet_coot.yaml, float32, {videos} videos / {first['avtext']['clips']} clips, "
+           f"{'padded' if flag.no_packing else 'packed'}")
+  side_by_side.record_summary(SYSTEM, table, timing, "official PyTorch COOT")
+  for side in ("official", "avtext"):
+    name = "official PyTorch COOT" if side == "official" else "avtext (JAX)"
+    common.record(SYSTEM, name, check[timed if side == "avtext" else side], table=table,
+                  column="step-1 loss, same weights, no dropout", digits=7)
+    common.record(SYSTEM, name, first[side]["params"] / 1e6, unit="M", table=table,
+                  column="parameters", digits=3)
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

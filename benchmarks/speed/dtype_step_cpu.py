@@ -1,8 +1,8 @@
 r"""Train-step time of a config in float32 vs bfloat16 compute, and its share of the CPU's
 float32 GEMM peak, alternated in one process.
 
-    python benchmarks/dtype_step_cpu.py [--config=configs/videocc_avr.py:demo] [--steps=10]
-        [--dtypes=float32,bfloat16]
+    python -m benchmarks.speed.dtype_step_cpu [--config=configs/videocc_avr.py:demo] \
+        [--steps=10] [--dtypes=float32,bfloat16] [--dot_bound] [--traffic] [--quick]
 
 Builds the trainer's own jitted step for each dtype (`config.model.dtype`; the config's
 batch, its frozen parameters and optimizer), feeds both the same batch of the task's
@@ -33,57 +33,47 @@ the memory's speed.
 --set dotted.key=value overrides a config field (repeatable), e.g. the paper config at a
 batch that fits a CPU:
 
-    python benchmarks/dtype_step_cpu.py --config=configs/videocc_avr.py --dtypes=float32 \
-        --steps=4 --set train.batch_size=1 --set model.video.init_from_vit.path= \
-        --set model.remat=none --set model.attention=xla --set model.scan_layers=False \
-        --set partitioning.fsdp=False
+    python -m benchmarks.speed.dtype_step_cpu --config=configs/videocc_avr.py --dtypes=float32 \
+        --steps=4 --set=train.batch_size=1 --set=model.video.init_from_vit.path= \
+        --set=model.remat=none --set=model.attention=xla --set=model.scan_layers=False \
+        --set=partitioning.fsdp=False
+
+Rows: each dtype's step FLOPs, median step time, examples/s and share of the GEMM peak,
+the peak itself, and the --dot_bound / --traffic figures. --quick: float32 only, 2 steps.
 """
-import argparse
-import ast
-import importlib.util
 import collections
-import json
 import pathlib
-import re
-import sys
 import tempfile
 import time
 
+from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from avtext.tasks import registry  # pylint: disable=wrong-import-position
-from avtext.train import partitioning  # pylint: disable=wrong-import-position
-from avtext.train import trainer as trainer_lib  # pylint: disable=wrong-import-position
+from avtext.tasks import registry
+from avtext.train import partitioning
+from avtext.train import trainer as trainer_lib
+from benchmarks import common
+from benchmarks.common import hlo
+
+_CONFIG = flags.DEFINE_string("config", "configs/videocc_avr.py:demo", "config[:variant]")
+_STEPS = flags.DEFINE_integer("steps", 10, "timed rounds (one step of each dtype + GEMMs)")
+_DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "compute dtypes")
+_DOT_BOUND = flags.DEFINE_bool("dot_bound", False, "also time the float32 step's products "
+                               "alone (module docstring)")
+_DOT_REPEATS = flags.DEFINE_integer("dot_repeats", 7, "timed calls of each product")
+_TRAFFIC = flags.DEFINE_bool("traffic", False, "also count the bytes the float32 step's "
+                             "non-product kernels move and the machine's streaming "
+                             "bandwidth (module docstring)")
+_SET = flags.DEFINE_multi_string("set", [], "a config override KEY=VALUE, e.g. "
+                                 "--set=train.batch_size=1 (repeatable)")
+SYSTEM = "VideoCC AVR"
 
 
 def load_config(spec: str, dtype: str, overrides: tuple[str, ...] = ()):
-  """`configs/<x>.py[:variant]` with config.model.dtype set, on one device, and each
-  "dotted.key=value" of `overrides` applied (the value read as a Python literal, else as
-  a string; "key=" is the empty string), as --config.dotted.key=value would."""
-  path, _, arg = spec.partition(":")
-  loaded = importlib.util.spec_from_file_location("experiment_config", REPO / path)
-  module = importlib.util.module_from_spec(loaded)
-  loaded.loader.exec_module(module)
-  config = module.get_config(arg or None)
-  for item in overrides:
-    key, eq, text = item.partition("=")
-    if not eq:
-      raise ValueError(f"--set {item!r}: expected dotted.key=value")
-    try:
-      value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-      value = text
-    *parents, leaf = key.split(".")
-    node = config
-    for name in parents:
-      node = node[name]
-    if leaf not in node:
-      raise KeyError(f"--set {item!r}: the config has no field {key!r}")
-    node[leaf] = value
+  """`common.load_config` with config.model.dtype set, on one device."""
+  config = common.load_config(spec, overrides)
   config.model.dtype = dtype
   config.num_devices = 1
   return config
@@ -104,74 +94,6 @@ def random_batch(spec: dict, rng: np.random.Generator) -> dict:
 
 
 GEMM_SIZE = 4096
-
-_INSTR = re.compile(r"%([\w.\-]+) = (\w+)\[([\d,]*)\]")
-_DOT = re.compile(r"%[\w.\-]+ = \w+\[[\d,]*\]\{[\d,]*\} dot\(%([\w.\-]+), %([\w.\-]+)\)"
-                  r"((?:, \w+_dims=\{[\d,]*\})*)")
-
-
-def hlo_dots(hlo_text: str) -> collections.Counter:
-  """Counter {(dtype, lhs shape, rhs shape, dimension numbers): count} of the dots."""
-  if " while(" in hlo_text:
-    raise ValueError("hlo_dots: the module has a loop; its dots' trip counts are unknown")
-  shapes = {m.group(1): (m.group(2), tuple(int(x) for x in m.group(3).split(",") if x))
-            for m in _INSTR.finditer(hlo_text)}
-  dots = collections.Counter()
-  for m in _DOT.finditer(hlo_text):
-    (dtype, lhs), (_, rhs) = shapes[m.group(1)], shapes[m.group(2)]
-    dims = dict(re.findall(r"(\w+)_dims=\{([\d,]*)\}", m.group(3)))
-    parse = lambda k: tuple(int(x) for x in dims.get(k, "").split(",") if x)
-    dnums = ((parse("lhs_contracting"), parse("rhs_contracting")),
-             (parse("lhs_batch"), parse("rhs_batch")))
-    dots[(dtype, lhs, rhs, dnums)] += 1
-  return dots
-
-
-_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s64": 8, "u64": 8, "f64": 8,
-          "pred": 1, "s8": 1, "u8": 1}
-_SHAPE = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
-_ENTRY_OP = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = (.*?) ([\w\-]+)\((.*)$")
-_NOT_KERNELS = ("parameter", "get-tuple-element", "tuple", "constant", "bitcast")
-
-
-def _shape_bytes(text: str) -> int:
-  return sum(_BYTES[dtype] * int(np.prod([int(d) for d in dims.split(",") if d]))
-             for dtype, dims in _SHAPE.findall(text))
-
-
-def hlo_traffic(hlo_text: str) -> tuple[int, int]:
-  """(bytes, kernels) of the entry computation's kernels that are not products: for each
-  top-level instruction other than a dot, a convolution or a fusion holding one (and other
-  than parameters, tuples, constants and bitcasts, which move nothing), the bytes of its
-  operands and of its result. What XLA's fusion plan reads and writes outside the
-  products, each operand counted once per kernel that reads it."""
-  if " while(" in hlo_text:
-    raise ValueError("hlo_traffic: the module has a loop; its trip counts are unknown")
-  bodies, name = {}, None
-  for line in hlo_text.splitlines():
-    head = re.match(r"^(ENTRY )?%([\w.\-]+) ", line)
-    if head and line.rstrip().endswith("{"):
-      name = "ENTRY" if head.group(1) else head.group(2)
-      bodies[name] = []
-    elif name is not None:
-      bodies[name].append(line)
-  sizes, total, kernels = {}, 0, 0
-  for line in bodies["ENTRY"]:
-    m = _ENTRY_OP.match(line)
-    if not m:
-      continue
-    name, result, op, rest = m.groups()
-    sizes[name] = _shape_bytes(result)
-    if op in _NOT_KERNELS:
-      continue
-    calls = re.search(r"calls=%([\w.\-]+)", rest)
-    body = "\n".join(bodies.get(calls.group(1), [])) if calls else ""
-    if op in ("dot", "convolution") or " dot(" in body or " convolution(" in body:
-      continue
-    operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
-    total += sizes[name] + sum(sizes.get(o, 0) for o in operands)
-    kernels += 1
-  return total, kernels
 
 
 def stream_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> dict:
@@ -200,16 +122,6 @@ def stream_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> dict:
   return out
 
 
-def dot_flops(lhs, rhs, dnums) -> int:
-  """2 x output elements x contracted length of one dot_general."""
-  (lc, _), (lb, _) = dnums
-  batch = int(np.prod([lhs[d] for d in lb]))
-  contracted = int(np.prod([lhs[d] for d in lc]))
-  free_l = int(np.prod(lhs)) // batch // contracted
-  free_r = int(np.prod(rhs)) // batch // contracted
-  return 2 * batch * free_l * free_r * contracted
-
-
 def time_dots(dots: collections.Counter, repeats: int) -> tuple[float, float]:
   """(total FLOPs, total seconds) of the dots, each timed alone (median) x its count."""
   rng = np.random.default_rng(0)
@@ -221,8 +133,8 @@ def time_dots(dots: collections.Counter, repeats: int) -> tuple[float, float]:
     fn = jax.jit(lambda x, y, d=dnums: jax.lax.dot_general(x, y, d)).lower(a, b).compile()
     cost = fn.cost_analysis()
     xla_flops = (cost[0] if isinstance(cost, list) else cost)["flops"]
-    if abs(xla_flops - dot_flops(lhs, rhs, dnums)) > 1e-6 * xla_flops:
-      raise AssertionError(f"dot {lhs} x {rhs} {dnums}: {dot_flops(lhs, rhs, dnums)} FLOPs "
+    if abs(xla_flops - hlo.dot_flops(lhs, rhs, dnums)) > 1e-6 * xla_flops:
+      raise AssertionError(f"dot {lhs} x {rhs} {dnums}: {hlo.dot_flops(lhs, rhs, dnums)} FLOPs "
                            f"counted, XLA counts {xla_flops}")
     jax.block_until_ready(fn(a, b))
     times = []
@@ -230,7 +142,7 @@ def time_dots(dots: collections.Counter, repeats: int) -> tuple[float, float]:
       t0 = time.perf_counter()
       jax.block_until_ready(fn(a, b))
       times.append(time.perf_counter() - t0)
-    flops += count * dot_flops(lhs, rhs, dnums)
+    flops += count * hlo.dot_flops(lhs, rhs, dnums)
     seconds += count * float(np.median(times))
   return flops, seconds
 
@@ -252,24 +164,15 @@ def gemm_timers():
   return {"numpy": timed(lambda: a @ b), "jax": timed(lambda: matmul(ja, jb))}
 
 
-def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--config", default="configs/videocc_avr.py:demo")
-  parser.add_argument("--steps", type=int, default=10)
-  parser.add_argument("--dtypes", default="float32,bfloat16")
-  parser.add_argument("--dot_bound", action="store_true",
-                      help="also time the float32 step's products alone (module docstring)")
-  parser.add_argument("--dot_repeats", type=int, default=7)
-  parser.add_argument("--traffic", action="store_true",
-                      help="also count the bytes the float32 step's non-product kernels move "
-                           "and the machine's streaming bandwidth (module docstring)")
-  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="a config override, e.g. --set train.batch_size=1 (repeatable)")
-  args = parser.parse_args()
+def main(argv):
+  del argv
+  dtypes = ["float32"] if common.quick() else _DTYPES.value
+  rounds = 2 if common.quick() else _STEPS.value
+  overrides = tuple(_SET.value)
   steps = {}
   with tempfile.TemporaryDirectory() as tmp:
-    for dtype in args.dtypes.split(","):
-      config = load_config(args.config, dtype, tuple(args.set))
+    for dtype in dtypes:
+      config = load_config(_CONFIG.value, dtype, overrides)
       task = registry.build_task(config)
       run = trainer_lib.Trainer(config, pathlib.Path(tmp) / dtype, task, evaluators={})
       run.total_steps, run.steps_per_epoch = 1000, 1000
@@ -284,15 +187,15 @@ def main():
       state, metrics = compiled(state, batch)  # first run
       jax.block_until_ready(metrics)
       steps[dtype] = [compiled, state, batch, [], config.train.batch_size, flops]
-      if args.dot_bound and dtype == "float32":
-        dots = hlo_dots(compiled.as_text())
-      if args.traffic and dtype == "float32":
-        traffic = hlo_traffic(compiled.as_text())
-  if (args.dot_bound or args.traffic) and "float32" not in steps:
+      if _DOT_BOUND.value and dtype == "float32":
+        dots = hlo.hlo_dots(compiled.as_text())
+      if _TRAFFIC.value and dtype == "float32":
+        traffic = hlo.hlo_traffic(compiled.as_text())
+  if (_DOT_BOUND.value or _TRAFFIC.value) and "float32" not in steps:
     raise ValueError("--dot_bound and --traffic need float32 in --dtypes")
   gemms = gemm_timers()
   gemm_times = {name: [] for name in gemms}
-  for _ in range(args.steps):
+  for _ in range(rounds):
     for dtype, entry in steps.items():
       step, state, batch, times, _, _ = entry
       t0 = time.perf_counter()
@@ -304,44 +207,59 @@ def main():
       gemm_times[name].append(run_gemm())
   gemm = {name: 2 * GEMM_SIZE ** 3 / float(np.median(t)) / 1e9 for name, t in gemm_times.items()}
   peak = max(gemm.values())
-  report = {}
-  if args.dot_bound:
+  table = " ".join([_CONFIG.value, *(f"--set={o}" for o in overrides)])
+  demo = _CONFIG.value == "configs/videocc_avr.py:demo" and not overrides
+
+  def record(metric, value, unit="", **kw):
+    common.record(SYSTEM, metric, value, unit=unit, table=table, **kw)
+
+  for dtype, e in steps.items():
+    median = float(np.median(e[3]))
+    share = e[5] / 1e9 / median / peak
+    print(f"{dtype}: {e[5] / 1e9:.2f} GFLOP a step, median {median:.3f} s, "
+          f"{e[4] / median:.1f} examples/s, {e[5] / 1e9 / median:.1f} GFLOP/s = "
+          f"{100 * share:.1f} % of the GEMM peak", flush=True)
+    record(f"{dtype} step (XLA's FLOP count)", e[5] / 1e9, "GFLOP")
+    record(f"{dtype} step, median of {rounds}", median, "s")
+    record(f"{dtype} examples/s", e[4] / median)
+    record(f"{dtype} step FLOP rate, share of the float32 GEMM peak", 100 * share, "%",
+           headline="speed" if demo and dtype == "float32" else None,
+           peer=65.0 if demo and dtype == "float32" else None,
+           peer_name="target" if demo and dtype == "float32" else None, digits=3)
+  print(f"float32 {GEMM_SIZE}^3 GEMM: " + ", ".join(f"{k} {v:.1f}" for k, v in gemm.items())
+        + " GFLOP/s")
+  record(f"float32 {GEMM_SIZE}^3 GEMM peak, same run", peak, "GFLOP/s")
+  if _DOT_BOUND.value:
     # Between two GEMM peaks, so a load change shows as peaks that disagree.
-    dflops, dseconds = time_dots(dots, args.dot_repeats)
-    after = {name: 2 * GEMM_SIZE ** 3 / float(np.median([run_gemm() for _ in range(3)])) / 1e9
-             for name, run_gemm in gemms.items()}
-    step_flops = steps["float32"][5]
-    report["dot_bound"] = {
-        "distinct_products": len(dots), "products": sum(dots.values()),
-        "products_gflop": dflops / 1e9, "share_of_step_flops": dflops / step_flops,
-        "products_alone_s": dseconds,
-        "products_gflop_per_s": dflops / 1e9 / dseconds,
-        "products_fraction_of_gemm_peak": dflops / 1e9 / dseconds / peak,
-        "step_bound_fraction_of_gemm_peak": step_flops / 1e9 / dseconds / peak,
-        "gemm_peak_after_products": after}
-  if args.traffic:
+    dflops, dseconds = time_dots(dots, _DOT_REPEATS.value)
+    after = max(2 * GEMM_SIZE ** 3 / float(np.median([run_gemm() for _ in range(3)])) / 1e9
+                for run_gemm in gemms.values())
+    print(f"{sum(dots.values())} products ({len(dots)} distinct), {dflops / 1e9:.2f} GFLOP, "
+          f"alone {dseconds:.3f} s = {100 * dflops / 1e9 / dseconds / peak:.1f} % of the peak "
+          f"(GEMM peak after them {after:.1f} GFLOP/s)")
+    record(f"its {sum(dots.values())} products, each timed alone", dseconds, "s")
+    record("the products alone, share of the GEMM peak",
+           100 * dflops / 1e9 / dseconds / peak, "%", digits=3)
+  if _TRAFFIC.value:
     bandwidth = stream_bandwidth()
     fastest = max(bandwidth.values())
     step_s = float(np.median(steps["float32"][3]))
-    report["traffic"] = {
-        "non_product_kernels": traffic[1], "non_product_gb": traffic[0] / 1e9,
-        "stream_gb_per_s": bandwidth,
-        "non_product_s_at_stream_bandwidth": traffic[0] / 1e9 / fastest}
-    if args.dot_bound:
+    print(f"non-product kernels: {traffic[1]}, {traffic[0] / 1e9:.2f} GB a step; streaming "
+          + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items()) + " GB/s")
+    record(f"bytes its {traffic[1]} non-product kernels read and write", traffic[0] / 1e9, "GB")
+    record("streaming bandwidth, same run (multiply-add / sum)",
+           f"{bandwidth['read_write']:.1f} / {bandwidth['read']:.1f}", "GB/s")
+    if _DOT_BOUND.value:
       floor = dseconds + traffic[0] / 1e9 / fastest
-      report["traffic"].update({
-          "non_product_s_measured": step_s - dseconds,
-          "non_product_gb_per_s_measured": traffic[0] / 1e9 / (step_s - dseconds),
-          "step_bound_s": floor,
-          "step_bound_fraction_of_gemm_peak": steps["float32"][5] / 1e9 / floor / peak})
-  for dtype, e in steps.items():
-    median = float(np.median(e[3]))
-    report[dtype] = {"step_gflop": e[5] / 1e9, "median_step_s": median,
-                     "examples_per_s": e[4] / median, "gflop_per_s": e[5] / 1e9 / median,
-                     "fraction_of_gemm_peak": e[5] / 1e9 / median / peak}
-  print(json.dumps({"config": args.config, "overrides": args.set, **report,
-                    "gemm_float32_gflop_per_s": {**gemm, "peak": peak}}, indent=1))
+      print(f"non-product time measured {step_s - dseconds:.3f} s "
+            f"({traffic[0] / 1e9 / (step_s - dseconds):.1f} GB/s); bound {floor:.3f} s = "
+            f"{100 * steps['float32'][5] / 1e9 / floor / peak:.1f} % of the peak")
+      record("its non-product kernels, measured (step less products)", step_s - dseconds, "s")
+      record("their rate", traffic[0] / 1e9 / (step_s - dseconds), "GB/s", digits=3)
+      record("bound: products alone + those bytes at the streaming bandwidth", floor, "s")
+      record("the bound, share of the GEMM peak",
+             100 * steps["float32"][5] / 1e9 / floor / peak, "%", digits=3)
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

@@ -1,7 +1,7 @@
 r"""Greedy / beam decoding speed: avtext's jitted generate beside transformers' PyTorch GPT-2.
 
     make bench-venv       # .venv-bench: requirements.lock + requirements-bench.txt (torch CPU)
-    .venv-bench/bin/python benchmarks/bench_generate.py [--repeats=5] [--rounds=2]
+    .venv-bench/bin/python -m benchmarks.speed.generate [--repeats=3] [--rounds=2]
 
 GPT-2 117M (transformers' default GPT2Config: 12 layers, width 768, 50257
 tokens), random weights: the PyTorch side creates them (seed 0) and saves a
@@ -26,20 +26,27 @@ decode step alone (`side_gemm`), the floor for a step. Outputs of the two sides 
 compared token for token, row by row: greedy ones agree unless two logits tie within
 float error; beam search ones also depend on the two searches' stopping rules
 (`generate.beam_search` vs HF's) and, with the guard, on the greedy guard.
+--quick: one round of one call. Rows: per setting the two times, the ratio and the rows
+with PyTorch's tokens; the floor per step at batch 1 and 16.
 """
-import argparse
-import datetime
 import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 
+from absl import flags
 import numpy as np
 
+from benchmarks import common
+
+_SIDE = flags.DEFINE_enum("side", None, ["init", "torch", "jax", "gemm"], "(child processes)")
+_WORKDIR = flags.DEFINE_string("workdir", None, "(child processes) the shared checkpoint")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "timed calls per setting and round")
+_ROUNDS = flags.DEFINE_integer("rounds", 2, "rounds of alternating processes")
+SYSTEM = "VideoCC captioning"
 PROMPT, NEW = 16, 32
 SETTINGS = [(1, 1), (16, 1), (1, 4), (16, 4)]  # (batch, beams)
 
@@ -151,30 +158,25 @@ def side_gemm(repeats: int) -> dict:
   return out
 
 
-def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument("--side", choices=["init", "torch", "jax", "gemm"])
-  ap.add_argument("--workdir")
-  ap.add_argument("--repeats", type=int, default=5)
-  ap.add_argument("--rounds", type=int, default=2)
-  ap.add_argument("--out", default=None)
-  args = ap.parse_args()
-  if args.side:
-    workdir = pathlib.Path(args.workdir)
-    if args.side == "init":
+def main(argv):
+  del argv
+  repeats, rounds = (1, 1) if common.quick() else (_REPEATS.value, _ROUNDS.value)
+  if _SIDE.value:
+    workdir = pathlib.Path(_WORKDIR.value)
+    if _SIDE.value == "init":
       side_init(workdir)
-    elif args.side == "gemm":
-      print("RESULT " + json.dumps(side_gemm(args.repeats)))
+    elif _SIDE.value == "gemm":
+      print("RESULT " + json.dumps(side_gemm(repeats)))
     else:
-      fn = side_torch if args.side == "torch" else side_jax
-      print("RESULT " + json.dumps(fn(workdir, args.repeats)))
+      fn = side_torch if _SIDE.value == "torch" else side_jax
+      print("RESULT " + json.dumps(fn(workdir, repeats)))
     return
 
   with tempfile.TemporaryDirectory() as tmp:
     def child(side):
-      cmd = [sys.executable, __file__, f"--side={side}", f"--workdir={tmp}",
-             f"--repeats={args.repeats}"]
-      res = subprocess.run(cmd, capture_output=True, text=True, check=False,
+      res = subprocess.run(common.child(f"--side={side}", f"--workdir={tmp}",
+                                        f"--repeats={repeats}"),
+                           capture_output=True, text=True, check=False, cwd=common.REPO,
                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
       if res.returncode:
         sys.exit(f"{side} side failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
@@ -184,9 +186,9 @@ def main():
     child("init")
     gemm = child("gemm")
     runs = {"torch": [], "jax": []}
-    for r in range(args.rounds):
+    for r in range(rounds):
       for side in ("torch", "jax"):
-        print(f"round {r + 1}/{args.rounds}: {side}", flush=True)
+        print(f"round {r + 1}/{rounds}: {side}", flush=True)
         runs[side].append(child(side))
         print("  " + ", ".join(f"{key} {np.median(v['times']):.3f} s" for key, v in
                                runs[side][-1].items() if isinstance(v, dict)), flush=True)
@@ -194,11 +196,9 @@ def main():
   def median(side, key):
     return float(np.median(sum((run[key]["times"] for run in runs[side]), [])))
 
-  report = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or
-            platform.machine(), "cpus": os.cpu_count(), "prompt": PROMPT, "new_tokens": NEW,
-            "repeats": args.repeats, "rounds": args.rounds, "settings": {}}
-  print(f"\nGPT-2 117M, {PROMPT}-token prompt + {NEW} new tokens, CPU x{os.cpu_count()}, "
-        f"median of {args.repeats * args.rounds} calls")
+  table = (f"GPT-2 117M, {PROMPT}-token prompt + {NEW} new tokens, median of "
+           f"{repeats * rounds} calls a side")
+  print(f"\n{table}, CPU x{os.cpu_count()}")
   print(f"{'setting':<28}{'PyTorch s':>11}{'avtext s':>11}{'PyTorch tok/s':>15}"
         f"{'avtext tok/s':>14}{'ratio':>8}")
   for batch, beams in SETTINGS:
@@ -207,31 +207,31 @@ def main():
     for jkey in ([key] + ([key + "_noguard"] if beams > 1 else [])):
       t_jax = median("jax", jkey)
       label = f"batch {batch}, " + ("greedy" if beams == 1 else f"beam {beams}") + (
-          " (no guard)" if jkey.endswith("noguard") else "")
-      row = {"pytorch_s": t_torch, "avtext_s": t_jax,
-             "pytorch_tokens_per_s": batch * NEW / t_torch,
-             "avtext_tokens_per_s": batch * NEW / t_jax, "ratio": t_torch / t_jax,
-             "avtext_first_call_s": runs["jax"][0][jkey]["first_call_s"]}
+          ", no greedy guard" if jkey.endswith("noguard") else "")
       same = [a == b for a, b in zip(runs["jax"][0][jkey]["tokens"],
                                      runs["torch"][0][key]["tokens"])]
-      row["same_tokens_rows"] = f"{sum(same)}/{len(same)}"
-      report["settings"][label] = row
-      print(f"{label:<28}{t_torch:11.3f}{t_jax:11.3f}{row['pytorch_tokens_per_s']:15.1f}"
-            f"{row['avtext_tokens_per_s']:14.1f}{row['ratio']:7.2f}x"
-            f"  rows with PyTorch's tokens: {row['same_tokens_rows']}")
+      print(f"{label:<28}{t_torch:11.3f}{t_jax:11.3f}{batch * NEW / t_torch:15.1f}"
+            f"{batch * NEW / t_jax:14.1f}{t_torch / t_jax:7.2f}x"
+            f"  rows with PyTorch's tokens: {sum(same)}/{len(same)}")
+      for column, value, unit in (("PyTorch", t_torch, "s"), ("avtext", t_jax, "s"),
+                                  ("ratio", t_torch / t_jax, "x"),
+                                  ("rows with PyTorch's tokens", f"{sum(same)}/{len(same)}", "")):
+        common.record(SYSTEM, label, value, unit=unit, table=table, column=column,
+                      digits=3 if unit == "x" else 4)
+      if not jkey.endswith("noguard"):
+        common.record(SYSTEM, f"{'greedy' if beams == 1 else f'beam {beams}'} decoding, batch "
+                      f"{batch}, vs transformers' PyTorch GPT-2", t_torch / t_jax, unit="x",
+                      headline="speed", digits=3)
   for batch in (1, 16):
     t = float(np.median(gemm[f"b{batch}"]["times"]))
     shared = float(np.median(gemm[f"b{batch}_shared"]["times"]))
-    report[f"gemm_floor_b{batch}"] = {"step_s": t, "gflop": gemm[f"b{batch}"]["gflop"],
-                                      "gflop_per_s": gemm[f"b{batch}"]["gflop"] / t,
-                                      "step_s_shared_layer_weights": shared}
     print(f"floor, batch {batch}: the matrix products of one decode step alone take "
           f"{1e3 * t:.1f} ms ({gemm[f'b{batch}']['gflop']:.2f} GFLOP, "
           f"{gemm[f'b{batch}']['gflop'] / t:.0f} GFLOP/s) x {NEW} steps = {NEW * t:.3f} s "
           f"({1e3 * shared:.1f} ms with one layer's weights for all 12)")
-  if args.out:
-    pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
+    common.record(SYSTEM, f"floor: one decode step's matrix products alone, batch {batch}",
+                  1e3 * t, unit="ms", table=table, digits=3)
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

@@ -1,8 +1,10 @@
 r"""XML train step: avtext (JAX) beside the official PyTorch XML, same batch, one process each.
 
     make bench-venv      # .venv-bench: requirements.lock + requirements-bench.txt (torch CPU)
-    git -C <mirror of jayleicn/TVRetrieval> archive HEAD baselines utils | tar -x -C /tmp/TVRetrieval
-    .venv-bench/bin/python benchmarks/bench_xml_train_step.py --tvr_repo=/tmp/TVRetrieval
+    git -C <mirror of jayleicn/TVRetrieval> archive HEAD baselines utils | tar -x -C <TVRetrieval checkout>
+    .venv-bench/bin/python -m benchmarks.speed.xml_train_step --tvr_repo=<TVRetrieval checkout> \
+        [--steps=10 --block=5 --warmup=2]
+    python -m benchmarks.speed.xml_train_step --ab_rounds=12    # ours only: the A/B below
 
 The official code is imported from `--tvr_repo` (a checkout of jayleicn/TVRetrieval); it is
 never vendored here. Both sides run the official defaults (train.py + scripts/train.sh tvr
@@ -23,29 +25,45 @@ Before timing, a child process (both frameworks) checks step 1's loss on this ba
 the same weights: the official model as the timed side builds it (seed 0) is saved as
 train.py saves checkpoints ({"model", "model_cfg", "epoch"}), imported with
 `avtext.import_checkpoint` onto our config and opened with `avtext.runs.load_run`
-(`parity_xml`'s helpers); both losses without dropout (eval / dropout rate 0) and with the
+(`common.official`); both losses without dropout (eval / dropout rate 0) and with the
 hardest in-batch negative (a hard pool of 1 on both sides, as the parity suite: the
 default's uniform negative draw is no draw two RNGs share). It prints "step-1 loss, same
 weights, no dropout: official X, avtext Y" and stops unless they agree to a relative 1e-4.
 Timings: each side alone in its own process from its own random init, `--warmup` untimed
 then `--block` timed steps, the processes alternating until each side has `--steps`;
 median and IQR.
+
+With --ab_rounds=N (no official code needed), our step alone with and without the CPU
+matmul / reduction forms of `avtext.ops`, in one process on the same batch: "plain" traces
+the step under `ops.lowering_for("tpu")`, which replaces `ops.dense_matmul` and
+`ops.broadcast_leading` by the plain product and broadcast, "ops" as the code is on the
+CPU; after one untimed step each, N rounds time one step of each, the order flipping every
+round, so load on a shared machine hits both alike; the medians and their ratio.
+--quick: 16 queries, 2 timed steps a side (or 2 A/B rounds). Rows: each side's median
+step and IQR, the ratio, the same-weights step-1 losses, the parameter counts; the A/B's
+medians and ratio.
 """
-import argparse
-import datetime
-import importlib.util
 import json
 import os
 import pathlib
-import subprocess
-import sys
+import time
 
+from absl import flags
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))  # this checkout's avtext, not an installed one
-import parity_xml  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
-import side_by_side  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from benchmarks import common
+from benchmarks.common import official as off_lib
+from benchmarks.common import side_by_side
+
+_TVR_REPO = flags.DEFINE_string("tvr_repo", None, "checkout of jayleicn/TVRetrieval")
+_QUERIES = flags.DEFINE_integer("queries", 128, "queries in the batch")
+_STEPS_PER_EPOCH = flags.DEFINE_integer("steps_per_epoch", 851,
+                                        "TVR: 108,965 training queries / 128")
+_CHECK = flags.DEFINE_bool("check", False, "(child process)")
+_AB_ROUNDS = flags.DEFINE_integer("ab_rounds", 0, "time our step with and without the CPU "
+                                  "forms of avtext.ops instead (module docstring)")
+side_by_side.define_flags()
+SYSTEM = "TVR: XML"
 
 LOSS_RTOL = 1e-4  # official vs avtext, step-1 loss with the same weights
 CFG = dict(video_dim=3072, sub_dim=768, query_dim=768, max_ctx=100, max_query=30)
@@ -79,7 +97,7 @@ def _pad(seqs, length=None):
 def official_model(repo: pathlib.Path):
   """`XML(model_config)` as train.py builds it with the config.py / train.sh defaults
   (hidden 256, 4 heads, dropout 0.1, ConvSE k=5), seed 0."""
-  return parity_xml.official_model(repo, parity_xml.official_model_config(
+  return off_lib.xml_model(repo, off_lib.xml_model_config(
       visual_input_size=CFG["video_dim"], sub_input_size=CFG["sub_dim"],
       query_input_size=CFG["query_dim"], max_ctx_l=CFG["max_ctx"],
       max_desc_l=CFG["max_query"]), seed=0)
@@ -129,11 +147,7 @@ def official_step_fn(repo: pathlib.Path, examples, threads: int, steps_per_epoch
 # ------------------------------------------------------------------ avtext
 def avtext_config():
   """configs/xml_tvr.py at float32 on the CPU."""
-  spec = importlib.util.spec_from_file_location(
-      "xml_tvr", pathlib.Path(__file__).parents[1] / "configs/xml_tvr.py")
-  xml_config = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(xml_config)
-  config = xml_config.get_config()
+  config = common.load_config("configs/xml_tvr.py")
   side_by_side.cpu_float32(config)
   return config
 
@@ -163,76 +177,108 @@ def avtext_step_fn(examples, steps_per_epoch: int):
 def same_weights_check(repo: pathlib.Path, examples) -> dict:
   """Step 1's training loss on the benchmark's batch, the same weights on both sides, no
   randomness: the official model as `official_step_fn` builds it (seed 0), imported with
-  `import_checkpoint` onto our config (`parity_xml.import_official`); both losses without
+  `import_checkpoint` onto our config (`official.xml_import`); both losses without
   dropout and with the hardest in-batch negative (a hard pool of 1: the default's uniform
   draw is no draw two RNGs share), as the parity suite compares them
-  (`parity_xml.official_loss` / `avtext_loss`). Each side on its own padding of the batch."""
+  (`official.xml_official_loss` / `xml_avtext_loss`). Each side on its own padding of the batch."""
   import torch  # pylint: disable=g-import-not-at-top
   model = official_model(repo)
-  run = parity_xml.import_official(model, avtext_config())
-  official, _ = parity_xml.official_loss(model, official_inputs(torch, examples))
-  ours, _ = parity_xml.avtext_loss(run, avtext_batch(examples))
+  run = off_lib.xml_import(model, avtext_config())
+  official, _ = off_lib.xml_official_loss(model, official_inputs(torch, examples))
+  ours, _ = off_lib.xml_avtext_loss(run, avtext_batch(examples))
   return {"official": float(official), "avtext": float(ours)}
 
 
-def run_side(args) -> None:
+def run_side(flag) -> None:
   threads = os.cpu_count()
-  examples = make_batch(args.seed, args.queries)
+  examples = make_batch(flag.seed, flag.queries)
   info = {}
-  if args.side == "official":
+  if flag.side == "official":
     step, info["params"], info["version"], info["video_shape"] = official_step_fn(
-        args.tvr_repo, examples, threads, args.steps_per_epoch)
+        pathlib.Path(flag.tvr_repo), examples, threads, flag.steps_per_epoch)
   else:
     step, info["params"], info["version"], info["video_shape"] = avtext_step_fn(
-        examples, args.steps_per_epoch)
-  side_by_side.time_steps(step, args.warmup, args.steps, info)
+        examples, flag.steps_per_epoch)
+  side_by_side.time_steps(step, flag.warmup, flag.steps, info)
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--tvr_repo", required=True, type=pathlib.Path,
-                      help="checkout of jayleicn/TVRetrieval")
-  parser.add_argument("--queries", type=int, default=128)
-  parser.add_argument("--steps_per_epoch", type=int, default=851,
-                      help="TVR: 108,965 training queries / 128")
-  parser.add_argument("--check", action="store_true", help="(child process)")
-  side_by_side.add_timing_args(parser)
-  args = parser.parse_args()
-  model_file = args.tvr_repo / "baselines/crossmodal_moment_localization/model_xml.py"
-  if not model_file.is_file():
-    raise SystemExit(f"--tvr_repo={args.tvr_repo}: no {model_file.name}; pass a checkout of "
-                     "jayleicn/TVRetrieval (see the module docstring)")
-  if args.check:
-    print("RESULT " + json.dumps(same_weights_check(args.tvr_repo,
-                                                    make_batch(args.seed, args.queries))))
+def ab(rounds: int, queries: int, seed: int) -> None:
+  """Our step with ("ops") and without ("plain") the CPU forms of avtext.ops, alternating."""
+  from avtext import ops  # pylint: disable=g-import-not-at-top
+  examples = make_batch(seed, queries)
+  steps = {}
+  # "plain" is traced as for another backend (`ops.lowering_for`), which drops the CPU forms.
+  for name, platform in (("plain", "tpu"), ("ops", "cpu")):
+    with ops.lowering_for(platform):
+      steps[name] = avtext_step_fn(examples, _STEPS_PER_EPOCH.value)[0]
+      print(f"{name}: step-1 loss {steps[name]():.6f}", flush=True)  # traced and compiled here
+  times = {name: [] for name in steps}
+  for i in range(rounds):
+    for name in (list(steps) if i % 2 == 0 else list(steps)[::-1]):
+      begin = time.perf_counter()
+      steps[name]()
+      times[name].append(time.perf_counter() - begin)
+  for name, t in times.items():
+    print(f"{name}: " + " ".join(f"{x:.3f}" for x in t))
+  med = {name: float(np.median(t)) for name, t in times.items()}
+  paired = np.asarray(times["plain"]) / np.asarray(times["ops"])
+  print(f"median step: plain {med['plain']:.3f} s, ops {med['ops']:.3f} s; plain/ops "
+        f"{med['plain'] / med['ops']:.3f} (per round: median {np.median(paired):.3f}, "
+        f"range {paired.min():.3f}-{paired.max():.3f}); {rounds} rounds")
+  table = (f"our step alone, plain products vs the CPU forms of avtext.ops, {queries} queries, "
+           f"median of {rounds} alternated rounds")
+  common.record(SYSTEM, "plain products and broadcasts", med["plain"], unit="s", table=table)
+  common.record(SYSTEM, "avtext.ops' CPU forms (the code)", med["ops"], unit="s", table=table)
+  common.record(SYSTEM, "plain / ops", med["plain"] / med["ops"], unit="x", table=table,
+                digits=4)
+
+
+def main(argv):
+  del argv
+  flag = flags.FLAGS
+  queries = 16 if common.quick() else flag.queries
+  if flag.ab_rounds:
+    ab(2 if common.quick() else flag.ab_rounds, queries, flag.seed)
     return
-  if args.side:
-    run_side(args)
+  if not flag.tvr_repo:
+    raise SystemExit("--tvr_repo: a checkout of jayleicn/TVRetrieval (or --ab_rounds=N)")
+  repo = off_lib.require(pathlib.Path(flag.tvr_repo), "TVRetrieval")
+  if flag.check:
+    print("RESULT " + json.dumps(same_weights_check(repo, make_batch(flag.seed, queries))))
     return
-  out = subprocess.run([sys.executable, __file__, f"--tvr_repo={args.tvr_repo}", "--check",
-                        f"--seed={args.seed}", f"--queries={args.queries}"],
-                       check=True, capture_output=True, text=True).stdout
-  check = json.loads(out.split("RESULT ", 1)[1])
+  if flag.side:
+    run_side(flag)
+    return
+  steps, block, warmup = (2, 1, 1) if common.quick() else (flag.steps, flag.block, flag.warmup)
+  check = side_by_side.result(common.child(f"--tvr_repo={repo}", "--check",
+                                           f"--seed={flag.seed}", f"--queries={queries}"))
   print(f"step-1 loss, same weights, no dropout: official {check['official']:.6f}, avtext "
         f"{check['avtext']:.6f} (the hardest in-batch negative on both sides)", flush=True)
   if not np.isclose(check["avtext"], check["official"], rtol=LOSS_RTOL, atol=0):
     raise SystemExit(f"step-1 losses with the same weights differ beyond rtol {LOSS_RTOL:g}")
   results = side_by_side.alternate(
-      lambda side, n: [sys.executable, __file__, f"--tvr_repo={args.tvr_repo}", f"--side={side}",
-             f"--steps={n}", f"--warmup={args.warmup}",
-             f"--seed={args.seed}", f"--queries={args.queries}",
-             f"--steps_per_epoch={args.steps_per_epoch}"],
-      args.steps, args.block)
+      lambda side, n: common.child(
+          f"--tvr_repo={repo}", f"--side={side}", f"--steps={n}", f"--warmup={warmup}",
+          f"--seed={flag.seed}", f"--queries={queries}",
+          f"--steps_per_epoch={flag.steps_per_epoch}"),
+      steps, block)
   first = {side: r[0] for side, r in results.items()}
-  cpu = side_by_side.cpu_name()
-  print(f"\ndate {datetime.date.today()}, {cpu}, {os.cpu_count()} cores; torch "
+  print(f"\n{common.cpu_name()}, {os.cpu_count()} cores; torch "
         f"{first['official']['version']}, jax {first['avtext']['version']}")
   print(f"video batch: official {first['official']['video_shape']} (padded to the batch max), "
         f"avtext {first['avtext']['video_shape']} (max_ctx_len)")
   print(f"params: official {first['official']['params'] / 1e6:.3f} M, "
         f"avtext {first['avtext']['params'] / 1e6:.3f} M")
-  side_by_side.report(results, args.steps, args.block, args.warmup)
+  timing = side_by_side.summary(results, steps, block, warmup)
+  table = f"official defaults, float32, {queries} queries"
+  side_by_side.record_summary(SYSTEM, table, timing, "official PyTorch XML")
+  for side in ("official", "avtext"):
+    name = "official PyTorch XML" if side == "official" else "avtext (JAX)"
+    common.record(SYSTEM, name, check[side], table=table,
+                  column="step-1 loss, same weights, no dropout", digits=6)
+    common.record(SYSTEM, name, first[side]["params"] / 1e6, unit="M", table=table,
+                  column="parameters", digits=4)
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

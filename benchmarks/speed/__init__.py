@@ -1,0 +1,1 @@
+"""Timings: against a peer implementation, the machine's roofline or the budget."""

@@ -1,0 +1,1 @@
+"""The papers' tables and ablations, rerun at demo scale on the synthetic world."""
