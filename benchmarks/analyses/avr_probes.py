@@ -1,6 +1,6 @@
 r"""Which attributes does a trained AVR run encode? Linear probes per tower.
 
-    .venv/bin/python benchmarks/avr_probes.py --workdir=workdirs/demo [--num_train=3000]
+    python -m benchmarks.analyses.avr_probes --workdir=workdirs/demo/avr [--num_train=3000]
 
 Embeds `num_train` clips of the synthetic train split and the test split with
 the run's model (K-clip-averaged video embeddings, caption embeddings), fits a
@@ -10,11 +10,11 @@ test accuracy:
   text: shape / motion / colour of captions that describe one object.
 It also prints the oracle t2v R@1 with words about shape and/or motion
 ignored: the best R@1 a model blind to those attributes can reach. Together
-they say which tower to work on when R@1 falls short of the oracle.
+they say which tower to work on when R@1 falls short of the oracle. --quick: 200 train
+clips. Rows: each probe's accuracy (chance as its peer) and each oracle.
 """
 import copy
 
-from absl import app
 from absl import flags
 import jax
 import numpy as np
@@ -26,11 +26,13 @@ from avtext.data.synthetic import clips as clips_lib
 from avtext.data.synthetic import world
 from avtext.evals import base as eval_base
 from avtext.train import partitioning
+from benchmarks import common
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (synthetic_clips dataset)",
                                required=True)
 _NUM_TRAIN = flags.DEFINE_integer("num_train", 3000, "train clips to fit the probes on")
 
+SYSTEM = "VideoCC AVR"
 _OBJECT_FIELDS = (("shape", world.SHAPES), ("motion", world.MOTION_NAMES),
                   ("colour", world.COLOUR_NAMES))
 
@@ -75,7 +77,8 @@ def main(argv):
   test = builders.get_source(run.config.dataset, "test")
   if not isinstance(test, clips_lib.ClipCaptionSource):
     raise SystemExit(f"{_WORKDIR.value}: probes need the synthetic_clips dataset")
-  train = clips_lib.ClipCaptionSource("train", num_examples=_NUM_TRAIN.value,
+  train = clips_lib.ClipCaptionSource("train", num_examples=200 if common.quick() else
+                                      _NUM_TRAIN.value,
                                       spec=test.spec, seed=test.seed)
   emb, attrs = {}, {}
   for name, source in (("train", train), ("test", test)):
@@ -88,6 +91,7 @@ def main(argv):
 
   print(f"linear probes, run {_WORKDIR.value} step {run.step} "
         f"({len(train)} train / {len(test)} test clips)")
+  table = f"ridge probes on the run's embeddings, {len(train)} train / {len(test)} test clips"
   rows = []
   for field, names in _OBJECT_FIELDS:
     rows.append((f"video {field} (1-object clips)", "video", _clip_labels, field, names))
@@ -103,6 +107,8 @@ def main(argv):
     acc = probe_accuracy(emb["train"][tower], y["train"], emb["test"][tower], y["test"],
                          len(names))
     print(f"  {label:32s} {acc:5.1f} %   (chance {100 / len(names):.0f} %)")
+    common.record(SYSTEM, label, acc, unit="%", table=table, peer=100 / len(names),
+                  peer_name="chance", digits=3)
 
   clip_attrs = [{k: a[k] for k in ("num_objects", "objects", "background", "sound")}
                 for a in attrs["test"]]
@@ -110,8 +116,11 @@ def main(argv):
   for fields in ((), ("shape",), ("motion",), ("shape", "motion")):
     n = captions.num_fitting_clips([_ignoring(a["mentioned"], fields) for a in attrs["test"]],
                                    clip_attrs)
-    print(f"  ignoring {'+'.join(fields) or 'nothing':14s} {captions.oracle_recall_at_1(n):6.2f}")
+    oracle = captions.oracle_recall_at_1(n)
+    print(f"  ignoring {'+'.join(fields) or 'nothing':14s} {oracle:6.2f}")
+    common.record(SYSTEM, f"ignoring {' and '.join(fields) or 'nothing'}", oracle,
+                  table="oracle t2v R@1 of a model blind to some words", digits=3)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.main(main)

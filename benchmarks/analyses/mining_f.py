@@ -3,8 +3,8 @@ image embedders on the synthetic mining world, and the ceiling of any image-only
 (issue 32).
 
     make demo-mining        # writes workdirs/demo/mining/world first
-    python benchmarks/mining_f.py [--world=workdirs/demo/mining/world] \
-        [--tower=workdirs/demo/video_pretrain]
+    python -m benchmarks.analyses.mining_f [--world=workdirs/demo/mining/world] \
+        [--tower=workdirs/demo/video_pretrain] [--taus=0.6,0.8,0.9]
 
 Candidates, all from the demo's RGB tower on stills (`avtext.mining.embed.tower`):
   raw           f as the pipeline's default uses it (unit rows; the paper's cosine);
@@ -29,27 +29,30 @@ Also prints, for the oracle's reason, the share of (seed, scene) pairs showing e
 what the seed image shows whose scene fits the caption, by whether the caption states a
 motion (which no still shows: only a world written with `avtext.tools.mining_world
 --seed_caption_motion` has such captions; its precision is capped by them).
+--quick: the candidates raw and seed_mean at τ 0.8 only. Rows: each f's cosine percentiles
+and AUC, and the precision table.
 """
-import argparse
 import json
 import pathlib
-import sys
 
+from absl import flags
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from avtext.data import video_io
+from avtext.data.synthetic import captions
+from avtext.data.synthetic import mining_corpus
+from avtext.data.synthetic import world
+from avtext.mining import embed
+from avtext.mining import files
+from avtext.mining import outputs
+from avtext.mining import pipeline
+from avtext.mining import search
+from benchmarks import common
 
-from avtext.data import video_io  # pylint: disable=wrong-import-position
-from avtext.data.synthetic import captions  # pylint: disable=wrong-import-position
-from avtext.data.synthetic import mining_corpus  # pylint: disable=wrong-import-position
-from avtext.data.synthetic import world  # pylint: disable=wrong-import-position
-from avtext.mining import embed  # pylint: disable=wrong-import-position
-from avtext.mining import files  # pylint: disable=wrong-import-position
-from avtext.mining import outputs  # pylint: disable=wrong-import-position
-from avtext.mining import pipeline  # pylint: disable=wrong-import-position
-from avtext.mining import search  # pylint: disable=wrong-import-position
-
+_WORLD = flags.DEFINE_string("world", "workdirs/demo/mining/world", "`make demo-mining`'s world")
+_TOWER = flags.DEFINE_string("tower", "workdirs/demo/video_pretrain", "the stage-1 run")
+_TAUS = flags.DEFINE_string("taus", "0.6,0.8,0.9,0.95,0.97,0.98", "fixed τ values")
+SYSTEM = "VideoCC mining"
 PAIRS = [(s, c) for s in world.SHAPES for c in world.COLOUR_NAMES]
 
 
@@ -103,21 +106,17 @@ def pct(x, qs):
   return "/".join(f"{v:.2f}" for v in np.percentile(x, qs))
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("--world", default="workdirs/demo/mining/world")
-  p.add_argument("--tower", default="workdirs/demo/video_pretrain")
-  p.add_argument("--taus", default="0.6,0.8,0.9,0.95,0.97,0.98")
-  a = p.parse_args()
-  videos_dir = pathlib.Path(a.world) / "videos"
+def main(argv):
+  del argv
+  videos_dir = pathlib.Path(_WORLD.value) / "videos"
   meta = json.loads((videos_dir / "world.json").read_text())
   w = mining_corpus.world_from_meta(meta)
-  seeds = files.read_seeds(pathlib.Path(a.world) / "seeds" / "seeds.tsv")
+  seeds = files.read_seeds(pathlib.Path(_WORLD.value) / "seeds" / "seeds.tsv")
   rows = [meta["seeds"][sid] for sid, _, _ in seeds]
   seed_attrs = [w._seed(i)[0].attributes() for i in rows]  # pylint: disable=protected-access
   mentions = [w.seed_mention(i) for i in rows]
   cfg = pipeline.MiningConfig()
-  raw, kernel, bias = tower_and_head(a.tower)
+  raw, kernel, bias = tower_and_head(_TOWER.value)
 
   # The readable videos of >= t seconds, frames at 1 fps, as the pipeline decodes them.
   records, scene_attrs, scene_seed, frame_raw = [], [], [], []
@@ -161,19 +160,30 @@ def main():
   frame_video = np.concatenate([np.full(len(r[3]), k) for k, r in enumerate(records)])
   times = np.concatenate([r[3] for r in records])
   truth, _ = outputs.synthetic_truth(videos_dir)
-  fixed = [float(t) for t in a.taus.split(",")]
+  fixed = [0.8] if common.quick() else [float(t) for t in _TAUS.value.split(",")]
+  world_note = ("seed captions that may state motion" if states_motion.any() else
+                "seed captions of what a still shows")
+  cosines = f"cosines of (seed, frame) pairs, {world_note}"
+  precision_table = f"precision of the mined clips vs τ, {world_note}"
   print("\n| f | cosine, planted pairs p10/50/90 | fitting p10/50/90 | unrelated p50/99/99.9 "
         "| AUC fitting > unrelated |\n|---|---|---|---|---|")
   tables = []
   rng = np.random.default_rng(0)
   for name, (sv, fv) in candidates(np.concatenate([seed_raw]), np.concatenate(frame_raw),
                                    kernel, bias, seed_oracle, frame_oracle).items():
+    if common.quick() and name not in ("raw", "seed_mean"):
+      continue
     sims = (sv.astype(np.float64) @ fv.astype(np.float64).T)
     unrelated = sims[~frame_fit]
     auc = np.mean(rng.choice(sims[frame_fit], 200_000) > rng.choice(unrelated, 200_000))
     print(f"| {name} | {pct(sims[frame_planted], [10, 50, 90])} | "
           f"{pct(sims[frame_fit], [10, 50, 90])} | {pct(unrelated, [50, 99, 99.9])} | "
           f"{auc:.3f} |", flush=True)
+    for column, value in (("planted p10/50/90", pct(sims[frame_planted], [10, 50, 90])),
+                          ("fitting p10/50/90", pct(sims[frame_fit], [10, 50, 90])),
+                          ("unrelated p50/99/99.9", pct(unrelated, [50, 99, 99.9])),
+                          ("AUC fitting > unrelated", round(float(auc), 3))):
+      common.record(SYSTEM, name, value, table=cosines, column=column)
     qs = {f"q{q}": float(np.percentile(unrelated, q)) for q in (99, 99.9, 99.99)}
     taus = sorted(set(fixed + list(qs.values())))
     found, _ = search.search_shard(sv, fv, frame_video, tau=min(taus), top_k=cfg.top_k)
@@ -197,6 +207,16 @@ def main():
                     f"| {precision(clip_rows, tau)} | {by_motion} "
                     f"| {(passing & ~frame_fit).sum(1).mean():.1f} / "
                     f"{(passing & frame_fit).sum(1).mean():.1f} |")
+      metric = f"{name}, τ {label}"
+      for column, value in (("matches", st["matches"]), ("clips", st["clips"]),
+                            ("captions", st["captions"]),
+                            ("precision", precision(clip_rows, tau)),
+                            ("a seed's frames >= τ, unrelated / fitting",
+                             f"{(passing & ~frame_fit).sum(1).mean():.1f} / "
+                             f"{(passing & frame_fit).sum(1).mean():.1f}")):
+        unit = "%" if column == "precision" and value != "-" else ""
+        common.record(SYSTEM, metric, float(value) if unit else value,
+                      unit=unit, table=precision_table, column=column)
   print("\n| f | τ | matches | clips | captions | precision (%) | precision, captions stating "
         "no motion / a motion (%) | frames >= τ per seed, unrelated / fitting |"
         "\n|---|---|---|---|---|---|---|---|")
@@ -204,4 +224,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

@@ -1,6 +1,6 @@
 r"""Best VR / SVMR / VCMR R@1 any model can reach on the synthetic TVR data, by query type.
 
-    .venv/bin/python benchmarks/tvr_query_oracle.py [--split=test --num_videos=250 --seed=0] \
+    python -m benchmarks.analyses.tvr_query_oracle [--split=test --num_videos=250 --seed=0] \
         [--submission=workdirs/demo/xml/moments/test_step560.json \
          --ground_truth=workdirs/demo/tvr_data/tvr_test_public_release.jsonl] \
         [--run=workdirs/demo/xml]
@@ -20,6 +20,7 @@ errors, as opposed to ties the query cannot break).
 With `--run` (a finished `configs/xml_tvr.py:demo` run whose test corpus store was kept),
 VR R@1 / R@10 by query type from eq. 4's mean of the two streams' scores and from each
 stream's score alone: the best checkpoint's query vectors against the stored H_0.
+--quick: the oracle of a 20-video corpus. Rows: every printed number.
 """
 import json
 import pathlib
@@ -33,6 +34,7 @@ from avtext.data import builders
 from avtext.data.synthetic import longvideo
 from avtext.data.synthetic import tvr_layout
 from avtext.inference import vcmr
+from benchmarks import common
 
 _SPLIT = flags.DEFINE_enum("split", "test", ["train", "val", "test"], "world split")
 _NUM = flags.DEFINE_integer("num_videos", 250, "videos in the corpus (the split's first)")
@@ -41,6 +43,7 @@ _SUBMISSION = flags.DEFINE_string("submission", None, "a TVR submission JSON to 
 _GROUND_TRUTH = flags.DEFINE_string("ground_truth", None,
                                     "its tvr_*_release.jsonl (desc_id -> vid_name, desc)")
 _RUN = flags.DEFINE_string("run", None, "an XML run directory: VR by stream and query type")
+SYSTEM = "TVR: XML"
 
 
 def stream_recall(workdir: str) -> dict[str, dict[str, tuple[float, float]]]:
@@ -101,18 +104,22 @@ def analyse(submission: dict, ground_truth: list[dict], videos: dict[str, dict])
 
 def main(argv):
   del argv
-  source = longvideo.LongVideoSource(_SPLIT.value, seed=_SEED.value,
-                                     num_examples=_NUM.value,
+  num = 20 if common.quick() else _NUM.value
+  source = longvideo.LongVideoSource(_SPLIT.value, seed=_SEED.value, num_examples=num,
                                      clip_length_s=tvr_layout.CLIP_LENGTH)
-  described = [source.describe(i) for i in range(_NUM.value)]
+  described = [source.describe(i) for i in range(num)]
   oracle = longvideo.query_oracle(described)
-  print(f"{_SPLIT.value}, {_NUM.value} videos, seed {_SEED.value}: oracle R@1 (%)")
+  table = f"oracle R@1 on the {_SPLIT.value} split's {num} videos (seed {_SEED.value})"
+  print(f"{_SPLIT.value}, {num} videos, seed {_SEED.value}: oracle R@1 (%)")
   print(f"{'type':<6}{'queries':>8}{'VR':>8}{'SVMR':>8}{'VCMR':>8}{'fit/query':>11}")
   for t in [*longvideo.QUERY_TYPES, "all"]:
     if t in oracle:
       o = oracle[t]
       print(f"{t:<6}{o['num_queries']:>8d}{o['VR']:>8.2f}{o['SVMR']:>8.2f}{o['VCMR']:>8.2f}"
             f"{o['median_fitting_scenes']:>11.1f}")
+      for column in ("VR", "SVMR", "VCMR"):
+        common.record(SYSTEM, f"{t} queries ({o['num_queries']})", o[column], table=table,
+                      column=column, digits=4)
   print("fit/query: median number of corpus scenes a query is true of")
   if _SUBMISSION.value:
     if not _GROUND_TRUTH.value:
@@ -124,14 +131,24 @@ def main(argv):
     videos = {d["video_id"]: d for d in described}
     print(f"\n{_SUBMISSION.value}: VR")
     print(f"{'type':<6}{'R@1':>8}{'top-1 true':>12}{'own rank':>10}{'not-true above':>16}")
+    where = "where a submission's video retrieval goes wrong, by query type"
     for t, (r1, top1, rank, above) in analyse(submission, ground_truth, videos).items():
       print(f"{t:<6}{r1:>8.2f}{top1:>12.1f}{rank:>10.0f}{above:>16.0f}")
+      for column, value, unit in (("VR R@1", r1, ""), ("top-1 video true of the query", top1,
+                                                       "%"),
+                                  ("median rank of own video", rank, ""),
+                                  ("median not-true videos above it", above, "")):
+        common.record(SYSTEM, t, value, unit=unit, table=where, column=column, digits=3)
   if _RUN.value:
     print(f"\n{_RUN.value}: VR R@1 / R@10 by the score used")
     for name, by_type in stream_recall(_RUN.value).items():
       print(f"{name:<14}" + "".join(f"{t}: {r1:5.2f} / {r10:5.2f}   "
                                      for t, (r1, r10) in by_type.items()))
+      for t, (r1, r10) in by_type.items():
+        common.record(SYSTEM, name, f"{r1:.2f} / {r10:.2f}",
+                      table="VR R@1 / R@10 by query type and by the score used",
+                      column=t)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.main(main)

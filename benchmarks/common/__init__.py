@@ -83,7 +83,9 @@ def quick() -> bool:
 
 
 def out_dir() -> pathlib.Path:
+  """--out (default workdirs/bench/<name>), created; a quick run works in its quick/."""
   out = pathlib.Path(_flag("out") or REPO / "workdirs" / "bench" / benchmark().split(".")[-1])
+  out = out / "quick" if quick() else out
   out.mkdir(parents=True, exist_ok=True)
   return out
 

@@ -284,7 +284,7 @@ def main(argv) -> None:
   for side, r in rows.items():
     metric = f"{side}'s MBT"
     record = lambda column, value, unit="", **kw: common.record(  # noqa: E731
-        "Paper configs (AOT)", metric, value, unit=unit, table=caption, column=column, **kw)
+        "Paper configs at scale", metric, value, unit=unit, table=caption, column=column, **kw)
     record("HBM needed / chip", f"{'' if r['fits'] else '>= '}{r['hbm_needed_gib']:.2f} / "
            f"{r['hbm_per_chip_gib']:.2f} GiB" + ("" if r["fits"] else " (does not fit)"))
     record("HBM GB/step/chip", r["bytes_per_chip"] / 1e9)

@@ -53,7 +53,7 @@ _KEEP_HLO = flags.DEFINE_bool("keep_hlo", False, "also keep each train step's co
                               "(<out>/hlo/<config>.hlo), to re-read its costs")
 _REREAD = flags.DEFINE_bool("reread", False, "recompute the costs of the reports in --out "
                             "from their kept HLO with the current cost model (no compile)")
-SYSTEM = "Paper configs (AOT)"
+SYSTEM = "Paper configs at scale"
 HEADLINE = ("videocc_avr", "videocc_caption")
 
 

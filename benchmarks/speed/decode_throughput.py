@@ -1,6 +1,7 @@
 r"""Decode throughput of real video files: clips/s into model inputs at the demo and paper shapes.
 
-    python benchmarks/decode_throughput.py [--out=workdirs/bench/decode] [--videos=8]
+    python -m benchmarks.speed.decode_throughput [--out=workdirs/bench/decode_throughput] \
+        [--videos=8] [--repeats=3]
 
 Writes two synthetic MSR-VTT layouts with `avtext.data.synthetic.layouts` (H.264 + AAC
 mp4s): 64x64 10 s videos (the demo's world) and 320x240 15 s videos (MSR-VTT's usual
@@ -14,81 +15,67 @@ size and mean length), then reads them through the `msrvtt` builder
 
 For each: train clips/s (one random segment) and eval clips/s (K = 4 segments, §4.1),
 rgb+audio, and the decode alone (frames + audio windows, no preprocessing), in one
-process and with 2 threads (the trainer's grain ReadOptions default). Prints markdown.
+process and with 2 threads (the trainer's grain ReadOptions default). Prints markdown and
+records each cell. --quick: the demo shape, 2 videos, one pass.
 """
-import argparse
-import concurrent.futures
-import pathlib
-import sys
-import time
-
 import ml_collections
 import numpy as np
+from absl import flags
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from avtext.data import builders
+from avtext.data import pipelines
+from avtext.data.synthetic import layouts
+from avtext.data.synthetic import world
+from benchmarks import common
 
-from avtext.data import builders  # pylint: disable=wrong-import-position
-from avtext.data import pipelines  # pylint: disable=wrong-import-position
-from avtext.data.synthetic import layouts  # pylint: disable=wrong-import-position
-from avtext.data.synthetic import world  # pylint: disable=wrong-import-position
-from configs import videocc_avr  # pylint: disable=wrong-import-position
-
-SHAPES = {'demo': (world.WorldSpec(height=64, width=64, duration_s=10.0), 'demo'),
-          'paper': (world.WorldSpec(height=240, width=320, duration_s=15.0), None)}
-
-
-def _rate(fn, n: int, threads: int) -> float:
-  fn(0)  # warm: imports, first open
-  t = time.perf_counter()
-  if threads == 1:
-    for i in range(n):
-      fn(i)
-  else:
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-      list(pool.map(fn, range(n)))
-  return n / (time.perf_counter() - t)
+_VIDEOS = flags.DEFINE_integer("videos", 8, "videos per shape")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "passes over the videos")
+SHAPES = {"demo": (world.WorldSpec(height=64, width=64, duration_s=10.0), ":demo"),
+          "paper": (world.WorldSpec(height=240, width=320, duration_s=15.0), "")}
 
 
-def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument('--out', default='workdirs/bench/decode')
-  parser.add_argument('--videos', type=int, default=8)
-  parser.add_argument('--repeats', type=int, default=3, help='passes over the videos')
-  args = parser.parse_args()
-  print('| shape | video | reading | threads | train clips/s | eval clips/s (K=4) |')
-  print('|---|---|---|---|---|---|')
-  for name, (spec, variant) in SHAPES.items():
-    root = pathlib.Path(args.out) / name
-    layouts.write('msrvtt', root, sizes={'train': 1, 'val': 1, 'test': args.videos},
+def main(argv):
+  del argv
+  videos, repeats = (2, 1) if common.quick() else (_VIDEOS.value, _REPEATS.value)
+  shapes = {"demo": SHAPES["demo"]} if common.quick() else SHAPES
+  print("| shape | video | reading | threads | train clips/s | eval clips/s (K=4) |")
+  print("|---|---|---|---|---|---|")
+  for name, (spec, variant) in shapes.items():
+    root = common.out_dir() / name
+    layouts.write("msrvtt", root, sizes={"train": 1, "val": 1, "test": videos},
                   spec=spec, progress=True)
-    config = videocc_avr.get_config(variant)
+    config = common.load_config(f"configs/videocc_avr.py{variant}")
     source = builders.get_source(ml_collections.ConfigDict(
-        {'name': 'msrvtt', 'path': str(root), 'progress': False}), 'test')
+        {"name": "msrvtt", "path": str(root), "progress": False}), "test")
     reader = pipelines.ClipReader(source)
-    n = args.videos * args.repeats
+    n = videos * repeats
     for threads in (1, 2):
       rates = {}
       for train in (True, False):
         examples = pipelines.ClipExamples(reader, config.data, train=train)
-        rng = lambda i: np.random.default_rng(i)
-        rates[('full', train)] = _rate(
-            lambda i, e=examples: e(i % args.videos, rng(i)), n, threads)
+        rng = np.random.default_rng
+        rates[("full", train)] = common.rate(
+            lambda i, e=examples: e(i % videos, rng(i)), n, threads)
         # Decode only: the same frames and audio windows, no resize / log-mel.
         fi = examples._frame_indices  # pylint: disable=protected-access
         aw = examples._audio_windows  # pylint: disable=protected-access
-        rates[('decode', train)] = _rate(
-            lambda i, fi=fi, aw=aw: reader.read(i % args.videos, fi(rng(i)), aw),
-            n, threads)
-      video = f'{spec.width}x{spec.height}, {spec.duration_s:g} s'
+        rates[("decode", train)] = common.rate(
+            lambda i, fi=fi, aw=aw: reader.read(i % videos, fi(rng(i)), aw), n, threads)
+      video = f"{spec.width}x{spec.height}, {spec.duration_s:g} s"
       d = config.data
-      for what in ('decode', 'full'):
-        label = ('decode only' if what == 'decode' else
-                 f'+ preprocess ({d.num_frames} x {d.image_size} px, '
-                 f'{d.spec_segments} x {d.spec_segment_frames} mel)')
-        print(f'| {name} | {video} | {label} | {threads} | {rates[(what, True)]:.1f} | '
-              f'{rates[(what, False)]:.1f} |', flush=True)
+      for what in ("decode", "full"):
+        label = ("decode only" if what == "decode" else
+                 f"+ preprocess ({d.num_frames} x {d.image_size} px, "
+                 f"{d.spec_segments} x {d.spec_segment_frames} mel)")
+        print(f"| {name} | {video} | {label} | {threads} | {rates[(what, True)]:.1f} | "
+              f"{rates[(what, False)]:.1f} |", flush=True)
+        metric = f"{name}, {video}, {label}, {threads} thread{'s' if threads > 1 else ''}"
+        table = f"{videos} mp4s a shape, {repeats} passes, the msrvtt builder + AVR examples"
+        common.record("Input pipeline", metric, rates[(what, True)], table=table,
+                      column="train clips/s", digits=3)
+        common.record("Input pipeline", metric, rates[(what, False)], table=table,
+                      column="eval clips/s (K = 4)", digits=3)
 
 
-if __name__ == '__main__':
-  main()
+if __name__ == "__main__":
+  common.main(main)

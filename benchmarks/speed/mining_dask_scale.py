@@ -1,8 +1,8 @@
 r"""VideoCC mining at scale: wall time and peak worker memory on the direct runner and on a
 local Dask cluster, and the per-frame costs that extrapolate to CC3M (issue 34).
 
-    python benchmarks/mining_dask_scale.py [--scratch=workdirs/bench/mining_dask] \
-        [--tower=workdirs/demo/video_pretrain] [--grid=full|small]
+    python -m benchmarks.speed.mining_dask_scale [--out=workdirs/bench/mining_dask_scale] \
+        [--tower=workdirs/demo/video_pretrain] [--grid=full|small|none] [--skip_costs]
 
 Prints markdown tables:
   1. `python -m avtext.mine` (a subprocess, as a user runs it) on a grid of corpus
@@ -17,10 +17,11 @@ Prints markdown tables:
      it, then Gaussian random 256-d vectors (`--seed_features`) up to the seed count.
   2. per-frame costs for the CC3M extrapolation: decode at 1 fps (64x64 H.264 with AAC,
      the demo world's format), the demo RGB tower on stills (if --tower exists), and the
-     shard search (`mining_scale.search_rows`: 1000 queries against 200k 256-d frames,
+     shard search (`common.mining.search_rows`: 1000 queries against 200k 256-d frames,
      flat, HNSW32, IVF).
+--quick: the small grid's first cell, no per-frame costs. Rows: every cell of the grid and
+the per-frame costs.
 """
-import argparse
 import json
 import os
 import pathlib
@@ -29,11 +30,17 @@ import subprocess
 import sys
 import time
 
+from absl import flags
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks import common
+from benchmarks.common import mining as mining_lib
 
+_TOWER = flags.DEFINE_string("tower", "workdirs/demo/video_pretrain", "the stage-1 run (for "
+                             "the per-frame cost of the demo tower)")
+_GRID = flags.DEFINE_enum("grid", "full", ["full", "small", "none"], "the corpus grid")
+_SKIP_COSTS = flags.DEFINE_bool("skip_costs", False, "no per-frame costs")
+SYSTEM = "VideoCC mining"
 _PROJECTION = np.random.default_rng(1234).normal(size=(8 * 8 * 3, 256)).astype(np.float32)
 
 
@@ -46,7 +53,7 @@ def project256(frames: np.ndarray) -> np.ndarray:
   return thumb @ _PROJECTION
 
 
-EMBEDDER = 'callable:benchmarks.mining_dask_scale:project256'
+EMBEDDER = 'callable:benchmarks.speed.mining_dask_scale:project256'
 
 
 def base_world(scratch: pathlib.Path):
@@ -102,7 +109,7 @@ def mine(scratch, tsv, npy, videos, runner: str, out: pathlib.Path) -> dict:
   cmd += (['--runner=DaskRunner', '--dask_local_workers=2'] if runner == 'dask'
           else ['--direct_num_workers=2'])
   t = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+  proc = subprocess.run(cmd, cwd=common.REPO, capture_output=True, text=True)
   wall = time.perf_counter() - t
   if proc.returncode:
     raise RuntimeError(' '.join(cmd) + '\n' + proc.stderr[-4000:])
@@ -114,9 +121,13 @@ def mine(scratch, tsv, npy, videos, runner: str, out: pathlib.Path) -> dict:
               workers=len(run['workers']) - 1, csv=(out / 'videocc.csv').read_bytes())
 
 
-def grid(a, scratch, base):
+def grid(kind, scratch, base):
   cells = ([(v, 10_000) for v in (100, 1000, 10_000)] + [(100, s) for s in (100_000, 1_000_000)]
-           if a.grid == 'full' else [(100, 10_000), (1000, 10_000), (100, 100_000)])
+           if kind == 'full' else [(100, 10_000), (1000, 10_000), (100, 100_000)])
+  if common.quick():
+    cells = cells[:1]
+  table = ('`python -m avtext.mine` on 12-24 s 32x32 videos, f = project256, direct runner '
+           '(FnApiRunner) and a local Dask cluster, 2 workers each')
   print('\n| videos | seeds | runner | wall s (command) | pipeline s | frames | matches | '
         'peak worker RSS (MiB) | driver RSS (MiB) | CSV equal across runners |'
         '\n|---|---|---|---|---|---|---|---|---|---|', flush=True)
@@ -132,10 +143,19 @@ def grid(a, scratch, base):
       print(f"| {v} | {s} | {runner} ({r['workers']} workers) | {r['wall']:.0f} | "
             f"{r['seconds']:.0f} | {r['frames']} | {r['matches']} | {r['worker_rss']:.0f} | "
             f"{r['driver_rss']:.0f} | {same} |", flush=True)
+      metric = f"{v} videos, {s} seeds, {runner}"
+      for column, value, unit in (('wall (command)', round(r['wall']), 's'),
+                                  ('pipeline', round(r['seconds']), 's'),
+                                  ('frames', r['frames'], ''), ('matches', r['matches'], ''),
+                                  ('peak worker RSS', round(r['worker_rss']), 'MiB'),
+                                  ('driver RSS', round(r['driver_rss']), 'MiB')):
+        common.record(SYSTEM, metric, value, unit=unit, table=table, column=column)
+      if same:
+        common.record(SYSTEM, metric, same, table=table, column='CSV equal across runners')
       shutil.rmtree(out)
 
 
-def unit_costs(a, scratch):
+def unit_costs(tower_run, scratch):
   """Per-frame decode and embed, per-query search: the inputs of the extrapolation."""
   from avtext.data import video_io  # pylint: disable=g-import-not-at-top
   from avtext.data.synthetic import mining  # pylint: disable=g-import-not-at-top
@@ -154,13 +174,18 @@ def unit_costs(a, scratch):
   frames = np.concatenate(frames)
   print(f'\ndecode at 1 fps, 64x64 H.264 + AAC, one process: {len(frames) / t_dec:.0f} '
         f'frames/s ({len(frames)} frames)')
-  if pathlib.Path(a.tower).exists():
-    tower = embed.resolve(f'run:{a.tower}')
+  table = 'per-frame costs, one process (the inputs of the CC3M extrapolation)'
+  common.record(SYSTEM, 'decode at 1 fps, 64x64 H.264 + AAC (the demo world\'s files)',
+                len(frames) / t_dec, unit='frames/s', table=table, digits=3)
+  if pathlib.Path(tower_run).exists():
+    tower = embed.resolve(f'run:{tower_run}')
     tower(frames[:128])  # compile
     t = time.perf_counter()
     tower(frames)
-    print(f'RGB tower on stills (batch 128, compiled), one process: '
-          f'{len(frames) / (time.perf_counter() - t):.0f} frames/s')
+    fps = len(frames) / (time.perf_counter() - t)
+    print(f'RGB tower on stills (batch 128, compiled), one process: {fps:.0f} frames/s')
+    common.record(SYSTEM, 'the demo RGB tower on stills (batch 128, compiled)', fps,
+                  unit='frames/s', table=table, digits=3)
   rng = np.random.default_rng(0)
   centres = embed.l2_normalize(rng.normal(size=(2000, 256)))
   # 20k videos x 10 frames around 2000 topics; noise of norm ~0.3 (cosine ~0.95 to the
@@ -169,28 +194,21 @@ def unit_costs(a, scratch):
   noise = 0.3 / 16  # per dimension: norm 0.3 in 256-d
   vecs = embed.l2_normalize(centres[owner % 2000] + noise * rng.normal(size=(len(owner), 256)))
   queries = embed.l2_normalize(centres[:1000] + noise * rng.normal(size=(1000, 256)))
-  from benchmarks import mining_scale  # pylint: disable=g-import-not-at-top
-  print('\n| frames | index | N | build s | queries/s | recall of exact top 10 (%) |'
-        '\n|---|---|---|---|---|---|')
-  print('\n'.join(mining_scale.search_rows(queries, vecs, owner, '20k videos x 10, 256-d')),
-        flush=True)
+  rows = mining_lib.search_rows(queries, vecs, owner, '20k videos x 10 frames, 256-d')
+  mining_lib.record_search(SYSTEM, 'shard search: 1000 queries, top 10 videos, 200k frames '
+                           'around 2000 topics', rows)
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument('--scratch', default='workdirs/bench/mining_dask')
-  p.add_argument('--tower', default='workdirs/demo/video_pretrain')
-  p.add_argument('--grid', choices=('full', 'small', 'none'), default='full')
-  p.add_argument('--skip_costs', action='store_true')
-  a = p.parse_args()
-  scratch = pathlib.Path(a.scratch).resolve()
-  scratch.mkdir(parents=True, exist_ok=True)
+def main(argv):
+  del argv
+  scratch = common.out_dir().resolve()
   print(f'{time.strftime("%Y-%m-%d")}, {os.cpu_count()} CPUs')
-  if a.grid != 'none':
-    grid(a, scratch, base_world(scratch))
-  if not a.skip_costs:
-    unit_costs(a, scratch)
+  kind = 'small' if common.quick() else _GRID.value
+  if kind != 'none':
+    grid(kind, scratch, base_world(scratch))
+  if not (_SKIP_COSTS.value or common.quick()):
+    unit_costs(_TOWER.value, scratch)
 
 
 if __name__ == '__main__':
-  main()
+  common.main(main)

@@ -1,8 +1,8 @@
 r"""VideoCC mining throughput and scaling on the synthetic mining world (issue 12).
 
     make demo-mining        # writes workdirs/demo/mining/world (the corpus) first
-    python benchmarks/mining_scale.py [--world=workdirs/demo/mining/world] \
-        [--tower=workdirs/demo/video_pretrain] [--sizes=25,50,100]
+    python -m benchmarks.speed.mining_scale [--world=workdirs/demo/mining/world] \
+        [--tower=workdirs/demo/video_pretrain] [--sizes=25,50,100] [--search_only]
 
 Prints markdown:
   1. decode (frames/s at 1 fps, PyAV) and embed (frames/s, the tower on stills) rates;
@@ -13,8 +13,9 @@ Prints markdown:
   3. the whole pipeline's wall time (`python -m avtext.mine`, 2 direct-runner workers,
      process start included) for corpora of `sizes` videos (the first N of the world);
   4. precision of the mined clips vs τ for the tower and for a colour-histogram f.
+Mined corpora go under --out. --quick: the search on the corpus' frames only. Rows: the
+rates, the search table and the pipeline's wall time per corpus size.
 """
-import argparse
 import json
 import pathlib
 import shutil
@@ -22,15 +23,21 @@ import subprocess
 import sys
 import time
 
+from absl import flags
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from avtext.data import video_io
+from avtext.mining import embed
+from avtext.mining import files
+from benchmarks import common
+from benchmarks.common import mining as mining_lib
 
-from avtext.data import video_io  # pylint: disable=wrong-import-position
-from avtext.mining import embed  # pylint: disable=wrong-import-position
-from avtext.mining import files  # pylint: disable=wrong-import-position
-from avtext.mining import search  # pylint: disable=wrong-import-position
+_WORLD = flags.DEFINE_string("world", "workdirs/demo/mining/world", "`make demo-mining`'s world")
+_TOWER = flags.DEFINE_string("tower", "workdirs/demo/video_pretrain", "the stage-1 run (f)")
+_SIZES = flags.DEFINE_list("sizes", ["25", "50", "100"], "corpus sizes for the pipeline")
+_TAUS = flags.DEFINE_string("taus", "0.6,0.9,0.95,0.97,0.98,0.99", "τ grid of the mined stats")
+_SEARCH_ONLY = flags.DEFINE_bool("search_only", False, "stop after the search table")
+SYSTEM = "VideoCC mining"
 
 
 def decode_embed(videos, embedder):
@@ -55,27 +62,6 @@ def decode_embed(videos, embedder):
   return frames, owner, vecs, len(frames) / t_dec, len(frames) / t_emb
 
 
-def search_rows(seeds, vecs, owner, label):
-  """Exact vs approximate: index build seconds, search queries/s, recall of exact top 10."""
-  rows = []
-  exact = None
-  for name, cfg, force in (
-      ("exact (flat)", search.IndexConfig(), True),
-      ("HNSW32, efSearch 128", search.IndexConfig(exact_max_frames=0), False),
-      ("IVF 4√N lists, nprobe 16", search.IndexConfig(exact_max_frames=0, approx="ivf"), False)):
-    t = time.perf_counter()
-    index, _ = search.build_index(vecs, cfg, force_exact=force)
-    build = time.perf_counter() - t
-    got, info = search.search_shard(seeds, vecs, owner, tau=-1.0, top_k=10, index=index)
-    if exact is None:
-      exact = got
-    hits = sum(len({m.video for m in g} & {m.video for m in e}) for g, e in zip(got, exact))
-    total = sum(len(e) for e in exact)
-    rows.append(f"| {label} | {name} | {len(vecs)} | {build:.2f} | "
-                f"{len(seeds) / info['seconds']:.0f} | {100 * hits / total:.1f} |")
-  return rows
-
-
 def mine(world: pathlib.Path, videos_dir: pathlib.Path, embedder: str, out: pathlib.Path,
          taus: str) -> tuple[float, dict]:
   cmd = [sys.executable, "-m", "avtext.mine", f"--seeds={world}/seeds/seeds.tsv",
@@ -83,65 +69,76 @@ def mine(world: pathlib.Path, videos_dir: pathlib.Path, embedder: str, out: path
          (f"--workdir={embedder[4:]}" if embedder.startswith("run:") else f"--embedder={embedder}"),
          f"--tau_grid={taus}", "--direct_num_workers=2"]
   t = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+  proc = subprocess.run(cmd, cwd=common.REPO, capture_output=True, text=True)
   wall = time.perf_counter() - t
   if proc.returncode:
     raise RuntimeError(proc.stderr[-3000:])
   return wall, json.loads((out / "stats.json").read_text())
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("--world", default="workdirs/demo/mining/world")
-  p.add_argument("--tower", default="workdirs/demo/video_pretrain")
-  p.add_argument("--sizes", default="25,50,100")
-  p.add_argument("--taus", default="0.6,0.9,0.95,0.97,0.98,0.99")
-  p.add_argument("--scratch", default="workdirs/bench/mining")
-  p.add_argument("--search_only", action="store_true")
-  a = p.parse_args()
-  world, scratch = pathlib.Path(a.world), pathlib.Path(a.scratch)
+def main(argv):
+  del argv
+  world, scratch = pathlib.Path(_WORLD.value), common.out_dir()
   videos = files.list_videos(world / "videos")
-  tower = embed.resolve(f"run:{a.tower}")
+  tower = embed.resolve(f"run:{_TOWER.value}")
   frames, owner, vecs, dec_fps, emb_fps = decode_embed(videos, tower)
   print(f"decode: {dec_fps:.0f} frames/s at 1 fps ({len(frames)} frames of "
         f"{frames.shape[1]}x{frames.shape[2]}); tower embed: {emb_fps:.0f} frames/s")
+  rates = f"{len(frames)} frames of {frames.shape[1]}x{frames.shape[2]}, one process"
+  common.record(SYSTEM, "decode at 1 fps (PyAV, from one seek)", dec_fps, unit="frames/s",
+                table=rates, digits=3)
+  common.record(SYSTEM, "the stage-1 tower on stills (batch 128, compiled)", emb_fps,
+                unit="frames/s", table=rates, digits=3)
   seeds = files.read_seeds(world / "seeds" / "seeds.tsv")
   seed_vecs = tower(np.stack([files.load_image(pth, None) for _, pth, _ in seeds]))
-  print("\n| frames | index | N | build s | queries/s | recall of exact top 10 (%) |"
-        "\n|---|---|---|---|---|---|")
-  rows = search_rows(seed_vecs, vecs, owner, "corpus")
-  rng = np.random.default_rng(0)
-  reps = 200_000 // len(vecs) + 1
-  big = np.concatenate([vecs] + [embed.l2_normalize(vecs + 0.05 * rng.normal(size=vecs.shape))
-                                 for _ in range(reps - 1)])[:200_000]
-  big_owner = np.concatenate([owner + r * (owner.max() + 1) for r in range(reps)])[:200_000]
-  rows += search_rows(seed_vecs, big.astype(np.float32), big_owner, "corpus x20, jittered")
-  print("\n".join(rows), flush=True)
-  if a.search_only:
+  table = f"shard search: {len(seeds)} seed queries, top 10 videos a seed, one process"
+  rows = mining_lib.search_rows(seed_vecs, vecs, owner, "corpus")
+  if not common.quick():
+    rng = np.random.default_rng(0)
+    reps = 200_000 // len(vecs) + 1
+    big = np.concatenate([vecs] + [embed.l2_normalize(vecs + 0.05 * rng.normal(size=vecs.shape))
+                                   for _ in range(reps - 1)])[:200_000]
+    big_owner = np.concatenate([owner + r * (owner.max() + 1) for r in range(reps)])[:200_000]
+    rows += mining_lib.search_rows(seed_vecs, big.astype(np.float32), big_owner,
+                                   "corpus x20, jittered")
+  mining_lib.record_search(SYSTEM, table, rows)
+  if _SEARCH_ONLY.value or common.quick():
     return
 
   print("\n| videos | frames | wall s (command) | pipeline s | frames/s end to end |"
         "\n|---|---|---|---|---|")
-  for n in (int(s) for s in a.sizes.split(",")):
+  sizes = [int(s) for s in _SIZES.value]
+  table = "`python -m avtext.mine` on the first N videos, direct runner, 2 workers"
+  for n in sizes:
     sub = scratch / f"videos_{n}"
     if sub.exists():
       shutil.rmtree(sub)
     sub.mkdir(parents=True)
-    for vid, path in videos[:n]:
+    for _, path in videos[:n]:
       (sub / pathlib.Path(path).name).symlink_to(pathlib.Path(path).resolve())
     shutil.copy(world / "videos" / "world.json", sub / "world.json")
-    wall, _ = mine(world, sub, f"run:{a.tower}", scratch / f"mined_{n}", a.taus)
+    wall, _ = mine(world, sub, f"run:{_TOWER.value}", scratch / f"mined_{n}", _TAUS.value)
     run = json.loads((scratch / f"mined_{n}" / "run.json").read_text())
     print(f"| {n} | {run['frames']} | {wall:.0f} | {run['seconds']:.0f} | "
           f"{run['frames'] / wall:.0f} |", flush=True)
+    metric = f"{n} videos, {run['frames']} frames"
+    common.record(SYSTEM, metric, round(wall), unit="s", table=table,
+                  column="wall (command)")
+    common.record(SYSTEM, metric, round(run["seconds"]), unit="s", table=table,
+                  column="pipeline")
+    common.record(SYSTEM, metric, run["frames"] / wall, table=table,
+                  column="frames/s end to end", digits=3)
+    if n == max(sizes):
+      common.record(SYSTEM, "frames/s end to end on 2 cores", run["frames"] / wall,
+                    headline="speed", digits=3)
 
   print("\n| f | τ | matches | clips | videos | captions | precision (%) | matched frame fits (%) |"
         "\n|---|---|---|---|---|---|---|---|")
-  n = max(int(s) for s in a.sizes.split(","))
+  n = max(sizes)
   stats = {"RGB tower (stills)": json.loads((scratch / f"mined_{n}" / "stats.json").read_text())}
   _, stats["colour histogram"] = mine(world, scratch / f"videos_{n}",
                                       "callable:avtext.mining.embed:colour_histogram",
-                                      scratch / f"mined_hist_{n}", a.taus)
+                                      scratch / f"mined_hist_{n}", _TAUS.value)
   for name, st in stats.items():
     for r in st["per_tau"]:
       pr, fr = r.get("precision"), r.get("precision_matched_frame")
@@ -151,4 +148,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

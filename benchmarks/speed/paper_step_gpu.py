@@ -1,7 +1,7 @@
 r"""The AVR paper model's train step on one accelerator: step time and MFU.
 
-    python benchmarks/paper_step_gpu.py --batch=32 --steps=5 [--dtype=bfloat16]
-        [--remat=full] [--attention=cudnn]
+    python -m benchmarks.speed.paper_step_gpu --batch=32 --steps=5 [--dtype=bfloat16] \
+        [--remat=full] [--attention=cudnn] [--model_flops=94.9e12]
 
 configs/videocc_avr.py's paper model (MBT ViT-B/16 on 32 frames of 224^2 + an 800 x 128
 log-mel spectrogram, BERT-base on 32 tokens, D = 256, NCE at sigma 0.05, SGD with
@@ -12,32 +12,44 @@ loss, clipped SGD update), without the input pipeline. MFU = model FLOPs of the 
 (measured step time x the chip's dense bf16 peak, --peak_tflops).
 
 Needs only jax, flax, optax and ml_collections (no data, no weights, no tokenizer files),
-so it runs on an accelerator machine's own JAX.
+so it runs on an accelerator machine's own JAX. --quick: batch 2, one timed step. Rows:
+step time, clips/s, MFU, temporaries and compile time of the setting.
 """
-import argparse
 import json
-import pathlib
 import sys
 import time
 
+from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from avtext.losses import contrastive  # pylint: disable=wrong-import-position
-from avtext.models import registry  # pylint: disable=wrong-import-position
-from configs import videocc_avr  # pylint: disable=wrong-import-position
+from avtext.losses import contrastive
+from avtext.models import registry
+from benchmarks import common
+
+_BATCH = flags.DEFINE_integer("batch", 32, "clips a step")
+_STEPS = flags.DEFINE_integer("steps", 5, "timed steps")
+_DTYPE = flags.DEFINE_string("dtype", "bfloat16", "compute dtype")
+_REMAT = flags.DEFINE_string("remat", "full", "config.model.remat")
+_ATTENTION = flags.DEFINE_string("attention", "cudnn", "config.model.attention")
+_PEAK = flags.DEFINE_float("peak_tflops", 989.0, "dense bf16 peak of the chip (H100 SXM: 989)")
+_MODEL_FLOPS = flags.DEFINE_float("model_flops", None, "model FLOPs per step if already "
+                                  "counted (skips the lowering)")
+_FLOPS_ONLY = flags.DEFINE_bool("flops_only", False, "print the model FLOPs per step and stop "
+                                "(any machine)")
 
 
-def build(args, abstract=False):
-  config = videocc_avr.get_config()
+def build(setting: dict, abstract=False):
+  """(init, tx, batch, step) of the paper model at `setting` (batch, dtype, remat,
+  attention)."""
+  config = common.load_config("configs/videocc_avr.py")
   config.model.dtype, config.model.remat, config.model.attention = (
-      args.dtype, args.remat, args.attention)
+      setting["dtype"], setting["remat"], setting["attention"])
   model = registry.build_model(config.model)
   d = config.data
-  b = args.batch
+  b = setting["batch"]
   batch = abstract_batch(config, b) if abstract else {
       "rgb": jnp.asarray(np.random.default_rng(0).normal(
           size=(b, d.num_frames, d.image_size, d.image_size, 3)), jnp.float32),
@@ -97,10 +109,10 @@ def abstract_batch(config, b):
           "attention_mask": jax.ShapeDtypeStruct((b, d.max_text_len), i32)}
 
 
-def model_flops(args) -> float:
+def model_flops(setting: dict) -> float:
   """FLOPs of one step counted once: the step without remat, lowered from abstract
   inputs (tracing only), XLA's cost analysis before optimization."""
-  plain = argparse.Namespace(**{**vars(args), "remat": "none", "attention": "xla"})
+  plain = {**setting, "remat": "none", "attention": "xla"}
   init, tx, batch, step = build(plain, abstract=True)
   params = jax.eval_shape(init, jax.random.PRNGKey(0))
   cost = jax.jit(step).lower(params, jax.eval_shape(tx.init, params), batch,
@@ -108,24 +120,15 @@ def model_flops(args) -> float:
   return float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
 
 
-def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--steps", type=int, default=5)
-  parser.add_argument("--dtype", default="bfloat16")
-  parser.add_argument("--remat", default="full")
-  parser.add_argument("--attention", default="cudnn")
-  parser.add_argument("--peak_tflops", type=float, default=989.0,
-                      help="dense bf16 peak of the chip (H100 SXM: 989)")
-  parser.add_argument("--model_flops", type=float, default=None,
-                      help="model FLOPs per step if already counted (skips the lowering)")
-  parser.add_argument("--flops_only", action="store_true",
-                      help="print the model FLOPs per step and stop (any machine)")
-  args = parser.parse_args()
-  if args.flops_only:
-    print(json.dumps({"batch": args.batch, "model_flops_per_step": model_flops(args)}))
+def main(argv):
+  del argv
+  setting = {"batch": 2 if common.quick() else _BATCH.value, "dtype": _DTYPE.value,
+             "remat": _REMAT.value, "attention": _ATTENTION.value}
+  steps = 1 if common.quick() else _STEPS.value
+  if _FLOPS_ONLY.value:
+    print(json.dumps({"batch": setting["batch"], "model_flops_per_step": model_flops(setting)}))
     return
-  init, tx, batch, step = build(args)
+  init, tx, batch, step = build(setting)
   t0 = time.perf_counter()
   params = random_params(jax.eval_shape(init, jax.random.PRNGKey(0)))
   opt_state = jax.jit(tx.init)(params)
@@ -137,28 +140,36 @@ def main():
   compile_s = time.perf_counter() - t0
   print(f"compiled in {compile_s:.0f} s", file=sys.stderr, flush=True)
   mem = compiled.memory_analysis()
-  flops = args.model_flops or model_flops(args)
+  flops = _MODEL_FLOPS.value or model_flops(setting)
   for _ in range(2):  # warm-up
     params, opt_state, loss = compiled(params, opt_state, batch, rng)
   loss.block_until_ready()
   times = []
-  for _ in range(args.steps):
+  for _ in range(steps):
     t0 = time.perf_counter()
     params, opt_state, loss = compiled(params, opt_state, batch, rng)
     loss.block_until_ready()
     times.append(time.perf_counter() - t0)
   step_s = float(np.median(times))
+  mfu = flops / (step_s * _PEAK.value * 1e12)
+  temp_gib = getattr(mem, "temp_size_in_bytes", 0) / 2 ** 30
+  device = jax.devices()[0].device_kind
   print(json.dumps({
-      "device": jax.devices()[0].device_kind, "jax": jax.__version__, "batch": args.batch,
-      "dtype": args.dtype, "remat": args.remat, "attention": args.attention,
+      "device": device, "jax": jax.__version__, **setting,
       "compile_s": round(compile_s, 1), "step_s_median": step_s,
-      "step_s_all": [round(t, 4) for t in times], "clips_per_s": args.batch / step_s,
-      "model_tflop_per_step": flops / 1e12,
-      "mfu": flops / (step_s * args.peak_tflops * 1e12),
-      "temp_gib": getattr(mem, "temp_size_in_bytes", 0) / 2 ** 30,
+      "step_s_all": [round(t, 4) for t in times], "clips_per_s": setting["batch"] / step_s,
+      "model_tflop_per_step": flops / 1e12, "mfu": mfu, "temp_gib": temp_gib,
       "args_gib": getattr(mem, "argument_size_in_bytes", 0) / 2 ** 30,
       "loss": float(loss)}))
+  table = f"configs/videocc_avr.py's paper model on one {device}, median of {steps} steps"
+  metric = (f"batch {setting['batch']}, remat {setting['remat']}, attention "
+            f"{setting['attention']}, {setting['dtype']}")
+  for column, value, unit in (("step", step_s, "s"), ("clips/s", setting["batch"] / step_s, ""),
+                              ("MFU", 100 * mfu, "%"), ("temporaries", temp_gib, "GiB"),
+                              ("compile", round(compile_s), "s")):
+    common.record("Paper configs at scale", metric, value, unit=unit, table=table, column=column,
+                  digits=3)
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

@@ -1,6 +1,6 @@
 r"""Input pipeline at paper scale (AVR): train clips/s per host core, and cores per chip.
 
-    python benchmarks/pipeline_scale.py [--out=workdirs/bench/pipeline_scale] [--clips=24]
+    python -m benchmarks.speed.pipeline_scale [--out=workdirs/bench/pipeline_scale] [--clips=24]
         [--height=360 --width=640 --duration_s=26] [--grains=0,2.5] [--short_side=224]
         [--sources=files,tfds,frames] [--jpeg_quality=95] [--core=0]
         [--per_chip_batch=16 --v5e_step_s=0.535,1.02 --gpu_clips_per_s=150,86.8]
@@ -33,20 +33,19 @@ r"""Input pipeline at paper scale (AVR): train clips/s per host core, and cores 
    The host shapes are Google's published machine types, not measured here.
 
 Clips and stores are kept under --out and reused by a rerun (which then only times).
+--quick: 6 clips of 160x90, grain 0, the frame store only. Rows: per store the read and the
+train example's CPU ms a clip and train clips per core, and the cores each accelerator
+needs.
 """
-import argparse
 import json
 import os
 import pathlib
 import subprocess
-import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / 'benchmarks'))
+from absl import flags
 
-import decode_throughput  # pylint: disable=wrong-import-position
+from benchmarks import common
 
 STORE_NAME = {'tfds': 'pipeline_scale_avr', 'frames': 'pipeline_scale_avr_frames'}
 SOURCES = ('files', 'tfds', 'frames')
@@ -56,10 +55,31 @@ SOURCES = ('files', 'tfds', 'frames')
 HOST_VCPUS = {'v5e chip': 224 / 8, 'H100': 208 / 8}
 
 
+_CLIPS = flags.DEFINE_integer("clips", 24, "clips written and timed per grain")
+_HEIGHT = flags.DEFINE_integer("height", 360, "clip height")
+_WIDTH = flags.DEFINE_integer("width", 640, "clip width")
+_DURATION = flags.DEFINE_float("duration_s", 26.0, "clip length (>= 25 s)")
+_GRAINS = flags.DEFINE_list("grains", ["0", "2.5"], "one set of clips per value: noise std "
+                            "in grey levels (0: the synthetic world as layouts writes it)")
+_SHORT_SIDE = flags.DEFINE_integer("short_side", 224, "materialize: frames resized on decode "
+                                   "to this shorter side")
+_JPEG_QUALITY = flags.DEFINE_integer("jpeg_quality", 95, "frames_jpeg quality")
+_WARMUP = flags.DEFINE_integer("warmup", 3, "clips timed and discarded")
+_CORE = flags.DEFINE_integer("core", 0, "the core the timing runs on")
+_SOURCES = flags.DEFINE_list("sources", list(SOURCES), "files, tfds, frames")
+_PER_CHIP_BATCH = flags.DEFINE_integer("per_chip_batch", 16, "clips per v5e chip per step "
+                                       "(AVR: 256 on 16 chips)")
+_V5E_STEP_S = flags.DEFINE_list("v5e_step_s", ["0.535", "1.02"], "v5e step times: AVR at "
+                                "45 % MFU, the AOT bound")
+_GPU_CLIPS = flags.DEFINE_list("gpu_clips_per_s", ["150", "86.8"], "clips/s one H100 trains: "
+                               "at 45 % MFU, measured (26 %)")
+_MEASURE = flags.DEFINE_string("measure", None, "(child process) a dataset as JSON")
+SYSTEM = "Input pipeline"
+
+
 def paper_config(dataset: dict):
-  from configs import videocc_avr  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
-  config = videocc_avr.get_config()
+  config = common.load_config("configs/videocc_avr.py")
   config.dataset = ml_collections.ConfigDict({'progress': False, **dataset})
   return config
 
@@ -98,7 +118,7 @@ def measure(dataset: dict, warmup: int) -> dict:
       cpu.append(time.process_time() - c)
       return ex
 
-    wall_rate = decode_throughput._rate(call, n, threads=1)  # pylint: disable=protected-access
+    wall_rate = common.rate(call, n, threads=1)
     out[name] = {'clips_per_s': wall_rate, 'clips_per_cpu_s': n / sum(cpu[1:]),
                  'cpu_ms_per_clip': 1e3 * sum(cpu[1:]) / n, 'n': n}
   ex = examples(0, rng(0))
@@ -106,17 +126,17 @@ def measure(dataset: dict, warmup: int) -> dict:
   return out
 
 
-def run_child(dataset: dict, args) -> dict:
-  cmd = ['taskset', '-c', str(args.core), sys.executable, __file__, '--_measure',
-         json.dumps(dataset), f'--warmup={args.warmup}']
+def run_child(dataset: dict, core: int, warmup: int) -> dict:
+  cmd = ['taskset', '-c', str(core), *common.child(f'--measure={json.dumps(dataset)}',
+                                                   f'--warmup={warmup}')]
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'OMP_NUM_THREADS': '1',
          'OPENBLAS_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1', 'TF_NUM_INTEROP_THREADS': '1',
          'TF_NUM_INTRAOP_THREADS': '1', 'TF_CPP_MIN_LOG_LEVEL': '3'}
   load = os.getloadavg()
-  p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+  p = subprocess.run(cmd, cwd=common.REPO, env=env, capture_output=True, text=True,
+                     check=False)
   if p.returncode:
-    sys.stderr.write(p.stderr[-4000:])
-    raise SystemExit(f'measurement failed: {" ".join(cmd)}')
+    raise SystemExit(f'measurement failed: {" ".join(cmd)}\n{p.stderr[-4000:]}')
   out = json.loads(p.stdout.strip().splitlines()[-1])
   out['load'] = [load, os.getloadavg()]
   return out
@@ -159,56 +179,35 @@ def write_clips(root: pathlib.Path, n: int, spec, grain: float) -> float:
   return 8 * sum(f.stat().st_size for f in mp4) / 1e3 / (n * spec.duration_s)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--out', default='workdirs/bench/pipeline_scale')
-  parser.add_argument('--clips', type=int, default=24)
-  parser.add_argument('--height', type=int, default=360)
-  parser.add_argument('--width', type=int, default=640)
-  parser.add_argument('--duration_s', type=float, default=26.0)
-  parser.add_argument('--grains', default='0,2.5',
-                      help='one set of clips per value: noise std in grey levels (0: the '
-                           'synthetic world as layouts writes it)')
-  parser.add_argument('--short_side', type=int, default=224,
-                      help='materialize: frames resized on decode to this shorter side')
-  parser.add_argument('--jpeg_quality', type=int, default=95)
-  parser.add_argument('--warmup', type=int, default=3, help='clips timed and discarded')
-  parser.add_argument('--core', type=int, default=0, help='the core the timing runs on')
-  parser.add_argument('--sources', default=','.join(SOURCES))
-  parser.add_argument('--per_chip_batch', type=int, default=16,
-                      help='clips per v5e chip per step (AVR: 256 on 16 chips)')
-  parser.add_argument('--v5e_step_s', default='0.535,1.02',
-                      help='v5e step times: AVR at 45 %% MFU, the AOT bound today')
-  parser.add_argument('--gpu_clips_per_s', default='150,86.8',
-                      help='clips/s one H100 trains: at 45 %% MFU, measured (26 %%)')
-  parser.add_argument('--_measure', default=None, help=argparse.SUPPRESS)
-  args = parser.parse_args()
-  child = args._measure  # pylint: disable=protected-access
-  if child:
-    print(json.dumps(measure(json.loads(child), args.warmup)))
+def main(argv):
+  del argv
+  if _MEASURE.value:
+    print(json.dumps(measure(json.loads(_MEASURE.value), _WARMUP.value)))
     return
-
   from avtext.data import materialize  # pylint: disable=g-import-not-at-top
   from avtext.data.synthetic import world  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
 
-  out = pathlib.Path(args.out).resolve()
-  spec = world.WorldSpec(height=args.height, width=args.width, duration_s=args.duration_s)
-  sources = [x for x in SOURCES if x in args.sources.split(',')]
-  frame_mb = args.duration_s * spec.fps * 3 * args.short_side * round(
-      args.short_side * max(args.width, args.height) / min(args.width, args.height)) / 1e6
+  quick = common.quick()
+  clips, width, height = (6, 160, 90) if quick else (_CLIPS.value, _WIDTH.value, _HEIGHT.value)
+  grains = ["0"] if quick else _GRAINS.value
+  sources = ["frames"] if quick else [x for x in SOURCES if x in _SOURCES.value]
+  out = common.out_dir().resolve()
+  duration, short_side, quality = _DURATION.value, _SHORT_SIDE.value, _JPEG_QUALITY.value
+  spec = world.WorldSpec(height=height, width=width, duration_s=duration)
+  frame_mb = duration * spec.fps * 3 * short_side * round(
+      short_side * max(width, height) / min(width, height)) / 1e6
   runs = []
-  for grain in (float(g) for g in args.grains.split(',')):
+  for grain in (float(g) for g in grains):
     run = {'grain': grain}
-    root = out / (f'videocc3m_{args.width}x{args.height}_{args.duration_s:g}s_{args.clips}'
-                  f'_grain{grain:g}')
+    root = out / f'videocc3m_{width}x{height}_{duration:g}s_{clips}_grain{grain:g}'
     t = time.perf_counter()
-    run['kbit_per_s'] = write_clips(root, args.clips, spec, grain)
+    run['kbit_per_s'] = write_clips(root, clips, spec, grain)
     run['write_s'] = time.perf_counter() - t
-    print(f'{args.clips} mp4s under {root} ({run["write_s"]:.0f} s), '
+    print(f'{clips} mp4s under {root} ({run["write_s"]:.0f} s), '
           f'{run["kbit_per_s"]:.0f} kbit/s', flush=True)
-    data_dir = out / f'stores_{root.name}_s{args.short_side}'
-    names = {'tfds': STORE_NAME['tfds'], 'frames': f'{STORE_NAME["frames"]}_q{args.jpeg_quality}'}
+    data_dir = out / f'stores_{root.name}_s{short_side}'
+    names = {'tfds': STORE_NAME['tfds'], 'frames': f'{STORE_NAME["frames"]}_q{quality}'}
     datasets = {'files': {'name': 'videocc3m', 'path': str(root)},
                 'tfds': {'name': f'tfds:{names["tfds"]}', 'data_dir': str(data_dir)},
                 'frames': {'name': f'frames:{names["frames"]}', 'data_dir': str(data_dir)}}
@@ -219,35 +218,36 @@ def main():
       if not (data_dir / names[fmt] / done).exists():
         t = time.perf_counter()
         summary = materialize.materialize(
-            ml_collections.ConfigDict({**datasets['files'], 'short_side': args.short_side,
+            ml_collections.ConfigDict({**datasets['files'], 'short_side': short_side,
                                        'progress': False}),
-            ['train'], name=names[fmt], data_dir=data_dir, quality=args.jpeg_quality,
+            ['train'], name=names[fmt], data_dir=data_dir, quality=quality,
             fmt='tfds' if fmt == 'tfds' else 'frames_jpeg', workers=os.cpu_count() or 1)
         run['materialize_s'][fmt] = time.perf_counter() - t
         print(f'materialized {summary} as {fmt} in {run["materialize_s"][fmt]:.0f} s under '
               f'{data_dir}')
-      run['mb_per_clip'][fmt] = dir_mb(data_dir / names[fmt]) / args.clips
+      run['mb_per_clip'][fmt] = dir_mb(data_dir / names[fmt]) / clips
     print(f'stores, MB per clip: {run.get("mb_per_clip")} ({frame_mb:.0f} MB of uint8 '
           'frames uncompressed)', flush=True)
     for name in sources:
-      print(f'timing {name} on core {args.core} (load average {os.getloadavg()}) ...',
+      print(f'timing {name} on core {_CORE.value} (load average {os.getloadavg()}) ...',
             flush=True)
-      run[name] = run_child(datasets[name], args)
+      run[name] = run_child(datasets[name], _CORE.value, _WARMUP.value)
       print(json.dumps(run[name]), flush=True)
     runs.append(run)
-  report(args, runs, sources)
+  report(runs, sources, clips, width, height, out)
 
 
-def needs(args) -> dict[str, dict[str, float]]:
+def needs() -> dict[str, dict[str, float]]:
   """{accelerator: {what: clips/s it trains}} from the flags."""
-  v5e = {f'{t:g} s step': args.per_chip_batch / t
-         for t in map(float, args.v5e_step_s.split(','))}
-  gpu = {f'{r:g} clips/s': r for r in map(float, args.gpu_clips_per_s.split(','))}
+  v5e = {f'{t:g} s step': _PER_CHIP_BATCH.value / t for t in map(float, _V5E_STEP_S.value)}
+  gpu = {f'{r:g} clips/s': r for r in map(float, _GPU_CLIPS.value)}
   return {'v5e chip': v5e, 'H100': gpu}
 
 
-def report(args, runs: list[dict], sources: list[str]) -> None:
-  targets = needs(args)
+def report(runs: list[dict], sources: list[str], clips: int, width: int, height: int,
+           out: pathlib.Path) -> None:
+  targets = needs()
+  short_side, quality = _SHORT_SIDE.value, _JPEG_QUALITY.value
   print()
   print('Clips/s to feed: ' + '; '.join(
       f'{acc} at {what}: {rate:.1f}' for acc, t in targets.items() for what, rate in t.items())
@@ -258,23 +258,36 @@ def report(args, runs: list[dict], sources: list[str]) -> None:
         + ' | '.join(f'cores per {acc} at {what}' for acc, what in cols)
         + ' | load avg (1 min) |')
   print('|---|---|---|---|---|---|' + '---|' * len(cols) + '---|')
+  names = {'files': 'mp4 files', 'tfds': 'tfds', 'frames': 'frames_jpeg'}
   for run in runs:
-    clips = (f'{args.width}x{args.height}, grain {run["grain"]:g}, '
-             f'{run["kbit_per_s"]:.0f} kbit/s')
+    clip = f'{width}x{height}, grain {run["grain"]:g}, {run["kbit_per_s"]:.0f} kbit/s'
     mb = run.get('mb_per_clip', {})
     labels = {'files': 'mp4 files',
-              'tfds': f'tfds, a record per clip ({args.short_side} px, {mb.get("tfds", 0):.1f} MB/clip)',
-              'frames': (f'frames_jpeg q{args.jpeg_quality} ({args.short_side} px, '
+              'tfds': f'tfds, a record per clip ({short_side} px, {mb.get("tfds", 0):.1f} MB/clip)',
+              'frames': (f'frames_jpeg q{quality} ({short_side} px, '
                          f'{mb.get("frames", 0):.1f} MB/clip)')}
     for name in sources:
       r = run[name]
+      metric = f'{clip}: {names[name]}' + (f' ({mb[name]:.1f} MB a clip)' if name in mb else '')
+      table = (f'{clips} clips of {width}x{height} a grain, read by the AVR paper config\'s train '
+               'examples, one pinned core')
       for stage, label in (('read', 'read only'), ('full', 'train example')):
         x = r[stage]
         cores = ' | '.join(f'{targets[acc][what] / x["clips_per_cpu_s"]:.2f}'
                            for acc, what in cols)
-        print(f'| {clips} | {labels[name]} | {label} | {x["clips_per_s"]:.2f} | '
+        print(f'| {clip} | {labels[name]} | {label} | {x["clips_per_s"]:.2f} | '
               f'{x["clips_per_cpu_s"]:.2f} | {x["cpu_ms_per_clip"]:.0f} | {cores} | '
               f'{r["load"][0][0]:.2f} -> {r["load"][1][0]:.2f} |')
+        common.record(SYSTEM, metric, x['cpu_ms_per_clip'], unit='ms', table=table,
+                      column=f'{label}, CPU per clip', digits=3)
+      common.record(SYSTEM, metric, r['full']['clips_per_cpu_s'], table=table,
+                    column='train clips/s per core', digits=3)
+      for acc, t in targets.items():
+        for what, clips_per_s in t.items():
+          cores = clips_per_s / r['full']['clips_per_cpu_s']
+          common.record(SYSTEM, metric, f'{cores:.1f} ({100 * cores / HOST_VCPUS[acc]:.0f} %)',
+                        table='host cores (and share of the host\'s vCPUs) an accelerator '
+                        'needs', column=f'a {acc} at {what}')
   print()
   for run in runs:
     for name in sources:
@@ -286,11 +299,11 @@ def report(args, runs: list[dict], sources: list[str]) -> None:
           parts.append(f'{acc} at {what}: {cores:.2f} cores, {100 * cores / HOST_VCPUS[acc]:.0f} % '
                        f'of {HOST_VCPUS[acc]:g}')
       print(f'grain {run["grain"]:g}, {name}: ' + '; '.join(parts))
-  (out_json := pathlib.Path(args.out) / f'results_grains{args.grains.replace(",", "_")}.json'
-   ).write_text(json.dumps({'args': vars(args), 'targets': targets, 'host_vcpus': HOST_VCPUS,
-                            'runs': runs}, indent=1, default=str))
+  out_json = out / f'results_grains{"_".join(_GRAINS.value)}.json'
+  out_json.write_text(json.dumps({'targets': targets, 'host_vcpus': HOST_VCPUS, 'runs': runs},
+                                 indent=1, default=str))
   print(f'wrote {out_json}')
 
 
 if __name__ == '__main__':
-  main()
+  common.main(main)

@@ -1,17 +1,17 @@
 r"""Train-step time of the demo's RGB tower variants (stage 1), relative to the pure ViT.
 
-    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/stage1_step_cost.py [--rounds=8]
+    JAX_PLATFORMS=cpu python -m benchmarks.speed.stage1_step_cost [--rounds=8]
 
 The stage-1 model of configs/synthetic_video_pretrain.py (4-layer d=128 MBT RGB tower on
 4 x 64 x 64 frames, 2x8x8 tubelets, linear head on 26 labels, sigmoid loss, adamw) at
 batch 64, one jitted step per variant: the pure patch embedding (the demo), the conv stem
 (`rgb_stem=(32, 64)`) and the `hybrid` variant (stem + max-pooled tokens + LayerScale).
 The variants run interleaved, 3 steps each per round, so a shared machine's load falls on
-all of them alike: the ratios hold where the absolute times do not.
+all of them alike: the ratios hold where the absolute times do not. --quick: one round.
+Rows: each variant's median step time and its ratio to the pure ViT's.
 """
 import time
 
-from absl import app
 from absl import flags
 import flax.linen as nn
 import jax
@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from avtext.models import mbt
+from benchmarks import common
 
 _ROUNDS = flags.DEFINE_integer("rounds", 8, "interleaved rounds of 3 steps per variant")
 
@@ -65,7 +66,8 @@ def main(argv):
   del argv
   runs = {name: list(_step_fn(tower)) for name, tower in VARIANTS.items()}
   times = {name: [] for name in runs}
-  for _ in range(_ROUNDS.value):
+  rounds = 1 if common.quick() else _ROUNDS.value
+  for _ in range(rounds):
     for name, run in runs.items():
       start = time.perf_counter()
       for _ in range(3):
@@ -73,9 +75,14 @@ def main(argv):
       jax.block_until_ready(run[1])
       times[name].append((time.perf_counter() - start) / 3)
   pure = np.median(times["pure (the demo)"])
+  table = f"stage-1 tower + head, batch 64, median of {rounds} interleaved rounds of 3 steps"
   for name, t in times.items():
     print(f"{name:<38} {np.median(t):6.3f} s/step   x{np.median(t) / pure:4.2f}")
+    common.record("Demo stage 1 (RGB tower)", name, float(np.median(t)), unit="s",
+                  table=table, column="step", digits=3)
+    common.record("Demo stage 1 (RGB tower)", name, float(np.median(t) / pure), unit="x",
+                  table=table, column="of the pure ViT's", digits=3)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.main(main)

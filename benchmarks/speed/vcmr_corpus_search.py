@@ -1,7 +1,7 @@
 r"""Corpus-scale VCMR: 100 queries over N stored videos of 20 clips (TVR Table 8's setting).
 
-    python benchmarks/vcmr_corpus_search.py --dir=/tmp/vcmr_bench \
-        --sizes=10000,100000,1000000 [--queries=100] [--faiss]
+    python -m benchmarks.speed.vcmr_corpus_search [--out=DIR] \
+        --sizes=10000,100000,1000000 [--queries=100] [--faiss] [--compute_dtypes=float32,bfloat16]
 
 For each N a corpus store (`avtext.inference.vcmr`) of synthetic XML encodings
 (2 streams x 20 clips x 256-d, the official hidden size) is written once, in
@@ -36,9 +36,10 @@ clip vector (IVF, 1,024 lists, 8-bit scalar quantizer, or 32-byte product quanti
 codes where SQ8's would not fit beside the store; `nprobe` lists probed), the
 videos of each stream's top `--faiss_clips` clips as candidates, then the exact VR
 score of those candidates and eq. 8 as above. Reported: VR top-100 recall against
-exhaustive, time per 100 queries (index build reported apart).
+exhaustive, time per 100 queries (index build reported apart). The stores are written
+under --out (20 GB for 1M videos). --quick: a 2000-video corpus, 10 queries. Rows: one per
+(N, storage, GEMM, path) with its time, roofline, peak RSS and recall.
 """
-import argparse
 import json
 import pathlib
 import resource
@@ -46,9 +47,32 @@ import subprocess
 import sys
 import time
 
+from absl import flags
 import numpy as np
 
 from avtext.inference import vcmr
+from benchmarks import common
+
+_SIZES = flags.DEFINE_list("sizes", ["10000", "100000", "1000000"], "corpus sizes N")
+_QUERIES = flags.DEFINE_integer("queries", 100, "queries")
+_CLIPS = flags.DEFINE_integer("clips", 20, "clips a video")
+_DIM = flags.DEFINE_integer("dim", 256, "encoding width")
+_FP32_MAX = flags.DEFINE_float("fp32_max_bytes", 12e9, "stores whose float32 h0 + h1 exceed "
+                               "this are written in int8")
+_FAISS = flags.DEFINE_bool("faiss", False, "also time the approximate path")
+_NLIST = flags.DEFINE_integer("nlist", 1024, "IVF lists")
+_NPROBE = flags.DEFINE_integer("nprobe", 16, "IVF lists probed")
+_FAISS_CLIPS = flags.DEFINE_integer("faiss_clips", 4096, "candidate clips a stream")
+_FAISS_CODES = flags.DEFINE_string("faiss_codes", "auto", "FAISS clip codes; auto: SQ8 (D bytes "
+                                   "a clip) where the codes and the stored h0 fit in "
+                                   "--fp32_max_bytes, else PQ32 (32 bytes a clip)")
+_COMPUTE_DTYPES = flags.DEFINE_list("compute_dtypes", ["float32"], "VR GEMM operand types to "
+                                    "time the exhaustive path with (bfloat16 only on "
+                                    "reduced-precision stores, where it is exact)")
+_COMPUTE_DTYPE = flags.DEFINE_string("compute_dtype", "float32", "(worker)")
+_WORKER = flags.DEFINE_bool("worker", False, "(worker process)")
+_STORE = flags.DEFINE_string("store", None, "(worker) the corpus store")
+SYSTEM = "TVR: XML"
 
 VIDEOS_PER_TOPIC = 200
 STREAMS = ("video", "sub")
@@ -125,6 +149,7 @@ def span_fn(dim: int, clips: int):
 
 
 def worker(args) -> dict:
+  """`args`: the flags (this process is a worker)."""
   """One timing in this process: {'seconds', 'vr_seconds', 'peak_rss_GB', results...}."""
   store = vcmr.CorpusStore(args.store)
   q = queries(args.queries, len(store), store.dim)
@@ -155,14 +180,13 @@ def worker(args) -> dict:
           "vcmr": [[m[:3] for m in x[:100]] for x in out["VCMR"]]}
 
 
-def run_worker(store: pathlib.Path, args, faiss: bool = False,
-               compute_dtype: str = "float32", codes: str = "SQ8") -> dict:
-  cmd = [sys.executable, __file__, "--worker", "--store", str(store), "--queries",
-         str(args.queries), "--nlist", str(args.nlist), "--nprobe", str(args.nprobe),
-         "--faiss_clips", str(args.faiss_clips), "--compute_dtype", compute_dtype,
-         "--faiss_codes", codes] + (
-             ["--faiss"] if faiss else [])
-  out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+def run_worker(store, queries: int, faiss: bool = False, compute_dtype: str = "float32",
+               codes: str = "SQ8") -> dict:
+  cmd = common.child("--worker", f"--store={store}", f"--queries={queries}",
+                     f"--nlist={_NLIST.value}", f"--nprobe={_NPROBE.value}",
+                     f"--faiss_clips={_FAISS_CLIPS.value}", f"--compute_dtype={compute_dtype}",
+                     f"--faiss_codes={codes}", f"--faiss={faiss}")
+  out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=common.REPO)
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -172,53 +196,57 @@ def recall(got: list[list], ref: list[list], k_ref: int) -> float:
                         / min(k_ref, len(r)) for g, r in zip(got, ref)]))
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--dir", default="/tmp/vcmr_bench")
-  p.add_argument("--sizes", default="10000,100000,1000000")
-  p.add_argument("--queries", type=int, default=100)
-  p.add_argument("--clips", type=int, default=20)
-  p.add_argument("--dim", type=int, default=256)
-  p.add_argument("--fp32_max_bytes", type=float, default=12e9,
-                 help="stores whose float32 h0 + h1 exceed this are written in int8")
-  p.add_argument("--faiss", action="store_true")
-  p.add_argument("--nlist", type=int, default=1024)
-  p.add_argument("--nprobe", type=int, default=16)
-  p.add_argument("--faiss_clips", type=int, default=4096)
-  p.add_argument("--faiss_codes", default="auto",
-                 help="FAISS clip codes; auto: SQ8 (D bytes a clip) where the codes and the "
-                 "stored h0 fit in --fp32_max_bytes, else PQ32 (32 bytes a clip)")
-  p.add_argument("--compute_dtypes", default="float32",
-                 help="VR GEMM operand types to time the exhaustive path with (comma list; "
-                 "bfloat16 only on reduced-precision stores, where it is exact on the "
-                 "stored values)")
-  p.add_argument("--compute_dtype", default="float32", help=argparse.SUPPRESS)
-  p.add_argument("--worker", action="store_true")
-  p.add_argument("--store", default=None)
-  args = p.parse_args()
-  if args.worker:
-    print(json.dumps(worker(args)))
+def main(argv):
+  del argv
+  flag = flags.FLAGS
+  if flag.worker:
+    print(json.dumps(worker(flag)))
     return
-  root = pathlib.Path(args.dir)
+  root = common.out_dir()
+  sizes = [2000] if common.quick() else [int(n) for n in _SIZES.value]
+  queries = 10 if common.quick() else _QUERIES.value
+  clips, dim = _CLIPS.value, _DIM.value
   machine = machine_roofline()
   print(f"machine: read {machine['read_GBps']:.1f} GB/s, GEMM {machine['gemm_GFLOPs']:.1f} "
         f"GFLOP/s", flush=True)
+  table = (f"{queries} queries over N videos of {clips} clips x 2 streams x {dim}-d; read "
+           f"{machine['read_GBps']:.1f} GB/s, GEMM peak {machine['gemm_GFLOPs']:.0f} GFLOP/s "
+           "in the same run")
   rows = []
-  for n in [int(s) for s in args.sizes.split(",")]:
-    fp32_bytes = 2 * n * len(STREAMS) * args.clips * args.dim * 4
-    dtypes = ["float32"] if fp32_bytes <= args.fp32_max_bytes else ["int8"]
-    if n == 10000:
+
+  def record(row: dict, headline: bool = False) -> None:
+    gemm = f", {row['compute']} GEMM" if row.get("compute") else ""
+    metric = f"{row['n']:,} videos, {row['dtype']} store{gemm}, {row['path']}"
+    common.record(SYSTEM, metric, row["seconds"], unit="s", table=table,
+                  column=f"s / {queries} queries", digits=3)
+    if "roofline_s" in row:
+      common.record(SYSTEM, metric, row["x_roofline"], unit="x", table=table,
+                    column="x roofline", digits=3)
+    common.record(SYSTEM, metric, row["peak_rss_GB"], unit="GB", table=table,
+                  column="peak RSS", digits=3)
+    recall = row.get("vr_top100_recall", row.get("vr_top100_recall_vs_exhaustive"))
+    if recall is not None:
+      common.record(SYSTEM, metric, recall, table=table, column="VR top-100 recall",
+                    digits=4)
+    if headline:
+      common.record(SYSTEM, f"exhaustive VCMR, {queries} queries over {row['n']:,} videos "
+                    f"({row['x_roofline']:.2f}x the roofline)", row["seconds"], unit="s",
+                    headline="speed", digits=3)
+
+  for n in sizes:
+    fp32_bytes = 2 * n * len(STREAMS) * clips * dim * 4
+    dtypes = ["float32"] if fp32_bytes <= _FP32_MAX.value else ["int8"]
+    if n in (10000, 2000):
       dtypes = ["float32", "bfloat16", "int8"]
     ref = None
     for dtype in dtypes:
-      store = build(root / f"n{n}_{dtype}", n, dtype, clips=args.clips, dim=args.dim)
-      flops = 2 * args.queries * n * len(STREAMS) * args.clips * args.dim
+      store = build(root / f"n{n}_{dtype}", n, dtype, clips=clips, dim=dim)
+      flops = 2 * queries * n * len(STREAMS) * clips * dim
       roof = max(store.nbytes_h0 / (machine["read_GBps"] * 1e9),
                  flops / (machine["gemm_GFLOPs"] * 1e9))
-      computes = [c for c in args.compute_dtypes.split(",")
-                  if c == "float32" or dtype != "float32"]
+      computes = [c for c in _COMPUTE_DTYPES.value if c == "float32" or dtype != "float32"]
       for compute in computes:
-        res = run_worker(store.dir, args, compute_dtype=compute)
+        res = run_worker(store.dir, queries, compute_dtype=compute)
         row = {"n": n, "dtype": dtype, "compute": compute, "path": "exhaustive",
                "seconds": res["seconds"], "vr_seconds": res["vr_seconds"],
                "peak_rss_GB": res["peak_rss_GB"], "h0_GB": store.nbytes_h0 / 1e9,
@@ -233,25 +261,27 @@ def main():
           row["vcmr_top10_in_top100"] = recall(res["vcmr"], ref["vcmr"], 10)
         rows.append(row)
         print(json.dumps(row), flush=True)
+        record(row, headline=n == max(sizes) and compute == "float32")
         if compute == "float32":
           exhaustive = res
-      if args.faiss:
+      if _FAISS.value:
         res = exhaustive
-        codes = args.faiss_codes
+        codes = _FAISS_CODES.value
         if codes == "auto":
-          sq8_bytes = n * len(STREAMS) * args.clips * args.dim
-          codes = "SQ8" if sq8_bytes + store.nbytes_h0 <= args.fp32_max_bytes else "PQ32"
-        fres = run_worker(store.dir, args, faiss=True, codes=codes)
-        frow = {"n": n, "dtype": dtype, "path": f"faiss IVF{args.nlist},{codes} nprobe "
-                f"{args.nprobe}, {args.faiss_clips} clips/stream",
+          sq8_bytes = n * len(STREAMS) * clips * dim
+          codes = "SQ8" if sq8_bytes + store.nbytes_h0 <= _FP32_MAX.value else "PQ32"
+        fres = run_worker(store.dir, queries, faiss=True, codes=codes)
+        frow = {"n": n, "dtype": dtype, "path": f"FAISS IVF{_NLIST.value},{codes} nprobe "
+                f"{_NPROBE.value}, {_FAISS_CLIPS.value} clips/stream",
                 "seconds": fres["seconds"], "vr_seconds": fres["vr_seconds"],
                 "peak_rss_GB": fres["peak_rss_GB"],
                 "index_build_seconds": fres["index_build_seconds"],
                 "vr_top100_recall_vs_exhaustive": recall(fres["vr"], res["vr"], 100)}
         rows.append(frow)
         print(json.dumps(frow), flush=True)
+        record(frow)
   print(json.dumps({"machine": machine, "rows": rows}))
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

@@ -1,6 +1,6 @@
 r"""Decoding sweep of a trained VideoCC captioner on the synthetic world's val split.
 
-    .venv/bin/python benchmarks/caption_decoding_sweep.py --run=workdirs/demo/caption \
+    python -m benchmarks.tables.caption_decoding_sweep --run=workdirs/demo/caption \
         --settings="beam_size=1;beam_size=4,length_penalty=1.0;beam_size=1,min_length=12"
 
 Loads the run's checkpoint (`--step`, default the latest) and config, and scores one
@@ -13,15 +13,15 @@ evaluated beside), computed once; nothing is retrained and nothing is written to
 run. The split's clips are rendered once and kept in memory for all settings.
 
 Prints, per setting, BLEU-4 / METEOR / CIDEr-D (x100), attribute precision / recall
-(%), mean caption length in tokens and the decoding time, then the baselines' rows;
-`--out` also writes them as JSON.
+(%), mean caption length in tokens and the decoding time, then the baselines' rows, and
+writes them as JSON to <out>/sweep.json. --quick: the first setting, no baselines. Rows:
+the printed cells.
 """
-import argparse
 import functools
 import json
-import pathlib
 import time
 
+from absl import flags
 import ml_collections
 
 from avtext import evals
@@ -29,7 +29,17 @@ from avtext import runs
 from avtext.evals import base
 from avtext.tasks import registry
 from avtext.train import partitioning
+from benchmarks import common
 
+_RUN = flags.DEFINE_string("run", None, "a captioning run directory", required=True)
+_STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: the latest)")
+_SPLIT = flags.DEFINE_string("split", "val", "the split scored (settings are chosen on val)")
+_EVALUATOR = flags.DEFINE_string("evaluator", "test", "the run's evaluator whose baselines "
+                                 "are reused")
+_SETTINGS = flags.DEFINE_string("settings", "beam_size=1", "`;`-separated settings, each "
+                                "`,`-separated config.generation fields")
+_BASELINES = flags.DEFINE_bool("baselines", True, "--nobaselines: the model's rows only (e.g. "
+                               "when the run's training already scored the baselines)")
 FIELDS = {"beam_size": int, "length_penalty": float, "min_length": int, "max_new_tokens": int}
 COLUMNS = ("BLEU-4", "METEOR", "CIDEr-D", "attribute_precision", "attribute_recall")
 
@@ -62,34 +72,24 @@ def row(results: dict, prefix: str = "") -> dict:
   return out
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--run", required=True, help="a captioning run directory")
-  parser.add_argument("--step", default=None, help="checkpoint step (default: the latest)")
-  parser.add_argument("--split", default="val")
-  parser.add_argument("--evaluator", default="test",
-                      help="the run's evaluator whose baselines are reused")
-  parser.add_argument("--settings", default="beam_size=1")
-  parser.add_argument("--baselines", default=True, action=argparse.BooleanOptionalAction,
-                      help="--no-baselines: the model's rows only (e.g. when the run's "
-                           "training already scored the baselines on this split)")
-  parser.add_argument("--out", default=None, help="JSON file for the rows")
-  args = parser.parse_args()
-  settings = parse_settings(args.settings)
-
-  run = runs.load_run(args.run, step=int(args.step) if args.step else None)
+def main(argv):
+  del argv
+  settings = parse_settings(_SETTINGS.value)[:1 if common.quick() else None]
+  baselines_on = _BASELINES.value and not common.quick()
+  run = runs.load_run(_RUN.value, step=_STEP.value)
   config = ml_collections.ConfigDict(run.config.to_dict())
-  cfg = config.evals[args.evaluator]
-  cfg.split = args.split
-  if not args.baselines:
+  split = _SPLIT.value
+  cfg = config.evals[_EVALUATOR.value]
+  cfg.split = split
+  if not baselines_on:
     del cfg["baselines"]
-  config.evals = ml_collections.ConfigDict({args.split: cfg})
+  config.evals = ml_collections.ConfigDict({split: cfg})
   task = registry.build_task(config)
   # Each clip rendered once for every setting.
   examples = task.eval_examples
   task.eval_examples = functools.lru_cache(maxsize=4)(
       lambda source: functools.lru_cache(maxsize=None)(examples(source)))
-  evaluator = evals.build_evaluators(config, task)[args.split]
+  evaluator = evals.build_evaluators(config, task)[split]
   mesh = partitioning.make_mesh()
 
   rows, baselines = [], {}
@@ -104,19 +104,23 @@ def main():
     for name in sorted({k.split("/")[0] for k in results if k.startswith("baseline_")}):
       baselines[name] = row(results, name + "/")
 
-  print(f"\n{args.split} split, {results['num_videos']} clips, {run.workdir} step {run.step}")
+  print(f"\n{split} split, {results['num_videos']} clips, {run.workdir} step {run.step}")
   header = ["setting"] + [c.replace("attribute_", "attr_") for c in COLUMNS] + ["tokens", "s"]
   print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+  table = f"{split} split, {results['num_videos']} clips, one caption a clip"
   for r in rows + [{"setting": k, **v} for k, v in baselines.items()]:
     cells = [r["setting"]] + [f"{r[c]:.2f}" if c in r else "-" for c in COLUMNS]
     cells += [f"{r['mean_length_tokens']:.2f}" if "mean_length_tokens" in r else "-",
               f"{r['seconds']:.0f}" if "seconds" in r else "-"]
     print("| " + " | ".join(cells) + " |")
-  if args.out:
-    pathlib.Path(args.out).write_text(json.dumps(
-        {"run": str(run.workdir), "step": run.step, "split": args.split, "rows": rows,
-         "baselines": baselines}, indent=2))
+    for c in COLUMNS + ("mean_length_tokens",):
+      if c in r:
+        common.record("VideoCC captioning", r["setting"], r[c], table=table,
+                      column=c.replace("_", " "), digits=4)
+  (common.out_dir() / "sweep.json").write_text(json.dumps(
+      {"run": str(run.workdir), "step": run.step, "split": split, "rows": rows,
+       "baselines": baselines}, indent=2))
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

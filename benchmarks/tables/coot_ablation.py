@@ -1,7 +1,7 @@
 r"""COOT Table-1-style ablation on the synthetic paragraph videos.
 
-    .venv/bin/python benchmarks/coot_ablation.py --data=workdirs/demo/coot_data \
-        --out=workdirs/coot_ablation [--seeds=0,1,2] [--epochs=20]
+    python -m benchmarks.tables.coot_ablation --data=workdirs/demo/coot_data \
+        [--out=workdirs/bench/coot_ablation] [--seeds=0,1,2] [--epochs=10] [--variants=full,max]
 
 Trains `configs/coot_activitynet.py:demo` once per (variant, seed) with the
 command-line overrides below, each in its own workdir (a finished run is
@@ -16,15 +16,23 @@ max / avg = the local poolers replaced; no_cmc = lambda 0; no_ctx = no
 cross-attention between local and global context. Every variant computes the official
 function (the global mean sums the padded clip slots, `avg_special`) except
 masked_pool = full with our masked global mean (`config.model.masked_pool`).
+--quick: one epoch of `full`, seed 0. Rows: each variant's cells (mean ± std over seeds).
 """
-import argparse
 import json
 import pathlib
 import subprocess
 import sys
 import time
 
+from absl import flags
 import numpy as np
+
+from benchmarks import common
+
+_DATA = flags.DEFINE_string("data", "workdirs/demo/coot_data", "`make demo-coot`'s coot_data")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "seeds")
+_EPOCHS = flags.DEFINE_integer("epochs", None, "override train.num_epochs")
+SYSTEM = "COOT"
 
 VARIANTS = {
     "full": [],
@@ -35,6 +43,7 @@ VARIANTS = {
     # Ours, not the official function: the global mean over the real clips only.
     "masked_pool": ["--config.model.masked_pool=True"],
 }
+_VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), "variants, in this order")
 METRICS = ("p2v_R@1", "p2v_R@5", "p2v_R@50", "v2p_R@1", "v2p_R@5", "v2p_R@50", "c2s_R@1",
            "s2c_R@1")
 
@@ -49,43 +58,49 @@ def best_results(workdir: pathlib.Path, select: str = "val/vp_R@1_mean") -> dict
   return {k.split("/", 1)[1]: v for k, v in results[str(best)].items() if k.startswith("val/")}
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--data", default="workdirs/demo/coot_data")
-  parser.add_argument("--out", default="workdirs/coot_ablation")
-  parser.add_argument("--seeds", default="0,1,2")
-  parser.add_argument("--epochs", type=int, default=None, help="override train.num_epochs")
-  parser.add_argument("--variants", default=",".join(VARIANTS))
-  args = parser.parse_args()
-  seeds = [int(s) for s in args.seeds.split(",")]
-  out = pathlib.Path(args.out)
+def main(argv):
+  del argv
+  seeds = [0] if common.quick() else [int(x) for x in _SEEDS.value]
+  names = ["full"] if common.quick() else _VARIANTS.value
+  epochs = 1 if common.quick() else _EPOCHS.value
+  unknown = sorted(set(names) - set(VARIANTS))
+  if unknown:
+    raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+  out = common.out_dir()
   table = {}
-  for name in args.variants.split(","):
+  for name in names:
     runs = []
     for seed in seeds:
       workdir = out / f"{name}_s{seed}"
       cmd = [sys.executable, "-m", "avtext.main", "--config=configs/coot_activitynet.py:demo",
-             f"--workdir={workdir}", f"--config.dataset.path={args.data}",
+             f"--workdir={workdir}", f"--config.dataset.path={_DATA.value}",
              f"--config.seed={seed}", "--config.evals.val.export_embeddings=False",
              *VARIANTS[name]]
-      if args.epochs:
-        cmd.append(f"--config.train.num_epochs={args.epochs}")
+      if epochs:
+        cmd.append(f"--config.train.num_epochs={epochs}")
       start = time.time()
-      subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+      subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=common.REPO)
       runs.append(best_results(workdir))
       print(f"{name} seed {seed}: {time.time() - start:.0f} s, "
             + ", ".join(f"{m} {runs[-1][m]:.1f}" for m in METRICS), flush=True)
     table[name] = runs
   print(f"\n| variant | {' | '.join(METRICS)} |")
   print("|---|" + "---|" * len(METRICS))
+  caption = (f"val R@1 / R@5 / R@50 at the best evaluation, seeds {','.join(map(str, seeds))}"
+             + (" (mean ± std)" if len(seeds) > 1 else ""))
   for name, runs in table.items():
     cells = [f"{np.mean([r[m] for r in runs]):.1f} ± {np.std([r[m] for r in runs]):.1f}"
              for m in METRICS]
     print(f"| {name} | {' | '.join(cells)} |")
+    for m in METRICS:
+      values = [r[m] for r in runs]
+      common.record(SYSTEM, name, float(np.mean(values)), table=caption,
+                    column=m.replace("_", " "), std=float(np.std(values)) if len(runs) > 1
+                    else None, digits=3)
   chance = table[next(iter(table))][0]
   print(f"\nchance R@1: video level {chance['vp_chance_r1']:.2f}, clip level "
         f"{chance['cs_chance_r1']:.2f}; seeds {seeds}")
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

@@ -1,7 +1,8 @@
 r"""MMT context ablation (TVR Table 14) on the synthetic long videos.
 
-    .venv/bin/python benchmarks/mmt_context_ablation.py --data=workdirs/demo/tvr_data \
-        --vocab=workdirs/demo/tvc_word2idx.json --out=workdirs/mmt_ablation [--seeds=0]
+    python -m benchmarks.tables.mmt_context_ablation --data=workdirs/demo/tvr_data \
+        --vocab=workdirs/demo/tvc_word2idx.json [--out=workdirs/bench/mmt_context_ablation] \
+        [--seeds=0] [--variants=video+sub,video,sub]
 
 Trains `configs/mmt_tvc.py:demo` with context video+sub, video only and sub
 only (`:demo,video`, `:demo,sub`), each in its own workdir (a finished run is
@@ -11,37 +12,49 @@ ROUGE-L / CIDEr-D (x100) and the attribute precision / recall. Then, from the
 written submission file, CIDEr-D against the references of one description
 type at a time (v: video only, t: subtitle only, vt: both; moments with at
 least one reference of the type), which shows what each context is used for.
-`make demo-tvc` writes the data and the vocabulary first.
+`make demo-tvc` writes the data and the vocabulary first. --quick: one epoch of video+sub,
+seed 0. Rows: each context's cells (mean ± std over seeds).
 """
-import argparse
 import json
 import pathlib
 import subprocess
 import sys
 import time
 
+from absl import flags
 import numpy as np
 
 from avtext.metrics import captioning as caption_metrics
+from benchmarks import common
+
+_DATA = flags.DEFINE_string("data", "workdirs/demo/tvr_data", "`make demo-tvc`'s tvr_data")
+_VOCAB = flags.DEFINE_string("vocab", "workdirs/demo/tvc_word2idx.json", "its word2idx")
+_SEEDS = flags.DEFINE_list("seeds", ["0"], "seeds")
+SYSTEM = "TVR: MMT"
 
 VARIANTS = {"video+sub": "demo", "video": "demo,video", "sub": "demo,sub",
             # Ours (the default before issue 29): the shared block's decoder layer (output
             # Linears, GELU MLP) and the mean label-smoothed NLL; not the official function.
             "video+sub ours": "demo,standard_decoder,mean_nll"}
+_VARIANTS = flags.DEFINE_list("variants", ["video+sub", "video", "sub"],
+                              "contexts: " + ", ".join(VARIANTS))
 METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
 
 
-def run(variant: str, seed: int, args) -> pathlib.Path:
-  workdir = pathlib.Path(args.out) / f"{variant.replace('+', '_').replace(' ', '_')}_s{seed}"
-  common = [f"--config.dataset.path={args.data}", f"--config.model.vocab={args.vocab}",
-            f"--workdir={workdir}", f"--config.seed={seed}"]
+def run(variant: str, seed: int) -> pathlib.Path:
+  workdir = common.out_dir() / f"{variant.replace('+', '_').replace(' ', '_')}_s{seed}"
+  args = [f"--config.dataset.path={_DATA.value}", f"--config.model.vocab={_VOCAB.value}",
+          f"--workdir={workdir}", f"--config.seed={seed}"]
+  if common.quick():
+    args.append("--config.train.num_epochs=1")
   config = f"--config=configs/mmt_tvc.py:{VARIANTS[variant]}"
   if not (workdir / "results.json").exists() or "best_eval" not in json.loads(
       (workdir / "results.json").read_text()):
     begin = time.time()
-    subprocess.run([sys.executable, "-m", "avtext.main", config, *common], check=True)
-    subprocess.run([sys.executable, "-m", "avtext.main", config, *common, "--mode=eval",
-                    "--step=best"], check=True)
+    subprocess.run([sys.executable, "-m", "avtext.main", config, *args], check=True,
+                   cwd=common.REPO)
+    subprocess.run([sys.executable, "-m", "avtext.main", config, *args, "--mode=eval",
+                    "--step=best"], check=True, cwd=common.REPO)
     results = json.loads((workdir / "results.json").read_text())
     results["best_eval"] = {"seconds": time.time() - begin}
     (workdir / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
@@ -60,23 +73,17 @@ def by_type(data: pathlib.Path, submission: pathlib.Path) -> dict[str, float]:
   return out
 
 
-def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--data", default="workdirs/demo/tvr_data")
-  parser.add_argument("--vocab", default="workdirs/demo/tvc_word2idx.json")
-  parser.add_argument("--out", default="workdirs/mmt_ablation")
-  parser.add_argument("--seeds", default="0")
-  parser.add_argument("--variants", default="video+sub,video,sub",
-                      help="comma list of " + ", ".join(VARIANTS))
-  args = parser.parse_args()
-  seeds = [int(s) for s in args.seeds.split(",")]
+def main(argv):
+  del argv
+  seeds = [0] if common.quick() else [int(x) for x in _SEEDS.value]
+  names = ["video+sub"] if common.quick() else _VARIANTS.value
   rows = {}
-  for variant in args.variants.split(","):
+  for variant in names:
     if variant not in VARIANTS:
-      parser.error(f"--variants: unknown {variant!r}; known: {', '.join(VARIANTS)}")
+      raise SystemExit(f"--variants: unknown {variant!r}; known: {', '.join(VARIANTS)}")
     per_seed = []
     for seed in seeds:
-      workdir = run(variant, seed, args)
+      workdir = run(variant, seed)
       results = json.loads((workdir / "results.json").read_text())
       best = results["best"]["step"]
       res = results[str(best)]
@@ -84,20 +91,29 @@ def main():
       per_seed.append({**{m: 100 * res[f"test/{m}"] for m in METRICS},
                        "attr_prec": res["test/attribute_precision"],
                        "attr_rec": res["test/attribute_recall"],
-                       **{f"CIDEr-D[{k}]": v for k, v in by_type(pathlib.Path(args.data),
+                       **{f"CIDEr-D[{k}]": v for k, v in by_type(pathlib.Path(_DATA.value),
                                                                  sub).items()},
                        "best_step": best})
     rows[variant] = per_seed
   keys = [*METRICS, "attr_prec", "attr_rec", "CIDEr-D[v]", "CIDEr-D[t]", "CIDEr-D[vt]",
           "best_step"]
+  labels = {"attr_prec": "attr. precision", "attr_rec": "attr. recall",
+            "CIDEr-D[v]": "CIDEr-D vs v refs", "CIDEr-D[t]": "CIDEr-D vs t refs",
+            "CIDEr-D[vt]": "CIDEr-D vs vt refs", "best_step": "best step"}
+  table = (f"test_public at the best val checkpoint, seeds {','.join(map(str, seeds))}"
+           + (" (mean ± std)" if len(seeds) > 1 else ""))
   print(f"{'context':<10}" + "".join(f"{k:>13}" for k in keys))
   for variant, per_seed in rows.items():
     cells = []
     for k in keys:
       vals = np.array([r[k] for r in per_seed], np.float64)
       cells.append(f"{vals.mean():8.2f}" + (f"±{vals.std():.2f}" if len(vals) > 1 else "     "))
+      if k != "best_step":
+        common.record(SYSTEM, variant, float(vals.mean()), table=table,
+                      column=labels.get(k, k), std=float(vals.std()) if len(vals) > 1 else None,
+                      digits=4)
     print(f"{variant:<10}" + "".join(f"{c:>13}" for c in cells))
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

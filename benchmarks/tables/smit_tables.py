@@ -1,21 +1,21 @@
 r"""S-MiT tables 2, 3 and 7 at demo scale on the synthetic S-MiT (phase 1: frozen visual
 backbones, heads trained, as the paper's own ablations, app. C).
 
-    python benchmarks/smit_tables.py --table=2 --seeds=0,1,2     # losses, language model
-    python benchmarks/smit_tables.py --table=3 [--width=8 --steps=300]  # speech encoders x losses
-        [--encoders=resdavenet,resnet34,resnet50 --losses=nce,amm]
-    python benchmarks/smit_tables.py --table=7                   # batch sizes
-    python benchmarks/smit_tables.py --table=speed [--models=language,resnet34]  # examples/s,
-                                                                 # batch 2048
+    python -m benchmarks.tables.smit_tables --table=2 --seeds=0,1,2    # losses, language model
+    python -m benchmarks.tables.smit_tables --table=3 [--width=8 --steps=300]  # speech encoders
+        [--encoders=resdavenet,resnet34,resnet50 --losses=nce,amm]          # x losses
+    python -m benchmarks.tables.smit_tables --table=7                  # batch sizes
+    python -m benchmarks.tables.smit_tables --table=speed [--models=language,resnet34]
+                                                                       # examples/s, batch 2048
 
 Every run is `python -m avtext.main --config=configs/smit_{language,spoken}_amm.py:demo`
 with overrides, on the features `make demo-smit` writes (--features); a finished run
 (results.json with the test split) is reused. Prints markdown rows of the 5 x 1k test
 protocol on the best checkpoint on val (app. B; `--mode=eval --step=best`), as mean ±
 std over the 5 subsets; with several seeds, the mean over seeds of each seed's subset
-mean, ± the std over seeds.
+mean, ± the std over seeds. Runs go under --out. --quick: 2 steps a run, seed 0. Rows: the
+table's cells (c2v, v2c and mean R@1 / R@5 / R@10 / mAP), or examples/s.
 """
-import argparse
 import json
 import pathlib
 import re
@@ -24,9 +24,28 @@ import sys
 import tempfile
 import time
 
+from absl import flags
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+from benchmarks import common
+
+_TABLE = flags.DEFINE_enum("table", None, ["2", "3", "7", "speed"], "which table",
+                           required=True)
+_SEEDS = flags.DEFINE_list("seeds", ["0"], "seeds")
+_FEATURES = flags.DEFINE_string("features", "workdirs/demo/smit_features",
+                                "`make demo-smit`'s features")
+_STEPS = flags.DEFINE_integer("steps", None, "override train.num_steps")
+_ENCODERS = flags.DEFINE_list("encoders", ["resnet34", "resnet50", "resdavenet"],
+                              "table 3 / speed: speech encoders, in this order")
+_LOSSES = flags.DEFINE_list("losses", ["nce", "amm"], "table 3: losses, in this order")
+_MODELS = flags.DEFINE_list("models", ["language", "resnet34", "resnet50"],
+                            "speed: language and/or speech encoders (as --encoders)")
+_SPEED_STEPS = flags.DEFINE_integer("speed_steps", 12, "speed: train steps, logged every "
+                                    "speed_steps/4 (the first window holds the compilation "
+                                    "and is left out of the median)")
+_WIDTH = flags.DEFINE_integer("width", 8, "table 3 / speed: the ResNets' base width (demo 8); "
+                              "ResDAVEnet's widths scale with it (demo: the published / 8)")
+SYSTEM = "S-MiT"
 COLS = ("R@1", "R@5", "R@10", "mAP")
 LOSS_NAMES = {"nce": "NCE", "semi_hard_triplet": "SHN", "mms": "MMS", "amm": "AMM"}
 
@@ -39,14 +58,14 @@ def run(workdir: pathlib.Path, config: str, overrides: list[str], features: str)
   if not (results.exists() and "best" in json.loads(results.read_text())):
     print("$", " ".join(base), flush=True)
     t = time.time()
-    proc = subprocess.run(base, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(base, cwd=common.REPO, capture_output=True, text=True)
     if proc.returncode:
       raise RuntimeError(f"{workdir}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     print(f"  {time.time() - t:.0f} s", flush=True)
   r = json.loads(results.read_text())
   if "test/subset/mean/R@1" not in r.get(str(r["best"]["step"]), {}):
-    proc = subprocess.run(base + ["--mode=eval", "--step=best"], cwd=REPO, capture_output=True,
-                          text=True)
+    proc = subprocess.run(base + ["--mode=eval", "--step=best"], cwd=common.REPO,
+                          capture_output=True, text=True)
     if proc.returncode:
       raise RuntimeError(f"{workdir} --step=best: {proc.stderr[-3000:]}")
     r = json.loads(results.read_text())
@@ -65,7 +84,7 @@ def speed(config: str, overrides: list[str], features: str
   cmd = [sys.executable, "-m", "avtext.main", f"--config={config}",
          f"--workdir={tempfile.mkdtemp()}", f"--config.dataset.path={features}"] + overrides
   print("$", " ".join(cmd), flush=True)
-  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+  proc = subprocess.run(cmd, cwd=common.REPO, capture_output=True, text=True)
   rates = [float(x) for x in re.findall(r"examples_per_sec=([0-9.]+)", proc.stderr)]
   if proc.returncode:
     print(proc.stderr[-1500:], file=sys.stderr)
@@ -73,15 +92,22 @@ def speed(config: str, overrides: list[str], features: str
   return float(np.median(rates[1:])), rates, 0
 
 
-def fmt(rows: list[dict]) -> str:
-  """'mean±std' per column and direction over seeds (one seed: the subset std)."""
+DIRECTIONS = {"caption_to_video": "c2v", "video_to_caption": "v2c", "mean": "mean"}
+
+
+def fmt(rows: list[dict], metric: str = "", table: str = "") -> str:
+  """'mean±std' per column and direction over seeds (one seed: the subset std); with a
+  `metric`, each cell is also recorded."""
   out = []
-  for d in ("caption_to_video", "video_to_caption", "mean"):
+  for d, short in DIRECTIONS.items():
     for c in COLS:
       key = f"test/subset/{d}/{c}"
       vals = np.array([r[key] for r in rows])
       std = vals.std() if len(rows) > 1 else rows[0][key + "_std"]
       out.append(f"{vals.mean():.1f}±{std:.1f}")
+      if metric:
+        common.record(SYSTEM, metric, round(float(vals.mean()), 1), table=table,
+                      column=f"{short} {c}", std=round(float(std), 1))
   return " | ".join(out)
 
 
@@ -103,77 +129,74 @@ HEADER = ("| c2v R@1 | R@5 | R@10 | mAP | v2c R@1 | R@5 | R@10 | mAP | mean R@1 
           "| mAP |")
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("--table", required=True, choices=["2", "3", "7", "speed"])
-  p.add_argument("--seeds", default="0")
-  p.add_argument("--features", default="workdirs/demo/smit_features")
-  p.add_argument("--workdirs", default="workdirs/bench/smit")
-  p.add_argument("--steps", type=int, default=None, help="override train.num_steps")
-  p.add_argument("--encoders", default="resnet34,resnet50,resdavenet",
-                 help="table 3 / speed: speech encoders, in this order")
-  p.add_argument("--losses", default="nce,amm", help="table 3: losses, in this order")
-  p.add_argument("--models", default="language,resnet34,resnet50",
-                 help="speed: language and/or speech encoders (as --encoders)")
-  p.add_argument("--speed_steps", type=int, default=12,
-                 help="speed: train steps, logged every --speed_steps/4 (the first window "
-                      "holds the compilation and is left out of the median)")
-  p.add_argument("--width", type=int, default=8,
-                 help="table 3 / speed: the ResNets' base width (demo 8); ResDAVEnet's widths "
-                      "scale with it (demo: the published widths / 8)")
-  a = p.parse_args()
-  seeds = [int(s) for s in a.seeds.split(",")]
-  root = pathlib.Path(a.workdirs)
-  steps = [f"--config.train.num_steps={a.steps}"] if a.steps else []
+def main(argv):
+  del argv
+  seeds = [0] if common.quick() else [int(x) for x in _SEEDS.value]
+  steps_n = 2 if common.quick() else _STEPS.value
+  root = common.out_dir()
+  features = _FEATURES.value
+  steps = [f"--config.train.num_steps={steps_n}"] if steps_n else []
   lang = "configs/smit_language_amm.py:demo"
   spoken = "configs/smit_spoken_amm.py:demo"
-  if a.table == "2":
+  protocol = (f"test, 5 x 1k subsets, best checkpoint on val, seeds {','.join(map(str, seeds))}"
+              + (" (mean ± std over seeds)" if len(seeds) > 1 else " (± the subset std)"))
+  if _TABLE.value == "2":
+    table = f"Table 2, the losses (language model, phase 1): {protocol}"
     print("| loss " + HEADER)
     for loss in ("nce", "semi_hard_triplet", "mms", "amm"):
       rows = [test_row(run(root / f"t2_{loss}_s{s}", lang,
                            [f"--config.loss.name={loss}", f"--config.seed={s}"] + steps,
-                           a.features)) for s in seeds]
-      print(f"| {LOSS_NAMES[loss]} | {fmt(rows)} |", flush=True)
-  elif a.table == "3":
-    w = a.width
+                           features)) for s in seeds]
+      print(f"| {LOSS_NAMES[loss]} | {fmt(rows, LOSS_NAMES[loss], table)} |", flush=True)
+  elif _TABLE.value == "3":
+    w = _WIDTH.value
     encoders = speech_encoders(w)
+    table = ("Table 3, speech encoders x losses (spoken model, phase 1, batch 256"
+             + (f", {steps_n} steps" if steps_n else "") + f"): {protocol}")
     print("| encoder | loss " + HEADER)
-    for key in a.encoders.split(","):
+    for key in _ENCODERS.value:
       name, over = encoders[key]
-      for loss in a.losses.split(","):
+      for loss in _LOSSES.value:
         tag = key + ("" if w == 16 else f"_w{w}")
-        tag += "" if a.steps is None else f"_n{a.steps}"
+        tag += "" if steps_n is None else f"_n{steps_n}"
         rows = [test_row(run(root / f"t3_{tag}_{loss}_s{s}", spoken,
                              over + [f"--config.loss.name={loss}", f"--config.seed={s}",
                                      "--config.train.batch_size=256"] + steps,
-                             a.features)) for s in seeds]
-        print(f"| {name} | {LOSS_NAMES[loss]} | {fmt(rows)} |", flush=True)
-  elif a.table == "7":
+                             features)) for s in seeds]
+        print(f"| {name} | {LOSS_NAMES[loss]} | "
+              f"{fmt(rows, f'{name}, {LOSS_NAMES[loss]}', table)} |", flush=True)
+  elif _TABLE.value == "7":
+    table = f"Table 7, batch size (AMM, phase 1, 100 epochs): {protocol}"
     print("| batch | steps " + HEADER)
-    num_train = json.loads((pathlib.Path(a.features) / "meta.json").read_text())["splits"]["train"]
+    num_train = json.loads((pathlib.Path(features) / "meta.json").read_text())["splits"]["train"]
     for batch in (256, 512, 1024, 2048):
-      n = 100 * num_train // batch  # 100 epochs, as app. B
+      n = steps_n or 100 * num_train // batch  # 100 epochs, as app. B
       rows = [test_row(run(root / f"t7_b{batch}_s{s}", lang,
                            [f"--config.train.batch_size={batch}", f"--config.seed={s}",
-                            f"--config.train.num_steps={n}"], a.features)) for s in seeds]
-      print(f"| {batch} | {n} | {fmt(rows)} |", flush=True)
+                            f"--config.train.num_steps={n}"], features)) for s in seeds]
+      print(f"| {batch} | {n} | {fmt(rows, f'batch {batch} ({n} steps)', table)} |", flush=True)
   else:
-    log = max(1, a.speed_steps // 4)
-    common = ["--config.train.batch_size=2048", f"--config.train.num_steps={a.speed_steps}",
-              f"--config.train.log_every_steps={log}",
-              "--config.evals.val.every_epochs=1000", "--config.evals.test.every_steps=100000"]
-    encoders = speech_encoders(a.width)
-    for key in a.models.split(","):
+    speed_steps = 4 if common.quick() else _SPEED_STEPS.value
+    log = max(1, speed_steps // 4)
+    args = ["--config.train.batch_size=2048", f"--config.train.num_steps={speed_steps}",
+            f"--config.train.log_every_steps={log}",
+            "--config.evals.val.every_epochs=1000", "--config.evals.test.every_steps=100000"]
+    encoders = speech_encoders(_WIDTH.value)
+    table = "train examples/s at batch 2048 (phase 1), median of the logged windows"
+    for key in _MODELS.value:
       name, config, extra = (("language", lang, []) if key == "language" else
                              (f"spoken, {encoders[key][0]}", spoken, encoders[key][1]))
-      median, rates, code = speed(config, common + extra, a.features)
+      median, rates, code = speed(config, args + extra, features)
       if median is None:
         print(f"{name}: failed at batch 2048 with exit {code}"
               f"{' (killed: out of memory?)' if code == -9 else ''}", flush=True)
+        common.record(SYSTEM, name, f"failed (exit {code}"
+                      f"{', killed: out of memory' if code == -9 else ''})", table=table)
         continue
       print(f"{name}: {median:.0f} train examples/s at batch 2048 (phase 1; windows of "
             f"{log} steps: {', '.join(f'{r:.0f}' for r in rates)})", flush=True)
+      common.record(SYSTEM, name, round(median), unit="examples/s", table=table)
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)

@@ -1,7 +1,7 @@
 r"""ConvSE vs the sliding-window baseline (TVR Fig. 6, left) on the synthetic long videos.
 
-    .venv/bin/python benchmarks/xml_span_ablation.py --data=workdirs/demo/tvr_data \
-        --out=workdirs/xml_ablation [--seeds=0,1,2]
+    python -m benchmarks.tables.xml_span_ablation --data=workdirs/demo/tvr_data \
+        [--out=workdirs/bench/xml_span_ablation] [--seeds=0,1,2] [--variants=...]
 
 Trains `configs/xml_tvr.py:demo` (ConvSE after the official per-stream query Linear),
 `:demo,eq2` (ConvSE on eq. 2 as the paper writes it) and `:demo,sliding,eq2` (the same
@@ -11,15 +11,22 @@ the mean of sigmoid(S) over it; the same eq. 8 ranking) for each seed in its own
 finished run is reused), evaluates the best checkpoint (val VCMR R@1 sum) on
 test_public with `--mode=eval --step=best`, and prints VCMR R@1 / R@5 at IoU 0.5 / 0.7
 (and SVMR R@1) as mean +- std over the seeds. `make demo-xml` writes the data first.
+--quick: one epoch of the default head, seed 0. Rows: each head's cells (mean ± std).
 """
-import argparse
 import json
 import pathlib
 import subprocess
 import sys
 import time
 
+from absl import flags
 import numpy as np
+
+from benchmarks import common
+
+_DATA = flags.DEFINE_string("data", "workdirs/demo/tvr_data", "`make demo-xml`'s tvr_data")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "seeds")
+SYSTEM = "TVR: XML"
 
 # name -> (config variants, workdir prefix). The sliding window scores S of eq. 2 itself
 # (the paper's form, no per-stream query Linear), as the runs in BENCHMARKS.md did.
@@ -30,56 +37,60 @@ VARIANTS = {"ConvSE (eq. 2)": ("demo,eq2", "ConvSE"),
             # and S zeroed at padded clips before ConvSE (the default before issue 29).
             "ConvSE ours (cross Linear + masked ConvSE)":
                 ("demo,cross_linear,masked_convse", "ConvSE_ours")}
+_VARIANTS = flags.DEFINE_list("variants", list(VARIANTS)[:3], "span heads, in this order: "
+                              + "; ".join(VARIANTS))
 METRICS = ("VCMR/0.5-r1", "VCMR/0.5-r5", "VCMR/0.7-r1", "VCMR/0.7-r5", "SVMR/0.5-r1",
            "SVMR/0.7-r1")
 
 
-def run(variant: str, seed: int, args) -> pathlib.Path:
+def run(variant: str, seed: int) -> pathlib.Path:
   config_variants, prefix = VARIANTS[variant]
-  workdir = pathlib.Path(args.out) / f"{prefix}_s{seed}"
-  common = [f"--config.dataset.path={args.data}", f"--workdir={workdir}",
-            f"--config.seed={seed}"]
+  workdir = common.out_dir() / f"{prefix}_s{seed}"
+  args = [f"--config.dataset.path={_DATA.value}", f"--workdir={workdir}",
+          f"--config.seed={seed}"] + (["--config.train.num_epochs=1"] if common.quick() else [])
   config = f"--config=configs/xml_tvr.py:{config_variants}"
   results_file = workdir / "results.json"
   if not results_file.exists() or "best_eval" not in json.loads(results_file.read_text()):
     begin = time.time()
-    subprocess.run([sys.executable, "-m", "avtext.main", config, *common], check=True)
-    subprocess.run([sys.executable, "-m", "avtext.main", config, *common, "--mode=eval",
-                    "--step=best"], check=True)
+    subprocess.run([sys.executable, "-m", "avtext.main", config, *args], check=True,
+                   cwd=common.REPO)
+    subprocess.run([sys.executable, "-m", "avtext.main", config, *args, "--mode=eval",
+                    "--step=best"], check=True, cwd=common.REPO)
     results = json.loads(results_file.read_text())
     results["best_eval"] = {"seconds": time.time() - begin}
     results_file.write_text(json.dumps(results, indent=2, sort_keys=True))
   return workdir
 
 
-def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--data", default="workdirs/demo/tvr_data")
-  parser.add_argument("--out", default="workdirs/xml_ablation")
-  parser.add_argument("--seeds", default="0,1,2")
-  parser.add_argument("--variants", default=",".join(VARIANTS),
-                      help="comma list of " + ", ".join(VARIANTS))
-  args = parser.parse_args()
-  seeds = [int(s) for s in args.seeds.split(",")]
+def main(argv):
+  del argv
+  seeds = [0] if common.quick() else [int(x) for x in _SEEDS.value]
+  names = ["ConvSE + span-query Linear"] if common.quick() else _VARIANTS.value
   table = {}
-  for variant in args.variants.split(","):
+  for variant in names:
     if variant not in VARIANTS:
-      parser.error(f"--variants: unknown {variant!r}; known: {', '.join(VARIANTS)}")
+      raise SystemExit(f"--variants: unknown {variant!r}; known: {'; '.join(VARIANTS)}")
     rows = []
     for seed in seeds:
-      results = json.loads((run(variant, seed, args) / "results.json").read_text())
+      results = json.loads((run(variant, seed) / "results.json").read_text())
       best = results["best"]["step"]
       rows.append([results[str(best)][f"test/{m}"] for m in METRICS])
       print(f"{variant} seed {seed} (best step {best}): "
             + ", ".join(f"{m} {v:.2f}" for m, v in zip(METRICS, rows[-1])), flush=True)
     table[variant] = np.asarray(rows)
-  print(f"\ntest_public, {len(seeds)} seeds ({args.seeds}), mean +- std\n")
+  print(f"\ntest_public, {len(seeds)} seeds ({seeds}), mean +- std\n")
   print("| span head | " + " | ".join(METRICS) + " |")
   print("|---|" + "---|" * len(METRICS))
+  caption = (f"test_public R@1 / R@5 at the best val checkpoint, seeds "
+             f"{','.join(map(str, seeds))}" + (" (mean ± std)" if len(seeds) > 1 else ""))
   for variant, rows in table.items():
     print(f"| {variant} | " + " | ".join(
         f"{m:.2f} +- {s:.2f}" for m, s in zip(rows.mean(0), rows.std(0))) + " |")
+    for metric, mean, std in zip(METRICS, rows.mean(0), rows.std(0)):
+      common.record(SYSTEM, variant, float(mean), table=caption,
+                    column=metric.replace("/", " ").replace("-r", " R@"),
+                    std=float(std) if len(seeds) > 1 else None, digits=4)
 
 
 if __name__ == "__main__":
-  main()
+  common.main(main)
