@@ -29,7 +29,7 @@ endif
 ACCEL_SET := $(if $(filter cuda12,$(ACCEL)),cuda12,cpu)
 ACCEL_REQS := requirements-tpu.txt $(if $(filter cuda12,$(ACCEL_SET)),requirements-cuda12.txt)
 
-.PHONY: venv bench-venv demo demo-coot demo-caption demo-tvc demo-xml demo-smit demo-mining test test-slow clean FORCE
+.PHONY: venv bench-venv demo demo-coot demo-caption demo-tvc demo-xml demo-smit demo-mining test test-slow test-parity report clean FORCE
 
 venv: $(STAMP)
 
@@ -170,15 +170,29 @@ demo-mining: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 	$(PY) -m avtext.tools.mining_report --mined=$(WORKDIR)/mining/mined \
 	  --workdir=mined=$(WORKDIR)/mining/avr_mined --workdir="ground truth=$(WORKDIR)/mining/avr_truth"
 
-# Side-by-side benchmarks with official PyTorch code (benchmarks/bench_coot_train_step.py):
-# a separate venv, so torch never enters the default install.
+# Benchmarks and checks beside the official PyTorch code (benchmarks/speed/coot_train_step.py,
+# tests/test_parity_*.py): a separate venv, so torch never enters the default install.
 BENCH_VENV := .venv-bench
 bench-venv: $(BENCH_VENV)/.installed
-$(BENCH_VENV)/.installed: requirements.lock requirements-bench.txt setup.py
+$(BENCH_VENV)/.installed: requirements.lock requirements-bench.txt requirements-dev.txt setup.py
 	@test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) -r requirements.lock -r requirements-bench.txt
+	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) -r requirements.lock -r requirements-bench.txt -r requirements-dev.txt
 	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
 	@touch $@
+
+# COOT, XML and MMT against the released code with the same weights (the `needs_torch` tests,
+# which `make test` leaves out), in the bench venv; the official checkouts under OFFICIAL
+# (coot-videotext/, TVRetrieval/, TVCaption/: benchmarks/common/official.py). Each prints its
+# table of intermediates; a missing checkout is a skip that says which.
+OFFICIAL ?= workdirs/official
+test-parity: $(BENCH_VENV)/.installed
+	AVTEXT_OFFICIAL=$(OFFICIAL) $(BENCH_VENV)/bin/python -m pytest -q -s -m needs_torch \
+	  tests/test_parity_coot.py tests/test_parity_xml.py tests/test_parity_mmt.py $(PYTEST_ARGS)
+
+# BENCHMARKS.md and README.md's demo table from the results store (benchmarks/results.jsonl)
+# and benchmarks/notes.md; standard library only, no venv needed.
+report:
+	$(PYTHON) -m benchmarks.report
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)

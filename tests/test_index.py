@@ -351,11 +351,11 @@ def test_demo_run_finds_own_videos_by_their_captions(tmp_path):
   """With `make demo`'s trained AVR run: 50 mp4s of the world's test split (never
   trained on), indexed; each generating caption must rank its video in the top 5 far
   above chance (10 %; BENCHMARKS.md measured 92 %)."""
-  from benchmarks import index_throughput  # pylint: disable=g-import-not-at-top
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
   run = REPO / 'workdirs' / 'demo' / 'avr'
   if not (run / 'results.json').exists():
     pytest.skip(f'needs {run}: make workdirs/demo/avr/results.json')
-  captions = index_throughput.own_videos(tmp_path, 50, world.WorldSpec())
+  captions = common.own_videos(tmp_path, 50, world.WorldSpec())
   index_lib.build(run, tmp_path / 'videos', tmp_path / 'index', progress=False)
-  rec, _ = index_throughput.recall(search_videos.IndexSearcher(tmp_path / 'index'), captions)
+  rec, _ = common.caption_recall(search_videos.IndexSearcher(tmp_path / 'index'), captions)
   assert rec[5] >= 60, rec

@@ -1,9 +1,9 @@
 r"""COOT parity: the official coot-videotext model vs the imported avtext `coot` model.
 
-    PYTHONPATH=. .venv-bench/bin/python benchmarks/parity_official.py --system=coot \
-        --official=<checkout of gingsi/coot-videotext>
+    make test-parity          # the bench venv; checkouts under $AVTEXT_OFFICIAL (benchmarks/common/official.py)
 
-Called by benchmarks/parity_official.py (`run`). Steps:
+Marked `needs_torch`: the default `make test` deselects it; it skips, saying why, where
+torch or the checkout of gingsi/coot-videotext is missing. Steps:
 1. The official `RetrievalModelManager` (coot/model_retrieval.py) of
    config/retrieval/paper2020/anet_coot.yaml (the paper's ActivityNet COOT, 2048-d
    video and 1536-d text features), float32, eval mode; every parameter
@@ -30,85 +30,20 @@ Called by benchmarks/parity_official.py (`run`). Steps:
    uses all clips (CycleConsistencyLoss(num_samples=-1) / config.loss.cycle_samples=-1):
    the training default draws one clip per video at random, which no two RNGs share;
    the per-clip cycle errors it draws from are compared as well.
-
-Shims (the official code is imported from --official unchanged): Python >= 3.10
-removed the `collections.Mapping`-style aliases nntrainer imports; they are restored
-from `collections.abc` before the import. Nothing else is patched.
+The table is printed (`pytest -s`); the test fails if a row is outside its tolerance.
 """
 import collections
-import collections.abc
 import pathlib
-import sys
-import tempfile
-import types
 
 import numpy as np
+import pytest
 
-for _name in ("Mapping", "MutableMapping", "Iterable", "Sequence", "Callable"):
-  if not hasattr(collections, _name):
-    setattr(collections, _name, getattr(collections.abc, _name))
+from benchmarks.common import official
+
+pytestmark = pytest.mark.needs_torch
 
 CLIPS = (3, 1, 5, 2)  # clips (= sentences) per video
 
-
-YAML = "config/retrieval/paper2020/anet_coot.yaml"
-
-
-def official(official_dir: pathlib.Path):
-  """The official modules, imported from the checkout `official_dir`."""
-  sys.path.insert(0, str(official_dir))
-  import torch  # pylint: disable=g-import-not-at-top
-  from coot import configs_retrieval  # pylint: disable=g-import-not-at-top
-  from coot import dataset_retrieval  # pylint: disable=g-import-not-at-top
-  from coot import loss_fn  # pylint: disable=g-import-not-at-top
-  from coot import model_retrieval  # pylint: disable=g-import-not-at-top
-  from coot import trainer_retrieval  # pylint: disable=g-import-not-at-top
-  from nntrainer import optimization  # pylint: disable=g-import-not-at-top
-  from nntrainer import utils_yaml  # pylint: disable=g-import-not-at-top
-  return types.SimpleNamespace(torch=torch, configs=configs_retrieval, data=dataset_retrieval,
-                               loss=loss_fn, model=model_retrieval, trainer=trainer_retrieval,
-                               optimization=optimization, yaml=utils_yaml)
-
-
-def official_manager(off, official_dir: pathlib.Path, seed: int = 0):
-  """(cfg, RetrievalModelManager) of anet_coot.yaml, float32 on the CPU, its init drawn
-  after torch.manual_seed(seed)."""
-  off.torch.manual_seed(seed)
-  config = off.yaml.load_yaml_config_file(str(official_dir / YAML))
-  config.update(use_cuda=False, fp16_train=False, fp16_val=False, cudnn_enabled=False,
-                cudnn_benchmark=False)
-  cfg = off.configs.RetrievalConfig(config)
-  return cfg, off.model.RetrievalModelManager(cfg)
-
-
-def stand_in_trainer(off, cfg, num_samples: int = 1):
-  """trainer_retrieval.RetrievalTrainer's loss methods (compute_total_constrastive_loss,
-  compute_cyclecons_loss and what they call) bound to a stand-in holding what they read.
-  num_samples: the CMC's clips per video (the trainer's 1, drawn at random; -1: all)."""
-  stand_in = types.SimpleNamespace(cfg=cfg)
-  stand_in.loss_contr = off.loss.ContrastiveLoss(cfg.train.contrastive_loss_config.margin,
-                                                 use_cuda=False)
-  stand_in.loss_cycle_cons = off.loss.CycleConsistencyLoss(num_samples=num_samples,
-                                                           use_cuda=False)
-  trainer_cls = off.trainer.RetrievalTrainer
-  for method in ("compute_align_loss", "compute_cluster_loss",
-                 "compute_total_constrastive_loss", "compute_cyclecons_loss"):
-    setattr(stand_in, method, types.MethodType(getattr(trainer_cls, method), stand_in))
-  return stand_in
-
-
-def import_official(off, mgr):
-  """`mgr`'s weights saved as nntrainer's `_save_checkpoint` saves them
-  (th.save(model_mgr.get_model_state(), "model_0.pth")), imported with
-  `import_checkpoint("coot", ...)` onto the default config (configs/coot_activitynet.py)
-  and opened with `avtext.runs.load_run` (an `avtext.runs.Run`)."""
-  from avtext import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
-  from avtext import runs  # pylint: disable=g-import-not-at-top
-  with tempfile.TemporaryDirectory() as tmp:
-    tmp = pathlib.Path(tmp)
-    off.torch.save(mgr.get_model_state(), tmp / "model_0.pth")  # trainer_base._save_checkpoint
-    run_dir = import_tool.import_checkpoint("coot", str(tmp / "model_0.pth"), str(tmp / "run"))
-    return runs.load_run(run_dir)
 
 
 def _randomize(mgr, torch, seed: int) -> None:
@@ -197,22 +132,21 @@ def _cut(ours, theirs):
 
 
 def run(official_dir: pathlib.Path, seed: int = 0):
+  """(rows, extra lines) of the parity table."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from avtext.losses import coot as coot_losses  # pylint: disable=g-import-not-at-top
   from avtext.models import registry as models_registry  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
-
-  from parity_official import max_abs_diff  # pylint: disable=g-import-not-at-top
-
-  off = official(official_dir)
+  max_abs_diff = official.max_abs_diff
+  off = official.coot(official_dir)
   torch = off.torch
-  cfg, mgr = official_manager(off, official_dir, seed)
-  yaml_file = official_dir / YAML
+  cfg, mgr = official.coot_manager(off, official_dir, seed)
+  yaml_file = official_dir / official.COOT_YAML
   _randomize(mgr, torch, seed)
   for net in mgr.model_dict.values():
     net.float().eval()
-  ours = import_official(off, mgr)
+  ours = official.coot_import(off, mgr)
   config = ours.config
   with config.unlocked():
     config.model.dtype = "float32"  # the paper config computes in bfloat16 (TPU); parity: float32
@@ -297,7 +231,7 @@ def run(official_dir: pathlib.Path, seed: int = 0):
     add(name, a, b)
 
   # ---- the training loss: trainer_retrieval.py's, on a stand-in trainer
-  stand_in = stand_in_trainer(off, cfg, num_samples=-1)
+  stand_in = official.coot_stand_in_trainer(off, cfg, num_samples=-1)
   with torch.no_grad():
     contr = stand_in.compute_total_constrastive_loss(vis, txt)
     cycle = stand_in.compute_cyclecons_loss(vis, txt)
@@ -342,3 +276,14 @@ def run(official_dir: pathlib.Path, seed: int = 0):
                f"{max_abs_diff(masked_text['paragraph_emb'], txt.par_emb.numpy()):.2e}")
   del jnp
   return rows, extra
+
+
+def test_coot_equals_the_official_code_on_the_same_weights():
+  pytest.importorskip("torch", reason="needs torch: the bench venv (`make bench-venv`), as "
+                      "`make test-parity` runs it")
+  repo = official.checkout("coot-videotext") or pytest.skip(
+      "needs a checkout of gingsi/coot-videotext at $AVTEXT_OFFICIAL/coot-videotext "
+      "(default workdirs/official; benchmarks/common/official.py)")
+  rows, extra = run(repo.absolute())
+  failed = official.parity_table("coot", rows, extra)
+  assert not failed, failed

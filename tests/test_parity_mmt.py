@@ -1,9 +1,9 @@
 r"""MMT (TVC) parity: the official TVCaption code against avtext, same weights.
 
-    PYTHONPATH=. .venv-bench/bin/python benchmarks/parity_official.py --system=mmt \
-        --official=<checkout of jayleicn/TVCaption>
+    make test-parity          # the bench venv; checkouts under $AVTEXT_OFFICIAL (benchmarks/common/official.py)
 
-Called by benchmarks/parity_official.py (`run`). The official model
+Marked `needs_torch`: the default `make test` deselects it; it skips, saying why, where
+torch or the checkout of jayleicn/TVCaption is missing. The official model
 (baselines/multimodal_transformer/transformer/model.py, MMT) is built small (hidden 32,
 4 heads, 2 + 2 layers, a 40-word vocabulary, 20-d clip features; max_v_len 8,
 max_sub_len 12, max_cap_len 10) with random weights: init_bert_weights, then every
@@ -32,29 +32,33 @@ loss); and greedy captions: the official Translator's greedy loop
 (translate_batch_single_sentence_untied_greedy, [UNK] banned, max_cap_len steps) against
 the avtext task's `captions` predict function, token ids up to the first [EOS].
 
-Shims: `--official` goes first on sys.path, and its
+Shims: the checkout goes first on sys.path, and its
 baselines/multimodal_transformer/transformer folder second, since beam_search.py (imported
 by translator.py) imports its sibling as the top-level module `decode_strategy`; nothing
-is stubbed (the bench venv has torch, easydict, nltk, h5py, tqdm).
+is stubbed (the bench venv has torch, easydict, nltk, h5py, tqdm). The table is printed
+(`pytest -s`); the test fails if a row is outside its tolerance.
 """
 import argparse
 import pathlib
-import sys
 import tempfile
 
 import numpy as np
+import pytest
 
-from parity_official import max_abs_diff  # pylint: disable=g-import-not-at-top
+from benchmarks import common
+from benchmarks.common import official
+
+pytestmark = pytest.mark.needs_torch
+max_abs_diff = official.max_abs_diff
 
 V_LEN, SUB_LEN, CAP_LEN = 8, 12, 10
 WORDS = [f"w{i:02d}" for i in range(33)]  # + 7 special tokens = 40
 
 
 def _official_modules(official_dir: pathlib.Path):
-  sys.path.insert(0, str(official_dir))
   # transformer/beam_search.py (imported by translator.py) does `from decode_strategy import`:
   # the official scripts run with that folder importable.
-  sys.path.insert(1, str(official_dir / "baselines/multimodal_transformer/transformer"))
+  common.import_checkout(official_dir, official_dir / "baselines/multimodal_transformer/transformer")
   # pylint: disable=g-import-not-at-top
   from baselines.multimodal_transformer.transformer import model as model_lib
   from baselines.multimodal_transformer.transformer import tvc_dataset
@@ -112,6 +116,7 @@ def _examples(tvc_dataset, rng):
 
 
 def run(official_dir: pathlib.Path, seed: int = 0):
+  """(rows, extra lines) of the parity table."""
   import torch  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from avtext import runs  # pylint: disable=g-import-not-at-top
@@ -139,8 +144,7 @@ def run(official_dir: pathlib.Path, seed: int = 0):
   torch.save({"model": model.state_dict(), "model_cfg": model.config, "opt": opt, "epoch": 0},
              ckpt)
   vocab.WordVocab.build([" ".join(WORDS)], min_count=0).save(tmp / "word2idx.json")
-  config = runs.config_file(str(pathlib.Path(__file__).resolve().parents[1] /
-                                   "configs/mmt_tvc.py"))
+  config = common.load_config("configs/mmt_tvc.py")
   config.model.dtype = "float32"
   run_dir = import_tool.import_checkpoint("mmt", str(ckpt), str(tmp / "run"), config)
   ours = runs.load_run(run_dir)
@@ -241,3 +245,14 @@ def run(official_dir: pathlib.Path, seed: int = 0):
            f"moments; smallest top-2 logit margin along the greedy paths {margin:.2e}):",
            *lines, f"Official loss {float(loss):.6f} over {n_words} words; checkpoint {ckpt}"]
   return rows, extra
+
+
+def test_mmt_equals_the_official_code_on_the_same_weights():
+  pytest.importorskip("torch", reason="needs torch: the bench venv (`make bench-venv`), as "
+                      "`make test-parity` runs it")
+  repo = official.checkout("TVCaption") or pytest.skip(
+      "needs a checkout of jayleicn/TVCaption at $AVTEXT_OFFICIAL/TVCaption "
+      "(default workdirs/official; benchmarks/common/official.py)")
+  rows, extra = run(repo.absolute())
+  failed = official.parity_table("mmt", rows, extra)
+  assert not failed, failed

@@ -1,9 +1,9 @@
 r"""XML parity: the official TVR XML (jayleicn/TVRetrieval) against its import into avtext.
 
-    PYTHONPATH=. .venv-bench/bin/python benchmarks/parity_official.py --system=xml \
-        --official=<checkout of jayleicn/TVRetrieval>
+    make test-parity          # the bench venv; checkouts under $AVTEXT_OFFICIAL (benchmarks/common/official.py)
 
-(called through benchmarks/parity_official.py, which prints the table.) Steps:
+Marked `needs_torch`: the default `make test` deselects it; it skips, saying why, where
+torch or the checkout of jayleicn/TVRetrieval is missing. Steps:
 
 1. The official model as train.py builds it (`XML(model_config)`, video_sub with
    cross-attention, merged streams, ConvSE), small widths (hidden 64, 4 heads, k = 5)
@@ -28,99 +28,27 @@ r"""XML parity: the official TVR XML (jayleicn/TVRetrieval) against its import i
    dropout 0, since the official loss here runs in eval mode).
 
 No shims: the official modules import with torch and easydict (requirements-bench.txt).
+The table is printed (`pytest -s`); the test fails if a row is outside its tolerance.
 """
-import copy
 import pathlib
-import sys
-import tempfile
 
 import numpy as np
+import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "configs"))
+from benchmarks import common
+from benchmarks.common import official
 
-import parity_official  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+pytestmark = pytest.mark.needs_torch
 
 DIMS = dict(video=20, sub=12, query=10)
 HIDDEN, HEADS, MAX_CTX, MAX_Q, KERNEL = 64, 4, 12, 8, 5
 CLIPS, TOKENS = (11, 8, 6, 9), (8, 5, 3, 6)
 
 
-def official_model_config(**overrides):
-  """train.py's model_config with the defaults of config.py / scripts/train.sh (video_sub,
-  resnet_i3d: 3072-d video, 768-d subtitles and queries), `overrides` on top (an EasyDict)."""
-  from easydict import EasyDict  # pylint: disable=g-import-not-at-top
-  cfg = dict(
-      merge_two_stream=True, cross_att=True, span_predictor_type="conv",
-      encoder_type="transformer", add_pe_rnn=False, pe_type="cosine",
-      visual_input_size=3072, sub_input_size=768, query_input_size=768, hidden_size=256,
-      stack_conv_predictor_conv_kernel_sizes=-1, conv_kernel_size=5, conv_stride=1,
-      max_ctx_l=100, max_desc_l=30, input_drop=0.1, cross_att_drop=0.1, drop=0.1,
-      n_heads=4, initializer_range=0.02, ctx_mode="video_sub", margin=0.1,
-      ranking_loss_type="hinge", lw_neg_q=1, lw_neg_ctx=1, lw_st_ed=0,
-      use_hard_negative=False, hard_pool_size=20, use_self_attention=True, no_modular=False)
-  unknown = sorted(set(overrides) - set(cfg))
-  if unknown:
-    raise ValueError(f"official_model_config: {unknown} are not fields of train.py's model_config")
-  return EasyDict({**cfg, **overrides})
-
-
-def official_model(official_dir: pathlib.Path, model_config, seed: int):
-  """`XML(model_config)` as train.py builds it, its init drawn after torch.manual_seed(seed)."""
-  sys.path.insert(0, str(official_dir))
-  import torch  # pylint: disable=g-import-not-at-top
-  from baselines.crossmodal_moment_localization import model_xml  # pylint: disable=g-import-not-at-top
-  torch.manual_seed(seed)
-  return model_xml.XML(model_config)
-
-
-def import_official(model, config):
-  """`model` saved as train.py saves it, torch.save({"model": state_dict, "model_cfg":
-  model.config, "epoch": ...}), imported with `import_checkpoint("xml", ..., config)` and
-  opened with `avtext.runs.load_run` (an `avtext.runs.Run`)."""
-  import torch  # pylint: disable=g-import-not-at-top
-  from avtext import import_checkpoint as import_tool  # pylint: disable=g-import-not-at-top
-  from avtext import runs  # pylint: disable=g-import-not-at-top
-  with tempfile.TemporaryDirectory() as tmp:
-    ckpt = pathlib.Path(tmp) / "model.ckpt"
-    torch.save({"model": model.state_dict(), "model_cfg": model.config, "epoch": 0}, ckpt)
-    run_dir = import_tool.import_checkpoint("xml", str(ckpt), str(pathlib.Path(tmp) / "run"),
-                                           config)
-    return runs.load_run(run_dir)
-
-
-def official_loss(model, inputs: dict):
-  """(loss, its parts) of the official `model(**inputs)` without randomness: eval mode (no
-  dropout), span loss weight 0.01 (`set_train_st_ed`), hard negatives with a pool of 1, so
-  that its sampled negative is the hardest one (the uniform draw of the default is no draw
-  two RNGs share)."""
-  import torch  # pylint: disable=g-import-not-at-top
-  model.eval()
-  model.set_hard_negative(True, 1)
-  model.set_train_st_ed(0.01)
-  with torch.no_grad():
-    return model(**inputs)
-
-
-def avtext_loss(run, batch: dict, seed: int = 0):
-  """(loss, aux) of `XMLTask.loss_fn` with `run`'s weights on `batch`, as `official_loss`:
-  model dropout 0, hard negatives with a pool of 1 from epoch 0."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
-  config = copy.deepcopy(run.config)
-  config.model.dropout_rate = config.model.input_dropout_rate = 0.0
-  config.loss.hard_negatives_from_epoch, config.loss.hard_pool_size = 0, 1
-  task = tasks.build_task(config)
-  loss, aux, _ = task.loss_fn({"params": run.params, **run.model_state}, batch,
-                              jax.random.PRNGKey(seed))
-  return loss, aux
-
-
 def _official_model(official_dir: pathlib.Path, seed: int):
   """The official model at the small widths, its init re-drawn (module docstring, 1.)."""
   import torch  # pylint: disable=g-import-not-at-top
-  model = official_model(official_dir, official_model_config(
+  model = official.xml_model(official_dir, official.xml_model_config(
       visual_input_size=DIMS["video"], sub_input_size=DIMS["sub"],
       query_input_size=DIMS["query"], hidden_size=HIDDEN, conv_kernel_size=KERNEL,
       max_ctx_l=MAX_CTX, max_desc_l=MAX_Q, n_heads=HEADS, hard_pool_size=1), seed)
@@ -151,20 +79,20 @@ def _batch(seed: int):
 
 
 def _config():
-  import xml_tvr  # pylint: disable=g-import-not-at-top
-  config = xml_tvr.get_config("tiny")
+  config = common.load_config("configs/xml_tvr.py:tiny")
   config.dataset.video_dim, config.dataset.sub_dim = DIMS["video"], DIMS["sub"]
   config.dataset.query_dim = DIMS["query"]
   return config
 
 
-def run(official_dir: pathlib.Path, seed: int):
+def run(official_dir: pathlib.Path, seed: int = 0):
+  """(rows, extra lines) of the parity table."""
   import torch  # pylint: disable=g-import-not-at-top
   model = _official_model(official_dir, seed)
   from utils.tensor_utils import pad_sequences_1d  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  loaded = import_official(model, _config())
+  loaded = official.xml_import(model, _config())
   ours, variables = loaded.model, {"params": loaded.params}
 
   items = _batch(seed)
@@ -175,7 +103,6 @@ def run(official_dir: pathlib.Path, seed: int):
   st_ed = torch.tensor([[it["st"], it["ed"]] for it in items], dtype=torch.long)
 
   # ------------------------------------------------------------ official
-  rows, shapes = {}, {}
   with torch.no_grad():
     qf, qm = feats["query"], feats["query_mask"]
     vf, vm, sf, sm = feats["video"], feats["video_mask"], feats["sub"], feats["sub_mask"]
@@ -200,7 +127,7 @@ def run(official_dir: pathlib.Path, seed: int):
                                                feat1["sub"], feat2["sub"], sm)
     _, _, sim, _, _ = model.get_merged_st_ed_prob(video_q, feat2["video"], sub_q, feat2["sub"],
                                                   vm, return_similaity=True)
-  loss, parts = official_loss(model, dict(
+  loss, parts = official.xml_official_loss(model, dict(
       query_feat=qf, query_mask=qm, video_feat=vf, video_mask=vm, sub_feat=sf, sub_mask=sm,
       tef_feat=None, tef_mask=None, st_ed_indices=st_ed))
   theirs = {
@@ -238,7 +165,7 @@ def run(official_dir: pathlib.Path, seed: int):
            "start": jnp.asarray(st_ed[:, 0].numpy(), jnp.int32),
            "end": jnp.asarray(st_ed[:, 1].numpy(), jnp.int32),
            "epoch": jnp.zeros(len(items), jnp.int32)}
-  our_loss, aux = avtext_loss(loaded, batch, seed)
+  our_loss, aux = official.xml_avtext_loss(loaded, batch, seed)
   mine = {
       "query tokens H_q": hq, "modular query q_video": q[:, 0], "modular query q_sub": q[:, 1],
       "H_0 video": h0[:, 0], "H_0 sub": h0[:, 1],
@@ -252,16 +179,16 @@ def run(official_dir: pathlib.Path, seed: int):
   for name, want in theirs.items():
     got = np.asarray(mine[name], np.float32)
     if not name.startswith(("cross-encoder out", "H_1")):
-      table.append((name, parity_official.max_abs_diff(got, want), str(tuple(want.shape))))
+      table.append((name, official.max_abs_diff(got, want), str(tuple(want.shape))))
       continue
     # The official cross mask adds -10000 to every logit of a padded clip's row, where
     # float32's spacing is 2^-10: those rows' logits carry that rounding, so their outputs
     # (read only by ConvSE at the last real clips, within 1e-4 above) agree to
     # spacing(1e4) * max |output|, not 1e-4, under any other order of the same arithmetic.
     table.append((f"{name} (real clips)",
-                  parity_official.max_abs_diff(got[real], want[real]), f"{int(real.sum())} rows"))
+                  official.max_abs_diff(got[real], want[real]), f"{int(real.sum())} rows"))
     table.append((f"{name} (padded clips, logits - 10000)",
-                  parity_official.max_abs_diff(got[~real], want[~real]),
+                  official.max_abs_diff(got[~real], want[~real]),
                   f"{int((~real).sum())} rows",
                   float(np.spacing(np.float32(1e4)) * np.abs(want).max())))
 
@@ -281,3 +208,14 @@ def run(official_dir: pathlib.Path, seed: int):
       f"{KERNEL // 2} real clips of the items shorter than {max(n)} clips.",
   ]
   return table, extra
+
+
+def test_xml_equals_the_official_code_on_the_same_weights():
+  pytest.importorskip("torch", reason="needs torch: the bench venv (`make bench-venv`), as "
+                      "`make test-parity` runs it")
+  repo = official.checkout("TVRetrieval") or pytest.skip(
+      "needs a checkout of jayleicn/TVRetrieval at $AVTEXT_OFFICIAL/TVRetrieval "
+      "(default workdirs/official; benchmarks/common/official.py)")
+  rows, extra = run(repo.absolute())
+  failed = official.parity_table("xml", rows, extra)
+  assert not failed, failed
