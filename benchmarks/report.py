@@ -29,7 +29,7 @@ README = ROOT / "README.md"
 # held against (a baseline, the oracle, the paper, the official code), named by
 # `peer_name`; `column` makes the benchmark's `table` two-dimensional (rows are metrics);
 # `headline` puts the number in the headline table's quality, speed or demo cell (a headline
-# row without a `table` sums up a benchmark's tables and appears in the headline only).
+# row without a `table` sums up a benchmark's tables: its section names it in one line).
 FIELDS = ("benchmark", "system", "table", "metric", "column", "value", "std", "unit", "peer",
           "peer_name", "headline", "command", "commit", "machine", "date")
 REQUIRED = ("benchmark", "system", "metric", "value", "command", "machine", "date")
@@ -110,9 +110,11 @@ def read_notes(path: pathlib.Path = NOTES) -> dict[str, dict]:
 # ---------------------------------------------------------------- formatting
 
 def number(value) -> str:
-  if isinstance(value, float):
-    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
-  return str(value)
+  """A float's shortest exact form (16.1, 0.531, 1.43e-06; 37.0 keeps its decimal), an int
+  as it is."""
+  if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+    return f"{value:.1f}"
+  return repr(value) if isinstance(value, float) else str(value)
 
 
 def with_unit(value, unit: str = "", std=None) -> str:
@@ -120,8 +122,8 @@ def with_unit(value, unit: str = "", std=None) -> str:
     minutes, seconds = divmod(int(round(value)), 60)
     return f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s"
   text = number(value) + (f" ± {number(std)}" if std is not None else "")
-  if not unit or isinstance(value, str):
-    return text
+  if not unit or (isinstance(value, str) and not value[:1].isdigit()):
+    return text  # a text outcome ("out of memory") takes no unit; "4.53-4.69" does
   return text + unit if unit == "x" else f"{text} {unit}"
 
 
@@ -130,8 +132,8 @@ def cell(text: str) -> str:
 
 
 def item(row: dict) -> str:
-  """"metric value unit (peer_name peer)": a number as the headline and README say it."""
-  text = f"{row['metric']} {with_unit(row['value'], row.get('unit', ''), row.get('std'))}"
+  """"metric: value unit (peer_name peer)": a number as the headline and README say it."""
+  text = f"{row['metric']}: {with_unit(row['value'], row.get('unit', ''), row.get('std'))}"
   if row.get("peer") is not None:
     text += f" ({row.get('peer_name') or 'against'} {with_unit(row['peer'], row.get('unit', ''))})"
   return text
@@ -144,18 +146,19 @@ def measured(row: dict) -> str:
 # ---------------------------------------------------------------- BENCHMARKS.md
 
 def _table(rows: list[dict]) -> list[str]:
-  """One table of a benchmark: its caption line, command(s) and the markdown table."""
+  """One table of a benchmark: a line naming it with its command, date and machine (or
+  numbered commands and lettered dates / machines the rows refer to), then the table."""
   commands = list(dict.fromkeys(r["command"] for r in rows))
   whens = list(dict.fromkeys(measured(r) for r in rows))
-  name = rows[0].get("table", "")
-  lead = f"**{name}**" if name else ""
-  if len(whens) == 1:
-    lead = f"{lead} ({whens[0]})" if lead else f"Measured {whens[0]}."
-  out = [lead, ""] if lead else []
-  if len(commands) == 1:
-    out += [f"    {commands[0]}", ""]
-  else:
-    out += [f"{i}. `{c}`" for i, c in enumerate(commands, 1)] + [""]
+  lead = f"**{rows[0]['table']}**" if rows[0].get("table") else "Measured"
+  lead += f" ({whens[0]})" if len(whens) == 1 else ""
+  out = [f"{lead}: `{commands[0]}`" if len(commands) == 1 else f"{lead}:"]
+  if len(commands) > 1:
+    out += [f"{i}. `{c}`" for i, c in enumerate(commands, 1)]
+  if len(whens) > 1:
+    out += [f"{'; ' if i else ''}({chr(97 + i)}) {w}" for i, w in enumerate(whens)]
+    out[-len(whens):] = ["Measured " + "".join(out[-len(whens):]) + "."]
+  out.append("")
 
   def refs(cells: list[dict]) -> list[str]:
     extra = []
@@ -163,10 +166,14 @@ def _table(rows: list[dict]) -> list[str]:
       extra.append(", ".join(str(commands.index(c) + 1)
                              for c in dict.fromkeys(r["command"] for r in cells)))
     if len(whens) > 1:
-      extra.append("; ".join(dict.fromkeys(measured(r) for r in cells)))
+      extra.append(", ".join(chr(97 + whens.index(w))
+                             for w in dict.fromkeys(measured(r) for r in cells)))
     return extra
 
   extra_head = (["command"] if len(commands) > 1 else []) + (["measured"] if len(whens) > 1 else [])
+  if len(rows) == 1 and not extra_head:  # one number: a line, not a table
+    return out[:-1] + [f"{item(rows[0])}" + (f" ({rows[0]['column']})" if rows[0].get("column")
+                                             else "") + ".", ""]
   if any(r.get("column") is not None for r in rows):
     columns = list(dict.fromkeys(r.get("column") or "value" for r in rows))
     by_metric = collections.defaultdict(dict)
@@ -195,12 +202,16 @@ def _table(rows: list[dict]) -> list[str]:
 
 def _section(benchmark: str, rows: list[dict], notes: dict) -> list[str]:
   note = notes.get(benchmark, {})
-  out = [f"### {note.get('title', benchmark)}", ""]
-  if note.get("text"):
-    out += [note["text"], ""]
+  out = [f"### {note.get('title', benchmark)}"]
+  summary = [r for r in rows if r.get("headline") and not r.get("table")]
+  text = [note["text"]] if note.get("text") else []
+  if summary:  # headline rows outside the tables sum them up
+    text.append("In the headline: " + "; ".join(item(r) for r in summary) + ".")
+  if text:
+    out += ["\n".join(text), ""]
   tables = collections.defaultdict(list)
   for r in rows:
-    if r.get("table") or not r.get("headline"):  # a headline row outside tables sums them up
+    if r not in summary:
       tables[r.get("table", "")].append(r)
   for table_rows in tables.values():
     out += _table(table_rows)

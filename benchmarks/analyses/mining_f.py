@@ -211,6 +211,7 @@ def main(argv):
       for column, value in (("matches", st["matches"]), ("clips", st["clips"]),
                             ("captions", st["captions"]),
                             ("precision", precision(clip_rows, tau)),
+                            ("precision, captions stating no motion / a motion", by_motion),
                             ("a seed's frames >= τ, unrelated / fitting",
                              f"{(passing & ~frame_fit).sum(1).mean():.1f} / "
                              f"{(passing & frame_fit).sum(1).mean():.1f}")):

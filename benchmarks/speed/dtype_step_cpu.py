@@ -207,7 +207,7 @@ def main(argv):
       gemm_times[name].append(run_gemm())
   gemm = {name: 2 * GEMM_SIZE ** 3 / float(np.median(t)) / 1e9 for name, t in gemm_times.items()}
   peak = max(gemm.values())
-  table = " ".join([_CONFIG.value, *(f"--set={o}" for o in overrides)])
+  table = _CONFIG.value + (" with the command's --set overrides" if overrides else "")
   demo = _CONFIG.value == "configs/videocc_avr.py:demo" and not overrides
 
   def record(metric, value, unit="", **kw):
@@ -222,7 +222,7 @@ def main(argv):
     record(f"{dtype} step (XLA's FLOP count)", e[5] / 1e9, "GFLOP")
     record(f"{dtype} step, median of {rounds}", median, "s")
     record(f"{dtype} examples/s", e[4] / median)
-    record(f"{dtype} step FLOP rate, share of the float32 GEMM peak", 100 * share, "%",
+    record(f"{dtype} train step, share of the GEMM peak", 100 * share, "%",
            headline="speed" if demo and dtype == "float32" else None,
            peer=65.0 if demo and dtype == "float32" else None,
            peer_name="target" if demo and dtype == "float32" else None, digits=3)

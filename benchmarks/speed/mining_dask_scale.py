@@ -143,16 +143,17 @@ def grid(kind, scratch, base):
       print(f"| {v} | {s} | {runner} ({r['workers']} workers) | {r['wall']:.0f} | "
             f"{r['seconds']:.0f} | {r['frames']} | {r['matches']} | {r['worker_rss']:.0f} | "
             f"{r['driver_rss']:.0f} | {same} |", flush=True)
-      metric = f"{v} videos, {s} seeds, {runner}"
-      for column, value, unit in (('wall (command)', round(r['wall']), 's'),
-                                  ('pipeline', round(r['seconds']), 's'),
-                                  ('frames', r['frames'], ''), ('matches', r['matches'], ''),
-                                  ('peak worker RSS', round(r['worker_rss']), 'MiB'),
-                                  ('driver RSS', round(r['driver_rss']), 'MiB')):
-        common.record(SYSTEM, metric, value, unit=unit, table=table, column=column)
-      if same:
-        common.record(SYSTEM, metric, same, table=table, column='CSV equal across runners')
       shutil.rmtree(out)
+    pair = lambda key: f"{got['direct'][key]:.0f} / {got['dask'][key]:.0f}"  # noqa: E731
+    for column, value, unit in (('wall (command), direct / dask', pair('wall'), 's'),
+                                ('pipeline, direct / dask', pair('seconds'), 's'),
+                                ('frames', got['direct']['frames'], ''),
+                                ('matches', got['direct']['matches'], ''),
+                                ('peak worker RSS, direct / dask', pair('worker_rss'), 'MiB'),
+                                ('driver RSS, direct / dask', pair('driver_rss'), 'MiB'),
+                                ('CSV equal across runners', same, '')):
+      common.record(SYSTEM, f'{v} videos, {s} seeds', value, unit=unit, table=table,
+                    column=column)
 
 
 def unit_costs(tower_run, scratch):

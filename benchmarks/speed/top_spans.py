@@ -49,7 +49,7 @@ def main(argv):
   p_end = jax.nn.softmax(jax.random.normal(key_end, shape), axis=-1)
   static = dict(min_len=_MIN_LEN.value, max_len=_MAX_LEN.value, k=_K.value)
   table = (f"{queries * videos:,} rows x {_CLIPS.value} clips, Lmin {_MIN_LEN.value}, "
-           f"Lmax {_MAX_LEN.value}, k {_K.value}, float32, {repeats} calls")
+           f"Lmax {_MAX_LEN.value}, float32, {repeats} calls")
   print(f"{table}; {jax.default_backend()} x{jax.local_device_count()}")
   variants = {"`top_spans` (banded, O(L * Lmax))": spans.top_spans}
   if _DENSE.value:
@@ -62,8 +62,8 @@ def main(argv):
           f"min {1e3 * min(times):.2f} ms, max {1e3 * max(times):.2f} ms")
     for column, value in (("median", statistics.median(times)), ("min", min(times)),
                           ("max", max(times))):
-      common.record("Library functions", name, 1e3 * value, unit="ms", table=table,
-                    column=column, digits=3)
+      common.record("Library functions", f"{name}, k {_K.value}", 1e3 * value, unit="ms",
+                    table=table, column=column, digits=3)
 
 
 if __name__ == "__main__":
