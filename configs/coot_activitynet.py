@@ -32,7 +32,7 @@ Variants:
            depends on the other videos of its batch; the masked mean averages the
            real clips only (avtext/models/coot.py). Default: official, so imported
            official checkpoints (avtext.import_checkpoint) compute their function.
-Ablations (BENCHMARKS.md, benchmarks/coot_ablation.py) are command-line overrides:
+Ablations (BENCHMARKS.md, benchmarks/tables/coot_ablation.py) are command-line overrides:
   --config.model.local_pooler=max|avg   Attention-FA off
   --config.loss.cycle_weight=0           CMC off
   --config.model.use_context=False       Contextual Transformer off

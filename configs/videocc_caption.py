@@ -35,7 +35,7 @@ scores its summed log-probability / length ** length_penalty, HF's convention; i
 changes which hypothesis wins only under beam search) and `generation.min_length`
 (no EOS before that many tokens; 1: never an empty caption). To compare settings
 on a trained run without retraining, on the val split:
-`python benchmarks/caption_decoding_sweep.py --run=<run> --settings=...`.
+`python -m benchmarks.tables.caption_decoding_sweep --run=<run> --settings=...`.
 """
 import pathlib
 import sys

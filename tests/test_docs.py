@@ -4,7 +4,7 @@
 - Every relative markdown link in README.md and docs/*.md points at a file of the
   repository, and an anchor (`file.md#heading`) at a heading of that file (GitHub's
   anchor rules).
-- Every `python -m avtext.<module>` they mention is a module of this checkout (found
+- Every `python -m avtext.<module>` / `benchmarks.<module>` they mention is a module of this checkout (found
   with `importlib.machinery.PathFinder`, from the repository root, without importing
   anything), runnable with -m (a package needs a __main__), and every
   `python -m avtext.features <kind>` names a kind the program knows.
@@ -169,7 +169,7 @@ def _feature_kinds() -> set[str]:
   raise AssertionError("avtext/features/__main__.py defines no KINDS")
 
 
-_PYTHON_M = re.compile(r"python\s+-m\s+(avtext(?:\.\w+)*)(\.<)?")
+_PYTHON_M = re.compile(r"python\s+-m\s+((?:avtext|benchmarks)(?:\.\w+)*)(\.<)?")
 _FEATURES = re.compile(r"python\s+-m\s+avtext\.features\s+([\w|<>]+)")
 
 

@@ -7,7 +7,7 @@ stored (normalized) H_0 clip vector; `candidates` returns, per query, the
 videos owning each stream's `clips_per_stream` nearest clips. `vcmr.search(...,
 candidates=...)` then scores exactly those videos with eq. 4 and ranks
 moments with eq. 8 as the exhaustive path does; the recall against
-exhaustive search is measured in benchmarks/vcmr_corpus_search.py.
+exhaustive search is measured in benchmarks/speed/vcmr_corpus_search.py.
 
 Index: IVF with `nlist` lists (k-means on a sample of `train_size` clips) and
 clip codes `codes` (FAISS index-factory syntax: "SQ8", an 8-bit scalar quantizer

@@ -19,7 +19,7 @@ mean of the clip sequence (official `avg_special`, below): theta =
 (768 = 384 + 384 with the official sizes).
 
 Defaults are the official ActivityNet config (`config/retrieval/paper2020/
-anet_coot.yaml`) and compute the official function (benchmarks/parity_coot.py:
+anet_coot.yaml`) and compute the official function (tests/test_parity_coot.py:
 every intermediate and the loss within 1e-4 of the official code on padded
 batches), including the official global mean, `avg_special`
 (`nntrainer/models/poolers.py` TemporalAvgPool): the sum over every position of

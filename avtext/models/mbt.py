@@ -11,7 +11,7 @@ only through the bottleneck. The video embedding is the mean of the
 modalities' [CLS] outputs (VideoCC §4.1, "Joint embedding").
 
 Three options, all off in the paper config, are for the synthetic demos, whose objects
-cover ~5 % of a 64x64 frame (BENCHMARKS.md "Stage 1 candidates for shape"): `rgb_stem`,
+cover ~5 % of a 64x64 frame (BENCHMARKS.md "Stage 1: a tower that sees shape"): `rgb_stem`,
 the hybrid ViT's convolutional stem before the tubelets; `rgb_pool="max"`, the RGB
 tower's embedding as the max over its output tokens instead of its [CLS]; `layer_scale`,
 CaiT's LayerScale on every block.

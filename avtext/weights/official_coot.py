@@ -51,7 +51,7 @@ layer's output counts; avtext chains its layers), a global network with an
 attention pooler, and a pooler with several GenPools.
 
 The imported model computes the official function with the default
-`model.masked_pool=False` (avtext/models/coot.py); benchmarks/parity_coot.py
+`model.masked_pool=False` (avtext/models/coot.py); tests/test_parity_coot.py
 checks it against the official code.
 """
 import re
