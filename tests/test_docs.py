@@ -4,9 +4,9 @@
 - Every relative markdown link in README.md and docs/*.md points at a file of the
   repository, and an anchor (`file.md#heading`) at a heading of that file (GitHub's
   anchor rules).
-- Every `python -m avtext.<module>` / `benchmarks.<module>` they mention is a module of this checkout (found
-  with `importlib.machinery.PathFinder`, from the repository root, without importing
-  anything), runnable with -m (a package needs a __main__), and every
+- Every `python -m avtext.<module>` (or `benchmarks.<module>`) they mention is a module of
+  this checkout (found with `importlib.machinery.PathFinder`, from the repository root,
+  without importing anything), runnable with -m (a package needs a __main__), and every
   `python -m avtext.features <kind>` names a kind the program knows.
 - Every `make <target>` they mention is a target of the Makefile.
 - No file of the project (README, docs, BENCHMARKS.md, Makefile, avtext/, tests/,
