@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks import common
-from benchmarks.common import hlo
+from benchmarks.common import hlo as hlo_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -21,11 +21,11 @@ def _hlo(fn, *args) -> str:
 def test_traffic_counts_an_elementwise_kernels_operand_and_result_bytes():
   # exp(x) * 2 over f32[256, 64]: one fused kernel reading 64 KiB and writing 64 KiB.
   x = jnp.ones((256, 64), jnp.float32)
-  assert hlo.hlo_traffic(_hlo(lambda v: jnp.exp(v) * 2, x)) == (2 * 256 * 64 * 4, 1)
+  assert hlo_lib.hlo_traffic(_hlo(lambda v: jnp.exp(v) * 2, x)) == (2 * 256 * 64 * 4, 1)
   # Two results of one input (a multi-output kernel or two kernels): 64 KiB of bfloat16
   # in, at least the two 32/64 KiB results out, the input read at least once.
   y = jnp.ones((256, 128), jnp.bfloat16)
-  moved, kernels = hlo.hlo_traffic(
+  moved, kernels = hlo_lib.hlo_traffic(
       _hlo(lambda v: (v.astype(jnp.float32) * 3, v * 2), y))
   assert kernels >= 1 and moved >= 64 * 1024 + 128 * 1024 + 64 * 1024
 
@@ -33,17 +33,17 @@ def test_traffic_counts_an_elementwise_kernels_operand_and_result_bytes():
 def test_traffic_leaves_products_out_and_dots_are_counted_with_their_flops():
   a, b = jnp.ones((64, 32), jnp.float32), jnp.ones((32, 16), jnp.float32)
   hlo = _hlo(lambda u, v: u @ v, a, b)
-  assert hlo.hlo_traffic(hlo) == (0, 0)
-  (key, count), = hlo.hlo_dots(hlo).items()
+  assert hlo_lib.hlo_traffic(hlo) == (0, 0)
+  (key, count), = hlo_lib.hlo_dots(hlo).items()
   assert count == 1 and key[1:3] == ((64, 32), (32, 16))
-  assert hlo.dot_flops(*key[1:]) == 2 * 64 * 32 * 16
+  assert hlo_lib.dot_flops(*key[1:]) == 2 * 64 * 32 * 16
 
 
 def test_traffic_refuses_loops():
   x = jnp.ones((8,), jnp.float32)
   hlo = _hlo(lambda v: jax.lax.fori_loop(0, jnp.int32(v[0]), lambda i, s: s * 2, v), x)
   with pytest.raises(ValueError, match="loop"):
-    hlo.hlo_traffic(hlo)
+    hlo_lib.hlo_traffic(hlo)
 
 
 def test_config_overrides_set_fields_and_name_unknown_ones():
@@ -81,4 +81,4 @@ def test_buffer_assignment_bytes_sums_the_allocations():
   text = ("BufferAssignment:\nallocation 0: size 512, thread-local:\n value: <28 select.9 @0>\n"
           "allocation 1: size 2564096, parameter 0, shape |f32[16,40000]|\n"
           "allocation 2: size 4096, constant:\n")
-  assert hlo.buffer_assignment_bytes(text) == 512 + 2564096 + 4096
+  assert hlo_lib.buffer_assignment_bytes(text) == 512 + 2564096 + 4096
