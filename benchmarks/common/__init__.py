@@ -234,13 +234,22 @@ def load_config(spec: str, overrides: tuple[str, ...] = ()):
   return config
 
 
-def import_checkout(path: str | os.PathLike, *more: str | os.PathLike) -> None:
+def import_checkout(path: str | os.PathLike, *more: str | os.PathLike,
+                    packages: tuple[str, ...] = ()) -> None:
   """Makes an external checkout (official code, scenic) importable: its directory, then
-  `more` folders, go first on sys.path. Benchmark scripts never edit sys.path themselves."""
+  `more` folders, go first on sys.path. `packages`: top-level names the checkout shares with
+  another one (TVRetrieval and TVCaption both have `baselines` and `utils`), whose modules
+  already imported from elsewhere are forgotten, so the next import reads this checkout's.
+  Benchmark scripts never edit sys.path themselves."""
   for entry in reversed([path, *more]):
     entry = str(pathlib.Path(entry).resolve())
-    if entry not in sys.path:
-      sys.path.insert(0, entry)
+    if entry in sys.path:
+      sys.path.remove(entry)
+    sys.path.insert(0, entry)
+  root = str(pathlib.Path(path).resolve()) + os.sep
+  for name in [n for n in sys.modules if n.split(".")[0] in packages]:
+    if not (getattr(sys.modules[name], "__file__", None) or "").startswith(root):
+      del sys.modules[name]
 
 
 def own_videos(out: pathlib.Path, n: int, spec=None) -> dict[str, str]:

@@ -175,7 +175,7 @@ def xml_model_config(**overrides):
 
 def xml_model(official_dir: pathlib.Path, model_config, seed: int):
   """`XML(model_config)` as train.py builds it, its init drawn after torch.manual_seed(seed)."""
-  common.import_checkout(official_dir)
+  common.import_checkout(official_dir, packages=("baselines", "utils"))
   import torch  # pylint: disable=g-import-not-at-top
   from baselines.crossmodal_moment_localization import model_xml  # pylint: disable=g-import-not-at-top
   torch.manual_seed(seed)
