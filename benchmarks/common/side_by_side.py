@@ -35,8 +35,10 @@ def time_steps(step: Callable[[], float], warmup: int, steps: int, info: dict) -
 
 def result(argv: list[str]) -> dict:
   """The RESULT JSON a child process prints."""
-  out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-  return json.loads(out.split("RESULT ", 1)[1])
+  proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+  if proc.returncode or "RESULT " not in proc.stdout:
+    raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+  return json.loads(proc.stdout.split("RESULT ", 1)[1])
 
 
 def cpu_float32(config) -> None:
