@@ -115,7 +115,8 @@ def command() -> str:
   """The command that reproduces this run, from the repository root."""
   python = (".venv-bench/bin/python" if pathlib.Path(sys.prefix).name == ".venv-bench"
             else "python")
-  return shlex.join([python, "-m", module()] + [_placeholder(a) for a in sys.argv[1:]])
+  words = [python, "-m", module()] + [_placeholder(a) for a in sys.argv[1:]]
+  return " ".join(w if re.fullmatch(r"[\w@%+=:,./<>|-]+", w) else shlex.quote(w) for w in words)
 
 
 def commit() -> str:
