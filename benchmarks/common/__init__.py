@@ -53,9 +53,18 @@ def _define_flags() -> None:
 
 
 def main(fn: Callable) -> None:
-  """absl's app.run(fn) with the shared flags defined."""
+  """absl's app.run(fn) with the shared flags defined; --help prints the script's docstring
+  and its flags (its own, then the shared ones) and exits 0."""
   from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
   _define_flags()
+  if set(sys.argv[1:]) & {"--help", "-h", "-?", "--helpshort"}:
+    by_module = flags.FLAGS.flags_by_module_dict()
+    mine = [m for m in by_module if m == sys.argv[0] or m.startswith("benchmarks.")]
+    mine.sort(key=lambda m: (m == __name__, m))  # the script's own flags first
+    print((sys.modules["__main__"].__doc__ or "").strip() + "\n\nflags:\n" + "\n".join(
+        flags.FLAGS.module_help(m) for m in mine))
+    sys.exit(0)
   app.run(fn)
 
 
