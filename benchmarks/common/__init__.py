@@ -290,8 +290,3 @@ def caption_recall(searcher, captions: dict[str, str], ks=(1, 5)) -> tuple[dict,
   share = {k: 100.0 * sum(v in [x for x, _ in f[:k]] for v, f in zip(names, found)) / len(names)
            for k in ks}
   return share, qps
-
-
-def words(text: str) -> str:
-  """A label from an identifier: "t2v_R@1" -> "t2v R@1"."""
-  return re.sub(r"_+", " ", text).strip()
