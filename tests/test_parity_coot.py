@@ -279,11 +279,4 @@ def run(official_dir: pathlib.Path, seed: int = 0):
 
 
 def test_coot_equals_the_official_code_on_the_same_weights():
-  pytest.importorskip("torch", reason="needs torch: the bench venv (`make bench-venv`), as "
-                      "`make test-parity` runs it")
-  repo = official.checkout("coot-videotext") or pytest.skip(
-      "needs a checkout of gingsi/coot-videotext at $AVTEXT_OFFICIAL/coot-videotext "
-      "(default workdirs/official; benchmarks/common/official.py)")
-  rows, extra = run(repo.absolute())
-  failed = official.parity_table("coot", rows, extra)
-  assert not failed, failed
+  official.parity_test("coot-videotext", "coot", run)

@@ -249,11 +249,4 @@ def run(official_dir: pathlib.Path, seed: int = 0):
 
 
 def test_mmt_equals_the_official_code_on_the_same_weights():
-  pytest.importorskip("torch", reason="needs torch: the bench venv (`make bench-venv`), as "
-                      "`make test-parity` runs it")
-  repo = official.checkout("TVCaption") or pytest.skip(
-      "needs a checkout of jayleicn/TVCaption at $AVTEXT_OFFICIAL/TVCaption "
-      "(default workdirs/official; benchmarks/common/official.py)")
-  rows, extra = run(repo.absolute())
-  failed = official.parity_table("mmt", rows, extra)
-  assert not failed, failed
+  official.parity_test("TVCaption", "mmt", run)

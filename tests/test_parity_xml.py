@@ -211,11 +211,4 @@ def run(official_dir: pathlib.Path, seed: int = 0):
 
 
 def test_xml_equals_the_official_code_on_the_same_weights():
-  pytest.importorskip("torch", reason="needs torch: the bench venv (`make bench-venv`), as "
-                      "`make test-parity` runs it")
-  repo = official.checkout("TVRetrieval") or pytest.skip(
-      "needs a checkout of jayleicn/TVRetrieval at $AVTEXT_OFFICIAL/TVRetrieval "
-      "(default workdirs/official; benchmarks/common/official.py)")
-  rows, extra = run(repo.absolute())
-  failed = official.parity_table("xml", rows, extra)
-  assert not failed, failed
+  official.parity_test("TVRetrieval", "xml", run)

@@ -84,6 +84,21 @@ def parity_table(system: str, rows: list[tuple], extra: list[str]) -> list[str]:
   return failed
 
 
+def parity_test(name: str, system: str, run) -> None:
+  """A parity test's body: skips, saying why, without torch or the checkout `name`; else
+  `run(checkout)` -> (rows, extra), prints the table and fails on a row outside its
+  tolerance."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  pytest.importorskip("torch", reason="needs torch: the bench venv (`make bench-venv`), as "
+                      "`make test-parity` runs it")
+  repo = checkout(name) or pytest.skip(
+      f"needs a checkout of {CHECKOUTS[name][0]} at ${OFFICIAL_ENV}/{name} (default "
+      "workdirs/official; benchmarks/common/official.py)")
+  rows, extra = run(repo.absolute())
+  failed = parity_table(system, rows, extra)
+  assert not failed, failed
+
+
 # ---------------------------------------------------------------- COOT (gingsi/coot-videotext)
 
 COOT_YAML = "config/retrieval/paper2020/anet_coot.yaml"

@@ -112,13 +112,7 @@ def stream_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> dict:
 
   out = {}
   for name, run, moved in (("read", read, nbytes), ("read_write", read_write, 2 * nbytes)):
-    run()
-    times = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      run()
-      times.append(time.perf_counter() - t0)
-    out[name] = moved / float(np.median(times)) / 1e9
+    out[name] = moved / float(np.median(common.timed(run, repeats))) / 1e9
   return out
 
 
