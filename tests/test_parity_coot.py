@@ -1,6 +1,6 @@
 r"""COOT parity: the official coot-videotext model vs the imported avtext `coot` model.
 
-    make test-parity          # the bench venv; checkouts under $AVTEXT_OFFICIAL (benchmarks/common/official.py)
+    make test-parity    # the bench venv; checkouts under $AVTEXT_OFFICIAL (common/official.py)
 
 Marked `needs_torch`: the default `make test` deselects it; it skips, saying why, where
 torch or the checkout of gingsi/coot-videotext is missing. Steps:

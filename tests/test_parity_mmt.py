@@ -1,6 +1,6 @@
 r"""MMT (TVC) parity: the official TVCaption code against avtext, same weights.
 
-    make test-parity          # the bench venv; checkouts under $AVTEXT_OFFICIAL (benchmarks/common/official.py)
+    make test-parity    # the bench venv; checkouts under $AVTEXT_OFFICIAL (common/official.py)
 
 Marked `needs_torch`: the default `make test` deselects it; it skips, saying why, where
 torch or the checkout of jayleicn/TVCaption is missing. The official model
@@ -58,7 +58,8 @@ WORDS = [f"w{i:02d}" for i in range(33)]  # + 7 special tokens = 40
 def _official_modules(official_dir: pathlib.Path):
   # transformer/beam_search.py (imported by translator.py) does `from decode_strategy import`:
   # the official scripts run with that folder importable.
-  common.import_checkout(official_dir, official_dir / "baselines/multimodal_transformer/transformer",
+  common.import_checkout(official_dir,
+                         official_dir / "baselines/multimodal_transformer/transformer",
                          packages=("baselines", "utils", "decode_strategy"))
   # pylint: disable=g-import-not-at-top
   from baselines.multimodal_transformer.transformer import model as model_lib

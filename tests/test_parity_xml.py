@@ -1,6 +1,6 @@
 r"""XML parity: the official TVR XML (jayleicn/TVRetrieval) against its import into avtext.
 
-    make test-parity          # the bench venv; checkouts under $AVTEXT_OFFICIAL (benchmarks/common/official.py)
+    make test-parity    # the bench venv; checkouts under $AVTEXT_OFFICIAL (common/official.py)
 
 Marked `needs_torch`: the default `make test` deselects it; it skips, saying why, where
 torch or the checkout of jayleicn/TVRetrieval is missing. Steps:

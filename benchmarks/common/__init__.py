@@ -187,6 +187,23 @@ def record(system: str, metric: str, value, *, unit: str = "", table: str = "",
   return row
 
 
+def train_and_test_best(config: str, args: list[str], workdir: pathlib.Path) -> dict:
+  """Trains `python -m avtext.main --config=<config> --workdir=<workdir> <args>`, then
+  evaluates its best checkpoint (`--mode=eval --step=best`); a workdir where both finished
+  is reused. Returns its results.json (`best_eval`: the seconds both took)."""
+  results_file = workdir / "results.json"
+  if not results_file.exists() or "best_eval" not in json.loads(results_file.read_text()):
+    begin = time.time()
+    command = [sys.executable, "-m", "avtext.main", f"--config={config}",
+               f"--workdir={workdir}", *args]
+    subprocess.run(command, check=True, cwd=REPO)
+    subprocess.run(command + ["--mode=eval", "--step=best"], check=True, cwd=REPO)
+    results = json.loads(results_file.read_text())
+    results["best_eval"] = {"seconds": time.time() - begin}
+    results_file.write_text(json.dumps(results, indent=2, sort_keys=True))
+  return json.loads(results_file.read_text())
+
+
 # ---------------------------------------------------------------- timing and inputs
 
 def timed(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[float]:

@@ -7,8 +7,10 @@ coot_train_step.py, xml_train_step.py) and the parity tests (tests/test_parity_*
 test-parity`). Nothing of the official code is vendored: it is imported from the checkout
 at run time (`checkout(name)`), in the bench venv (`make bench-venv`: torch CPU, easydict):
 
-    git -C <mirror of jayleicn/TVRetrieval> archive HEAD baselines utils | tar -x -C $OFFICIAL/TVRetrieval
-    git -C <mirror of jayleicn/TVCaption> archive HEAD baselines utils | tar -x -C $OFFICIAL/TVCaption
+    git -C <mirror of jayleicn/TVRetrieval> archive HEAD baselines utils \
+        | tar -x -C $OFFICIAL/TVRetrieval
+    git -C <mirror of jayleicn/TVCaption> archive HEAD baselines utils \
+        | tar -x -C $OFFICIAL/TVCaption
     git -C <mirror of gingsi/coot-videotext> archive HEAD coot nntrainer config repo_config.py \
         | tar -x -C $OFFICIAL/coot-videotext
 """
@@ -29,7 +31,8 @@ TOLERANCE = 1e-4
 # The checkouts under $AVTEXT_OFFICIAL (default workdirs/official): {name: (repository,
 # a file it must hold)}.
 CHECKOUTS = {
-    "TVRetrieval": ("jayleicn/TVRetrieval", "baselines/crossmodal_moment_localization/model_xml.py"),
+    "TVRetrieval": ("jayleicn/TVRetrieval",
+                    "baselines/crossmodal_moment_localization/model_xml.py"),
     "TVCaption": ("jayleicn/TVCaption", "baselines/multimodal_transformer/transformer/model.py"),
     "coot-videotext": ("gingsi/coot-videotext", "coot/model_retrieval.py"),
 }

@@ -3,7 +3,8 @@
 Each side runs alone in its own process (no second framework's thread pool beside it):
 `time_steps` in the child, `alternate` in the parent (official / avtext blocks until each
 side has its timed steps, so load drifts hit both), `summary` for the median / IQR.
-`define_flags()` gives a script --steps, --warmup, --block, --seed and the children's --side.
+`define_flags()` gives a script --steps, --warmup, --block, --seed and the children's --side
+and --check; `dispatch` runs a child's part.
 """
 import json
 import subprocess
@@ -20,6 +21,20 @@ def define_flags() -> None:
   flags.DEFINE_integer("block", 5, "timed steps per process")
   flags.DEFINE_integer("seed", 0, "seed of the batch")
   flags.DEFINE_enum("side", None, ["official", "avtext"], "(child processes)")
+  flags.DEFINE_bool("check", False, "(child process) the same-weights step-1 losses")
+
+
+def dispatch(flag, check: Callable[[], dict], side: Callable[[], None]):
+  """A child process (--check: prints `check()` as RESULT JSON; --side: runs `side()`)
+  returns None; the parent gets its (steps, block, warmup), (2, 1, 1) with --quick."""
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  if flag.check:
+    print("RESULT " + json.dumps(check()))
+    return None
+  if flag.side:
+    side()
+    return None
+  return (2, 1, 1) if common.quick() else (flag.steps, flag.block, flag.warmup)
 
 
 def time_steps(step: Callable[[], float], warmup: int, steps: int, info: dict) -> None:

@@ -43,7 +43,6 @@ losses on the repeated batch are a sanity check that both steps train.
 --quick: 8 videos, 2 timed steps a side. Rows: each side's median step and IQR, the ratio,
 the same-weights step-1 losses and the parameter counts.
 """
-import json
 import os
 import pathlib
 
@@ -61,7 +60,6 @@ _STEPS_PER_EPOCH = flags.DEFINE_integer("steps_per_epoch", 157,
                                         "ActivityNet: 10009 train videos / 64")
 _NO_PACKING = flags.DEFINE_bool("no_packing", False, "our side on the padded layout "
                                 "(data.pack_sequences=False)")
-_CHECK = flags.DEFINE_bool("check", False, "(child process)")
 side_by_side.define_flags()
 SYSTEM = "COOT"
 
@@ -229,13 +227,12 @@ def main(argv):
   flag = flags.FLAGS
   repo = off_lib.require(pathlib.Path(flag.coot_repo), "coot-videotext")
   videos = 8 if common.quick() else flag.videos
-  if flag.check:
-    print("RESULT " + json.dumps(same_weights_check(repo, make_batch(flag.seed, videos))))
+  plan = side_by_side.dispatch(
+      flag, lambda: same_weights_check(repo, make_batch(flag.seed, videos)),
+      lambda: run_side(flag))
+  if plan is None:
     return
-  if flag.side:
-    run_side(flag)
-    return
-  steps, block, warmup = (2, 1, 1) if common.quick() else (flag.steps, flag.block, flag.warmup)
+  steps, block, warmup = plan
   check = side_by_side.result(common.child(f"--coot_repo={repo}", "--check",
                                            f"--seed={flag.seed}", f"--videos={videos}"))
   timed = "padded" if flag.no_packing else "packed"  # the layout our timed step runs

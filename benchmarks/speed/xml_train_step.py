@@ -1,7 +1,8 @@
 r"""XML train step: avtext (JAX) beside the official PyTorch XML, same batch, one process each.
 
     make bench-venv      # .venv-bench: requirements.lock + requirements-bench.txt (torch CPU)
-    git -C <mirror of jayleicn/TVRetrieval> archive HEAD baselines utils | tar -x -C <TVRetrieval checkout>
+    git -C <mirror of jayleicn/TVRetrieval> archive HEAD baselines utils \
+        | tar -x -C <TVRetrieval checkout>
     .venv-bench/bin/python -m benchmarks.speed.xml_train_step --tvr_repo=<TVRetrieval checkout> \
         [--steps=10 --block=5 --warmup=2]
     python -m benchmarks.speed.xml_train_step --ab_rounds=12    # ours only: the A/B below
@@ -43,7 +44,6 @@ round, so load on a shared machine hits both alike; the medians and their ratio.
 step and IQR, the ratio, the same-weights step-1 losses, the parameter counts; the A/B's
 medians and ratio.
 """
-import json
 import os
 import pathlib
 import time
@@ -59,7 +59,6 @@ _TVR_REPO = flags.DEFINE_string("tvr_repo", None, "checkout of jayleicn/TVRetrie
 _QUERIES = flags.DEFINE_integer("queries", 128, "queries in the batch")
 _STEPS_PER_EPOCH = flags.DEFINE_integer("steps_per_epoch", 851,
                                         "TVR: 108,965 training queries / 128")
-_CHECK = flags.DEFINE_bool("check", False, "(child process)")
 _AB_ROUNDS = flags.DEFINE_integer("ab_rounds", 0, "time our step with and without the CPU "
                                   "forms of avtext.ops instead (module docstring)")
 side_by_side.define_flags()
@@ -243,13 +242,12 @@ def main(argv):
   if not flag.tvr_repo:
     raise SystemExit("--tvr_repo: a checkout of jayleicn/TVRetrieval (or --ab_rounds=N)")
   repo = off_lib.require(pathlib.Path(flag.tvr_repo), "TVRetrieval")
-  if flag.check:
-    print("RESULT " + json.dumps(same_weights_check(repo, make_batch(flag.seed, queries))))
+  plan = side_by_side.dispatch(
+      flag, lambda: same_weights_check(repo, make_batch(flag.seed, queries)),
+      lambda: run_side(flag))
+  if plan is None:
     return
-  if flag.side:
-    run_side(flag)
-    return
-  steps, block, warmup = (2, 1, 1) if common.quick() else (flag.steps, flag.block, flag.warmup)
+  steps, block, warmup = plan
   check = side_by_side.result(common.child(f"--tvr_repo={repo}", "--check",
                                            f"--seed={flag.seed}", f"--queries={queries}"))
   print(f"step-1 loss, same weights, no dropout: official {check['official']:.6f}, avtext "

@@ -17,9 +17,6 @@ seed 0. Rows: each context's cells (mean ± std over seeds).
 """
 import json
 import pathlib
-import subprocess
-import sys
-import time
 
 from absl import flags
 import numpy as np
@@ -42,22 +39,13 @@ METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
 
 
 def run(variant: str, seed: int) -> pathlib.Path:
+  """The workdir of `variant` at `seed`, its best val checkpoint evaluated on test_public."""
   workdir = common.out_dir() / f"{variant.replace('+', '_').replace(' ', '_')}_s{seed}"
-  args = [f"--config.dataset.path={_DATA.value}", f"--config.model.vocab={_VOCAB.value}",
-          f"--workdir={workdir}", f"--config.seed={seed}"]
-  if common.quick():
-    args.append("--config.train.num_epochs=1")
-  config = f"--config=configs/mmt_tvc.py:{VARIANTS[variant]}"
-  if not (workdir / "results.json").exists() or "best_eval" not in json.loads(
-      (workdir / "results.json").read_text()):
-    begin = time.time()
-    subprocess.run([sys.executable, "-m", "avtext.main", config, *args], check=True,
-                   cwd=common.REPO)
-    subprocess.run([sys.executable, "-m", "avtext.main", config, *args, "--mode=eval",
-                    "--step=best"], check=True, cwd=common.REPO)
-    results = json.loads((workdir / "results.json").read_text())
-    results["best_eval"] = {"seconds": time.time() - begin}
-    (workdir / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
+  common.train_and_test_best(
+      f"configs/mmt_tvc.py:{VARIANTS[variant]}",
+      [f"--config.dataset.path={_DATA.value}", f"--config.model.vocab={_VOCAB.value}",
+       f"--config.seed={seed}"] + (["--config.train.num_epochs=1"] if common.quick() else []),
+      workdir)
   return workdir
 
 

@@ -13,11 +13,6 @@ test_public with `--mode=eval --step=best`, and prints VCMR R@1 / R@5 at IoU 0.5
 (and SVMR R@1) as mean +- std over the seeds. `make demo-xml` writes the data first.
 --quick: one epoch of the default head, seed 0. Rows: each head's cells (mean ± std).
 """
-import json
-import pathlib
-import subprocess
-import sys
-import time
 
 from absl import flags
 import numpy as np
@@ -43,23 +38,14 @@ METRICS = ("VCMR/0.5-r1", "VCMR/0.5-r5", "VCMR/0.7-r1", "VCMR/0.7-r5", "SVMR/0.5
            "SVMR/0.7-r1")
 
 
-def run(variant: str, seed: int) -> pathlib.Path:
+def run(variant: str, seed: int) -> dict:
+  """results.json of `variant` at `seed`, its best val checkpoint evaluated on test_public."""
   config_variants, prefix = VARIANTS[variant]
-  workdir = common.out_dir() / f"{prefix}_s{seed}"
-  args = [f"--config.dataset.path={_DATA.value}", f"--workdir={workdir}",
-          f"--config.seed={seed}"] + (["--config.train.num_epochs=1"] if common.quick() else [])
-  config = f"--config=configs/xml_tvr.py:{config_variants}"
-  results_file = workdir / "results.json"
-  if not results_file.exists() or "best_eval" not in json.loads(results_file.read_text()):
-    begin = time.time()
-    subprocess.run([sys.executable, "-m", "avtext.main", config, *args], check=True,
-                   cwd=common.REPO)
-    subprocess.run([sys.executable, "-m", "avtext.main", config, *args, "--mode=eval",
-                    "--step=best"], check=True, cwd=common.REPO)
-    results = json.loads(results_file.read_text())
-    results["best_eval"] = {"seconds": time.time() - begin}
-    results_file.write_text(json.dumps(results, indent=2, sort_keys=True))
-  return workdir
+  return common.train_and_test_best(
+      f"configs/xml_tvr.py:{config_variants}",
+      [f"--config.dataset.path={_DATA.value}", f"--config.seed={seed}"]
+      + (["--config.train.num_epochs=1"] if common.quick() else []),
+      common.out_dir() / f"{prefix}_s{seed}")
 
 
 def main(argv):
@@ -72,7 +58,7 @@ def main(argv):
       raise SystemExit(f"--variants: unknown {variant!r}; known: {'; '.join(VARIANTS)}")
     rows = []
     for seed in seeds:
-      results = json.loads((run(variant, seed) / "results.json").read_text())
+      results = run(variant, seed)
       best = results["best"]["step"]
       rows.append([results[str(best)][f"test/{m}"] for m in METRICS])
       print(f"{variant} seed {seed} (best step {best}): "
