@@ -168,7 +168,7 @@ def test_configs_chain_phase1_then_phase2(tmp_path, caption):
   py = [sys.executable, "-m"]
   cfg = f"--config=configs/smit_{caption}_amm.py:tiny"
   feats, p1, p2 = tmp_path / "f", tmp_path / "p1", tmp_path / "p2"
-  for cmd in (["avtext.features.smit", cfg, f"--out={feats}"],
+  for cmd in (["avtext.features", "smit", cfg, f"--out={feats}"],
               ["avtext.main", cfg, f"--workdir={p1}", f"--config.dataset.path={feats}"],
               ["avtext.main", cfg + ",phase2", f"--workdir={p2}",
                f"--config.init_from.workdir={p1}"]):
