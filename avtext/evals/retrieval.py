@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from avtext import evals
-from avtext.data import ground_truth
+from avtext.data import ground_truth as source_truth
 from avtext.evals import base
 from avtext.evals import protocols
 from avtext.metrics import retrieval as metrics
@@ -132,7 +132,7 @@ def retrieval_results(sim: np.ndarray, t2v_gt, v2t_gt, cfg, source=None) -> dict
     results.update({f"subset/{k}": v for k, v in metrics.subset_protocol(
         sim, ks=ks, **(subset.to_dict() if hasattr(subset, "to_dict") else dict(subset))
     ).items()})
-  oracle = ground_truth.retrieval_oracle(source)
+  oracle = source_truth.retrieval_oracle(source)
   if t2v_gt is None and oracle is not None:
     results.update(_oracle_references(oracle, sim))
     if subset:  # the oracle on the protocol's own subsets
@@ -152,7 +152,7 @@ def _relevance(gt, shape) -> np.ndarray | None:
   return relevance
 
 
-def _oracle_references(oracle: ground_truth.RetrievalOracle,
+def _oracle_references(oracle: source_truth.RetrievalOracle,
                        sim: np.ndarray) -> dict[str, float]:
   """Oracle R@1, and R@1 and the oracle's on the captions that mention the sound."""
   out = {"oracle_t2v_r1": float(oracle.oracle_recall_at_1())}
