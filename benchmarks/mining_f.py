@@ -160,7 +160,7 @@ def main():
 
   frame_video = np.concatenate([np.full(len(r[3]), k) for k, r in enumerate(records)])
   times = np.concatenate([r[3] for r in records])
-  truth, _ = outputs.synthetic_truth(videos_dir)
+  truth, _ = outputs.corpus_truth(videos_dir)
   fixed = [float(t) for t in a.taus.split(",")]
   print("\n| f | cosine, planted pairs p10/50/90 | fitting p10/50/90 | unrelated p50/99/99.9 "
         "| AUC fitting > unrelated |\n|---|---|---|---|---|")
