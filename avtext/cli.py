@@ -205,6 +205,25 @@ def quiet_tpu_probe() -> None:
   os.environ[AUTO_PLATFORMS_ENV] = "1"
 
 
+# XLA:CPU's default scheduler lets one device start a collective of a program while
+# the others are still in an earlier one; with N fake CPU devices
+# (--xla_force_host_platform_device_count) the devices' threads can then all wait in
+# two different rendezvous and the process aborts after 40 s ("Termination timeout for
+# `all gather ...`": the tiny XML step, run twice in one process, did every time).
+SAFE_CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def safe_cpu_collectives() -> None:
+  """Adds SAFE_CPU_SCHEDULER to XLA_FLAGS when they ask for several CPU devices (read
+  when the first backend starts: call it before any computation). A flag that already
+  names the scheduler wins."""
+  flags_now = os.environ.get("XLA_FLAGS", "")
+  devices = re.search(r"--xla_force_host_platform_device_count=(\d+)", flags_now)
+  if (devices and int(devices.group(1)) > 1
+      and "xla_cpu_enable_concurrency_optimized_scheduler" not in flags_now):
+    os.environ["XLA_FLAGS"] = f"{flags_now} {SAFE_CPU_SCHEDULER}".strip()
+
+
 class QuietLibraries(logging.Filter):
   """Drops INFO chatter of checkpointing internals; warnings still pass.
 
@@ -362,6 +381,7 @@ def run(main: Callable[[list[str]], object], flag_values: flags.FlagValues,
   debug = debug_requested(argv)
   argv = [a for a in argv if a != "--debug"]
   quiet_tpu_probe()
+  safe_cpu_collectives()
   enable_compilation_cache()
   if not flags.FLAGS.is_parsed():  # absl's own (logging) flags keep their defaults
     flags.FLAGS.mark_as_parsed()

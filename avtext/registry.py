@@ -3,7 +3,8 @@
 
 An entry registers itself with its registry's decorator in its own module, e.g.
 `@register_model("bert")`; adding one is adding that file. A registry knows its
-package and reads (without importing) the package's modules for the decorator
+packages (one, or several: the dataset registry reads `avtext.data.builders` and the
+synthetic world's package) and reads (without importing) their modules for the decorator
 calls, so it knows every name a config can use, and imports a module only when
 one of its names is looked up: a config string alone selects the code, and e.g.
 TensorFlow is imported only by a config that reads TFDS files. A prefix entry
@@ -24,7 +25,8 @@ class Registry:
 
   Args:
     kind: what an entry is ("task", "model", ...), for messages.
-    package: the package whose modules register the entries ("avtext.models").
+    package: the package whose modules register the entries ("avtext.models"), or a
+      tuple of packages, read in order (a name registered in two is the first's).
     decorator: the name the modules call to register ("register_model"); a call
       `<x>.<decorator>("name", ...)` or `<decorator>("name", ...)` with a string
       first argument is an entry of that module.
@@ -32,10 +34,10 @@ class Registry:
       (a list) and joined (the names, comma-separated).
   """
 
-  def __init__(self, kind: str, package: str, decorator: str, *,
+  def __init__(self, kind: str, package: str | tuple[str, ...], decorator: str, *,
                message: str = DEFAULT_MESSAGE):
     self.kind = kind
-    self.package = package
+    self.packages = (package,) if isinstance(package, str) else tuple(package)
     self.decorator = decorator
     self._message = message
     self._entries: dict[str, Any] = {}
@@ -89,14 +91,15 @@ class Registry:
     self._entries, self._prefixes = dict(snapshot[0]), dict(snapshot[1])
 
   def _modules(self) -> tuple[dict[str, str], dict[str, str]]:
-    """({name: module}, {prefix: module}) of the package's register calls, read once."""
+    """({name: module}, {prefix: module}) of the packages' register calls, read once."""
     if self._found is None:
-      spec = importlib.util.find_spec(self.package)
       exact, prefixes = {}, {}
-      for path in sorted(pathlib.Path(spec.origin).parent.glob("*.py")):
-        module = self.package if path.stem == "__init__" else f"{self.package}.{path.stem}"
-        for name, prefix in _register_calls(path, self.decorator):
-          (prefixes if prefix else exact).setdefault(name, module)
+      for package in self.packages:
+        spec = importlib.util.find_spec(package)
+        for path in sorted(pathlib.Path(spec.origin).parent.glob("*.py")):
+          module = package if path.stem == "__init__" else f"{package}.{path.stem}"
+          for name, prefix in _register_calls(path, self.decorator):
+            (prefixes if prefix else exact).setdefault(name, module)
       self._found = exact, prefixes
     return self._found
 

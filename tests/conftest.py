@@ -14,6 +14,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from avtext import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+cli.safe_cpu_collectives()  # before any computation (the 8 devices' collectives)
 # The programs' caches (compilation, exported programs, run snapshots) in one directory
 # per test run, never the user's ~/.cache.
 if "AVTEXT_TEST_CACHES" not in os.environ:  # the controller; xdist workers inherit it

@@ -4,6 +4,10 @@ The floors, ground first (docs/architecture.md). A module may import modules of
 its own package and of any lower floor; packages that share a floor do not import
 each other. Imports inside functions count too: a lazy import that runs back up a
 floor is still a dependency the lower floor cannot be read without.
+
+The synthetic world (`avtext.data.synthetic`) is a data source like any other: outside
+it, only the tools that write its files (`WORLD_WRITERS`) import it; evaluators, tasks,
+mining and builders ask a source for its ground truth (`avtext.data.ground_truth`).
 """
 import ast
 import collections
@@ -39,16 +43,19 @@ FLOORS = (
     ("search_videos", "search_moments", "caption", "mine"),  # the user-facing CLIs above them
 )
 MAX_LINES = 600
+WORLD = "avtext.data.synthetic"
+WORLD_WRITERS = ("avtext.tools.coot_synthetic", "avtext.tools.mining_world",
+                 "avtext.tools.synthetic_layout", "avtext.tools.tvr_synthetic")
 
 
 def _floor_of() -> dict[str, int]:
   return {name: i for i, names in enumerate(FLOORS) for name in names}
 
 
-def _modules() -> dict[str, pathlib.Path]:
+def _modules(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
   out = {}
-  for path in sorted(PACKAGE.rglob("*.py")):
-    parts = path.relative_to(ROOT).with_suffix("").parts
+  for path in sorted((root / "avtext").rglob("*.py")):
+    parts = path.relative_to(root).with_suffix("").parts
     if parts[-1] == "__init__":
       parts = parts[:-1]
     out[".".join(parts)] = path
@@ -80,9 +87,21 @@ def _imports(module: str, path: pathlib.Path, known: set[str]) -> set[str]:
   return found
 
 
-def _graph() -> dict[str, set[str]]:
-  modules = _modules()
+def _graph(root: pathlib.Path = ROOT) -> dict[str, set[str]]:
+  modules = _modules(root)
   return {m: _imports(m, p, set(modules)) for m, p in modules.items()}
+
+
+def _in_world(module: str) -> bool:
+  return module == WORLD or module.startswith(WORLD + ".")
+
+
+def _world_imports(graph: dict[str, set[str]]) -> list[str]:
+  """'<module> imports <world module>' for every import of the synthetic world from
+  outside it, the world writers excepted."""
+  return [f"{module} imports {other}" for module, imported in sorted(graph.items())
+          if not _in_world(module) and module not in WORLD_WRITERS
+          for other in sorted(imported) if _in_world(other)]
 
 
 def _room(module: str) -> str:
@@ -145,6 +164,36 @@ def test_no_import_circles():
     if v not in index:
       visit(v)
   assert circles == []
+
+
+def test_only_the_world_writers_import_the_synthetic_world():
+  assert _world_imports(_graph()) == [], (
+      "ask the source for its ground truth (avtext.data.ground_truth) instead")
+
+
+def test_the_world_rule_reports_a_planted_import(tmp_path):
+  """The rule itself: a lazy import of the world in an evaluator is reported; the world's
+  own modules and a world writer may import it."""
+  files = {"avtext/__init__.py": "",
+           "avtext/data/__init__.py": "",
+           "avtext/data/synthetic/__init__.py": "from avtext.data.synthetic import captions\n",
+           "avtext/data/synthetic/captions.py": "",
+           "avtext/evals/__init__.py": "",
+           "avtext/evals/captioning.py": "def f():\n  from avtext.data.synthetic import captions\n",
+           "avtext/evals/retrieval.py": "from avtext.data import synthetic\n",
+           "avtext/tools/__init__.py": "",
+           "avtext/tools/mining_world.py": "from avtext.data.synthetic import captions\n"}
+  for name, text in files.items():
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text(text)
+  assert _world_imports(_graph(tmp_path)) == [
+      "avtext.evals.captioning imports avtext.data.synthetic.captions",
+      "avtext.evals.retrieval imports avtext.data.synthetic"]
+
+
+def test_world_writers_are_real_modules():
+  modules = _modules()
+  assert [w for w in WORLD_WRITERS if w not in modules] == []
 
 
 def test_no_module_over_600_lines():

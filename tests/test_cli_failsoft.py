@@ -234,3 +234,19 @@ def test_programs_that_log_progress_drop_the_libraries_info():
   assert quiet[0].filter(record(orbax, logging.WARNING))
   assert quiet[0].filter(record("/avtext/features/smit.py", logging.INFO))
   assert not quiet[0].filter(record("/asyncio/base_events.py", logging.ERROR, "asyncio"))
+
+
+@pytest.mark.parametrize("before, after", [
+    ("--xla_force_host_platform_device_count=8",
+     "--xla_force_host_platform_device_count=8 " + cli.SAFE_CPU_SCHEDULER),
+    ("--xla_force_host_platform_device_count=1", "--xla_force_host_platform_device_count=1"),
+    ("", ""),
+    ("--xla_force_host_platform_device_count=2 "
+     "--xla_cpu_enable_concurrency_optimized_scheduler=true",
+     "--xla_force_host_platform_device_count=2 "
+     "--xla_cpu_enable_concurrency_optimized_scheduler=true"),
+])
+def test_several_cpu_devices_get_the_in_order_collective_scheduler(monkeypatch, before, after):
+  monkeypatch.setenv("XLA_FLAGS", before)
+  cli.safe_cpu_collectives()
+  assert os.environ["XLA_FLAGS"] == after

@@ -43,7 +43,7 @@ before = sorted(m for m in sys.modules if m.startswith("avtext.data.builders."))
 builders.get_source(ml_collections.ConfigDict(dict(name="synthetic_clips", num_eval=2)), "test")
 heavy = ("tensorflow_datasets", "tensorflow", "h5py", "array_record", "avtext.data.features",
          "avtext.data.builders.precomputed", "avtext.data.builders.tfds_clips")
-print(json.dumps({"before": before, "synthetic": "avtext.data.builders.synthetic" in sys.modules,
+print(json.dumps({"before": before, "synthetic": "avtext.data.synthetic.datasets" in sys.modules,
                   "heavy": [m for m in heavy if m in sys.modules]}))
 """
   out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

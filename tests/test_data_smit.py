@@ -8,8 +8,8 @@ import pytest
 from avtext.data import builders
 from avtext.data import video_io
 from avtext.data.builders import smit as smit_builder
+from avtext.data.synthetic import datasets
 from avtext.data.synthetic import layouts
-from avtext.data.builders import synthetic
 from avtext.data.synthetic import world
 from avtext.tasks import registry
 from configs import smit_language_amm
@@ -34,7 +34,7 @@ def smit(tmp_path_factory):
 
 
 def test_layout_reads_back_the_synthetic_source(smit):
-  ref = synthetic.SyntheticSpokenClips('test', num_examples=SIZES['test'], spec=SPEC)
+  ref = datasets.SyntheticSpokenClips('test', num_examples=SIZES['test'], spec=SPEC)
   test = _open(smit.root, 'test')
   assert len(test) == 4 and test.skip_counts() == {}
   for i in (0, 3):
@@ -54,7 +54,7 @@ def test_layout_reads_back_the_synthetic_source(smit):
 def test_smit_task_reads_the_layout_as_the_world(smit):
   """The examples phase 2 and `smit_features` build: frames within codec error, the
   spoken caption's log-mel as the world's, the transcript's tokens identical."""
-  ref = synthetic.SyntheticSpokenClips('test', num_examples=SIZES['test'], spec=SPEC)
+  ref = datasets.SyntheticSpokenClips('test', num_examples=SIZES['test'], spec=SPEC)
   test = _open(smit.root, 'test')
   for get_config in (smit_spoken_amm.get_config, smit_language_amm.get_config):
     config = get_config('tiny,phase2')
@@ -151,7 +151,7 @@ def test_smit_features_from_the_layout(smit, tmp_path, caption):
     assert ('words' in f) == (caption == 'language')
     assert ('log_mel' in f) == (caption == 'spoken')
     if caption == 'spoken':
-      ref = synthetic.SyntheticSpokenClips('test', num_examples=SIZES['test'], spec=SPEC)
+      ref = datasets.SyntheticSpokenClips('test', num_examples=SIZES['test'], spec=SPEC)
       off = f['log_mel_offsets'][()]
       for i in (0, 3):
         want = audio.log_mel_spectrogram(ref.render_speech(i), num_mel_bins=40)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from avtext.data import asr
-from avtext.data.synthetic import spoken
+from avtext.data.synthetic import spoken_clips
 from avtext.data.synthetic import tts
 from avtext.data.synthetic.clips import ClipCaptionSource
 
@@ -50,7 +50,7 @@ def test_render_speech_is_16khz_float_in_range_and_errors_name_the_field():
   with pytest.raises(ValueError, match="rate"):
     tts.Voice(rate=20)
   with pytest.raises(ValueError, match="dataset.speech"):
-    spoken.SpokenClipSource("test", num_examples=2, speech="tone")
+    spoken_clips.SpokenClipSource("test", num_examples=2, speech="tone")
 
 
 def test_word_error_rate_hand_counted():

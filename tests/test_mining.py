@@ -353,7 +353,7 @@ def test_stats_precision_and_rerun_gives_the_same_files(corpus, mined, tmp_path)
   per = {p['tau']: p for p in stats['per_tau']}
   assert per[0.6]['matches'] >= per[0.7]['matches'] >= per[0.8]['matches']
   rows = [json.loads(l) for l in (out / 'matches.jsonl').read_text().splitlines()]
-  truth, _ = __import__('avtext.mining.outputs', fromlist=['x']).synthetic_truth(
+  truth, _ = __import__('avtext.mining.outputs', fromlist=['x']).corpus_truth(
       corpus / 'videos')
   kept = [r for r in rows if r['sim'] >= 0.7]
   assert per[0.7]['precision'] == pytest.approx(np.mean([truth(r) for r in kept]))

@@ -54,3 +54,28 @@ def test_a_taken_name_is_refused_and_a_reload_replaces(fake_package):
   with pytest.raises(ValueError, match=r"thing 'bee' is already registered by fakepkg.bees.bee"):
     fakepkg.register_thing("bee")(lambda: None)
   fakepkg.register_thing("bee")(bee)  # the same entry again (importlib.reload): fine
+
+
+def test_a_registry_reads_several_packages_in_order(fake_package, tmp_path):
+  other = tmp_path / "otherpkg"
+  other.mkdir()
+  (other / "__init__.py").write_text("")
+  (other / "more.py").write_text(textwrap.dedent("""
+      import fakepkg
+
+      @fakepkg.register_thing("wasp")
+      def wasp():
+        return "wasp"
+      """))
+  try:
+    from avtext import registry  # pylint: disable=g-import-not-at-top
+    import fakepkg  # pylint: disable=g-import-not-at-top
+    both = registry.Registry("thing", ("fakepkg", "otherpkg"), "register_thing")
+    assert both.names() == ["bee", "wasp", "px:<name>"]
+    assert "otherpkg.more" not in sys.modules
+    fakepkg.register_thing = both.register  # the modules register through the new table
+    assert both.get("wasp", where="config.thing")() == "wasp"
+    assert "otherpkg.more" in sys.modules and "fakepkg.bees" not in sys.modules
+  finally:
+    for name in [m for m in sys.modules if m == "otherpkg" or m.startswith("otherpkg.")]:
+      del sys.modules[name]

@@ -7,6 +7,7 @@ import optax
 import pytest
 
 from avtext import experiment
+from avtext.data import ground_truth
 from avtext.data import synthetic
 from avtext.losses import classification as losses
 from avtext.metrics import classification as classification_metrics
@@ -107,6 +108,20 @@ def test_clip_labels_from_stored_label_fields():
     labels({"label": [1, 0]})
   with pytest.raises(ValueError, match="no labels"):
     labels({"caption": "x"})
+
+
+def test_labels_come_from_the_datasets_declared_truth():
+  config = synthetic_video_pretrain.get_config()
+  assert classification.label_names(config) == synthetic.LABEL_NAMES
+  truth = ground_truth.of_dataset(config.dataset)
+  attributes = synthetic.ClipCaptionSource("val", num_examples=1).describe(0)["attributes"]
+  np.testing.assert_array_equal(classification.ClipLabels(26, truth)({"attributes": attributes}),
+                                synthetic.attribute_labels(attributes))
+  # Without a declared truth, attributes mean nothing: the stored label is read.
+  config.dataset.name, config.model.num_classes = "msrvtt", 3
+  assert classification.label_names(config) == ("class_0", "class_1", "class_2")
+  np.testing.assert_array_equal(
+      classification.ClipLabels(3)({"attributes": attributes, "label": 1}), [0, 1, 0])
 
 
 def test_classification_metrics_by_hand():

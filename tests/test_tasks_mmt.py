@@ -16,6 +16,7 @@ from avtext.data import builders
 from avtext.data import feature_layout
 from avtext.data.builders import tvc
 from avtext.data.synthetic import longvideo
+from avtext.data.synthetic import truth
 from avtext.data.synthetic import tvr_layout
 from avtext.data.synthetic import world
 from avtext.inference import generate
@@ -288,6 +289,7 @@ def write_synthetic_tvc(path: pathlib.Path, *, num=(12, 4, 4), dim=8, seed=0) ->
   (path / tvc.DEFAULT_SUBTITLES).write_text("".join(json.dumps(r) + "\n" for r in subs))
   feature_layout.write_video_features_h5(path / "video_feature", tvr_layout.VIDEO_FEATURES,
                                          feats)
+  truth.write_world_file(path)  # as tvr_layout.write does
   return path
 
 
@@ -301,7 +303,7 @@ def _dataset_config(path, **kw):
                                           video_features=tvr_layout.VIDEO_FEATURES), **kw})
 
 
-def test_tvc_source_reads_the_official_layout(tvc_dir):
+def test_tvc_source_reads_the_official_layout(tvc_dir, tmp_path):
   src = builders.get_source(_dataset_config(tvc_dir), "val")
   lines = [json.loads(l) for l in (tvc_dir / "tvc_val_release.jsonl").read_text().splitlines()]
   assert len(src) == len(lines) and src.has_descs
@@ -312,6 +314,11 @@ def test_tvc_source_reads_the_official_layout(tvc_dir):
   subs = [json.loads(l) for l in (tvc_dir / tvc.DEFAULT_SUBTITLES).read_text().splitlines()]
   want = next(s["sub"] for s in subs if s["vid_name"] == item["vid_name"])
   assert item["subtitles"] == [(s["start"], s["end"], s["text"]) for s in want]
+  # The world that wrote the directory is its ground truth; the real TVC has none.
+  assert src.ground_truth is truth.WORLD
+  real = tmp_path / "real"
+  shutil.copytree(tvc_dir, real, ignore=shutil.ignore_patterns("world.json"))
+  assert builders.get_source(_dataset_config(real), "val").ground_truth is None
 
 
 def test_tvc_source_errors_name_the_file_line_and_field(tvc_dir, tmp_path):

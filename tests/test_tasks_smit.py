@@ -168,7 +168,7 @@ def test_configs_chain_phase1_then_phase2(tmp_path, caption):
   py = [sys.executable, "-m"]
   cfg = f"--config=configs/smit_{caption}_amm.py:tiny"
   feats, p1, p2 = tmp_path / "f", tmp_path / "p1", tmp_path / "p2"
-  for cmd in (["avtext.features.smit", cfg, f"--out={feats}"],
+  for cmd in (["avtext.features", "smit", cfg, f"--out={feats}"],
               ["avtext.main", cfg, f"--workdir={p1}", f"--config.dataset.path={feats}"],
               ["avtext.main", cfg + ",phase2", f"--workdir={p2}",
                f"--config.init_from.workdir={p1}"]):
@@ -193,9 +193,9 @@ def test_configs_chain_phase1_then_phase2(tmp_path, caption):
 
 def test_oracle_on_a_subset_gallery_counts_fitting_clips_by_brute_force():
   from avtext.data.synthetic import captions  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import spoken  # pylint: disable=g-import-not-at-top
+  from avtext.data.synthetic import spoken_clips  # pylint: disable=g-import-not-at-top
   from avtext.metrics import retrieval  # pylint: disable=g-import-not-at-top
-  source = spoken.SpokenClipSource("test", num_examples=80)
+  source = spoken_clips.SpokenClipSource("test", num_examples=80)
   idx = retrieval.subset_indices(80, n_subsets=1, subset_size=30, seed=3)[0]
   attrs = [source.describe(int(i))["attributes"] for i in idx]
   counts = [sum(captions.caption_fits(a["mentioned"], b) for b in attrs) for a in attrs]

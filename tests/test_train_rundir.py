@@ -150,3 +150,33 @@ def test_a_full_disk_is_one_line_and_a_non_zero_exit(tmp_path):
   assert failed == [f"error: {workdir / 'checkpoints'}: writing a checkpoint failed: No space left "
                     "on device; the checkpoints already there are intact and re-running "
                     "resumes from the latest"], out
+
+
+def test_the_newest_checkpoint_pruned_while_it_is_read_is_read_again(tmp_path, monkeypatch):
+  """An evaluation reading a running trainer's newest checkpoint: the trainer saves the
+  next one and prunes the one being read (keep=1); the read resolves the newest again.
+  An explicit step that vanishes is one error saying so."""
+  directory = tmp_path / "checkpoints"
+  trainer = checkpointing.Checkpointer(directory, keep=1, async_save=False)
+  for step in (1, 2, 3):
+    trainer.save(step, {"w": np.full(3, step, np.float32)}, {"position": step})
+  reader = checkpointing.Checkpointer(directory)
+  real_restore = reader._manager.restore  # pylint: disable=protected-access
+  read = []
+
+  def restore_while_training(step, *args, **kwargs):
+    read.append(step)
+    if len(read) == 1:
+      trainer.save(step + 1, {"w": np.full(3, step + 1, np.float32)}, {"position": step + 1})
+      assert not (directory / str(step)).exists()  # pruned by the trainer
+    return real_restore(step, *args, **kwargs)
+
+  monkeypatch.setattr(reader._manager, "restore", restore_while_training)  # pylint: disable=protected-access
+  state, step = reader.restore_raw()
+  assert read == [3, 4] and step == 4
+  np.testing.assert_array_equal(state["w"], np.full(3, 4.0, np.float32))
+
+  read.clear()
+  with pytest.raises(FileNotFoundError, match=r"/4: deleted while it was read"):
+    reader.restore_raw(4)
+  assert read == [4]

@@ -16,12 +16,13 @@ Config fields (besides `base.Evaluator`'s):
 Metrics (`avtext.metrics.captioning.caption_metrics`, pycocoevalcap's
 scale): BLEU-1..4, METEOR, ROUGE-L, CIDEr-D. References are the split's
 captions; when examples carry a `video_id` (several captions per video,
-MSR-VTT), they are grouped per video and each video is captioned once. On the
-synthetic world, `attribute_precision` / `attribute_recall`
-(`synthetic.captions.statement_precision_recall`): the share of the
-attributes a generated caption names that its clip has, and the share of the
-clip's attributes it names; the ground-truth captions' own values are
-reported as `reference/...` for scale. An empty generation is scored as the
+MSR-VTT), they are grouped per video and each video is captioned once. On a
+source that knows its clips' ground truth (`avtext.data.ground_truth.of_source`:
+the synthetic world, or files it wrote), `attribute_precision` / `attribute_recall`
+(its `caption_scores`): the share of the attributes a generated caption names
+that its clip has, and the share of the clip's attributes it names; the
+ground-truth captions' own values are reported as `reference/...` for scale.
+Other sources report neither. An empty generation is scored as the
 one-word caption "<empty>" and counted (`num_empty`).
 
 Predictions go to `workdir/captions/<name>_step<step>.json` in the COCO
@@ -43,6 +44,7 @@ import jax
 import numpy as np
 
 from avtext import evals
+from avtext.data import ground_truth
 from avtext.data import pipelines
 from avtext.evals import base
 from avtext.evals import protocols
@@ -108,11 +110,9 @@ class CaptioningEvaluator(base.Evaluator):
     for name, texts in self._baselines.items():
       scored = self._score(refs, dict(zip([ids[i] for i in keep], texts)), host, keep)
       results.update({f"{name}/{k}": v for k, v in scored.items()})
-    attrs = _attributes(host)
+    truth, attrs = self._truth(host)
     if attrs is not None:
-      from avtext.data.synthetic import captions  # pylint: disable=g-import-not-at-top
-      ref = captions.statement_precision_recall([refs[ids[i]][0] for i in keep],
-                                                [attrs[i] for i in keep])
+      ref = truth.caption_scores([refs[ids[i]][0] for i in keep], [attrs[i] for i in keep])
       results.update({f"reference/{k}": v for k, v in ref.items()})
     self._write(step, hyps, ids, keep, host)
     return results
@@ -144,12 +144,17 @@ class CaptioningEvaluator(base.Evaluator):
     results = metrics.caption_metrics({k: refs[k] for k in hyps}, hyps)
     results["num_empty"] = empty
     results["num_videos"] = len(hyps)
-    attrs = _attributes(host)
+    truth, attrs = self._truth(host)
     if attrs is not None:
-      from avtext.data.synthetic import captions  # pylint: disable=g-import-not-at-top
-      results.update(captions.statement_precision_recall(list(hyps.values()),
-                                                         [attrs[i] for i in keep]))
+      results.update(truth.caption_scores(list(hyps.values()), [attrs[i] for i in keep]))
     return results
+
+  def _truth(self, host: dict) -> tuple[ground_truth.ClipTruth | None, list[dict] | None]:
+    """(the source's ground truth, every example's attributes), or (None, None) when the
+    source knows none or an example lacks its attributes."""
+    truth = ground_truth.of_source(self.source)
+    attrs = _attributes(host) if truth is not None else None
+    return (truth, attrs) if attrs is not None else (None, None)
 
   def _compute_baselines(self, host: dict, keep: list[int], ids: list[str], *,
                          mesh) -> dict[str, list[str]]:

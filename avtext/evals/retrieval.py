@@ -17,14 +17,15 @@ clips and the K scores are averaged. Metrics, both directions (`t2v_`, `v2t_`):
 R@K, MdR, MnR and mAP, and `mean_R@K` / `mean_mAP`, the two directions' mean (S-MiT
 table 2); with one-to-many ground truth a caption's correct item
 is its video and a video's correct items are all its captions. Chance R@1 is
-100 / #videos; a source that knows the best reachable R@1 (the synthetic
-world's `oracle_recall_at_1`) adds it.
+100 / #videos; a source that knows the best reachable R@1
+(`avtext.data.ground_truth.RetrievalOracle`: the synthetic world) adds it.
 """
 from typing import Any
 
 import numpy as np
 
 from avtext import evals
+from avtext.data import ground_truth as source_truth
 from avtext.evals import base
 from avtext.evals import protocols
 from avtext.metrics import retrieval as metrics
@@ -131,12 +132,13 @@ def retrieval_results(sim: np.ndarray, t2v_gt, v2t_gt, cfg, source=None) -> dict
     results.update({f"subset/{k}": v for k, v in metrics.subset_protocol(
         sim, ks=ks, **(subset.to_dict() if hasattr(subset, "to_dict") else dict(subset))
     ).items()})
-  if t2v_gt is None and source is not None:
-    results.update(_synthetic_references(source, sim))
-    if subset and "oracle_t2v_r1" in results:  # the oracle on the protocol's own subsets
+  oracle = source_truth.retrieval_oracle(source)
+  if t2v_gt is None and oracle is not None:
+    results.update(_oracle_references(oracle, sim))
+    if subset:  # the oracle on the protocol's own subsets
       subset = subset.to_dict() if hasattr(subset, "to_dict") else dict(subset)
       results["subset/oracle_t2v_R@1"] = float(np.mean([
-          source.oracle_recall_at_1(idx, gallery_is_subset=True)
+          oracle.oracle_recall_at_1(idx, gallery_is_subset=True)
           for idx in metrics.subset_indices(sim.shape[0], **subset)]))
   return results
 
@@ -150,15 +152,14 @@ def _relevance(gt, shape) -> np.ndarray | None:
   return relevance
 
 
-def _synthetic_references(source, sim: np.ndarray) -> dict[str, float]:
-  """Oracle R@1 and the sound-mentioning subset, for sources that know them."""
-  if not hasattr(source, "oracle_recall_at_1"):
-    return {}
-  out = {"oracle_t2v_r1": float(source.oracle_recall_at_1())}
-  sound = np.array([source.describe(i)["mentions_sound"] for i in range(sim.shape[0])])
+def _oracle_references(oracle: source_truth.RetrievalOracle,
+                       sim: np.ndarray) -> dict[str, float]:
+  """Oracle R@1, and R@1 and the oracle's on the captions that mention the sound."""
+  out = {"oracle_t2v_r1": float(oracle.oracle_recall_at_1())}
+  sound = np.array([oracle.describe(i)["mentions_sound"] for i in range(sim.shape[0])])
   if sound.any():
     sub = metrics.retrieval_metrics(sim[sound], gt=np.flatnonzero(sound))
     out["sound_t2v_r1"] = float(sub["R@1"])
-    out["sound_oracle_t2v_r1"] = float(source.oracle_recall_at_1(np.flatnonzero(sound)))
+    out["sound_oracle_t2v_r1"] = float(oracle.oracle_recall_at_1(np.flatnonzero(sound)))
     out["sound_num_captions"] = int(sound.sum())
   return out

@@ -28,6 +28,7 @@ paragraph's tokens are their concatenation and go through BERT at once.
 """
 import pathlib
 import re
+import sys
 from typing import Mapping, Sequence
 
 from absl import flags
@@ -212,3 +213,7 @@ def main(argv: Sequence[str]) -> None:
     print(precompute(_DATASET_DIR.value, metadata_name=_METADATA_NAME.value,
                      bert_dir=_BERT_DIR.value, layers=parse_layers(_LAYERS.value),
                      name=_NAME.value, batch_size=_BATCH_SIZE.value, force=_FORCE.value))
+
+
+if __name__ == "__main__":  # python -m avtext.features.coot_text: as python -m avtext.features coot_text
+  cli.run(main, FLAGS, [f"python -m avtext.features coot_text"] + sys.argv[1:], doc=__doc__)

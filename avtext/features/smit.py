@@ -23,6 +23,7 @@ directory is reused when the command is the same (--force rebuilds).
 """
 import json
 import pathlib
+import sys
 
 from absl import flags
 from absl import logging
@@ -156,3 +157,7 @@ def main(argv):
     out = extract(config, _OUT.value, splits=tuple(_SPLITS.value),
                   batch_size=_BATCH_SIZE.value, force=_FORCE.value)
   print(f"features written to {out}")
+
+
+if __name__ == "__main__":  # python -m avtext.features.smit: as python -m avtext.features smit
+  cli.run(main, FLAGS, [f"python -m avtext.features smit"] + sys.argv[1:], doc=__doc__)

@@ -15,12 +15,14 @@ from tqdm import tqdm
 
 from avtext import runs as runs_lib
 from avtext.data import video as video_lib
-from avtext.data.synthetic import world
+
+FRAME_FIELDS = ("height", "width", "fps")  # of the world a tower was trained on
 
 
 def tower_from_run(workdir, step=None):
-  """(apply_fn uint8 [B, F, H, W, 3] -> [B, D], frames per window, stride, world spec) of
-  the run's checkpoint `step` (None: the latest; N; "best")."""
+  """(apply_fn uint8 [B, F, H, W, 3] -> [B, D], frames per window, stride, frames) of the
+  run's checkpoint `step` (None: the latest; N; "best"); frames: the height, width and fps
+  of the world the run trained on ({} when its config names none: the world's defaults)."""
   run = runs_lib.load_run(workdir, step)
   data = run.config.data
   video = run.model.video
@@ -38,9 +40,8 @@ def tower_from_run(workdir, step=None):
     return np.asarray(embed(flat.reshape((b, f) + flat.shape[1:]).astype(np.float32)))
 
   world_cfg = run.config.dataset.get("world")
-  spec = world.WorldSpec(**{k: world_cfg[k] for k in ("height", "width", "fps")}) if world_cfg \
-      else world.WorldSpec()
-  return apply_fn, int(data.num_frames), int(data.frame_stride), spec
+  frames = {k: world_cfg[k] for k in FRAME_FIELDS} if world_cfg else {}
+  return apply_fn, int(data.num_frames), int(data.frame_stride), frames
 
 
 def window_frames(num_frames: int, fps: float, feature_fps: float, frames_per_window: int,
@@ -80,11 +81,12 @@ def extract_video_features(source, indices, *, apply_fn, frames_per_window: int,
 
 
 def tower_encoder(workdir, step=None):
-  """(video_features, world spec) of the run's tower: the encoder the synthetic writers take.
+  """(video_features, frames) of the run's tower: the encoder the synthetic writers take,
+  and the frame size and rate of its world (`tower_from_run`).
 
   video_features(source, indices, *, feature_fps, num_steps=None) is
   `extract_video_features` with the tower's apply_fn, window and stride.
   """
-  apply_fn, frames_per_window, stride, spec = tower_from_run(workdir, step)
+  apply_fn, frames_per_window, stride, frames = tower_from_run(workdir, step)
   return functools.partial(extract_video_features, apply_fn=apply_fn,
-                           frames_per_window=frames_per_window, frame_stride=stride), spec
+                           frames_per_window=frames_per_window, frame_stride=stride), frames

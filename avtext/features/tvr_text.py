@@ -24,6 +24,7 @@ unless `--force`.
 """
 import math
 import pathlib
+import sys
 from typing import Sequence
 
 from absl import flags
@@ -155,3 +156,7 @@ def main(argv: Sequence[str]) -> None:
                 subtitles=_SUBTITLES.value, video_features=_VIDEO_FEATURES.value,
                 clip_length=_CLIP_LENGTH.value, force=_FORCE.value)
   print(f"features written to {queries} and {subtitles}")
+
+
+if __name__ == "__main__":  # python -m avtext.features.tvr_text: as python -m avtext.features tvr_text
+  cli.run(main, FLAGS, [f"python -m avtext.features tvr_text"] + sys.argv[1:], doc=__doc__)

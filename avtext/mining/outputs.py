@@ -11,10 +11,11 @@ out/
                    'short'), detail; then the seeds skipped (image missing or not
                    decodable): seed_id, path, reason ('missing', 'unreadable'), detail
   dataset.json     what the `videocc_mined` dataset reads: the CSV, the video id -> path
-                   map, τ, and the corpus' synthetic origin when it has one
+                   map, τ, and the world that wrote the corpus ('origin') when one did
   stats.json       per τ of the grid: matches, clips, videos, captions, seeds matched,
                    clips per caption (Fig. 8 histogram), and precision when the corpus
-                   knows its truth (a synthetic corpus: `world.json` beside its videos);
+                   knows its truth (a world wrote it: `world.json` beside its videos,
+                   `corpus_truth`);
                    skip counts by reason (videos: skipped, seeds: seeds_skipped);
                    random_pairs: the cosine quantiles of the
                    `recall_sample` seeds against every frame (the embedder's scale for
@@ -34,10 +35,11 @@ import dataclasses
 import io
 import json
 import pathlib
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from avtext.data import ground_truth
 from avtext.mining import files
 
 CSV_NAME = 'videocc.csv'
@@ -104,38 +106,23 @@ def random_pairs(shards: Sequence[dict]) -> dict | None:
                                for q in RANDOM_PAIR_QUANTILES}}
 
 
-def synthetic_truth(videos_dir: str | pathlib.Path):
-  """truth(row, frame_only=False) for a corpus written by
-  `avtext.data.synthetic.mining_corpus`, or None for a corpus without a world.json."""
-  if '://' in str(videos_dir):
-    return None  # a synthetic corpus is local
-  meta_path = pathlib.Path(videos_dir) / 'world.json'
-  if not meta_path.exists():
+def corpus_truth(videos_dir: str | pathlib.Path):
+  """(truth(row, frame_only=False), the world's meta) for a corpus a world wrote (its
+  world.json, `ground_truth.world_meta`), or None for any other corpus."""
+  meta = ground_truth.world_meta(videos_dir)
+  if meta is None:
     return None
-  from avtext.data.synthetic import mining as mining_world  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import mining_corpus  # pylint: disable=g-import-not-at-top
-  meta = json.loads(meta_path.read_text())
-  w = mining_corpus.world_from_meta(meta)
-  video_index = {v: i for v, i in meta['videos'].items()}
-  seed_index = {s: i for s, i in meta['seeds'].items()}
-
-  videos: dict[int, Any] = {}
-  mentions: dict[int, dict] = {}
+  world = ground_truth.open_world(meta, where=f'{videos_dir}/{ground_truth.WORLD_FILE}',
+                                  kind=ground_truth.CorpusTruth)
   memo: dict[tuple, bool] = {}
 
   def truth(row: dict, frame_only: bool = False) -> bool:
     key = (row['video_id'], row['seed_id'], row['start_us'], row['end_us'], row['frame_s'],
            frame_only)
     if key not in memo:
-      v, s = video_index[row['video_id']], seed_index[row['seed_id']]
-      if v not in videos:
-        videos[v] = w.video(v)
-      if s not in mentions:
-        mentions[s] = w.seed_mention(s)
-      memo[key] = mining_world.scenes_fit(
-          videos[v], mentions[s], row['frame_s'], row['frame_s'] + 1e-9) if frame_only \
-          else mining_world.scenes_fit(videos[v], mentions[s], row['start_us'] / 1e6,
-                                       row['end_us'] / 1e6)
+      start, end = ((row['frame_s'], row['frame_s'] + 1e-9) if frame_only
+                    else (row['start_us'] / 1e6, row['end_us'] / 1e6))
+      memo[key] = world.clip_fits(row['video_id'], row['seed_id'], start, end)
     return memo[key]
 
   return truth, meta
@@ -176,7 +163,7 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
   seed_skips = sorted(seed_skips, key=lambda s: s['seed_id'])
   rundir.write_text(out_dir / 'skipped.jsonl', ''.join(
       json.dumps(s, sort_keys=True) + '\n' for s in [*skipped, *seed_skips]))
-  found = synthetic_truth(videos_dir)
+  found = corpus_truth(videos_dir)
   truth, origin = (found if found is not None else (None, None))
   taus = sorted(set(cfg.tau_grid) | {cfg.tau})
   no_audio = sorted({r['video_id'] for r in rows if not r['has_audio']})

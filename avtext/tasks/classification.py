@@ -6,8 +6,9 @@ sigmoid loss; MBT and ViViT fine-tune on Kinetics with softmax. Here the same
 MBT as the retrieval tasks gets a linear head (`models/heads.py`), and its
 encoder is handed on with `config.init_from` (see `train/warm_start.py`).
 
-Labels per clip come from the source: the synthetic world's ground-truth
-attributes as a multi-hot vector over `synthetic.LABEL_NAMES`, or a dataset's
+Labels per clip come from the dataset: where it declares ground truth
+(`avtext.data.ground_truth.of_dataset`, e.g. the synthetic world), its clips'
+attributes as a multi-hot vector over the truth's `label_names`; otherwise a
 stored `label` field (an int class id, or a multi-hot vector of
 `config.model.num_classes`).
 
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from avtext.data import ground_truth
 from avtext.data import pipelines
 from avtext.losses import classification as losses
 from avtext.modalities import parse_modalities
@@ -28,10 +30,11 @@ from avtext.tasks import registry
 
 
 def label_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-  """Class names: the synthetic world's attribute labels, or class_0..class_{C-1}."""
-  if config.dataset.name == "synthetic_clips":
-    from avtext.data import synthetic  # pylint: disable=g-import-not-at-top
-    return synthetic.LABEL_NAMES
+  """Class names: the attribute labels of the dataset's ground truth, or
+  class_0..class_{C-1}."""
+  truth = ground_truth.of_dataset(config.dataset)
+  if truth is not None:
+    return tuple(truth.label_names)
   num = config.model.get("num_classes")
   if not num:
     raise ValueError(f"config.model.num_classes must be set for dataset "
@@ -40,19 +43,21 @@ def label_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 
 class ClipLabels:
-  """clip (from `pipelines.ClipReader.read`) -> float32 target [C]."""
+  """clip (from `pipelines.ClipReader.read`) -> float32 target [C]: `truth.labels` of its
+  attributes with a `ground_truth.ClipTruth`, else its 'label' field."""
 
-  def __init__(self, num_classes: int):
+  def __init__(self, num_classes: int, truth: ground_truth.ClipTruth | None = None):
     self.num_classes = num_classes
+    self.truth = truth
 
   def __call__(self, clip: dict) -> np.ndarray:
-    if clip.get("attributes") is not None:
-      from avtext.data import synthetic  # pylint: disable=g-import-not-at-top
-      return synthetic.attribute_labels(clip["attributes"])
+    if self.truth is not None and clip.get("attributes") is not None:
+      return self.truth.labels(clip["attributes"])
     label = clip.get("label")
     if label is None:
-      raise ValueError("video_cls: the example has no labels; expected the synthetic world's "
-                       "attributes or a 'label' field (int class id or multi-hot vector)")
+      raise ValueError("video_cls: the example has no labels; expected ground-truth "
+                       "attributes (a dataset that declares them, avtext.data.ground_truth) "
+                       "or a 'label' field (int class id or multi-hot vector)")
     label = np.asarray(label)
     if label.ndim == 0:
       if not 0 <= int(label) < self.num_classes:
@@ -102,6 +107,7 @@ class VideoClassificationTask(registry.ClipTask):
       raise ValueError(f"config.loss.name={config.loss.name!r}; video_cls expects one of "
                        f"{sorted(losses.LOSSES)}")
     self.label_names = label_names(config)
+    self._truth = ground_truth.of_dataset(config.dataset)
     if config.model.get("num_classes") != len(self.label_names):
       raise ValueError(f"config.model.num_classes={config.model.get('num_classes')}, but "
                        f"dataset {config.dataset.name!r} has {len(self.label_names)} labels")
@@ -114,7 +120,7 @@ class VideoClassificationTask(registry.ClipTask):
 
   def examples(self, source, *, train: bool) -> pipelines.ClipExamples:
     return pipelines.ClipExamples(pipelines.ClipReader(source), self.config.data, train=train,
-                                  label_fn=ClipLabels(len(self.label_names)),
+                                  label_fn=ClipLabels(len(self.label_names), self._truth),
                                   modalities=self.modalities)
 
   def example_spec(self, *, train: bool):

@@ -23,6 +23,7 @@ from absl import logging
 from avtext import cli
 from avtext import errors
 from avtext.data.synthetic import coot_layout
+from avtext.data.synthetic import world
 from avtext.features import coot_text
 from avtext.features import done
 from avtext.features import tower
@@ -37,7 +38,8 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed:
   if done.reuse_finished(out, args, force):
     return out
   begin = time.time()
-  video_features, spec = tower.tower_encoder(tower_workdir)
+  video_features, frames = tower.tower_encoder(tower_workdir)
+  spec = world.WorldSpec(**frames)  # the frames the tower was trained on
   n = coot_layout.write(out, num_train=num_train, num_val=num_val, spec=spec, seed=seed,
                         feature_fps=feature_fps, video_features=video_features,
                         text_features=coot_text.encode_paragraphs)

@@ -19,6 +19,7 @@ from absl import logging
 from avtext import cli
 from avtext import errors
 from avtext.data.synthetic import tvr_layout
+from avtext.data.synthetic import world
 from avtext.features import done
 from avtext.features import tower
 from avtext.features import tvr_text
@@ -29,11 +30,13 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, num_t
   out = pathlib.Path(out_dir)
   args = dict(tower_workdir=str(pathlib.Path(tower_workdir).absolute()), num_train=num_train,
               num_val=num_val, num_test=num_test, seed=seed,
-              files=[tvr_layout.VIDEO_FEATURES, "tvr_queries_v2", "tvr_text_features"])
+              files=[tvr_layout.VIDEO_FEATURES, "tvr_queries_v2", "tvr_text_features",
+                     "world.json"])
   if done.reuse_finished(out, args, force):
     return out
   begin = time.time()
-  video_features, spec = tower.tower_encoder(tower_workdir)
+  video_features, frames = tower.tower_encoder(tower_workdir)
+  spec = world.WorldSpec(**frames)  # the frames the tower was trained on
   text_features = functools.partial(tvr_text.write, video_features=tvr_layout.VIDEO_FEATURES,
                                     clip_length=tvr_layout.CLIP_LENGTH, force=True)
   n = tvr_layout.write(out, num_train=num_train, num_val=num_val, num_test=num_test,

@@ -159,7 +159,7 @@ def main(argv):
 
   frame_video = np.concatenate([np.full(len(r[3]), k) for k, r in enumerate(records)])
   times = np.concatenate([r[3] for r in records])
-  truth, _ = outputs.synthetic_truth(videos_dir)
+  truth, _ = outputs.corpus_truth(videos_dir)
   fixed = [0.8] if common.quick() else [float(t) for t in _TAUS.value.split(",")]
   world_note = ("seed captions that may state motion" if states_motion.any() else
                 "seed captions of what a still shows")

@@ -1,8 +1,9 @@
 """Dataset registry: `config.dataset.name` -> random-access source of examples.
 
-Built-in names (each registered by its module in this package, imported
-the first time the name is looked up, so importing this package stays cheap
-and e.g. TensorFlow is imported only by a config that reads TFDS files):
+Built-in names (each registered by its module in this package, or, for the world's
+own two, by `avtext.data.synthetic.datasets`; a module is loaded the first time one of
+its names is looked up, so importing this package stays cheap and e.g. TensorFlow is
+imported only by a config that reads TFDS files):
 
   synthetic_clips          the procedural world (avtext.data.synthetic), no files needed
   synthetic_smit           its spoken-caption variant (S-MiT stand-in): 3 s clips with a
@@ -69,10 +70,11 @@ KINDS = (CLIPS, FEATURES)
 
 _SPLIT_ALIASES = {"validation": "val"}
 
-# Every `@register_dataset("<name>")` in avtext/data/builders/; a module is imported
-# when one of its names is looked up.
+# Every `@register_dataset("<name>")` in avtext/data/builders/ and avtext/data/synthetic/
+# (the world's datasets, so no builder imports the world); a module is imported when one
+# of its names is looked up.
 DATASETS = registry_lib.Registry(
-    "dataset", "avtext.data.builders", "register_dataset",
+    "dataset", ("avtext.data.builders", "avtext.data.synthetic"), "register_dataset",
     message="{where}={name!r} is not a registered dataset; registered: {joined}")
 
 Factory = Callable[[ml_collections.ConfigDict, str], Any]

@@ -3,8 +3,8 @@
     --config.dataset.name=videocc_mined --config.dataset.path=<the mining --out directory>
 
 Reads <path>/dataset.json (format avtext.videocc_mined/1: the CSV's name, τ, the clip
-length, the video id -> file map, the matched videos without audio, and the corpus'
-synthetic origin if any) and <path>/videocc.csv (VideoCC's layout: video id, start µs,
+length, the video id -> file map, the matched videos without audio, and, when a world
+wrote the corpus, that world's meta, 'origin') and <path>/videocc.csv (VideoCC's layout: video id, start µs,
 end µs, caption; one line per (clip, caption) pair). Only a 'train' split: mined pairs
 are training data; evaluate on another dataset through `config.evals.<name>.dataset`.
 
@@ -14,11 +14,11 @@ VideoCC app. C) frames a second over [start, end), 16 kHz mono audio
 and audio are read lazily (`describe` / `render_frames` / `render_audio`):
 
   dataset.decode = "files"   decode the video files with PyAV (`avtext.data.video_io`)
-                   "render"  render the synthetic corpus the files were written from
-                             (only for a corpus with a synthetic origin); the same
-                             pixels and samples minus the codec's loss, at a fraction
-                             of the cost (tests compare the two)
-                   "auto"    (default) render when the corpus is synthetic, else decode
+                   "render"  render the corpus from the world that wrote its files (only
+                             for a corpus with an origin: its `ground_truth.CorpusTruth`);
+                             the same pixels and samples minus the codec's loss, at a
+                             fraction of the cost (tests compare the two)
+                   "auto"    (default) render when a world wrote the corpus, else decode
 
 Optional: dataset.num_train keeps the first N lines.
 """
@@ -33,6 +33,7 @@ import numpy as np
 
 from avtext import errors
 from avtext.data import builders
+from avtext.data import ground_truth
 from avtext.data.builders import videocc3m
 
 FORMAT = 'avtext.videocc_mined/1'
@@ -56,8 +57,8 @@ class MinedClips:
     if decode not in ('auto', 'files', 'render'):
       raise ValueError(f'config.dataset.decode must be auto, files or render, got {decode!r}')
     if decode == 'render' and not meta.get('origin'):
-      raise ValueError(f'{meta_path}: dataset.decode="render" needs a synthetic corpus; this '
-                       'one has no origin, use "files"')
+      raise ValueError(f'{meta_path}: dataset.decode="render" needs a corpus a world wrote; '
+                       'this one has no origin, use "files"')
     self.meta, self.fps, self.sample_rate = meta, float(fps), int(sample_rate)
     self.clip_seconds = float(meta['clip_seconds'])
     self.videos: dict[str, str] = meta['videos']
@@ -76,12 +77,11 @@ class MinedClips:
     self.render = meta.get('origin') is not None and decode in ('auto', 'render')
     self._world = None
     if self.render:
-      from avtext.data.synthetic import mining_corpus  # pylint: disable=g-import-not-at-top
-      self._world = mining_corpus.world_from_meta(meta['origin'])
-      self._index = meta['origin']['videos']
-      if self._world.spec.fps != self.fps or self._world.spec.sample_rate != self.sample_rate:
-        raise ValueError(f'{meta_path}: the synthetic corpus has {self._world.spec.fps} fps / '
-                         f'{self._world.spec.sample_rate} Hz; set dataset.fps / '
+      self._world = ground_truth.open_world(meta['origin'], where=f'{meta_path}: origin',
+                                            kind=ground_truth.CorpusTruth)
+      if self._world.fps != self.fps or self._world.sample_rate != self.sample_rate:
+        raise ValueError(f'{meta_path}: the corpus\' world renders {self._world.fps} fps / '
+                         f'{self._world.sample_rate} Hz; set dataset.fps / '
                          'dataset.sample_rate to match or decode="files"')
 
   def __len__(self) -> int:
@@ -114,9 +114,9 @@ class MinedClips:
       raise IndexError(f'{self!r}: frame indices must be in [0, {self.num_frames})')
     # Frame k of the clip is the frame on screen at start + k / fps.
     if self.render:
-      spec = self._world.spec
-      first = int(round(start / 1e6 * spec.fps))
-      return self._world.render_frames(self._index[vid], (first + idx) / spec.fps)
+      fps = self._world.fps
+      first = int(round(start / 1e6 * fps))
+      return self._world.render_frames(vid, (first + idx) / fps)
     from avtext.data import video_io  # pylint: disable=g-import-not-at-top
     return video_io.read_frames(self.videos[vid], start / 1e6 + idx / self.fps)
 
@@ -127,7 +127,7 @@ class MinedClips:
     n = total - start_sample if num_samples is None else num_samples
     first = int(round(start / 1e6 * self.sample_rate)) + start_sample
     if self.render:
-      out = self._world.render_audio(self._index[vid], first, n)
+      out = self._world.render_audio(vid, first, n)
     else:
       from avtext.data import video_io  # pylint: disable=g-import-not-at-top
       out = video_io.read_audio(self.videos[vid], first / self.sample_rate,

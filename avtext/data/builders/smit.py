@@ -24,8 +24,10 @@ frozen backbones and text encoder; real S-MiT users who extracted ResNet-152 / T
 features themselves write the same datasets (either embedding may be absent when
 the model has no such backbone). A split is read into memory when it opens (S-MiT's
 500k clips are ~10 GB of words at D_w = 768 in float16; use a smaller D_w or fewer
-clips on a small machine). When `origin` names a synthetic dataset, the source also
-answers `describe` and `oracle_recall_at_1` from it, for the evaluator's oracle line.
+clips on a small machine). When `origin` names a dataset that declares its ground truth
+(`avtext.data.ground_truth.of_dataset`: the synthetic world's, which reopens without
+files), the source also answers `describe` and `oracle_recall_at_1` from it, for the
+evaluator's oracle line.
 
 `smit` (kind 'clips'): the real Spoken Moments clips, read from the files (phase 2 from
 frames, and the input of `avtext.features.smit` for phase 1).
@@ -57,6 +59,7 @@ import numpy as np
 
 from avtext import errors
 from avtext.data import builders
+from avtext.data import ground_truth
 from avtext.data import features
 from avtext.data.builders import files
 
@@ -134,7 +137,7 @@ class SMiTFeatures:
         out[key] = v.decode() if isinstance(v, bytes) else str(v)
     return out
 
-  # The synthetic world's references, when the features came from it.
+  # The origin's ground truth, when the features came from a world.
   def describe(self, index: int) -> dict:
     if self._origin is None:
       raise AttributeError("describe")
@@ -164,8 +167,10 @@ def smit_features(dataset: ml_collections.ConfigDict, split: str) -> SMiTFeature
     raise ValueError(f"{meta_file}: format {meta.get('format')!r}, expected {FORMAT!r}")
   split = "val" if split == "validation" else split
   origin = None
-  if meta.get("origin") and str(meta["origin"].get("name", "")).startswith("synthetic"):
-    origin = builders.get_source(ml_collections.ConfigDict(meta["origin"]), split)
+  if meta.get("origin") and meta["origin"].get("name") in builders.registered_names():
+    origin_config = ml_collections.ConfigDict(meta["origin"])
+    if ground_truth.of_dataset(origin_config) is not None:
+      origin = builders.get_source(origin_config, split)
   return SMiTFeatures(os.fspath(path), split, origin)
 
 

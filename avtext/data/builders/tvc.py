@@ -30,8 +30,10 @@ Example i of a split is moment i (file order): {"id": clip_id, "vid_name",
 "descs": [str], "types": [str], "attributes": JSON string or None}; the
 MMT task picks the moment's clips and subtitle lines from them
 (`avtext.tasks.mmt`). `describe(i)` is the same without reading
-features. Extra keys of a line (the synthetic writer stores the moment's
-ground-truth "attributes") are ignored by the official code and kept here.
+features. Extra keys of a line (a world that writes this layout stores the moment's
+ground-truth "attributes") are ignored by the official code and kept here; the
+source's `ground_truth` is that world's (`avtext.data.ground_truth`: the world.json
+it writes beside the annotations), None for the real TVC.
 
 Opening a split checks every line's fields and that every video has
 features and subtitles; errors name the file, the line and the field.
@@ -45,6 +47,7 @@ import numpy as np
 
 from avtext import errors
 from avtext.data import builders
+from avtext.data import ground_truth
 
 DEFAULT_VIDEO_FEATURES = "tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5"
 DEFAULT_SUBTITLES = "tvqa_preprocessed_subtitles.jsonl"
@@ -186,6 +189,9 @@ class TvcSource:
                        f"video_dim={self.video_dim}")
     self.video_dim = int(width)
     self.video_h5.close()
+    meta = ground_truth.world_meta(self.path)
+    self.ground_truth = None if meta is None else ground_truth.open_world(
+        meta, where=str(self.path / ground_truth.WORLD_FILE), kind=ground_truth.ClipTruth)
     logging.info("tvc %s/%s: %d moments of %d videos", self.path, split, len(self.moments),
                  len(wanted))
 

@@ -2,7 +2,13 @@
 
 `world` holds the core (attributes, random streams, frame and audio
 rendering) that every variant shares; `captions` says scenes in words and
-defines when a caption fits a clip; `clips` is the clip-caption variant.
+defines when a caption fits a clip; `clips` is the clip-caption variant,
+`spoken_clips` the spoken-caption one (S-MiT), with speech from `tone_speech`
+(word tones) or `tts` (espeak); `datasets` registers `synthetic_clips` and
+`synthetic_smit` with the dataset registry. The world's ground truth reaches the
+rest of the package only through `avtext.data.ground_truth`'s protocols (`truth`,
+`mining_corpus.CorpusTruth`): outside this package, only the tools that write
+worlds import it (tests/test_architecture.py).
 The TFDS builder lives in `tfds_builder` and is not imported here, so using
 the source does not pull in TensorFlow. The writers that lay the world out as
 a real dataset's files are `layouts` (media datasets), `coot_layout` and

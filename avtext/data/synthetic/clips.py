@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from avtext.data.synthetic import captions
+from avtext.data.synthetic import truth
 from avtext.data.synthetic import world
 
 DEFAULT_SPLIT_SIZES = {'train': 100_000, 'val': 1000, 'test': 1000}
@@ -23,8 +24,11 @@ class ClipCaptionSource:
 
   Splits draw from disjoint random streams ('clips/<split>'), so no clip is
   shared between train, val and test; attribute combinations do recur, as
-  they must for generalization to be possible.
+  they must for generalization to be possible. Its `ground_truth` is the world's
+  (`truth.WORLD`, `avtext.data.ground_truth.ClipTruth`).
   """
+
+  ground_truth = truth.WORLD
 
   def __init__(self, split: str, *, seed: int = 0,
                num_examples: int | None = None,

@@ -11,7 +11,7 @@ them. So the builders, `avtext.materialize`, `avtext.index` and docs/videocc.md'
 walk-through run on this machine without a download, and the tests compare what the
 builders decode with the frames the world rendered.
 
-For `smit`, clip i is `spoken.SpokenClipSource(split, seed, spec)` clip i (use
+For `smit`, clip i is `spoken_clips.SpokenClipSource(split, seed, spec)` clip i (use
 --duration_s=3, S-MiT's clip length): its video, its spoken caption as a 16 kHz wav under
 spoken/ and its ASR transcript in <split>.csv. Otherwise clip i of a split is
 `ClipCaptionSource(split, seed, spec)` clip i; its first caption is
@@ -35,7 +35,8 @@ from tqdm import tqdm
 from avtext.data import video_io
 from avtext.data.synthetic import captions
 from avtext.data.synthetic import clips
-from avtext.data.synthetic import spoken
+from avtext.data.synthetic import spoken_clips
+from avtext.data.synthetic import tone_speech
 from avtext.data.synthetic import world
 
 LAYOUTS = ('msrvtt', 'videocc3m', 'audiocaps', 'clotho', 'smit')
@@ -52,7 +53,7 @@ OUTCOMES = {'video': {'truncated': 'truncated', 'empty': 'empty', 'not_video': '
 def source(split: str, num: int, spec: world.WorldSpec, seed: int, layout: str = ''
            ) -> clips.ClipCaptionSource:
   if layout == 'smit':
-    return spoken.SpokenClipSource(split, seed=seed, num_examples=num, spec=spec)
+    return spoken_clips.SpokenClipSource(split, seed=seed, num_examples=num, spec=spec)
   return clips.ClipCaptionSource(split, seed=seed, num_examples=num, spec=spec)
 
 
@@ -152,7 +153,7 @@ def write(layout: str, out: str | pathlib.Path, *, sizes: dict[str, int],
     if layout == 'smit' and not speech.exists():
       speech.parent.mkdir(parents=True, exist_ok=True)
       tmp = speech.with_name('.tmp.wav')
-      video_io.write_audio(tmp, src.render_speech(i), sample_rate=spoken.speech.SAMPLE_RATE)
+      video_io.write_audio(tmp, src.render_speech(i), sample_rate=tone_speech.SAMPLE_RATE)
       tmp.rename(speech)
   _annotations(layout, root, items, spec)
   (root / 'synthetic.json').write_text(json.dumps({

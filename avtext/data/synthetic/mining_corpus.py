@@ -8,6 +8,8 @@ DIR/videos/<video id>.mp4                        the corpus (H.264 + AAC, 25 fps
 DIR/videos/world.json                            the world's parameters and the id ->
                                                  index maps: the ground truth the
                                                  pipeline's precision is measured with
+                                                 (`CorpusTruth`, opened by its format
+                                                 through `avtext.data.ground_truth`)
 
 `faults` replaces the last videos of the corpus, one per fault, with bad files the
 pipeline must count rather than crash on (the first five are skipped, the last kept):
@@ -25,10 +27,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
+from avtext.data import ground_truth
 from avtext.data.synthetic import mining
 from avtext.data.synthetic import world
 
@@ -54,6 +58,40 @@ def world_from_meta(meta: dict) -> mining.MiningWorld:
                             for k, v in params.pop('spec').items()})
   return mining.MiningWorld(spec=spec, **{k: tuple(v) if isinstance(v, list) else v
                                           for k, v in params.items()})
+
+
+class CorpusTruth:
+  """The corpus of a world.json as a `ground_truth.CorpusTruth`: its videos by id, rendered
+  as their files were written from, and whether a clip shows a seed's caption."""
+
+  def __init__(self, meta: dict):
+    self.world = world_from_meta(meta)
+    self.fps, self.sample_rate = self.world.spec.fps, self.world.spec.sample_rate
+    self._videos, self._seeds = dict(meta['videos']), dict(meta['seeds'])
+    self._video_cache: dict[int, Any] = {}
+    self._mention_cache: dict[int, dict] = {}
+
+  def __repr__(self) -> str:
+    return f'CorpusTruth({self.world!r})'
+
+  def render_frames(self, video_id: str, times_s) -> np.ndarray:
+    return self.world.render_frames(self._videos[video_id], times_s)
+
+  def render_audio(self, video_id: str, start_sample: int, num_samples: int) -> np.ndarray:
+    return self.world.render_audio(self._videos[video_id], start_sample, num_samples)
+
+  def clip_fits(self, video_id: str, seed_id: str, start_s: float, end_s: float) -> bool:
+    v, s = self._videos[video_id], self._seeds[seed_id]
+    if v not in self._video_cache:
+      self._video_cache[v] = self.world.video(v)
+    if s not in self._mention_cache:
+      self._mention_cache[s] = self.world.seed_mention(s)
+    return mining.scenes_fit(self._video_cache[v], self._mention_cache[s], start_s, end_s)
+
+
+@ground_truth.register_world('avtext.mining_world/', prefix=True)
+def open_corpus(meta: dict) -> CorpusTruth:
+  return CorpusTruth(meta)
 
 
 def _write_file(path: pathlib.Path, kind: str | None, w: mining.MiningWorld, index: int

@@ -1,7 +1,7 @@
 """Real speech for the synthetic S-MiT: captions spoken by libespeak-ng.
 
 `render_speech(caption, voice)` has the interface of the tone renderer
-(`speech.render_speech(caption, speaker)`): float32 16 kHz samples in [-1, 1]. The
+(`tone_speech.render_speech(caption, speaker)`): float32 16 kHz samples in [-1, 1]. The
 synthesizer is libespeak-ng with its voice data as the `espeakng-loader` wheel ships
 them (pinned in requirements.lock; no system package, nothing downloaded). Unlike the
 tone renderer, words share phonemes, coarticulate and vary in length with their

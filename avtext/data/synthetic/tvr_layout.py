@@ -13,6 +13,8 @@ train and 4 in val / test_public). Written, in the layout `builders.tvc` reads
                                                first one of a val / test moment (TVR
                                                has one query per moment)
   tvr_video2dur_idx.json                      {split: {vid_name: [duration, idx]}}
+  world.json                                  the world that wrote it (`truth`): the
+                                               `tvc` source's ground truth
   tvqa_preprocessed_subtitles.jsonl           every video's lines
   video_feature/synthetic_tower_cl-1.5.h5     vid_name -> [ceil(duration / 1.5), D]
   bert_feature/sub_query/*.h5                 query and subtitle token features
@@ -40,6 +42,7 @@ from avtext.data import feature_layout
 from avtext.data.builders import tvc
 from avtext.data.builders import tvr
 from avtext.data.synthetic import longvideo
+from avtext.data.synthetic import truth
 from avtext.data.synthetic import world
 
 VIDEO_FEATURES = "synthetic_tower_cl-1.5"
@@ -107,5 +110,6 @@ def write(out_dir, *, num_train: int, num_val: int, num_test: int, spec: world.W
   _write_jsonl(out / tvc.DEFAULT_SUBTITLES, all_subs)
   feature_layout.write_video_features_h5(out / "video_feature", VIDEO_FEATURES, videos)
   feature_layout.write_json(out / tvr.VIDEO2IDX, video2idx)
+  truth.write_world_file(out)
   text_features(out)
   return len(videos)

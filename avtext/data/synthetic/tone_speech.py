@@ -1,4 +1,6 @@
-"""Spoken captions and ASR transcripts of the synthetic world (the S-MiT variant).
+"""Captions spoken as word tones, and ASR transcripts with seeded word errors.
+
+The default speech of the synthetic S-MiT (`spoken_clips`; `tts` is the real-speech one).
 
 S-MiT pairs each 3 s clip with a spoken description and its ASR transcript
 (Monfort et al. 2021, sec. 3-4). The synthetic variant makes both from a
@@ -10,7 +12,7 @@ clip's caption, with no system package:
   a harmonic, and its own syllable length; 768 kinds of syllable); a `Speaker` scales all frequencies (pitch) and
   durations (tempo) and adds seeded white noise. The same (caption, speaker)
   gives the same samples bit for bit; different word sequences give different
-  audio (distinct patterns; `tests/test_data_synthetic_speech.py`).
+  audio (distinct patterns; `tests/test_data_synthetic_tone_speech.py`).
 - `asr_transcript(rng, caption, wer)`: the caption with seeded word errors: each
   word independently becomes another vocabulary word (probability
   `wer * substitution_share`) or is dropped (the rest of `wer`), so the

@@ -1,4 +1,4 @@
-"""Spoken captions and ASR noise of the synthetic S-MiT variant (avtext/data/synthetic/speech.py)."""
+"""Spoken captions and ASR noise of the synthetic S-MiT variant (avtext/data/synthetic/tone_speech.py)."""
 import hashlib
 import json
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from avtext.data.synthetic import captions
-from avtext.data.synthetic import speech
+from avtext.data.synthetic import tone_speech
 from avtext.data.synthetic.clips import ClipCaptionSource
 
 
@@ -17,11 +17,11 @@ def _captions(n, split="train"):
 
 def test_word_error_rate_hand_computed():
   # "a b c d" -> "a x d": one substitution (b->x), one deletion (c): 2 / 4.
-  assert speech.word_error_rate(["a b c d"], ["a x d"]) == 0.5
+  assert tone_speech.word_error_rate(["a b c d"], ["a x d"]) == 0.5
   # An insertion counts too; corpus WER pools the words: (0 + 1) / (2 + 3).
-  assert speech.word_error_rate(["Red box.", "a b c"], ["red box", "a b z c"]) == 0.2
+  assert tone_speech.word_error_rate(["Red box.", "a b c"], ["red box", "a b z c"]) == 0.2
   with pytest.raises(ValueError, match="2 references but 1"):
-    speech.word_error_rate(["a", "b"], ["a"])
+    tone_speech.word_error_rate(["a", "b"], ["a"])
 
 
 def test_asr_noise_hits_the_configured_wer_on_1000_captions():
@@ -29,58 +29,58 @@ def test_asr_noise_hits_the_configured_wer_on_1000_captions():
   vocab = captions.caption_vocabulary()
   for wer in (0.15, 0.3):
     rng = np.random.default_rng(0)
-    noisy = [speech.asr_transcript(rng, t, vocab, wer=wer) for t in texts]
-    assert abs(speech.word_error_rate(texts, noisy) - wer) <= 0.02
+    noisy = [tone_speech.asr_transcript(rng, t, vocab, wer=wer) for t in texts]
+    assert abs(tone_speech.word_error_rate(texts, noisy) - wer) <= 0.02
   rng = np.random.default_rng(0)
-  assert [speech.asr_transcript(rng, t, vocab, wer=0.0) for t in texts[:20]] == [
-      " ".join(speech.words(t)) for t in texts[:20]]
+  assert [tone_speech.asr_transcript(rng, t, vocab, wer=0.0) for t in texts[:20]] == [
+      " ".join(tone_speech.words(t)) for t in texts[:20]]
   with pytest.raises(ValueError, match="wer"):
-    speech.asr_transcript(rng, texts[0], vocab, wer=1.5)
+    tone_speech.asr_transcript(rng, texts[0], vocab, wer=1.5)
 
 
 def test_caption_vocabulary_covers_every_caption_and_words_sound_distinct():
   vocab = set(captions.caption_vocabulary())
   for t in _captions(2000, "val"):
-    assert set(speech.words(t)) <= vocab, t
-  patterns = [speech.word_pattern(w) for w in sorted(vocab)]
+    assert set(tone_speech.words(t)) <= vocab, t
+  patterns = [tone_speech.word_pattern(w) for w in sorted(vocab)]
   assert len(set(patterns)) == len(patterns)
 
 
 def test_renderer_is_deterministic_and_distinct_captions_sound_different():
   texts = _captions(300)
-  speaker = speech.Speaker(pitch=1.1, tempo=0.9, noise=0.03, seed=7)
-  a = speech.render_speech(texts[0], speaker)
-  np.testing.assert_array_equal(a, speech.render_speech(texts[0], speaker))
+  speaker = tone_speech.Speaker(pitch=1.1, tempo=0.9, noise=0.03, seed=7)
+  a = tone_speech.render_speech(texts[0], speaker)
+  np.testing.assert_array_equal(a, tone_speech.render_speech(texts[0], speaker))
   assert a.dtype == np.float32 and np.abs(a).max() <= 1.0
   # Another speaker, same words: different audio.
-  assert not np.array_equal(a, speech.render_speech(texts[0], speech.Speaker(pitch=0.9)))
+  assert not np.array_equal(a, tone_speech.render_speech(texts[0], tone_speech.Speaker(pitch=0.9)))
   # Different word sequences never render the same audio, with or without noise.
-  by_words = {tuple(speech.words(t)): t for t in texts}
+  by_words = {tuple(tone_speech.words(t)): t for t in texts}
   for noise in (0.0, 0.03):
-    s = speech.Speaker(noise=noise, seed=1)
-    digests = {hashlib.sha256(speech.render_speech(t, s).tobytes()).hexdigest()
+    s = tone_speech.Speaker(noise=noise, seed=1)
+    digests = {hashlib.sha256(tone_speech.render_speech(t, s).tobytes()).hexdigest()
                for t in by_words.values()}
     assert len(digests) == len(by_words)
   with pytest.raises(ValueError, match="no words"):
-    speech.render_speech("...", speaker)
+    tone_speech.render_speech("...", speaker)
 
 
 def test_a_syllable_sounds_at_its_pattern_frequency_times_the_pitch():
   word = "circle"
-  (f1, f2, length), *_ = speech.word_pattern(word)
+  (f1, f2, length), *_ = tone_speech.word_pattern(word)
   for pitch in (1.0, 1.2):
-    audio = speech.render_speech(word, speech.Speaker(pitch=pitch, noise=0.0))
-    gap = int(round(0.06 * speech.SAMPLE_RATE))
-    first = audio[gap:gap + int(round(length * speech.SAMPLE_RATE))]
+    audio = tone_speech.render_speech(word, tone_speech.Speaker(pitch=pitch, noise=0.0))
+    gap = int(round(0.06 * tone_speech.SAMPLE_RATE))
+    first = audio[gap:gap + int(round(length * tone_speech.SAMPLE_RATE))]
     spectrum = np.abs(np.fft.rfft(first * np.hanning(len(first)), n=1 << 16))
-    freqs = np.fft.rfftfreq(1 << 16, 1 / speech.SAMPLE_RATE)
+    freqs = np.fft.rfftfreq(1 << 16, 1 / tone_speech.SAMPLE_RATE)
     peak = freqs[np.argmax(spectrum)]
     assert abs(peak - f1 * pitch) < 15.0  # the strongest partial is formant 1
     upper = freqs > 1.5 * f1 * pitch  # formant 2 (0.3) outweighs formant 1's harmonic (0.1)
     assert abs(freqs[upper][np.argmax(spectrum[upper])] - f2 * pitch) < 15.0
   # Tempo divides durations.
-  slow = speech.render_speech(word, speech.Speaker(tempo=0.5, noise=0.0))
-  fast = speech.render_speech(word, speech.Speaker(tempo=1.0, noise=0.0))
+  slow = tone_speech.render_speech(word, tone_speech.Speaker(tempo=0.5, noise=0.0))
+  fast = tone_speech.render_speech(word, tone_speech.Speaker(tempo=1.0, noise=0.0))
   assert abs(len(slow) / len(fast) - 2.0) < 0.01
 
 
@@ -100,14 +100,14 @@ def test_spoken_source_from_the_registry():
   assert d["transcript"] == train.describe(3)["transcript"]  # random access, deterministic
   texts = [train.describe(i)["caption"] for i in range(1000)]
   heard = [train.describe(i)["transcript"] for i in range(1000)]
-  assert abs(speech.word_error_rate(texts, heard) - 0.2) <= 0.02
+  assert abs(tone_speech.word_error_rate(texts, heard) - 0.2) <= 0.02
   speakers = {tuple(sorted(train.describe(i)["speaker"].items())) for i in range(50)}
   assert len(speakers) == 50
   full = train[3]
   np.testing.assert_array_equal(full["spoken_caption"], train.render_speech(3))
   np.testing.assert_array_equal(
       full["spoken_caption"],
-      speech.render_speech(d["caption"], speech.Speaker(**d["speaker"])))
+      tone_speech.render_speech(d["caption"], tone_speech.Speaker(**d["speaker"])))
   assert full["frames"].shape[0] == 75  # 3 s at 25 fps
   # Splits do not share clips: their scenes' continuous nuisance draws never coincide.
   def draws(src, n):

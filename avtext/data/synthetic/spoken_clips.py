@@ -1,4 +1,4 @@
-"""Spoken-caption variant of the synthetic world, standing in for Spoken Moments (S-MiT).
+"""Spoken-caption clips of the synthetic world, standing in for Spoken Moments (S-MiT).
 
 Each example is a clip of the clip-caption variant (`clips.ClipCaptionSource`,
 3 s long by default, as S-MiT's Moments in Time videos are) with, from its own
@@ -6,14 +6,14 @@ random stream ('smit/<split>', so the clip itself is unchanged):
 
   'transcript'      the caption as an ASR engine would return it: seeded word
                     substitutions and deletions at word error rate `wer`
-                    (`speech.asr_transcript`; default 15 %)
+                    (`tone_speech.asr_transcript`; default 15 %)
   'speaker'         the speaker's fields: with speech='tones' (the default)
-                    {'pitch', 'tempo', 'noise', 'seed'} (`speech.sample_speaker`);
+                    {'pitch', 'tempo', 'noise', 'seed'} (`tone_speech.sample_speaker`);
                     with speech='espeak' an espeak voice, pitch, rate and room
                     (`tts.sample_voice`, from its own stream 'smit_voice/<split>')
   'spoken_caption'  float32 16 kHz audio of the caption (not of the transcript:
                     the ASR errors are the engine's, the speech is what was said),
-                    rendered by `speech.render_speech` (tones: a fixed sound per
+                    rendered by `tone_speech.render_speech` (tones: a fixed sound per
                     word) or `tts.render_speech` (espeak: real speech);
                     `render_speech(i)` alone skips the frames
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from avtext.data.synthetic import captions
 from avtext.data.synthetic import clips
-from avtext.data.synthetic import speech
+from avtext.data.synthetic import tone_speech
 from avtext.data.synthetic import tts
 from avtext.data.synthetic import world
 
@@ -75,13 +75,13 @@ class SpokenClipSource(clips.ClipCaptionSource):
             f'num_examples={self.num_examples}, wer={self.wer}, speech={self.speech!r}, '
             f'spec={self.spec})')
 
-  def _speech(self, index: int) -> tuple[speech.Speaker | tts.Voice, str]:
+  def _speech(self, index: int) -> tuple[tone_speech.Speaker | tts.Voice, str]:
     caption = self._sample(index)[2]
     i = self._index(index)
     rng = world.example_rng(self.seed, f'smit/{self.split}', i).text
-    speaker = speech.sample_speaker(rng)
-    transcript = speech.asr_transcript(rng, caption, self._vocabulary, wer=self.wer,
-                                       substitution_share=self.substitution_share)
+    speaker = tone_speech.sample_speaker(rng)
+    transcript = tone_speech.asr_transcript(rng, caption, self._vocabulary, wer=self.wer,
+                                            substitution_share=self.substitution_share)
     if self.transcripts is not None:
       transcript = self.transcripts[index]
     if self.speech == 'espeak':  # its own stream: the tone speaker and transcript stay
@@ -89,7 +89,7 @@ class SpokenClipSource(clips.ClipCaptionSource):
     return speaker, transcript
 
   def _render(self, caption: str, speaker) -> np.ndarray:
-    return (tts.render_speech if self.speech == 'espeak' else speech.render_speech)(
+    return (tts.render_speech if self.speech == 'espeak' else tone_speech.render_speech)(
         caption, speaker)
 
   def describe(self, index: int) -> dict[str, Any]:
