@@ -78,7 +78,7 @@ download). `--runner=DaskRunner` runs the same pipeline on a `dask.distributed` 
 `--dask_address=HOST:PORT` (an existing one) or `--dask_local_workers=N` (a local one
 of N processes, started for the run). Both are exercised here: the tests mine the tiny
 corpus on the direct runner and on a 2-process local Dask cluster and get the same files,
-byte for byte, as a brute-force loop; `benchmarks/mining_dask_scale.py` measures both up
+byte for byte, as a brute-force loop; `benchmarks/speed/mining_dask_scale.py` measures both up
 to 10k videos and 1M seeds. The pipeline keeps to what Beam 2.77's DaskRunner executes
 (see `build_and_run`). Any other Beam runner takes the standard options, e.g. Dataflow
 (the embedder's run directory and the inputs must then be on GCS and avtext installed

@@ -26,7 +26,7 @@ static shapes or several processes): `<input>` and `<input>_mask` hold the rows,
 (`coot_model.Packing`). The model computes the same function (attention within a
 sequence, positions restarting per sequence, Attention-FA per sequence; only the
 dropout masks differ), and the local transformers stop computing padding: on the
-benchmark batch (`benchmarks/bench_coot_train_step.py`, clips of 10-80 frames padded
+benchmark batch (`benchmarks/speed/coot_train_step.py`, clips of 10-80 frames padded
 to 80) 128 clip rows instead of 256.
 
 Loss, eq. 9 with the official weights (`config.loss`):
