@@ -260,21 +260,14 @@ def model_flops_per_step(config) -> float:
 
 # The predict functions each evaluator type calls: {config key: default name}
 # (avtext/evals/*.py read `cfg.get(key, default)`); None keys are fixed names.
-EVALUATOR_FNS = {
-    "retrieval": {"text_fn": "embed_text", "video_fn": "embed_video"},
-    "captioning": {"captions_fn": "captions"},
-    "classification": {"logits_fn": "logits"},
-    "hierarchical": {"embed_fn": "embed"},
-    "moments": {None: ("encode_query", "encode_context", "span_logits")},
-}
-
-
 def evaluator_fns(config) -> list[str]:
-  """The predict functions `config.evals` calls (tools' own predict functions aside)."""
+  """The predict functions `config.evals` calls (tools' own predict functions aside), as
+  each evaluator declares them (`Evaluator.predict_fn_names`)."""
+  from avtext import evals  # pylint: disable=g-import-not-at-top
   names = set()
-  for cfg in (config.get("evals") or {}).values():
-    for key, default in EVALUATOR_FNS.get(cfg.get("type"), {}).items():
-      names.update(default if key is None else (cfg.get(key, default),))
+  for name, cfg in (config.get("evals") or {}).items():
+    cls = evals.get_evaluator(cfg.get("type"), where=f"config.evals.{name}.type")
+    names.update(cls.predict_fn_names(cfg))
   return sorted(names)
 
 

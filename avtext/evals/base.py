@@ -58,6 +58,21 @@ class Evaluator:
   task members they call (`protocol`, checked here)."""
 
   protocol = protocols.Predicting
+  # The task predict functions the evaluator calls: {config key: default name} for the
+  # ones a config may rename, and the fixed ones. `predict_fn_names` reads both (aot
+  # compiles exactly these for a config).
+  predict_fn_keys: dict[str, str] = {}
+  fixed_predict_fns: tuple[str, ...] = ()
+
+  @classmethod
+  def predict_fn_names(cls, cfg) -> list[str]:
+    """The task's predict functions an evaluator of this config calls."""
+    return sorted({cfg.get(k, default) for k, default in cls.predict_fn_keys.items()}
+                  | set(cls.fixed_predict_fns))
+
+  def predict_fn_name(self, key: str) -> str:
+    """The predict function configured under `key` (`predict_fn_keys`' default)."""
+    return self.cfg.get(key, self.predict_fn_keys[key])
 
   def __init__(self, name: str, cfg: ml_collections.ConfigDict, *,
                config: ml_collections.ConfigDict, task, cache: PredictCache,

@@ -81,6 +81,7 @@ class CaptioningEvaluator(base.Evaluator):
   """Generates a caption per test video and scores it against the references."""
 
   protocol = protocols.Captioning
+  predict_fn_keys = {"captions_fn": "captions"}
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
@@ -92,7 +93,7 @@ class CaptioningEvaluator(base.Evaluator):
                        "workdirs/demo/avr), which the baseline embeds the clips with")
 
   def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
-    fn = self.cache.predict_fn(self.cfg.get("captions_fn", "captions"))
+    fn = self.cache.predict_fn(self.predict_fn_name("captions_fn"))
     out, host = self.predict(("captioning", fn), lambda: fn, variables, mesh=mesh)
     hypotheses = self.task.decode(out["tokens"])
     ids, refs, keep = self._references(host)

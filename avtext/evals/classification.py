@@ -25,10 +25,11 @@ class ClassificationEvaluator(base.Evaluator):
   """mAP, top-1 and per-group accuracy of the task's logits."""
 
   protocol = protocols.Classification
+  predict_fn_keys = {"logits_fn": "logits"}
 
   def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
     del step
-    logits_fn = self.cache.predict_fn(self.cfg.get("logits_fn", "logits"))
+    logits_fn = self.cache.predict_fn(self.predict_fn_name("logits_fn"))
     label_key = self.cfg.get("label_key", "labels")
 
     def build():

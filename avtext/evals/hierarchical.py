@@ -60,9 +60,10 @@ class HierarchicalEvaluator(base.Evaluator):
   """COOT's video-paragraph and clip-sentence retrieval."""
 
   protocol = protocols.Retrieval
+  predict_fn_keys = {"embed_fn": "embed"}
 
   def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
-    embed_fn = self.cache.predict_fn(self.cfg.get("embed_fn", "embed"))
+    embed_fn = self.cache.predict_fn(self.predict_fn_name("embed_fn"))
     out, host = self.predict(("hierarchical", embed_fn), lambda: embed_fn, variables, mesh=mesh)
     clip_mask = out["clip_mask"].astype(bool)
     if not np.array_equal(clip_mask, out["sentence_mask"].astype(bool)):

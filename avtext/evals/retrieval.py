@@ -36,11 +36,12 @@ class RetrievalEvaluator(base.Evaluator):
   """Dual-encoder retrieval metrics over the task's two embedding functions."""
 
   protocol = protocols.Retrieval
+  predict_fn_keys = {"text_fn": "embed_text", "video_fn": "embed_video"}
 
   def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
     del step
-    text_fn = self.cache.predict_fn(self.cfg.get("text_fn", "embed_text"))
-    video_fn = self.cache.predict_fn(self.cfg.get("video_fn", "embed_video"))
+    text_fn = self.cache.predict_fn(self.predict_fn_name("text_fn"))
+    video_fn = self.cache.predict_fn(self.predict_fn_name("video_fn"))
 
     def build():
       return lambda v, batch: {"text": text_fn(v, batch), "video": video_fn(v, batch)}

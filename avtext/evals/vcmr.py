@@ -80,6 +80,7 @@ class VCMREvaluator(base.Evaluator):
   """Encodes the corpus, answers the split's queries, writes and scores the submission."""
 
   protocol = protocols.Corpus
+  fixed_predict_fns = ("encode_query", "encode_context", "span_logits")
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
