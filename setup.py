@@ -43,7 +43,7 @@ setuptools.setup(
     name="avtext",
     version="0.1.0",
     description="Joint audio-visual-text representation learning in JAX/Flax",
-    packages=setuptools.find_packages(include=["avtext", "avtext.*"]),
+    packages=setuptools.find_packages(include=["avtext", "avtext.*", "configs"]),
     python_requires=">=3.11",
     install_requires=[_LOCK[n.lower().replace("_", "-")] for n in _DIRECT],
     extras_require={extra: list(_pins(path).values()) for extra, path in _EXTRAS.items()},

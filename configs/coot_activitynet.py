@@ -37,13 +37,10 @@ Ablations (BENCHMARKS.md, benchmarks/tables/coot_ablation.py) are command-line o
   --config.loss.cycle_weight=0           CMC off
   --config.model.use_context=False       Contextual Transformer off
 """
-import pathlib
-import sys
 
 import ml_collections
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import common
 
 ANET_VIDEO_FEATURES = "ICEP_V3_global_pool_skip_8_direct_resize"
 ANET_TEXT_FEATURES = "text_feat_activitynet_meta_all_transformers_bert-base-uncased_-2,-1"
@@ -168,7 +165,7 @@ def base_config() -> ml_collections.ConfigDict:
       early_stopping_patience=16))  # det_best_terminate_after
   # Features in, a few small transformers: one v5e host (4 chips) holds it many times
   # over (BENCHMARKS.md "Paper configs on their TPU slices"); bf16 compute, params float32.
-  videocc_avr.paper_scale(config, "v5e:2x2")
+  common.paper_scale(config, "v5e:2x2")
   return config
 
 
@@ -178,7 +175,7 @@ VARIANTS = ("demo", "tiny", "masked_pool")
 def parse_variants(arg: str | None, config_file: str) -> set[str]:
   """The comma-separated variants of `arg`, checked against VARIANTS (shared by
   configs/coot_youcook2.py)."""
-  return videocc_avr.parse_variants(arg, VARIANTS, config_file)
+  return common.parse_variants(arg, VARIANTS, config_file)
 
 
 def apply_variants(config: ml_collections.ConfigDict, variants: set[str]) -> None:
@@ -206,7 +203,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def synthetic(config: ml_collections.ConfigDict, *, tiny: bool) -> None:
   """The synthetic paragraph videos: same model and loss, smaller schedule."""
-  videocc_avr.synthetic_scale(config)
+  common.synthetic_scale(config)
   config.data.static_shapes = False
   d = config.dataset
   d.path = DEMO_DATA
@@ -238,4 +235,4 @@ def synthetic(config: ml_collections.ConfigDict, *, tiny: bool) -> None:
     config.model.video_dim, config.model.text_dim = 16, 24
     config.model.hidden_size, config.model.num_heads, config.model.mlp_dim = 32, 4, 32
     config.model.pool_hidden, config.model.pool_heads = 32, 2
-    videocc_avr.tiny_schedule(config, num_steps=6, every_steps=3, warmup_steps=1)
+    common.tiny_schedule(config, num_steps=6, every_steps=3, warmup_steps=1)

@@ -16,13 +16,10 @@ Variants: demo, tiny, masked_pool as in configs/coot_activitynet.py (the
 synthetic data with this file's optimizer and selection rule; masked_pool: our
 padding-invariant global mean instead of the official avg_special).
 """
-import pathlib
-import sys
 
 import ml_collections
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import coot_activitynet  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import coot_activitynet
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -43,19 +43,16 @@ Variants:
                pretrained video tower; a 256-wide MMT sized for this CPU
   tiny         seconds-long smoke run (tests)
 """
-import pathlib
-import sys
 
 import ml_collections
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import common
 
 DEMO_DATA = "workdirs/demo/tvr_data"
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = videocc_avr.parse_variants(
+  variants = common.parse_variants(
       arg, ("demo", "tiny", "video", "sub", "standard_decoder", "mean_nll"), "configs/mmt_tvc.py")
   config = ml_collections.ConfigDict()
   config.task = "captioning"
@@ -105,7 +102,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.evals.test_public = ml_collections.ConfigDict(dict(
       type="captioning", every_steps=0, split="test_public", captions_fn="captions",
       output_format="tvc", batch_size=50))
-  config.eval = videocc_avr.eval_config(batch_size=50)
+  config.eval = common.eval_config(batch_size=50)
   config.eval.select = ("val/CIDEr-D", "max")
   config.eval.early_stopping_patience = 10
 
@@ -119,8 +116,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss.name = "nll"
   # MMT: features in, batch 128: one v5e host (4 chips) holds it many times over, bf16
   # compute and float32 params (BENCHMARKS.md "Paper configs on their TPU slices").
-  videocc_avr.paper_scale(config, "v5e:2x2")
-  return videocc_avr.with_synthetic(config, variants, _synthetic)
+  common.paper_scale(config, "v5e:2x2")
+  return common.with_synthetic(config, variants, _synthetic)
 
 
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
@@ -146,7 +143,7 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
     m.hidden_size, m.num_heads, m.intermediate_size, m.word_dim = 32, 2, 32, 16
     config.data.max_v_len, config.data.max_sub_len, config.data.max_cap_len = 8, 12, 10
     config.generation.max_new_tokens = 9
-    videocc_avr.tiny_schedule(config, num_steps=6, every_steps=3, warmup_steps=2)
+    common.tiny_schedule(config, num_steps=6, every_steps=3, warmup_steps=2)
     config.evals.val.batch_size = config.evals.test.batch_size = 8
     # Off, yet overridable from the flags (a None field takes no --config value).
     config.eval.early_stopping_patience = ml_collections.config_dict.placeholder(int)

@@ -46,20 +46,18 @@ Variants (after the colon, comma-separated):
 
 Loss: --config.loss.name=amm|mms|nce|semi_hard_triplet (avtext/tasks/smit.py).
 """
-import pathlib
-import sys
 
 import ml_collections
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import common
+from configs import videocc_avr
 
 FROZEN_ALWAYS = (r"^caption/text/",)  # the language model (app. B: kept frozen)
 FROZEN_PHASE1 = (r"^video/image/", r"^video/temporal/")
 
 
 def get_config(arg: str | None = None, caption: str = "language") -> ml_collections.ConfigDict:
-  variants = videocc_avr.parse_variants(arg, ("demo", "tiny", "phase2", "asr"),
+  variants = common.parse_variants(arg, ("demo", "tiny", "phase2", "asr"),
                                         f"configs/smit_{caption}_amm.py")
   phase2 = "phase2" in variants
 
@@ -161,7 +159,7 @@ def get_config(arg: str | None = None, caption: str = "language") -> ml_collecti
       type="retrieval", every_steps=0, split="test", text_fn="embed_text",
       video_fn="embed_video",
       subset_protocol=dict(n_subsets=5, subset_size=1000, seed=0)))
-  config.eval = videocc_avr.eval_config(batch_size=256)
+  config.eval = common.eval_config(batch_size=256)
   config.eval.select = ("val/mean_R@1", "max")
 
   # Phase 1 trains the heads on precomputed backbone features (batch 2048, AMM over the
@@ -172,9 +170,9 @@ def get_config(arg: str | None = None, caption: str = "language") -> ml_collecti
   # The spoken model's phase 1 also trains its speech ResNet on 2048 log-mels: remat
   # (without it 14.7 GiB of v5e's 15.75 a chip).
   if phase2:
-    videocc_avr.paper_scale(config, "v5e:8x8", remat="full", fsdp=True)
+    common.paper_scale(config, "v5e:8x8", remat="full", fsdp=True)
   else:
-    videocc_avr.paper_scale(config, "v5e:2x2",
+    common.paper_scale(config, "v5e:2x2",
                             remat="full" if caption == "spoken" else "none")
   if "demo" in variants or "tiny" in variants:
     _synthetic(config, tiny="tiny" in variants, phase2=phase2)
@@ -191,7 +189,7 @@ def get_config(arg: str | None = None, caption: str = "language") -> ml_collecti
 
 
 def _synthetic(config, *, tiny: bool, phase2: bool) -> None:
-  videocc_avr.synthetic_scale(config)
+  common.synthetic_scale(config)
   tower = videocc_avr.get_config("tiny" if tiny else "demo")
   world = dict(tower.dataset.world)
   world["duration_s"] = 3.0  # S-MiT clips are 3 s

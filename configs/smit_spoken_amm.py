@@ -33,13 +33,10 @@ base width 8 (1/64 of the FLOPs of width 64; ResDAVEnet's widths / 8 with
 
 Variants: as configs/smit_language_amm.py (demo, phase2, tiny).
 """
-import pathlib
-import sys
 
 import ml_collections
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import smit_language_amm  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import smit_language_amm
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -26,17 +26,15 @@ Labels are from the train split only; the retrieval test split is disjoint.
 Variants: (none) the demo's tower; hybrid: `videocc_avr.py:demo,hybrid`'s tower (a conv
 stem before the patches); tiny: the tiny AVR config's tower (tests).
 """
-import pathlib
-import sys
 
 import ml_collections
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import common
+from configs import videocc_avr
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = videocc_avr.parse_variants(arg, ("tiny", "hybrid"),
+  variants = common.parse_variants(arg, ("tiny", "hybrid"),
                                         "configs/synthetic_video_pretrain.py")
   tiny = "tiny" in variants
   tower = ["tiny" if tiny else "demo"] + sorted(variants - {"tiny"})

@@ -32,10 +32,12 @@ Any field can be overridden: --config.train.batch_size=64 --config.model.video.f
 """
 import ml_collections
 
+from configs import common
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = parse_variants(arg, ("demo", "tiny", "rgb", "audio", "mined", "msrvtt", "hybrid"),
-                            "configs/videocc_avr.py")
+  variants = common.parse_variants(
+      arg, ("demo", "tiny", "rgb", "audio", "mined", "msrvtt", "hybrid"), "configs/videocc_avr.py")
   if "msrvtt" in variants and not variants & {"demo", "tiny"}:
     raise ValueError("configs/videocc_avr.py: the paper setup already evaluates on MSR-VTT "
                      "(config.evals.msrvtt); 'msrvtt' adds it to demo / tiny")
@@ -163,7 +165,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # FSDP the compiler all-gathers the [256, 3137, 768] activations inside its windowed
   # collective matmuls (3.0 TB of HBM traffic a chip a step against 0.33 TB without).
   # main refuses to train it on a CPU-only install without --allow_cpu.
-  paper_scale(config, "v5e:4x4", remat="full", attention="auto", fsdp=False,
+  common.paper_scale(config, "v5e:4x4", remat="full", attention="auto", fsdp=False,
               scan_layers=True)
   config.train.num_epochs = 4  # §5.2: 4 pretraining epochs
   config.train.num_steps = None
@@ -181,7 +183,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       dataset=dict(name="msrvtt", path=None, data_dir=None),
       split="test",
       text_fn="embed_text", video_fn="embed_video"))
-  config.eval = eval_config(batch_size=64)
+  config.eval = common.eval_config(batch_size=64)
 
   if "demo" in variants or "tiny" in variants:
     _synthetic(config, tiny="tiny" in variants)
@@ -208,85 +210,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   return config
 
 
-def parse_variants(arg: str | None, known, config_file: str) -> set[str]:
-  """The comma-separated variants of `arg` (`--config=<file>:a,b`), checked against
-  `known`; every config of configs/ reads its variants through this."""
-  variants = set(filter(None, (arg or "").split(",")))
-  unknown = variants - set(known)
-  if unknown:
-    raise ValueError(f"{config_file}: unknown variant(s) {sorted(unknown)}; expected a "
-                     f"comma-separated subset of {list(known)}")
-  return variants
-
-
-def tiny_schedule(config: ml_collections.ConfigDict, *, num_steps: int, every_steps: int,
-                  warmup_steps: int, batch_size: int = 8) -> None:
-  """The tiny variants' schedule: `num_steps` steps of `batch_size`, logs, checkpoints and
-  the val evaluator every `every_steps`, step-based warmup."""
-  config.train.batch_size = batch_size
-  config.train.num_epochs = None
-  config.train.num_steps = num_steps
-  config.train.log_every_steps = every_steps
-  config.train.checkpoint_every_steps = every_steps
-  config.optimizer.warmup_epochs = None
-  config.optimizer.warmup_steps = warmup_steps
-  if "val" in config.get("evals", {}):
-    config.evals.val.every_epochs = None
-    config.evals.val.every_steps = every_steps
-  config.eval.batch_size = batch_size
-
-
-def paper_scale(config: ml_collections.ConfigDict, topology: str | None, *,
-                dtype: str = "bfloat16", remat: str = "none", attention: str = "xla",
-                fsdp: bool = False, scan_layers: bool = False) -> None:
-  """The accelerator fields every config has (docs/scale.md "Paper scale"): the TPU slice the
-  paper setup is sized for (`python -m avtext.aot` proves the fit), compute dtype,
-  remat, attention, scanned layers and FSDP. Synthetic variants call it with topology None and the
-  float32 defaults, so their numbers stay as they were."""
-  # A placeholder, not None, so --config.target_topology=v5e:2x2 can still set it.
-  config.target_topology = topology or ml_collections.config_dict.placeholder(str)
-  config.model.dtype, config.model.remat, config.model.attention = dtype, remat, attention
-  config.model.scan_layers = scan_layers
-  config.partitioning = ml_collections.ConfigDict(dict(
-      rules=(), fsdp=fsdp, fsdp_min_size=2 ** 16))
-  config.train.microbatches = config.train.get("microbatches") or 1
-
-
-def synthetic_scale(config: ml_collections.ConfigDict) -> None:
-  """Demo / tiny: CPU-sized, float32, no remat, materialized attention, no FSDP."""
-  paper_scale(config, None, dtype="float32")
-
-
-def with_synthetic(config: ml_collections.ConfigDict, variants: set[str],
-                   synthetic) -> ml_collections.ConfigDict:
-  """`config`, or its demo / tiny variant: the synthetic world's scale (`synthetic_scale`)
-  and then the config's own `synthetic(config, tiny=...)` (data paths, widths, schedule)."""
-  if variants & {"demo", "tiny"}:
-    synthetic_scale(config)
-    synthetic(config, tiny="tiny" in variants)
-  return config
-
-
-def eval_config(batch_size: int) -> ml_collections.ConfigDict:
-  """`config.eval`: batch size, model selection, plateau and early stopping (all off).
-
-  See avtext/train/control.py: select = ("<evaluator>/<metric>", "max"|"min")
-  keeps the best `keep_best` checkpoints; plateau.factor (e.g. COOT's 0.1)
-  turns reduce-on-plateau on; early_stopping_patience (e.g. XML's 10) turns
-  early stopping on.
-  """
-  return ml_collections.ConfigDict(dict(
-      batch_size=batch_size,
-      select=ml_collections.config_dict.placeholder(tuple),
-      keep_best=1,
-      plateau=dict(factor=ml_collections.config_dict.placeholder(float), patience=2,
-                   cooldown=3, min_lr=0.0, threshold=1e-4),
-      early_stopping_patience=ml_collections.config_dict.placeholder(int)))
-
-
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   """Small MBT + MiniLM-L6 on the synthetic world, sized for a 2-core CPU."""
-  synthetic_scale(config)
+  common.synthetic_scale(config)
   config.dataset.name = "synthetic_clips"
   config.dataset.world = ml_collections.ConfigDict(
       dict(height=64, width=64, fps=25, duration_s=10.0, sample_rate=16000))
@@ -366,4 +292,4 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
     t.intermediate_size, t.max_position_embeddings = 64, 64
     config.model.embed_dim = 16
     config.optimizer.frozen = (r"^text/word_embeddings/", r"^text/encoderblock_0/")
-    tiny_schedule(config, num_steps=10, every_steps=5, warmup_steps=2)
+    common.tiny_schedule(config, num_steps=10, every_steps=5, warmup_steps=2)

@@ -37,13 +37,11 @@ changes which hypothesis wins only under beam search) and `generation.min_length
 on a trained run without retraining, on the val split:
 `python -m benchmarks.tables.caption_decoding_sweep --run=<run> --settings=...`.
 """
-import pathlib
-import sys
 
 import ml_collections
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import common
+from configs import videocc_avr
 
 
 def _str():
@@ -51,7 +49,7 @@ def _str():
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = videocc_avr.parse_variants(arg, ("finetune", "demo", "tiny", "mined"),
+  variants = common.parse_variants(arg, ("finetune", "demo", "tiny", "mined"),
                                         "configs/videocc_caption.py")
   synthetic = variants & {"demo", "tiny"}
   # The AVR config's data sampling and MBT (the encoder the captioner starts from);
@@ -96,7 +94,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.evals.msrvtt = ml_collections.ConfigDict(dict(
       type="captioning", every_steps=10_000, dataset=dict(name="msrvtt", path=None),
       split="test", captions_fn="captions"))
-  config.eval = videocc_avr.eval_config(batch_size=64)
+  config.eval = common.eval_config(batch_size=64)
 
   if "finetune" in variants:
     config.dataset = ml_collections.ConfigDict(dict(name="msrvtt", path=None))
@@ -110,7 +108,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the fused attention kernel (the decoder's prefix rows too: GPT2(prefix_lm=True)),
   # layers scanned. State replicated: with FSDP the compiler needs 17.4 GiB a chip (over
   # v5e's 15.75), without it 10.2.
-  videocc_avr.paper_scale(config, "v5e:8x8", remat="full", attention="auto",
+  common.paper_scale(config, "v5e:8x8", remat="full", attention="auto",
                           scan_layers=True)
   if synthetic:
     _synthetic(config, tiny="tiny" in variants)
@@ -128,7 +126,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
-  videocc_avr.synthetic_scale(config)
+  common.synthetic_scale(config)
   d = config.model.decoder
   d.vocab_size = None  # from vocab_subset (python -m avtext.tools.caption_vocab)
   d.hidden_size, d.num_layers, d.num_heads, d.mlp_dim = 256, 4, 4, 1024
@@ -166,7 +164,7 @@ def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
     d.hidden_size, d.num_layers, d.num_heads, d.mlp_dim = 32, 2, 2, 64
     d.dropout_rate = d.attention_dropout_rate = 0.0
     config.model.context_groups = None  # every token (the paper's C)
-    videocc_avr.tiny_schedule(config, num_steps=10, every_steps=5, warmup_steps=2)
+    common.tiny_schedule(config, num_steps=10, every_steps=5, warmup_steps=2)
     config.generation.max_new_tokens = 8
     config.evals.test.baselines.most_frequent.num_train = 256
     # Trainable with `main` alone: GPT-2's whole vocabulary unless vocab_subset is set,

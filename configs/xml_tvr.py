@@ -62,13 +62,10 @@ Variants:
                  logits independent of the padded length
   tiny     seconds-long smoke run (tests)
 """
-import pathlib
-import sys
 
 import ml_collections
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import common
 
 DEMO_DATA = "workdirs/demo/tvr_data"
 VARIANTS = {"demo", "tiny", "video", "sub", "tef", "sliding", "eq2", "cross_linear",
@@ -76,7 +73,7 @@ VARIANTS = {"demo", "tiny", "video", "sub", "tef", "sliding", "eq2", "cross_line
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = videocc_avr.parse_variants(arg, sorted(VARIANTS), "configs/xml_tvr.py")
+  variants = common.parse_variants(arg, sorted(VARIANTS), "configs/xml_tvr.py")
   config = ml_collections.ConfigDict()
   config.task = "moments"
   config.seed = 2018  # config.py
@@ -133,7 +130,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.evals.test_public = ml_collections.ConfigDict(dict(
       type="moments", every_steps=0, split="test_public", batch_size=200, search=search,
       corpus_dtype="float32", keep_corpus=True))
-  config.eval = videocc_avr.eval_config(batch_size=200)
+  config.eval = common.eval_config(batch_size=200)
   config.eval.select = ("val/VCMR/r1_sum", "max")
   config.eval.early_stopping_patience = 10
 
@@ -154,8 +151,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.masked_convse = True
   # XML: features in, 128 queries a batch: one v5e host (4 chips) holds it many times over
   # (BENCHMARKS.md "Paper configs on their TPU slices"); bf16 compute, params float32.
-  videocc_avr.paper_scale(config, "v5e:2x2")
-  return videocc_avr.with_synthetic(config, variants, _synthetic)
+  common.paper_scale(config, "v5e:2x2")
+  return common.with_synthetic(config, variants, _synthetic)
 
 
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:

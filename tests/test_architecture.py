@@ -220,3 +220,20 @@ def test_floors_name_real_packages(floor):
   for name in FLOORS[floor]:
     assert any(m == f"avtext.{name}" or m.startswith(f"avtext.{name}.") for m in modules), (
         f"FLOORS names avtext.{name}, which does not exist")
+
+
+def test_configs_share_code_through_the_configs_package_only(tmp_path):
+  """configs/common.py holds the shared helpers; no config edits sys.path, and the
+  configs import from any working directory (setup.py installs the package)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  configs = ROOT / "configs"
+  offenders = [p.name for p in configs.glob("*.py") if "sys.path" in p.read_text()]
+  assert not offenders, f"configs editing sys.path: {offenders}"
+  code = ("from configs import coot_youcook2, smit_spoken_amm, videocc_caption; "
+          "print(coot_youcook2.get_config('tiny').task, "
+          "smit_spoken_amm.get_config('tiny').task, videocc_caption.get_config('tiny').task)")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.split() == ["coot", "smit", "captioning"]
