@@ -319,9 +319,31 @@ def exception_message(error: BaseException) -> str:
   return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
+def check_config_file(flag: str, source: str) -> None:
+  """--flag=source (path[:variant]) must name a config file: a missing one (with the
+  closest name in its folder) or a directory is one UserError, before it is loaded."""
+  path = source.split(":")[0]
+  if os.path.isdir(path):
+    raise errors.BadInput(f"--{flag}={source}: a directory, not a config file; give "
+                          f"{os.path.join(path, '<experiment>.py')}[:variant]")
+  if not os.path.exists(path):
+    folder = os.path.dirname(path) or "."
+    known = sorted(p for p in os.listdir(folder) if p.endswith(".py")) if os.path.isdir(
+        folder) else []
+    close = difflib.get_close_matches(os.path.basename(path), known, n=1)
+    hint = (f" (did you mean {os.path.join(folder, close[0])}?)" if close else
+            f"; {folder}/ has {', '.join(known)}" if known else "")
+    raise errors.InputNotFound(f"--{flag}={source}: no such file{hint}")
+
+
 def config_value(holder) -> object:
-  """The ConfigDict of a `config_flags.DEFINE_config_file` flag, or one UserError naming
-  what is wrong with the file or an override (ml_collections raises while loading)."""
+  """The ConfigDict of a `config_flags.DEFINE_config_file` flag (None when left out), or
+  one UserError naming what is wrong with the file (`check_config_file`) or an override
+  (ml_collections raises while loading)."""
+  flag = holder._flagvalues[holder.name]  # pylint: disable=protected-access
+  source = getattr(flag, "config_filename", None)
+  if flag.present and source:
+    check_config_file(holder.name, source)
   try:
     config = holder.value
   except Exception as e:  # pylint: disable=broad-except

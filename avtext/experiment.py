@@ -9,26 +9,31 @@ topology's devices), the tests and the benchmarks. The pieces stay independent:
 `avtext.train.Trainer` knows evaluators only as objects with `evaluate(...)`, and
 `avtext.evals.build_evaluators` knows tasks only through the protocols each
 evaluator declares.
+
+`check_config` needs only the tables of names (models, optimizers, modalities): the
+trainer, the evaluators' libraries and the checkpointing stack are imported when a run
+is built, so `main` answers a bad value in seconds, before TensorFlow is loaded.
 """
+from __future__ import annotations
+
 import math
 import pathlib
+from typing import TYPE_CHECKING
 
 import ml_collections
 
 from avtext import errors
-from avtext import evals
 from avtext import modalities
 from avtext.models import attention
 from avtext.models import coot
 from avtext.models import gpt2
 from avtext.models import mbt
-from avtext.tasks import registry as tasks_registry
-from avtext.train import checkpointing
 from avtext.train import control
 from avtext.train import optimizers
 from avtext.train import rundir
-from avtext.train import trainer as trainer_lib
-from avtext.weights import pretrained
+
+if TYPE_CHECKING:
+  from avtext.train import trainer as trainer_lib
 
 
 def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, task=None,
@@ -36,6 +41,9 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, tas
   """The trainer of `config` in `workdir`: `task` (default: `config.task` from the task
   registry) and `evaluators` (default: every entry of `config.evals`, writing their
   exports under `workdir`) on `devices` (default: `jax.devices()`)."""
+  from avtext import evals  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
+  from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top,redefined-outer-name
   workdir = pathlib.Path(workdir).absolute()
   if task is None:
     task = tasks_registry.build_task(config)
@@ -62,6 +70,7 @@ def check_inputs(config: ml_collections.ConfigDict, task) -> None:
   vocabularies, the towers' pretrained weights (`Task.pretrained_towers`) and the
   `config.init_from` run. It only looks at paths, so it takes milliseconds, and `main`
   calls it before it creates anything or probes the data."""
+  from avtext.weights import pretrained  # pylint: disable=g-import-not-at-top
   fields = list(_INPUT_PATHS) + [f"evals.{name}.dataset.path"
                                  for name in (config.get("evals") or {})]
   for field in fields:
@@ -75,10 +84,10 @@ def check_inputs(config: ml_collections.ConfigDict, task) -> None:
   if init and init.get("workdir") and "://" not in str(init.workdir):
     workdir = pathlib.Path(init.workdir).expanduser()
     if not (workdir / rundir.CONFIG_FILE).exists() and not (
-        workdir / checkpointing.LATEST_DIR).exists():
+        workdir / rundir.LATEST_DIR).exists():
       raise errors.InputNotFound(
           f"config.init_from.workdir={str(init.workdir)!r} is not an avtext run directory "
-          f"(no {checkpointing.LATEST_DIR}/ there); train that run first or fix the path")
+          f"(no {rundir.LATEST_DIR}/ there); train that run first or fix the path")
 
 
 # ---- every value a user sets, checked before JAX compiles or a directory is made
@@ -92,6 +101,8 @@ _COUNTS = ("batch_size", "num_steps", "log_every_steps", "checkpoint_every_steps
 # Fields that are 0 or more when set: periods (0: off), warmups, decays.
 _NON_NEGATIVE = ("every_steps", "every_epochs", "warmup_steps", "warmup_epochs",
                  "weight_decay", "grad_clip_norm")
+# Fields above 0 when set: softmax temperatures.
+_POSITIVE = ("temperature",)
 # Probabilities in [0, 1).
 _RATES = ("dropout_rate", "attention_dropout_rate", "label_smoothing", "stochastic_depth")
 # Fields with a fixed set of names, by the table in the code that reads them.
@@ -119,7 +130,8 @@ def _is_number(value) -> bool:
 def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
   """Raises `errors.BadInput`, one line `--config.<field>=<value>: what is wrong; what to
   do`, for the first value no run could use: counts and sizes (_COUNTS), steps, the
-  learning rate, rates, the names with a fixed set of choices (modalities, optimizer,
+  learning rate, rates, temperatures, the model's feature widths against the dataset's,
+  the names with a fixed set of choices (modalities, optimizer,
   schedule, attention kind, pools: each against the table of the code that reads it),
   the global batch against the `num_devices` it is split over, the selected metric's
   evaluator. Values only: it reads no file and compiles nothing, so `main` calls it
@@ -131,6 +143,8 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
       raise _bad(field, value, "must be a whole number of at least 1; set it to one")
     if key in _NON_NEGATIVE and (not _is_number(value) or value < 0):
       raise _bad(field, value, "must be 0 or more; set it to 0 or more")
+    if key in _POSITIVE and (not _is_number(value) or not 0 < value < math.inf):
+      raise _bad(field, value, "must be a number above 0; set it to one (e.g. 0.05)")
     if key in _RATES and (not _is_number(value) or not 0 <= value < 1):
       raise _bad(field, value, "must be in [0, 1); set it to a rate in that range")
     if key in _CHOICES and isinstance(value, str) and value not in _CHOICES[key]:
@@ -147,6 +161,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
       if _is_number(hidden) and hidden % value:
         raise _bad(field, value, f"must divide the hidden_size {hidden} of "
                    f"{field.rpartition('.')[0]}; pick a divisor of it")
+  _check_widths(config)
   train = config.get("train") or {}
   if train.get("num_steps") is None and train.get("num_epochs") is None:
     raise _bad("train.num_steps", None, "set train.num_steps or train.num_epochs")
@@ -170,6 +185,18 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if select and select[0].split("/")[0] not in (config.get("evals") or {}):
     raise _bad("eval.select", select, f"names evaluator {select[0].split('/')[0]!r}; "
                f"config.evals has {', '.join(sorted(config.get('evals') or {})) or 'none'}")
+
+
+def _check_widths(config: ml_collections.ConfigDict) -> None:
+  """A feature width the model reads (config.model.<x>_dim) is the dataset's, when both are
+  set (COOT, MMT: the dataset's is checked against the files when they are opened)."""
+  model, dataset = config.get("model") or {}, config.get("dataset") or {}
+  for key in ("video_dim", "text_dim", "sub_dim", "query_dim"):
+    have, want = dataset.get(key), model.get(key)
+    if _is_number(have) and _is_number(want) and have and want and have != want:
+      raise _bad(f"model.{key}", want, f"the model reads config.dataset.{key}={have} "
+                 f"features; set --config.model.{key} and --config.dataset.{key} both to the "
+                 "features' width")
 
 
 def _check_batch(config: ml_collections.ConfigDict, num_devices: int) -> None:

@@ -16,7 +16,6 @@ One process trains a workdir at a time (avtext/train/rundir.py): a second launch
 it exits at once with one line naming the running one.
 """
 import contextlib
-import difflib
 import importlib.util
 import os
 import pathlib
@@ -143,15 +142,7 @@ def _check_backend(config, backend: str) -> None:
 def _config_or_error():
   """--config loaded (overrides applied), or one UserError naming the file or field."""
   source = config_flags.get_config_filename(FLAGS["config"])
-  path = source.split(":")[0]
-  if not os.path.exists(path):
-    folder = os.path.dirname(path) or "."
-    known = sorted(p for p in os.listdir(folder) if p.endswith(".py")) if os.path.isdir(
-        folder) else []
-    close = difflib.get_close_matches(os.path.basename(path), known, n=1)
-    hint = (f" (did you mean {os.path.join(folder, close[0])}?)" if close else
-            f"; {folder}/ has {', '.join(known)}" if known else "")
-    raise errors.InputNotFound(f"--config={source}: no such file{hint}")
+  cli.check_config_file("config", source)
   try:
     config = _CONFIG.value
   except Exception as e:  # pylint: disable=broad-except
@@ -203,6 +194,10 @@ def main(argv):
     raise app.UsageError("--coordinator_address/--num_processes/--process_id/"
                          "--local_device_ids need --distributed")
   workdir = _WORKDIR.value
+  if _MODE.value == "train":  # a file, or a place no directory can be made: before any work
+    cli.check_output_dir("workdir", workdir)
+  if _EVAL_DIR.value:
+    cli.check_output_dir("eval_dir", _EVAL_DIR.value)
   from avtext.train import rundir  # pylint: disable=g-import-not-at-top
   if _MODE.value == "train":
     try:  # first, so a second launch on a running workdir exits in seconds
@@ -239,8 +234,8 @@ def main(argv):
   # Every value, then the run's files (weights, vocabularies, dataset paths), before the
   # data is probed.
   from avtext import experiment  # pylint: disable=g-import-not-at-top
+  experiment.check_config(config, jax.device_count())  # before the task's libraries load
   from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
-  experiment.check_config(config, jax.device_count())
   task = _config_errors(tasks_registry.build_task, config)
   experiment.check_inputs(config, task)
   from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top

@@ -23,8 +23,13 @@ from avtext.weights import pretrained
 @registry.register("avr")
 class AVRTask(registry.ClipTask):
   """VideoCC audio-visual retrieval (`config.model.name = "dual_encoder"`)."""
+  LOSSES = ("nce",)  # config.loss.name: VideoCC §3.2's NCE, the one loss `combine` computes
 
   def __init__(self, config: ml_collections.ConfigDict):
+    name = config.get("loss", {}).get("name", "nce")
+    if name not in self.LOSSES:
+      raise ValueError(f"config.loss.name={name}: avr trains with {', '.join(self.LOSSES)}; "
+                       f"set it to {self.LOSSES[0]}")
     super().__init__(config)
     self.tokenizer = pretrained.text_tokenizer(config)
     self.modalities = parse_modalities(config.model.video.modalities)
