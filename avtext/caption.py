@@ -14,6 +14,7 @@ its reason (`builders.files.SKIP_REASONS`) and skipped.
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Sequence
 
@@ -76,6 +77,14 @@ def main(argv: Sequence[str]) -> None:
   if not paths:
     raise errors.BadInput("give the video files to caption: python -m avtext.caption "
                           "--workdir=RUN FILE [FILE ...]")
+  for path in paths:  # before the run is read: a folder is a mistake, not a skip
+    if os.path.isdir(path):
+      raise errors.BadInput(f"{path}: a directory, not a video file; give the files in it "
+                            "(python -m avtext.index reads a whole folder)")
+  if not any(os.path.exists(path) for path in paths):
+    others = " (nor any of the others)" if len(paths) > 1 else ""
+    raise errors.InputNotFound(f"{paths[0]}: no such file{others}; give the video files to "
+                               "caption")
   done = caption_files(_WORKDIR.value, paths, step=index_lib.parse_step(_STEP.value),
                        beam=_BEAM.value, progress=True)
   for path, caption, reason in done:

@@ -294,6 +294,13 @@ def parse_flags(argv: list[str], program: str, flag_values: flags.FlagValues,
       last = [line.strip() for line in text.splitlines() if line.strip()][-1]
       last = last.split(": ", 1)[1] if re.match(r"^\w+(Error|Exception): ", last) else last
       raise errors.BadInput(f"{flag}: {last}") from None
+    unset = re.search(r"Type <class 'NoneType'> of field (config[\w.]*) is not supported", text)
+    if unset:  # ml_collections types a value by the field's default, and None has no type
+      given = next((a for a in argv if a.startswith(f"--{unset.group(1)}=")),
+                   f"--{unset.group(1)}")
+      raise errors.BadInput(f"{given}: the config leaves this field unset (None), so no value "
+                            "can be given on the command line; set it in the config file (or "
+                            "pick a variant that sets it)") from None
     raise errors.BadInput(f"{e}; see {program} --help") from None
   except Exception as e:  # pylint: disable=broad-except
     # A flag's own parser failed, e.g. ml_collections applying --config.<field>=<value>.

@@ -50,7 +50,6 @@ from avtext import cli
 from avtext import errors
 from avtext.data import video_io
 from avtext.data.builders import files
-from avtext.inference import exported
 from avtext.train import rundir
 
 FORMAT = "avtext.video_index/1"
@@ -154,6 +153,7 @@ class VideoEmbedder:
 
   def __init__(self, workdir: str | pathlib.Path, step: int | str | None = None):
     import jax  # pylint: disable=g-import-not-at-top
+    from avtext.inference import exported  # pylint: disable=g-import-not-at-top
     from avtext import runs as runs_lib  # pylint: disable=g-import-not-at-top
     from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
     self.run = runs_lib.load_run(workdir, step)

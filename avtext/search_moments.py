@@ -17,6 +17,7 @@ score; `--json` prints one JSON object per query instead.
 import json
 import os
 import sys
+import types
 from typing import Sequence
 
 from absl import flags
@@ -142,8 +143,12 @@ def main(argv: Sequence[str]) -> None:
       texts = [line.strip() for line in f if line.strip()]
   if not texts:
     raise errors.BadInput(f"--queries={_QUERIES.value}: no queries in it")
-  searcher = Searcher(_WORKDIR.value, _CORPUS.value, step=index_lib.parse_step(_STEP.value),
-                      bert_dir=_BERT_DIR.value)
+  step = index_lib.parse_step(_STEP.value)
+  if isinstance(step, int) and os.path.isfile(os.path.join(_CORPUS.value, "meta.json")):
+    # A corpus of another step is refused before the run is read (Searcher checks again).
+    check_corpus(vcmr.CorpusStore(_CORPUS.value),
+                 types.SimpleNamespace(workdir=_WORKDIR.value, step=step), _CORPUS.value)
+  searcher = Searcher(_WORKDIR.value, _CORPUS.value, step=step, bert_dir=_BERT_DIR.value)
   for text, moments in zip(texts, searcher(texts, top=_TOP.value)):
     if _JSON.value:
       print(json.dumps({"query": text, "moments": [

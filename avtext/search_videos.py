@@ -94,6 +94,9 @@ def main(argv: Sequence[str]) -> None:
     raise errors.BadInput("--captions goes with --video=FILE")
   if not queries:
     raise errors.BadInput('give a query: python -m avtext.search_videos --index=INDEX "text"')
+  empty = [i for i, text in enumerate(queries, 1) if not text.strip()]
+  if empty:
+    raise errors.BadInput(f"query {empty[0]} is empty; give the text to search for")
   for text, found in zip(queries, IndexSearcher(_INDEX.value).texts(queries, _TOP.value)):
     if _JSON.value:
       print(json.dumps({"query": text, "videos": [{"video": v, "score": sc}
