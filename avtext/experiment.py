@@ -10,9 +10,10 @@ topology's devices), the tests and the benchmarks. The pieces stay independent:
 `avtext.evals.build_evaluators` knows tasks only through the protocols each
 evaluator declares.
 
-`check_config` needs only the tables of names (models, optimizers, modalities): the
-trainer, the evaluators' libraries and the checkpointing stack are imported when a run
-is built, so `main` answers a bad value in seconds, before TensorFlow is loaded.
+`check_config` reads values and the tables of names (models, optimizers, modalities),
+imported when it reaches them; the trainer, the evaluators' libraries and the
+checkpointing stack are imported when a run is built. So `main` answers a bad number
+before JAX is imported, and a bad name before TensorFlow is.
 """
 from __future__ import annotations
 
@@ -24,12 +25,6 @@ import ml_collections
 
 from avtext import errors
 from avtext import modalities
-from avtext.models import attention
-from avtext.models import coot
-from avtext.models import gpt2
-from avtext.models import mbt
-from avtext.train import control
-from avtext.train import optimizers
 from avtext.train import rundir
 
 if TYPE_CHECKING:
@@ -105,10 +100,18 @@ _NON_NEGATIVE = ("every_steps", "every_epochs", "warmup_steps", "warmup_epochs",
 _POSITIVE = ("temperature",)
 # Probabilities in [0, 1).
 _RATES = ("dropout_rate", "attention_dropout_rate", "label_smoothing", "stochastic_depth")
-# Fields with a fixed set of names, by the table in the code that reads them.
-_CHOICES = {"attention": attention.ATTENTION_IMPLEMENTATIONS,
-            "context_pool": gpt2.CONTEXT_POOLS, "rgb_pool": mbt.RGB_POOLS,
-            "local_pooler": coot.POOLERS}
+
+
+def _choices() -> dict:
+  """Fields with a fixed set of names -> the table in the code that reads them (imported
+  when asked: the value checks before them answer without loading JAX or Flax)."""
+  from avtext.models import attention  # pylint: disable=g-import-not-at-top
+  from avtext.models import coot  # pylint: disable=g-import-not-at-top
+  from avtext.models import gpt2  # pylint: disable=g-import-not-at-top
+  from avtext.models import mbt  # pylint: disable=g-import-not-at-top
+  return {"attention": attention.ATTENTION_IMPLEMENTATIONS,
+          "context_pool": gpt2.CONTEXT_POOLS, "rgb_pool": mbt.RGB_POOLS,
+          "local_pooler": coot.POOLERS}
 
 
 def _walk(node, prefix=""):
@@ -127,15 +130,17 @@ def _is_number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
+def check_config(config: ml_collections.ConfigDict, num_devices: int | None) -> None:
   """Raises `errors.BadInput`, one line `--config.<field>=<value>: what is wrong; what to
   do`, for the first value no run could use: counts and sizes (_COUNTS), steps, the
   learning rate, rates, temperatures, the model's feature widths against the dataset's,
   the names with a fixed set of choices (modalities, optimizer,
   schedule, attention kind, pools: each against the table of the code that reads it),
-  the global batch against the `num_devices` it is split over, the selected metric's
-  evaluator. Values only: it reads no file and compiles nothing, so `main` calls it
-  before anything is built (the task then checks what only it knows, its loss names)."""
+  the global batch against the `num_devices` it is split over (None: not yet known, not
+  checked), the selected metric's evaluator. Values only: it reads no file and compiles
+  nothing, so `main` calls it before anything is built, and first before JAX is imported
+  (the numbers are checked before the tables of names are imported); the task then
+  checks what only it knows, its loss names."""
   for field, key, value in _walk(config):
     if value is None:
       continue
@@ -147,8 +152,6 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
       raise _bad(field, value, "must be a number above 0; set it to one (e.g. 0.05)")
     if key in _RATES and (not _is_number(value) or not 0 <= value < 1):
       raise _bad(field, value, "must be in [0, 1); set it to a rate in that range")
-    if key in _CHOICES and isinstance(value, str) and value not in _CHOICES[key]:
-      raise _bad(field, value, f"unknown; set it to one of {', '.join(_CHOICES[key])}")
     if key == "modalities":
       try:
         modalities.parse_modalities(value)
@@ -173,11 +176,18 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
   lr = opt.get("learning_rate")
   if lr is not None and (not _is_number(lr) or not math.isfinite(lr) or lr <= 0):
     raise _bad("optimizer.learning_rate", lr, "must be a finite number above 0 (e.g. 1e-4)")
+  choices = _choices()
+  for field, key, value in _walk(config):
+    if key in choices and isinstance(value, str) and value not in choices[key]:
+      raise _bad(field, value, f"unknown; set it to one of {', '.join(choices[key])}")
+  from avtext.train import control  # pylint: disable=g-import-not-at-top
+  from avtext.train import optimizers  # pylint: disable=g-import-not-at-top
   for key, names in (("name", optimizers.OPTIMIZERS), ("schedule", optimizers.SCHEDULES)):
     if opt.get(key) is not None and opt.get(key) not in names:
       raise _bad(f"optimizer.{key}", opt.get(key), f"unknown; set it to one of "
                  f"{', '.join(names)}")
-  _check_batch(config, num_devices)
+  if num_devices is not None:
+    _check_batch(config, num_devices)
   try:
     select = control.selection(config)
   except ValueError as e:

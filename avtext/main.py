@@ -215,6 +215,8 @@ def main(argv):
   source = (f"--config={config_flags.get_config_filename(FLAGS['config'])}"
             if FLAGS["config"].present else "this command")
   rundir.check_workdir(config, workdir, source=source)
+  from avtext import experiment  # pylint: disable=g-import-not-at-top
+  experiment.check_config(config, None)  # values and names: the batch once JAX counts devices
   # Imported here so --help answers without initializing JAX.
   import jax  # pylint: disable=g-import-not-at-top
   if _DISTRIBUTED.value:
@@ -233,7 +235,6 @@ def main(argv):
   _check_backend(config, jax.default_backend())
   # Every value, then the run's files (weights, vocabularies, dataset paths), before the
   # data is probed.
-  from avtext import experiment  # pylint: disable=g-import-not-at-top
   experiment.check_config(config, jax.device_count())  # before the task's libraries load
   from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
   task = _config_errors(tasks_registry.build_task, config)

@@ -174,7 +174,7 @@ def test_bad_inputs_give_one_clear_message(env, tmp_path):
       Case("avtext.mine", [f"--seeds={avr / 'config.json'}", f"--videos={tmp_path}",
                            f"--workdir={tmp_path / 'no_run'}", f"--out={tmp_path / 'mined'}"],
            ("--workdir=", "not an avtext run"), (tmp_path / "mined",)),
-      Case("avtext.caption", [f"--workdir={tmp_path / 'none'}", "clip.mp4"],
+      Case("avtext.caption", [f"--workdir={tmp_path / 'none'}", "README.md"],
            ("config.json", "avtext run directory")),
       Case("avtext.features coot_text", [f"--dataset_dir={tmp_path}"],
            ("meta_all.json not found",)),
