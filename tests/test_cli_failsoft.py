@@ -11,8 +11,12 @@
 - evaluator exports and small output files are replaced whole.
 
 Each program runs through `cli.run` as `python -m` runs it (its stderr captured); only
-the lock holder is another process (a flock is per process).
+the lock holder is another process (a flock is per process). Then, as a user runs them,
+each program as its own process (2 at a time, every failing case reported at once): the
+issue's cases and one bad input of each other kind, without JAX_PLATFORMS (no libtpu
+noise may print); each answers before JAX embeds or loads anything, most in a second.
 """
+import concurrent.futures
 import os
 import pathlib
 import subprocess
@@ -250,3 +254,104 @@ def test_several_cpu_devices_get_the_in_order_collective_scheduler(monkeypatch, 
   monkeypatch.setenv("XLA_FLAGS", before)
   cli.safe_cpu_collectives()
   assert os.environ["XLA_FLAGS"] == after
+
+
+def run_processes(jobs, env) -> list[str]:
+  """Runs each (name, program, argv, words) as `python -m program argv` in the repository,
+  2 at a time; returns, for each that did not exit 2 with at most 6 lines on stderr, no
+  traceback, no libtpu noise and a last line `error: ...` holding every one of `words`,
+  what went wrong."""
+  def run(job):
+    module, *kind = job[1].split()
+    return subprocess.run([sys.executable, "-m", module, *kind, *map(str, job[2])], cwd=REPO,
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=300, check=False)
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    procs = list(pool.map(run, jobs))
+  failed = []
+  for (name, program, argv, words), proc in zip(jobs, procs):
+    err = proc.stderr.strip()
+    last = err.splitlines()[-1] if err else ""
+    wrong = [w for w in words if w not in last]
+    if (proc.returncode != 2 or "Traceback" in err or "libtpu" in err or "TPU_" in err
+        or len(err.splitlines()) > 6 or not last.startswith("error: ") or wrong):
+      failed.append(f"{name}: {program} {' '.join(map(str, argv))}\n  exit {proc.returncode}, "
+                    f"missing {wrong}\n  {err[-1500:]}")
+  return failed
+
+
+def user_env(home) -> dict:
+  """A user's environment: JAX_PLATFORMS unset (the programs choose it), own caches."""
+  env = dict(os.environ, HOME=str(home), AVTEXT_COMPILATION_CACHE="off",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env.pop("JAX_PLATFORMS", None)
+  return env
+
+
+def test_each_bad_input_as_a_process_is_one_line_exit_2(places, tmp_path):
+  """The issue's cases (a corpus of another step, --tau / --top / --beam out of range, an
+  --out that is a file, a second writer of an index) and one more of each other kind."""
+  f, run, videos = places / "a_file", places / "run", places / "videos"
+  corpus = _corpus(tmp_path / "corpus", encoded_by={"workdir": str(run), "step": 6})
+  (tmp_path / "q.txt").write_text("Alice : we should talk about the weather\n")
+  (tmp_path / "empty.txt").write_text("\n")
+  (tmp_path / "empty.tsv").write_text("")
+  seeds = tmp_path / "seeds.tsv"
+  seeds.write_text("s0\ts0.png\ta caption\n")
+  held = tmp_path / "held.index"
+  idx = ["--workdir", run, "--videos", videos]
+  mine = [f"--seeds={seeds}", f"--videos={videos}", f"--embedder={HIST}"]
+  jobs = [  # (what, program, argv, words of the error line)
+      # The issue's cases.
+      ("corpus of another step", "avtext.search_moments",
+       [f"--workdir={run}", f"--corpus={corpus.dir}", f"--queries={tmp_path / 'q.txt'}",
+        "--step=3"], ("--corpus=", "encoded at step 6", "pass --step=6")),
+      ("tau out of range", "avtext.mine", [*mine, f"--out={tmp_path / 'm'}", "--tau=1.5"],
+       ("--tau=1.5", "[-1.0, 1.0]")),
+      ("--out a file", "avtext.index", [*idx, "--out", f], ("--out=", "a file, not a directory")),
+      ("a second writer", "avtext.index", [*idx, "--out", held],
+       ("--out=", "in use by pid", "only one run may write it")),
+      ("--top=0", "avtext.search_videos", [f"--index={places}", "--top=0", "q"], ("--top=0",)),
+      ("--beam=0", "avtext.caption", [f"--workdir={run}", "--beam=0", f], ("--beam=0",)),
+      # One of each other kind.
+      ("a video that is a folder", "avtext.caption", [f"--workdir={run}", videos],
+       ("a directory, not a video file", "give the files in it")),
+      ("no video file exists", "avtext.caption", [f"--workdir={run}", tmp_path / "a.mp4",
+                                                  tmp_path / "b.mp4"],
+       ("a.mp4: no such file", "nor any of the others")),
+      ("an empty query", "avtext.search_videos", [f"--index={places}", " "],
+       ("query 1 is empty",)),
+      ("an empty query file", "avtext.search_moments",
+       [f"--workdir={run}", f"--corpus={corpus.dir}", f"--queries={tmp_path / 'empty.txt'}"],
+       ("--queries=", "no queries in it")),
+      ("an empty seeds file", "avtext.mine",
+       [f"--seeds={tmp_path / 'empty.tsv'}", f"--videos={videos}", f"--embedder={HIST}",
+        f"--out={tmp_path / 'm'}"], ("--seeds=", "no seeds in it", "seed_id<TAB>")),
+      ("an unknown choice", "avtext.materialize",
+       ["--config=configs/videocc_avr.py:tiny", "--name=x", f"--data_dir={tmp_path / 'd'}",
+        "--format=gif"], ("--format=gif", "frames_jpeg")),
+      ("a config that is a folder", "avtext.materialize",
+       ["--config=configs", "--name=x", f"--data_dir={tmp_path / 'd'}"],
+       ("--config=configs: a directory, not a config file", "configs/<experiment>.py")),
+      ("an unknown kind", "avtext.features", ["coot_txt"], ("unknown kind 'coot_txt'",
+                                                           "coot_text")),
+      ("a dataset folder that is a file", "avtext.features coot_text", [f"--dataset_dir={f}"],
+       ("--dataset_dir=", "a file, not a directory")),
+      ("a stray argument", "avtext.index", [*idx, "--out", tmp_path / "i", "extra"],
+       ("unexpected arguments ['extra']",)),
+      ("an unknown accelerator", "avtext.aot", ["--config=configs/videocc_avr.py:tiny",
+                                                "--topology=v9x:2x2"],
+       ("unknown chip 'v9x'", "v5e:4x4")),
+  ]
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time\nfrom avtext.train import rundir\n"
+       "with rundir.output_lock(sys.argv[1], 'out'):\n  print('held', flush=True)\n"
+       "  time.sleep(600)\n", str(held)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    failed = run_processes(jobs, user_env(tmp_path))
+  finally:
+    holder.kill()
+    holder.wait()
+  assert not failed, "\n".join(failed)
+  assert not (tmp_path / "m").exists() and not (tmp_path / "i").exists()

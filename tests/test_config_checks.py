@@ -61,6 +61,7 @@ BAD = [
     ({"model.video.hidden_size": 0}, 1, ("--config.model.video.hidden_size=0", "at least 1")),
     ({"model.video.num_heads": 3}, 1, ("--config.model.video.num_heads=3", "hidden_size 32")),
     ({"model.video.dropout_rate": 1.5}, 1, ("--config.model.video.dropout_rate=1.5", "[0, 1)")),
+    ({"loss.temperature": 0.0}, 1, ("--config.loss.temperature=0.0", "above 0")),
     ({"model.attention": "flsh"}, 1, ("--config.model.attention=flsh",
                                       ", ".join(attention.ATTENTION_IMPLEMENTATIONS))),
     ({"model.video.rgb_pool": "mean"}, 1, ("--config.model.video.rgb_pool=mean", "cls, max")),
@@ -141,34 +142,86 @@ def test_every_tiny_variant_passes_the_checks_main_runs_before_training(variant,
 
 
 def _main(args, tmp_path):
+  """`python -m avtext.main` on 2 CPU devices, JAX_PLATFORMS unset as a user's is (main
+  picks it: no libtpu noise may print)."""
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
              AVTEXT_COMPILATION_CACHE="off")
+  env.pop("JAX_PLATFORMS", None)
   return subprocess.run([sys.executable, "-m", "avtext.main", f"--workdir={tmp_path / 'w'}",
                          *args], cwd=REPO, env=env, capture_output=True, text=True,
                         timeout=300, check=False)
 
 
+def _run_cases(cases, tmp_path) -> None:
+  """Each (args, words) as a `main` process (2 at a time; most stop before JAX is
+  imported): exit 2, at most 6 lines, no traceback or libtpu line, the last `error: ...`
+  holding `words`; every failing case is reported at once, and no workdir was made."""
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    procs = list(pool.map(lambda case: _main(case[0], tmp_path / str(id(case))), cases))
+  failed = []
+  for (args, words), proc in zip(cases, procs):
+    lines = proc.stderr.strip().splitlines() or [""]
+    if (proc.returncode != 2 or "Traceback" in proc.stderr or "libtpu" in proc.stderr
+        or len(lines) > 6 or not lines[-1].startswith("error: ") or words not in lines[-1]):
+      failed.append(f"{args}: exit {proc.returncode}, wanted {words!r}:\n{proc.stderr[-2000:]}")
+  assert not failed, "\n".join(failed)
+  assert not any(p.name == "w" for p in tmp_path.rglob("w"))  # no workdir was made
+
+
 def test_the_reported_cases_end_in_one_line_before_anything_is_made(tmp_path):
+  from tests.test_tasks_coot import write_tiny_dataset  # pylint: disable=g-import-not-at-top
+  from tests.test_tasks_xml import write_synthetic_tvr  # pylint: disable=g-import-not-at-top
   corrupt = tmp_path / "corrupt"
   corrupt.mkdir()
   (corrupt / "config.json").write_text("{not json")
+  (tmp_path / "tvr").mkdir()
+  (tmp_path / "coot").mkdir()
+  write_synthetic_tvr(tmp_path / "tvr", num=(2, 1, 1))  # features 8-d; the tiny XML's 128
+  write_tiny_dataset(tmp_path / "coot", num_train=2, num_val=1, video_dim=8)  # tiny: 16
   tiny = "--config=configs/videocc_avr.py:tiny"
   cases = [
       ([tiny, "--config.train.batch_size=0"], "--config.train.batch_size=0"),
+      ([tiny, "--config.train.batch_size=-8"], "--config.train.batch_size=-8: must be a whole"),
       ([tiny, "--config.train.batch_size=7"], "multiple of 2"),
       ([tiny, "--config.model.video.modalities=rgb+audoi"], "modalities=rgb+audoi"),
       ([tiny, "--config.optimizer.name=adamm"], "--config.optimizer.name=adamm"),
+      ([tiny, "--config.dataset.num_train=0"], "--config.dataset.num_train=0: must be a whole"),
+      ([tiny, "--config.train.num_steps=-5"], "--config.train.num_steps=-5: must be a whole"),
       ([tiny, f"--workdir={corrupt}"], "delete that file and re-run the training command"),
       (["--mode=eval", f"--workdir={corrupt}"], "delete that file and re-run the training"),
       (["--mode=eval", "--step=abc"], "--step=abc: 'abc' is no checkpoint step; pass a step"),
+      # Features of another width: the flag to set, and to what.
+      (["--config=configs/xml_tvr.py:tiny", f"--config.dataset.path={tmp_path / 'tvr'}"],
+       "--config.dataset.video_dim=128: the features in"),
+      (["--config=configs/coot_activitynet.py:tiny", f"--config.dataset.path={tmp_path / 'coot'}",
+        "--config.dataset.video_features=tiny_video", "--config.dataset.text_features=tiny_text"],
+       "are 8-d; set --config.dataset.video_dim=8 --config.model.video_dim=8"),
   ]
-  with concurrent.futures.ThreadPoolExecutor(3) as pool:
-    procs = list(pool.map(lambda case: _main(case[0], tmp_path / str(id(case))), cases))
-  for (args, words), proc in zip(cases, procs):
-    lines = proc.stderr.strip().splitlines()
-    what = f"{args}:\n{proc.stderr[-3000:]}"
-    assert proc.returncode == 2, what
-    assert "Traceback" not in proc.stderr and len(lines) <= 6, what
-    assert lines[-1].startswith("error: ") and words in lines[-1], what
-  assert not any(p.name == "w" for p in tmp_path.rglob("w"))  # no workdir was made
+  _run_cases(cases, tmp_path)
   assert sorted(p.name for p in corrupt.iterdir()) == ["config.json"]
+
+
+def test_one_bad_input_of_each_other_kind_as_a_process(tmp_path):
+  """Mistakes beyond the reported ones, one of a kind, as `main` processes."""
+  (tmp_path / "a_file").write_text("x\n")
+  tiny = "--config=configs/videocc_avr.py:tiny"
+  coot = "--config=configs/coot_activitynet.py:tiny"
+  cases = [
+      (["--config=configs"], "--config=configs: a directory, not a config file"),
+      ([tiny, f"--workdir={tmp_path / 'a_file'}"], "a_file: a file, not a directory"),
+      ([tiny, "--step=3"], "--step goes with --mode=eval"),
+      ([tiny, "--config.loss.name=ncee"], "--config.loss.name=ncee: avr trains with nce"),
+      ([tiny, "--config.loss.temperature=-1"], "--config.loss.temperature=-1.0: must be a "
+                                               "number above 0"),
+      ([tiny, "--config.optimizer.learning_rate=-0.001"],
+       "--config.optimizer.learning_rate=-0.001: must be a finite number above 0"),
+      ([tiny, "--config.eval.batch_size=3"], "--config.eval.batch_size=3: does not split over "
+                                             "the 2 devices"),
+      ([tiny, "--config.num_devices=4"], "--config.num_devices=4: the config leaves this field "
+                                         "unset"),
+      ([tiny, "--config.train.batch_size=abc"], "--config.train.batch_size=abc: invalid literal"),
+      ([coot, "--config.dataset.video_dim=8"], "--config.model.video_dim=16: the model reads "
+                                               "config.dataset.video_dim=8"),
+      (["--mode=eval", f"--eval_dir={tmp_path / 'a_file'}"], "--eval_dir="),
+  ]
+  _run_cases(cases, tmp_path)
