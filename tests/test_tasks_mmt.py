@@ -337,7 +337,8 @@ def test_tvc_source_errors_name_the_file_line_and_field(tvc_dir, tmp_path):
   with pytest.raises(ValueError, match=r"no subtitles for 1 videos"):
     builders.get_source(_dataset_config(bad), "val")
   (bad / tvc.DEFAULT_SUBTITLES).write_text((tvc_dir / tvc.DEFAULT_SUBTITLES).read_text())
-  with pytest.raises(ValueError, match=r"features are 8-d but config.dataset.video_dim=9"):
+  with pytest.raises(ValueError, match=r"config.dataset.video_dim=9: the features in .* "
+                     r"are 8-d; set --config.dataset.video_dim=8 --config.model.video_dim=8"):
     builders.get_source(_dataset_config(bad, video_dim=9), "val")
   with pytest.raises(FileNotFoundError, match=r"video features .*other.h5 not found"):
     builders.get_source(_dataset_config(bad, video_features="other"), "val")

@@ -504,7 +504,8 @@ def test_tvr_source_errors_name_the_file_and_field(tvr_dir, tmp_path):
   tvr.annotation_path(bad, "val").write_text("\n".join(rows) + "\n")
   with pytest.raises(ValueError, match=r"tvr_val_release.jsonl, line 3: ts must be"):
     builders.get_source(_dataset_config(bad), "val")
-  with pytest.raises(ValueError, match=r"features are 8-d but config.dataset.video_dim=9"):
+  with pytest.raises(ValueError, match=r"config.dataset.video_dim=9: the features in .* "
+                     r"are 8-d; set --config.dataset.video_dim=8, or"):
     builders.get_source(_dataset_config(tvr_dir, video_dim=9), "test_public")
   with pytest.raises(FileNotFoundError, match=r"query features .*nope.h5 not found"):
     builders.get_source(_dataset_config(tvr_dir, query_features="nope.h5"), "val")

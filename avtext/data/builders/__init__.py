@@ -85,6 +85,16 @@ register_dataset = DATASETS.register
 registered_names = DATASETS.names
 
 
+def width_mismatch(key: str, value, where, width: int, *, model_reads_it: bool) -> str:
+  """The message of stored features whose width is not config.dataset.<key>: it starts
+  with the field (`main` reports it as the flag) and says what to set; with
+  `model_reads_it`, config.model.<key> as well (the model's own copy of the width)."""
+  model = f" --config.model.{key}={width}" if model_reads_it else ""
+  return (f"config.dataset.{key}={value}: the features in {where} are {width}-d; set "
+          f"--config.dataset.{key}={width}{model}, or point --config.dataset.path at "
+          f"features of width {value}")
+
+
 def get_source(dataset_config: ml_collections.ConfigDict, split: str):
   """The source of `split` ('validation' = 'val') of dataset `dataset_config.name`."""
   name = dataset_config.name

@@ -79,14 +79,6 @@ def segment_frames(num_frames: int, duration_sec: float, segments, *, add_stop_f
   return np.asarray(out, np.int32).reshape(-1, 2)
 
 
-def _width_mismatch(key: str, value, where, width: int) -> str:
-  """Features of another width than config.dataset.<key>: the message starts with the field
-  (main reports it as the flag) and says what to set (the model reads the same width)."""
-  return (f"config.dataset.{key}={value}: the features in {where} are {width}-d; set "
-          f"--config.dataset.{key}={width} --config.model.{key}={width}, or point "
-          f"--config.dataset.path at features of width {value}")
-
-
 def _required(cfg, field: str, hint: str):
   value = cfg.get(field)
   if value in (None, "", 0):
@@ -181,8 +173,9 @@ class CootSource:
 
   def _check_width(self, data_key: str, shape) -> None:
     if len(shape) == 2 and shape[1] != self.video_dim:
-      raise ValueError(_width_mismatch("video_dim", self.video_dim, self._video_where(data_key),
-                                       shape[1]))
+      raise ValueError(builders.width_mismatch("video_dim", self.video_dim,
+                                               self._video_where(data_key), shape[1],
+                                               model_reads_it=True))
     if len(shape) != 2:
       raise ValueError(f"{self._video_where(data_key)}: features of shape {list(shape)}; "
                        f"expected [T, {self.video_dim}] (config.dataset.video_dim)")
@@ -240,8 +233,9 @@ class CootSource:
                        "avtext.features.coot_text`")
       shape = h5[name].shape
       if len(shape) == 2 and shape[1] != self.text_dim:
-        raise ValueError(_width_mismatch("text_dim", self.text_dim, f"{text_file} ({name!r})",
-                                         shape[1]))
+        raise ValueError(builders.width_mismatch("text_dim", self.text_dim,
+                                                 f"{text_file} ({name!r})", shape[1],
+                                                 model_reads_it=True))
       if len(shape) != 2:
         raise ValueError(f"{text_file}: {name!r} has shape {list(shape)}; expected [tokens, "
                          f"{self.text_dim}] (config.dataset.text_dim)")

@@ -185,8 +185,8 @@ class TvcSource:
                        f"e.g. {absent[:3]}")
     width = h5[next(iter(wanted))].shape[-1]
     if self.video_dim and int(self.video_dim) != width:
-      raise ValueError(f"{self.video_file}: features are {width}-d but config.dataset."
-                       f"video_dim={self.video_dim}")
+      raise ValueError(builders.width_mismatch("video_dim", self.video_dim, self.video_file,
+                                               width, model_reads_it=True))
     self.video_dim = int(width)
     self.video_h5.close()
     meta = ground_truth.world_meta(self.path)

@@ -100,16 +100,10 @@ def _check_query(file, n: int, row, split: str) -> None:
 def _dim(cfg, key: str, h5: tvc.H5File, sample: str) -> int:
   width = h5.read(sample).shape[1]
   if cfg.get(key) and int(cfg[key]) != width:
-    raise ValueError(width_mismatch(key, cfg[key], h5.file, width))
+    raise ValueError(builders.width_mismatch(key, cfg[key], h5.file, width,
+                                             model_reads_it=False))
   return int(width)
 
-
-def width_mismatch(key: str, value, where, width: int) -> str:
-  """The message of features whose width is not config.dataset.<key>: it starts with the
-  field (main reports it as the flag) and says what to set."""
-  return (f"config.dataset.{key}={value}: the features in {where} are {width}-d; set "
-          f"--config.dataset.{key}={width} (the model's input width), or point "
-          f"--config.dataset.path at features of width {value}")
 
 
 class TvrSource:
@@ -168,9 +162,9 @@ class TvrSource:
                        f"{file}, e.g. {missing[:3]}")
     self.video_dim = sum(_dim({}, "video_dim", h5, videos[0]) for h5 in self.video_h5)
     if cfg.get("video_dim") and int(cfg.video_dim) != self.video_dim:
-      raise ValueError(width_mismatch("video_dim", cfg.video_dim,
-                                      ", ".join(str(h.file) for h in self.video_h5),
-                                      self.video_dim))
+      raise ValueError(builders.width_mismatch(
+          "video_dim", cfg.video_dim, ", ".join(str(h.file) for h in self.video_h5),
+          self.video_dim, model_reads_it=False))
     self.sub_dim = _dim(cfg, "sub_dim", self.sub_h5, videos[0]) if self.sub_h5 else None
     self.query_dim = _dim(cfg, "query_dim", self.query_h5, str(ids[0]))
     for h5 in self.video_h5 + [self.sub_h5, self.query_h5]:
