@@ -348,9 +348,8 @@ def config_value(holder) -> object:
   one UserError naming what is wrong with the file (`check_config_file`) or an override
   (ml_collections raises while loading)."""
   flag = holder._flagvalues[holder.name]  # pylint: disable=protected-access
-  source = getattr(flag, "config_filename", None)
-  if flag.present and source:
-    check_config_file(holder.name, source)
+  if flag.present:  # (a flag left out has no file name to ask for)
+    check_config_file(holder.name, flag.config_filename)
   try:
     config = holder.value
   except Exception as e:  # pylint: disable=broad-except
