@@ -76,7 +76,7 @@ def main(argv: Sequence[str]) -> None:
   if not paths:
     raise errors.BadInput("give the video files to caption: python -m avtext.caption "
                           "--workdir=RUN FILE [FILE ...]")
-  done = caption_files(_WORKDIR.value, paths, step=index_lib.parse_step(_STEP.value),
+  done = caption_files(_WORKDIR.value, paths, step=cli.parse_step(_STEP.value),
                        beam=_BEAM.value, progress=True)
   for path, caption, reason in done:
     if caption is None:

@@ -39,8 +39,8 @@ from avtext import cli
 from avtext import errors
 
 from avtext.data import feature_layout
-from avtext.features import text as text_lib
 from avtext.train import rundir
+from avtext.weights import bert_encoder
 
 MINILM_NAME = "minilm-l6"
 CLS, SEP = "[CLS]", "[SEP]"
@@ -120,7 +120,7 @@ def encode_paragraphs(paragraphs: Mapping[str, Sequence[str]], *, bert_dir=None,
   Returns:
     ({key: float32 [tokens, len(layers) * D]}, {key: tokens per sentence}).
   """
-  encoder = text_lib.TextEncoder(bert_dir, layers)
+  encoder = bert_encoder.TextEncoder(bert_dir, layers)
   max_len = min(max_len, encoder.max_len)
   tokenizer = encoder.tokenizer
 
