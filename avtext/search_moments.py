@@ -12,8 +12,8 @@ encoded by the XML task's `encode_text`, as the query features were written
 (`config.dataset.query_encoder`: a local HF BERT directory, default the offline
 MiniLM-L6, and its hidden state, default -2; tokens without [CLS] / [SEP],
 L2-normalized), then answered by `vcmr.search` (VR over the whole corpus, eq. 8 on the
-top videos) with the run's moments evaluator's search settings. Prints, per query, rank, video, start-end seconds,
-score; `--json` prints one JSON object per query instead.
+top videos) with the run's moments evaluator's search settings. Prints, per query,
+rank, video, start-end seconds, score; `--json` prints one JSON object per query instead.
 """
 import copy
 import json
