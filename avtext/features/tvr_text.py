@@ -34,7 +34,7 @@ import numpy as np
 from avtext import cli
 from avtext import errors
 
-from avtext.data import feature_layout
+from avtext.data import coot_files
 from avtext.data.builders import tvc
 from avtext.data.builders import tvr
 from avtext.train import rundir
@@ -87,7 +87,7 @@ def write(data_dir, *, bert_dir=None, layer: int = -2, subtitles: str = tvc.DEFA
     raise FileNotFoundError(f"no tvr_<split>_release.jsonl under {data}")
   feats = encoder.token_features(queries, tvr.MAX_QUERY_TOKENS, batch_size=batch_size,
                                  desc="query features")
-  feature_layout.write_h5(query_out, feats)
+  coot_files.write_h5(query_out, feats)
 
   video_file = tvc.video_features_path(data, video_features)
   if not video_file.is_file():
@@ -122,7 +122,7 @@ def write(data_dir, *, bert_dir=None, layer: int = -2, subtitles: str = tvc.DEFA
     pooled, mask = pool_subtitles(
         [(s, e, line_feats[k]) for s, e, k in lines.get(vid, [])], n, clip_length, encoder.dim)
     arrays[vid], arrays[f"{vid}-mask"] = pooled, mask
-  feature_layout.write_h5(sub_out, arrays)
+  coot_files.write_h5(sub_out, arrays)
   logging.info("wrote %d query and %d video subtitle features (%d-d) to %s", len(feats),
                len(num_clips), encoder.dim, query_out.parent)
   return query_out, sub_out
