@@ -85,7 +85,7 @@ def main(argv: Sequence[str]) -> None:
     others = " (nor any of the others)" if len(paths) > 1 else ""
     raise errors.InputNotFound(f"{paths[0]}: no such file{others}; give the video files to "
                                "caption")
-  done = caption_files(_WORKDIR.value, paths, step=index_lib.parse_step(_STEP.value),
+  done = caption_files(_WORKDIR.value, paths, step=cli.parse_step(_STEP.value),
                        beam=_BEAM.value, progress=True)
   for path, caption, reason in done:
     if caption is None:

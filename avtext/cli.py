@@ -88,6 +88,11 @@ def DEFINE_checkpoint_step(flag_values: flags.FlagValues,  # pylint: disable=inv
   return flags.DEFINE(_StepParser(), "step", None, help, flag_values=flag_values)
 
 
+def parse_step(step: str | None) -> int | str | None:
+  """--step's value as `avtext.runs.load_run` takes it: N, 'best' or None (latest)."""
+  return int(step) if step and step.isdigit() else step
+
+
 def _remote(path: str) -> bool:
   return "://" in str(path)
 

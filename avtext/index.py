@@ -60,11 +60,6 @@ def config_hash(workdir: str | pathlib.Path) -> str:
   return hashlib.sha256((pathlib.Path(workdir) / "config.json").read_bytes()).hexdigest()
 
 
-def parse_step(step: str | None) -> int | str | None:
-  """--step: N, 'best' or None (latest)."""
-  return int(step) if step and step.isdigit() else step
-
-
 def run_mesh(config, where: str):
   """The run's mesh (`config.num_devices`, as the trainer builds it); all visible devices
   when this machine has fewer than the run was trained on."""
@@ -355,7 +350,7 @@ flags.mark_flags_as_required(["workdir", "videos", "out"], flag_values=FLAGS)
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
-  meta = build(_WORKDIR.value, _VIDEOS.value, _OUT.value, step=parse_step(_STEP.value))
+  meta = build(_WORKDIR.value, _VIDEOS.value, _OUT.value, step=cli.parse_step(_STEP.value))
   counts = ", ".join(f"{k} {v}" for k, v in meta["skip_counts"].items()) or "none"
   for s in meta["skipped"]:
     print(f"  skipped {s['path']}: {s['reason']} ({s['detail']})")

@@ -15,7 +15,6 @@ Re-running the same command resumes from the latest checkpoint in --workdir.
 One process trains a workdir at a time (avtext/train/rundir.py): a second launch on
 it exits at once with one line naming the running one.
 """
-import contextlib
 import importlib.util
 import os
 import pathlib
@@ -248,22 +247,21 @@ def main(argv):
   evaluators = _config_errors(lambda c: evals.build_evaluators(c, task, workdir_path), config)
   created = _MODE.value == "train" and not workdir_path.exists()
   try:
-    with contextlib.ExitStack() as stack:
-      if _MODE.value == "train":
-        # Before anything else is built, so a second launch exits in seconds.
-        stack.enter_context(rundir.lock(workdir, process_index=jax.process_index()))
-      run = experiment.build(config, workdir, task=task, evaluators=evaluators)
-      if _MODE.value == "train":
-        state = run.train()
-        done = f"trained {workdir} to step {int(state.step)}: checkpoints in " \
-               f"{workdir_path / rundir.LATEST_DIR}"
-      else:
-        run.evaluate(_STEP.value, eval_dir=_EVAL_DIR.value)
-        done = f"evaluated {workdir}"
-      results = run.results_dir and pathlib.Path(run.results_dir) / rundir.RESULTS_FILE
-      if jax.process_index() == 0:  # the one line saying where the results are
-        print(f"{done}; results in {results}" if results and results.exists()
-              else f"{done}; no results written (no evaluator ran, or see the warning above)")
+    # The trainer takes the workdir's lock first thing (`Trainer.train`), so a second
+    # launch exits in seconds; --mode=eval takes it only to write into the run
+    # (`Trainer.evaluate`).
+    run = experiment.build(config, workdir, task=task, evaluators=evaluators)
+    if _MODE.value == "train":
+      state = run.train()
+      done = f"trained {workdir} to step {int(state.step)}: checkpoints in " \
+             f"{workdir_path / rundir.LATEST_DIR}"
+    else:
+      run.evaluate(_STEP.value, eval_dir=_EVAL_DIR.value)
+      done = f"evaluated {workdir}"
+    results = run.results_dir and pathlib.Path(run.results_dir) / rundir.RESULTS_FILE
+    if jax.process_index() == 0:  # the one line saying where the results are
+      print(f"{done}; results in {results}" if results and results.exists()
+            else f"{done}; no results written (no evaluator ran, or see the warning above)")
   except rundir.RunLockedError as e:
     raise errors.WorkdirInUse(str(e)) from None  # one line, as the messages are
   except checkpointing.CheckpointSaveError as e:  # e.g. a full disk: what to do is known

@@ -8,12 +8,14 @@ r"""Search the moments of a stored corpus with an XML run (TVR video corpus mome
 The corpus is a store written by the `moments` evaluator (`workdir/corpus/<eval>_step<N>/`,
 kept with `keep_corpus=True`) or by `avtext.inference.vcmr.CorpusWriter`; it must come
 from the same run and step (the encodings depend on the weights). Each query line is
-encoded as the query features were (`config.dataset.query_encoder`: a local HF BERT
-directory, default the offline MiniLM-L6, and its hidden state, default -2; tokens
-without [CLS] / [SEP], L2-normalized), then answered by `vcmr.search` (VR over the whole
-corpus, eq. 8 on the top videos). Prints, per query, rank, video, start-end seconds,
-score; `--json` prints one JSON object per query instead.
+encoded by the XML task's `encode_text`, as the query features were written
+(`config.dataset.query_encoder`: a local HF BERT directory, default the offline
+MiniLM-L6, and its hidden state, default -2; tokens without [CLS] / [SEP],
+L2-normalized), then answered by `vcmr.search` (VR over the whole corpus, eq. 8 on the
+top videos) with the run's moments evaluator's search settings. Prints, per query,
+rank, video, start-end seconds, score; `--json` prints one JSON object per query instead.
 """
+import copy
 import json
 import os
 import sys
@@ -21,17 +23,14 @@ import types
 from typing import Sequence
 
 from absl import flags
-import jax
 import numpy as np
 
 from avtext import cli
 from avtext import errors
-from avtext import index as index_lib
 from avtext import runs as runs_lib
-from avtext.data.builders import tvr
-from avtext.features import text as text_lib
-from avtext.features import tvr_text
+from avtext.evals import vcmr as vcmr_eval
 from avtext.inference import vcmr
+from avtext.tasks import registry as tasks_registry
 
 
 def check_corpus(store: vcmr.CorpusStore, run, corpus) -> None:
@@ -50,7 +49,11 @@ def check_corpus(store: vcmr.CorpusStore, run, corpus) -> None:
 
 
 class Searcher:
-  """A run + a stored corpus: `__call__(texts) -> per query, [(vid_name, st, ed, score)]`."""
+  """A run + a stored corpus: `__call__(texts) -> per query, [(vid_name, st, ed, score)]`.
+
+  The queries go through the XML task's `encode_text` (`avtext.tasks.xml`); `bert_dir` /
+  `layer` replace the run's `config.dataset.query_encoder` fields, `search` its moments
+  evaluator's search fields (`avtext.evals.vcmr.run_search_config`)."""
 
   def __init__(self, workdir, corpus, *, step=None, bert_dir=None, layer=None,
                search: dict | None = None):
@@ -65,37 +68,24 @@ class Searcher:
     if self.store.streams != streams:
       raise errors.BadInput(f"{corpus}: streams {self.store.streams} but the run's context is "
                        f"{model.context!r}: encode the corpus with this run")
-    enc = dict(config.dataset.get("query_encoder") or {})
-    self.encoder = text_lib.TextEncoder(bert_dir or enc.get("bert_dir"),
-                                        (layer if layer is not None
-                                         else enc.get("layer", -2),))
-    self.normalize = bool(config.dataset.get("normalize_text", True))
-    evals = config.get("evals") or {}
-    defaults = next((dict(e.get("search") or {}) for e in evals.values()
-                     if e.get("type") == "moments"), {})
-    self.cfg = vcmr.SearchConfig(**{**defaults, **(search or {})})
-    variables = self.run.variables
-    self._query = jax.jit(lambda q, m: model.apply(variables, q, m, method=model.encode_query))
+    if bert_dir or layer is not None:
+      config = copy.deepcopy(config)
+      with config.unlocked():
+        enc = dict(config.dataset.get("query_encoder") or {})
+        config.dataset.query_encoder = {**enc, **({"bert_dir": bert_dir} if bert_dir else {}),
+                                        **({} if layer is None else {"layer": layer})}
+    self.task = tasks_registry.build_task(config)
+    self._encode_text = self.task.predict_fns()["encode_text"]
+    self.cfg = vcmr_eval.run_search_config(config, **(search or {}))
     self._span = lambda v, q, h1, m: model.apply(v, q, h1, m, method=model.span_logits)
 
   def encode(self, texts: Sequence[str]) -> np.ndarray:
-    ids = {str(i): self.encoder.sentence_ids(t, tvr_text.MAX_QUERY_TOKENS)
-           for i, t in enumerate(texts)}
-    max_len = self.run.model.max_query_len
-    for i, t in enumerate(texts):
-      tokens = len(self.encoder.tokenizer.wordpiece(t))
-      kept = min(len(ids[str(i)]) - 2, max_len)
+    out = self._encode_text(self.run.variables, {"text": list(texts)})
+    for i, (t, tokens, kept) in enumerate(zip(texts, out["tokens"], out["kept"])):
       if tokens > kept:
-        cli.note_cut(f"query {i + 1} ({len(t)} characters)", tokens, kept,
+        cli.note_cut(f"query {i + 1} ({len(t)} characters)", int(tokens), int(kept),
                      "the query encoder and the run's max_query_len")
-    feats = self.encoder.run(ids, desc="queries")
-    q = np.zeros((len(texts), max_len, self.encoder.dim), np.float32)
-    mask = np.zeros((len(texts), max_len), np.int32)
-    for i in range(len(texts)):
-      x = feats[str(i)][1:-1] if len(feats[str(i)]) > 2 else feats[str(i)]
-      x = tvr.l2_normalize(x) if self.normalize else x
-      q[i, :len(x[:max_len])], mask[i, :len(x[:max_len])] = x[:max_len], 1
-    return np.asarray(self._query(q, mask))
+    return out["q"]
 
   def __call__(self, texts: Sequence[str], top: int = 10) -> list[list[tuple]]:
     results = vcmr.search(self.store, self.encode(texts), self._span, self.cfg,
@@ -103,7 +93,6 @@ class Searcher:
     cl = self.store.clip_length
     return [[(self.store.videos[v], s * cl, (e + 1) * cl, score)
              for v, s, e, score in results["VCMR"][i][:top]] for i in range(len(texts))]
-
 
 
 FLAGS = flags.FlagValues()
@@ -143,7 +132,7 @@ def main(argv: Sequence[str]) -> None:
       texts = [line.strip() for line in f if line.strip()]
   if not texts:
     raise errors.BadInput(f"--queries={_QUERIES.value}: no queries in it")
-  step = index_lib.parse_step(_STEP.value)
+  step = cli.parse_step(_STEP.value)
   if isinstance(step, int) and os.path.isfile(os.path.join(_CORPUS.value, "meta.json")):
     # A corpus of another step is refused before the run is read (Searcher checks again).
     check_corpus(vcmr.CorpusStore(_CORPUS.value),

@@ -8,7 +8,7 @@ Every default is the official `config/retrieval/paper2020/anet_coot.yaml` of
 simon-ging/coot-videotext (cited field by field below); the paper gives the
 same values in §4 and appendix A.
 
-Data (`config.dataset`, the `coot` dataset, layout in avtext/data/feature_layout.py):
+Data (`config.dataset`, the `coot` dataset, layout in avtext/data/coot_files.py):
   <path>/meta_all.json                           segments and captions per video
   <path>/features/ICEP_V3_global_pool_skip_8_direct_resize/v_<id>.npz
                                                  2048-d Inception-V3 frame features
@@ -78,7 +78,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.max_sentence_tokens = 96
   config.data.clip_pad_multiple = 32  # the packed clip axis of a batch
   config.data.max_clips_per_batch = None  # fixed clip axis (multi-process runs need it)
-  # Sequence packing (avtext/tasks/coot.py, `features.pack`): clips, sentences, videos and
+  # Sequence packing (avtext/tasks/coot.py, `array_store.pack`): clips, sentences, videos and
   # paragraphs several to a padded row, attention within each, positions restarting per
   # sequence, pooled per sequence. The same function as the padded layout (tests/
   # test_tasks_coot.py: embeddings, loss, gradients), but only dropout masks differ;

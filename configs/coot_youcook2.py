@@ -6,7 +6,7 @@ r"""COOT on YouCook2 with HowTo100M (S3D) clip features (Ging et al. 2020, Table
 Defaults are the official `config/retrieval/paper2020/yc2_100m_coot.yaml`
 (coot-videotext); everything not set here is `coot_activitynet.base_config()`.
 
-Data (`config.dataset`, layout in avtext/data/feature_layout.py):
+Data (`config.dataset`, layout in avtext/data/coot_files.py):
   <path>/meta_all.json
   <path>/video_feat_100m.h5                  one [T, 512] dataset per video id
   <path>/text_feat_youcook2_meta_all_transformers_bert-base-uncased_-2,-1.h5

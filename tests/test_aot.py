@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from avtext import aot
+from avtext.tasks import registry
+from avtext.train import aot
 from avtext.train import hlo_cost
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -85,7 +86,8 @@ def test_paper_options_compile_for_tpu_and_remat_recomputes():
   config.model.dtype, config.model.remat, config.model.attention = (
       "bfloat16", "full", "auto")
   config.partitioning.fsdp, config.partitioning.fsdp_min_size = True, 1
-  report = aot.analyze(config, "v5e:2x2", evals=False, progress=lambda m: None)
+  report = aot.analyze(config, "v5e:2x2", build_task=registry.build_task,
+                        progress=lambda m: None)
   assert report["fits"] and report["dtype"] == "bfloat16"
   assert report["flops_per_chip"] > report["model_flops_per_chip"] > 0
   kernels = report["breakdown"]["attention kernels"]
@@ -110,7 +112,8 @@ def test_h100_target_compiles_with_cudnn_attention():
   config = videocc_avr.get_config("tiny")
   config.model.dtype, config.model.remat, config.model.attention = (
       "bfloat16", "full", "auto")
-  report = aot.analyze(config, "h100:1x8", evals=False, progress=lambda m: None)
+  report = aot.analyze(config, "h100:1x8", build_task=registry.build_task,
+                        progress=lambda m: None)
   assert report["chips"] == 8 and report["chip"] == "NVIDIA H100 80GB HBM3"
   assert report["fits"] and report["hbm_per_chip_gib"] == pytest.approx(74.5, abs=0.1)
   assert report["breakdown"]["attention kernels"]["kernels"] > 0
@@ -121,7 +124,7 @@ def test_unknown_topology_and_missing_topology_are_clear_errors():
   with pytest.raises(ValueError, match="unknown chip 'v9x'"):
     aot.chip_of("v9x:2x2")
   with pytest.raises(ValueError, match="no topology"):
-    aot.analyze(videocc_avr.get_config("tiny"), None)
+    aot.analyze(videocc_avr.get_config("tiny"), None, build_task=registry.build_task)
   with pytest.raises(ValueError, match="h100:HOSTSxGPUS"):
     aot.gpu_topology_devices("h100:8")
 
@@ -148,7 +151,8 @@ def test_scanned_layers_cost_like_the_unrolled_program():
     t.hidden_size, t.intermediate_size, t.num_heads = 256, 1024, 4
     config.data.num_frames, config.data.image_size = 8, 64  # 4 x 8 x 8 + 1 = 257 tokens
     config.train.batch_size = 32
-    reports[scan] = aot.analyze(config, "v5e:2x2", evals=False, progress=lambda m: None)
+    reports[scan] = aot.analyze(config, "v5e:2x2", build_task=registry.build_task,
+                        progress=lambda m: None)
   unrolled, scanned = reports[False], reports[True]
   assert not unrolled["scan_layers"] and scanned["scan_layers"]
   assert unrolled["unreadable_loops"] == 0 and scanned["unreadable_loops"] == 0

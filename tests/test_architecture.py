@@ -237,3 +237,31 @@ def test_configs_share_code_through_the_configs_package_only(tmp_path):
                         text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.split() == ["coot", "smit", "captioning"]
+
+
+def test_configs_use_the_documented_top_level_nodes():
+  """Every config, in each of its variants, names its top-level nodes from the scheme in
+  docs/architecture.md ("The config's nodes"), and that table names no node none uses."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  text = (ROOT / "docs" / "architecture.md").read_text()
+  table = text.split("### The config's nodes", 1)[1].split("\n\n", 3)[2]
+  documented = {name.split(".")[0] for row in table.splitlines()[2:]
+                for name in re.findall(r"`([a-z_.<>]+)`", row.split("|")[1])}
+  used, wrong = set(), []
+  for path in sorted((ROOT / "configs").glob("*.py")):
+    if path.stem in ("__init__", "common"):
+      continue
+    module = importlib.import_module(f"configs.{path.stem}")
+    with pytest.raises(ValueError, match="unknown variant") as known:  # names the variants
+      module.get_config("no_such_variant")
+    for variant in [None] + re.findall(r"'(\w+)'", str(known.value).rsplit("subset of", 1)[1]):
+      try:
+        config = module.get_config(variant)
+      except ValueError:  # a variant that goes only with another one (asr: demo,asr)
+        config = module.get_config(f"demo,{variant}")
+      nodes = set(config.keys())
+      used |= nodes
+      wrong += [f"{path.name}:{variant} {n}" for n in sorted(nodes - documented)]
+  assert wrong == []
+  assert sorted(documented - used - {"model_parallel"}) == []

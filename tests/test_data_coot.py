@@ -19,7 +19,7 @@ import pytest
 
 from avtext import cli
 from avtext.data import builders
-from avtext.data import feature_layout
+from avtext.data import coot_files
 from avtext.data import video as video_lib
 from avtext.data.synthetic import captions
 from avtext.data.synthetic import multiscene
@@ -185,12 +185,12 @@ def write_dataset(path, source):
   }
   lengths = {k: _sentence_lengths(len(v["segments"])) for k, v in meta.items()}
   texts = {k: rng.normal(size=(sum(n), TEXT_DIM)) for k, n in lengths.items()}
-  feature_layout.write_meta(path, meta)
+  coot_files.write_meta(path, meta)
   if source == "npz_activitynet":
-    feature_layout.write_video_features_npz(path, "icep", videos)
+    coot_files.write_video_features_npz(path, "icep", videos)
   else:
-    feature_layout.write_video_features_h5(path, "icep", videos)
-  feature_layout.write_text_features(path, "txt", texts, lengths)
+    coot_files.write_video_features_h5(path, "icep", videos)
+  coot_files.write_text_features(path, "txt", texts, lengths)
   return meta, videos, texts
 
 
@@ -242,9 +242,9 @@ def test_dataset_split_alias_and_legacy_text_keys(tmp_path):
   write_dataset(tmp_path, "h5")
   meta = json.loads((tmp_path / "meta_all.json").read_text())
   meta["vidB_train"]["split"] = "val"
-  feature_layout.write_meta(tmp_path, meta)
+  coot_files.write_meta(tmp_path, meta)
   # Old COOT releases name text features v_<key[:11]>.
-  legacy = feature_layout.legacy_text_key("vidB_train")
+  legacy = coot_files.legacy_text_key("vidB_train")
   assert legacy == "v_vidB_train"
   with h5py.File(tmp_path / "txt.h5", "a") as h5:
     h5.move("vidB_train", legacy)
@@ -492,7 +492,7 @@ def test_precompute_command_writes_what_the_dataset_reads(tiny_bert, tmp_path):
   meta = json.loads((data / "meta_all.json").read_text())
   meta["vidB_train"]["segments"] = [{"start_sec": 0.0, "stop_sec": 2.0, "text": "He sits."},
                                     {"start_sec": 4.0, "stop_sec": 9.0, "text": "The dog"}]
-  feature_layout.write_meta(data, meta)
+  coot_files.write_meta(data, meta)
   name = "text_feat_mydata_meta_all_transformers_tiny-bert_-2,-1"
   assert tool.default_name(data, "all", str(directory), (-2, -1)) == name
   assert tool.parse_layers("-2,-1") == (-2, -1)

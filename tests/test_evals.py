@@ -201,14 +201,13 @@ def test_dataset_overrides_reach_the_source():
 def test_aot_reads_the_predict_functions_each_evaluator_declares():
   """aot compiles what the evaluators call: renamed keys, defaults and fixed functions."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from avtext import aot  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict({"evals": {
       "test": {"type": "retrieval", "text_fn": "embed_paragraph"},
       "cap": {"type": "captioning"},
       "corpus": {"type": "moments"}}})
-  assert aot.evaluator_fns(config) == sorted(
+  assert evals.predict_fn_names(config) == sorted(
       ["embed_paragraph", "embed_video", "captions", "encode_query", "encode_context",
        "span_logits"])
   config.evals.bad = {"type": "retreival"}
   with pytest.raises(ValueError, match="config.evals.bad.type"):
-    aot.evaluator_fns(config)
+    evals.predict_fn_names(config)

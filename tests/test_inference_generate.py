@@ -126,6 +126,7 @@ def _decode(model, params, prompt, t_max, beam_size=1, min_length=0, length_pena
   return jax.tree.map(np.asarray, out)
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_prefill_and_steps_equal_full_forward_logits():
   """The prefill projects only the last prompt position; it and each cached step (the
   heads-major cache) give the logits of a full forward pass over the sequence so far."""
@@ -178,6 +179,7 @@ def test_beam_search_equals_full_recompute_reference(seed, k, lp, min_length):
     assert np.all(np.diff(out["beam_scores"][r]) <= 1e-6)
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 @pytest.mark.parametrize("seed", range(4))
 def test_beam_size_one_is_greedy(seed):
   prompt = np.random.default_rng(seed).integers(1, V, (6, 2))
@@ -192,6 +194,7 @@ def test_beam_size_one_is_greedy(seed):
   np.testing.assert_array_equal(g["lengths"], np.asarray(bs["lengths"]))
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 @pytest.mark.parametrize("lp", [0.0, 1.0])
 def test_beam_never_scores_below_greedy(lp):
   lost = 0

@@ -328,6 +328,7 @@ def _sharded(mesh, x):
   return jax.device_put(x, NamedSharding(mesh, spec))
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_jit_grad_batch_2048_and_sharded_over_8_devices():
   rng = np.random.default_rng(0)
   batch, clips, dim = 2048, 2, 16

@@ -208,6 +208,7 @@ def _sharded(mesh, x):
   return jax.device_put(x, NamedSharding(mesh, P("data", *([None] * (np.ndim(x) - 1)))))
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_jit_grad_batch_2048_and_sharded_over_8_devices():
   rng = np.random.default_rng(0)
   n, clips, dim = 2048, 3, 8

@@ -408,6 +408,7 @@ OUTPUT_FILES = ('videocc.csv', 'matches.jsonl', 'skipped.jsonl', 'stats.json', '
                 'plots/matches_vs_tau.png', 'plots/clips_per_caption.png')
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_dask_local_cluster_direct_runner_and_brute_force_write_the_same_bytes(
     corpus, mined, brute_force_outputs, tmp_path):
   """Acceptance 1 of issue 34: 3 seed shards x 5 video shards on 2 Dask worker processes."""

@@ -147,6 +147,7 @@ def test_masked_pool_padding_never_changes_embeddings(pooler):
   assert ref_v["video_emb"].shape == (1, 32) and ref_v["clip_mask"][0].tolist() == [1, 1, 1, 0]
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_ablation_switches_and_official_parameter_count():
   small = coot.COOT(max_clips=2, hidden_size=8, num_heads=2, mlp_dim=8, pool_hidden=8,
                     use_context=False)

@@ -128,7 +128,7 @@ def test_block_query_positions_refuses_causal_and_cross_attention():
                                                 deterministic=True)
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.2])
+@pytest.mark.parametrize("dropout", [0.0, pytest.param(0.2, marks=pytest.mark.slow)])
 def test_bert_cls_only_equals_the_full_tower_with_gradients(dropout):
   bert = Bert(vocab_size=50, hidden_size=WIDTH, num_layers=2, num_heads=HEADS, mlp_dim=32,
               max_position_embeddings=16, dropout_rate=dropout,

@@ -47,6 +47,7 @@ def test_logits_equal_hf_without_cache(hf_tiny):
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_logits_equal_hf_with_cache(hf_tiny):
   """Prefill 4 tokens then 1 token per call, against HF's own cached decoding."""
   path, hf = hf_tiny
@@ -155,6 +156,7 @@ def test_tokenizer_known_ids_and_round_trip(tmp_path):
     sub("A green circle.")
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_captioner_prefix_lm_teacher_forcing_equals_cached_decoding():
   """[C ; BOS y_1 ..]: teacher-forced logits equal start/step with the KV cache."""
   from avtext.models import mbt
@@ -188,6 +190,7 @@ def test_captioner_prefix_lm_teacher_forcing_equals_cached_decoding():
   assert not np.allclose(full2[:, 4], full[:, 4])
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_captioner_context_groups_average_patch_tokens():
   """context_groups=N: [CLS] + N group means of the patch tokens, then projected."""
   from avtext.models import mbt

@@ -244,6 +244,7 @@ def test_tpu_kernel_with_padding_and_segment_ids_equals_reference():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=2e-5)
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_prefix_lm_takes_the_tpu_kernel_for_the_prefix_and_equals_the_mask():
   """`prefix_lm=P` on the TPU path (the Pallas kernel in interpret mode): the P prefix
   rows go through the flash kernel unmasked, the rows after them through the masked
@@ -346,6 +347,7 @@ def _compile_flash_for_v5e(length: int, blocks) -> None:
   jax.jit(grads).lower(head, head, head, spec((16, length), jnp.int32)).compile()
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_flash_block_sizes_fit_a_v5e_and_larger_do_not():
   """`fused_attention.flash_block_sizes` at the AVR's 3,200 padded RGB tokens compiles for a
   v5e; the next larger forward query block (the whole 3,200) runs out of scoped VMEM,

@@ -284,9 +284,9 @@ def _dtypes(tree) -> set:
 # ------------------------------------------------------------------------------ tests
 
 
-# The four longest cases run with -m slow (`make test-slow`, which CI runs too) to keep
+# The six longest cases run with -m slow (`make test-slow`, which CI runs too) to keep
 # the default run within its budget.
-_SLOW_CASES = ("coot", "xml", "mmt", "smit_resdavenet")
+_SLOW_CASES = ("coot", "xml", "mmt", "smit_resdavenet", "smit_spoken", "gpt2_captioner")
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
                                   if n in _SLOW_CASES else n for n in CASES])
 def test_bfloat16_and_remat_against_float32(name):
@@ -376,6 +376,7 @@ def _check_decoding(name: str, got, want):
   assert rel <= DECODE_REL
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_bfloat16_decoding_gpt2_captioner():
   """start/step with a bfloat16 KV cache: float32 logits near the float32 teacher-forced ones."""
   case = _captioner_case()

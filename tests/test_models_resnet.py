@@ -28,6 +28,7 @@ def test_parameter_counts_equal_torchvision(depth, channels, classes, expected):
   assert out["logits"].shape == (2, classes)
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_batchnorm_running_stats_and_eval_mode():
   model = resnet.ResNet(depth=18, width=8, in_channels=1, stage_sizes=(1, 1, 1, 1))
   x = jax.random.normal(jax.random.PRNGKey(1), (4, 40, 32, 1)) * 3 + 1

@@ -37,7 +37,7 @@ def test_hierarchical_metrics_by_hand():
 
 def write_tiny_dataset(path, *, num_train=24, num_val=8, video_dim=16, text_dim=24, seed=0):
   """A small COOT-layout dataset: each segment's frames and sentence share a random code."""
-  from avtext.data import feature_layout
+  from avtext.data import coot_files
   rng = np.random.default_rng(seed)
   meta, videos, texts, lengths = {}, {}, {}, {}
   project_v = rng.normal(size=(8, video_dim))
@@ -59,9 +59,9 @@ def write_tiny_dataset(path, *, num_train=24, num_val=8, video_dim=16, text_dim=
                  "duration_sec": float(edges[-1]),
                  "segments": [{"start_sec": edges[k], "stop_sec": edges[k + 1] - 1,
                                "text": f"sentence {k}"} for k in range(n)]}
-  feature_layout.write_meta(path, meta)
-  feature_layout.write_video_features_h5(path, "tiny_video", videos)
-  feature_layout.write_text_features(path, "tiny_text", texts, lengths)
+  coot_files.write_meta(path, meta)
+  coot_files.write_video_features_h5(path, "tiny_video", videos)
+  coot_files.write_text_features(path, "tiny_text", texts, lengths)
   return meta, videos
 
 
@@ -142,7 +142,7 @@ def test_packed_sequences_give_the_unpacked_embeddings_loss_and_gradients(tmp_pa
   an exact reformulation, so the eval-mode embeddings, loss and gradients equal the
   unpacked ones on the same batch."""
   import jax
-  from avtext.data import features
+  from avtext.data import array_store
   from avtext.tasks import registry
   config = tiny_config(tmp_path)
   config.data.max_frames = 12
@@ -169,7 +169,7 @@ def test_packed_sequences_give_the_unpacked_embeddings_loss_and_gradients(tmp_pa
     np.testing.assert_array_equal(packed[f"{key}_unpack"] >= 0, real)
     np.testing.assert_array_equal(unpacked[real], plain[key][real])
   with pytest.raises(ValueError, match="need 2 rows"):
-    features.pack(np.ones((2, 4)), np.ones((2, 4), bool), rows=1)
+    array_store.pack(np.ones((2, 4)), np.ones((2, 4), bool), rows=1)
 
   variables = task.init_variables(jax.random.PRNGKey(0), plain)
   embed = task.predict_fns()["embed"]

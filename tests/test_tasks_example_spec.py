@@ -242,7 +242,8 @@ def test_smit_phase2_clips(tmp_path, module):
   check_task(config, tmp_path)
 
 
-@pytest.mark.parametrize("module", [smit_language_amm, smit_spoken_amm],
+@pytest.mark.parametrize("module", [smit_language_amm,
+                                    pytest.param(smit_spoken_amm, marks=pytest.mark.slow)],
                          ids=["language", "spoken"])
 def test_smit_phase1_features(tmp_path, module):
   config = _smit_small(module.get_config("tiny"))

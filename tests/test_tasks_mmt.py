@@ -13,7 +13,7 @@ import pytest
 from avtext import errors
 from avtext import experiment
 from avtext.data import builders
-from avtext.data import feature_layout
+from avtext.data import coot_files
 from avtext.data.builders import tvc
 from avtext.data.synthetic import longvideo
 from avtext.data.synthetic import truth
@@ -287,7 +287,7 @@ def write_synthetic_tvc(path: pathlib.Path, *, num=(12, 4, 4), dim=8, seed=0) ->
     subs += s
     feats.update({src.video_id(i): rng.normal(size=(src.num_clips(i), dim)) for i in range(n)})
   (path / tvc.DEFAULT_SUBTITLES).write_text("".join(json.dumps(r) + "\n" for r in subs))
-  feature_layout.write_video_features_h5(path / "video_feature", tvr_layout.VIDEO_FEATURES,
+  coot_files.write_video_features_h5(path / "video_feature", tvr_layout.VIDEO_FEATURES,
                                          feats)
   truth.write_world_file(path)  # as tvr_layout.write does
   return path

@@ -17,7 +17,7 @@ import pytest
 
 from avtext import experiment
 from avtext.data import builders
-from avtext.data import feature_layout
+from avtext.data import coot_files
 from avtext.data.builders import tvr
 from avtext.data.synthetic import longvideo
 from avtext.data.synthetic import tvr_layout
@@ -454,11 +454,11 @@ def write_synthetic_tvr(path: pathlib.Path, *, num=(10, 4, 4), dims=(8, 6, 6), s
       subs[vid] = rng.normal(size=(src.num_clips(i), dims[1]))
     queries.update({str(r["desc_id"]): rng.normal(size=(rng.integers(3, 9), dims[2]))
                     for r in rows})
-  feature_layout.write_video_features_h5(path / "video_feature", tvr_layout.VIDEO_FEATURES,
+  coot_files.write_video_features_h5(path / "video_feature", tvr_layout.VIDEO_FEATURES,
                                          videos)
-  feature_layout.write_h5(path / tvr.DEFAULT_SUB_FEATURES, subs)
-  feature_layout.write_h5(path / tvr.DEFAULT_QUERY_FEATURES, queries)
-  feature_layout.write_json(path / tvr.VIDEO2IDX, index)
+  coot_files.write_h5(path / tvr.DEFAULT_SUB_FEATURES, subs)
+  coot_files.write_h5(path / tvr.DEFAULT_QUERY_FEATURES, queries)
+  coot_files.write_json(path / tvr.VIDEO2IDX, index)
   return path
 
 
@@ -622,7 +622,7 @@ def test_text_features_tool_writes_layer_states_without_special_tokens(tiny_bert
   (tmp_path / "tvqa_preprocessed_subtitles.jsonl").write_text(json.dumps(
       {"vid_name": "a", "sub": [{"text": "the dog", "start": 0.2, "end": 2.0},
                                 {"text": "he walks", "start": 4.6, "end": 5.9}]}) + "\n")
-  feature_layout.write_video_features_h5(tmp_path / "video_feature", "v", {"a": np.ones((4, 3))})
+  coot_files.write_video_features_h5(tmp_path / "video_feature", "v", {"a": np.ones((4, 3))})
   q_file, s_file = tvr_text.write(tmp_path, bert_dir=str(directory), layer=-2,
                                   video_features="v")
   seqs = {"q7": ["[CLS]", "the", "dog", "run", "##s", "[SEP]"],
@@ -641,3 +641,34 @@ def test_text_features_tool_writes_layer_states_without_special_tokens(tiny_bert
   np.testing.assert_allclose(sub[1], layer("l0").max(0), atol=2e-5)
   np.testing.assert_allclose(sub[2], 0.0)
   np.testing.assert_allclose(sub[3], layer("l1").max(0), atol=2e-5)
+
+
+def test_encode_text_encodes_a_query_as_the_features_tool_wrote_it(tiny_bert, tmp_path):
+  """`avtext.search_moments`' query encoder: the task's `encode_text` of a text is
+  `encode_query` of the features the tool wrote for it, read as the tvr source reads them
+  (L2-normalized), and it counts the wordpieces the model does not see."""
+  directory, _ = tiny_bert
+  texts = {"7": "The dog runs", "9": "A man sits fast"}  # 4 and 5 wordpieces
+  tvr.annotation_path(tmp_path, "val").write_text("".join(json.dumps(
+      {"desc_id": int(k), "desc": t, "type": "v", "vid_name": "a", "duration": 6.0,
+       "ts": [0.0, 3.0]}) + "\n" for k, t in texts.items()))
+  (tmp_path / "tvqa_preprocessed_subtitles.jsonl").write_text(json.dumps(
+      {"vid_name": "a", "sub": [{"text": "the dog", "start": 0.2, "end": 2.0}]}) + "\n")
+  coot_files.write_video_features_h5(tmp_path / "video_feature", "v", {"a": np.ones((4, 3))})
+  q_file, _ = tvr_text.write(tmp_path, bert_dir=str(directory), layer=-2, video_features="v")
+  config = xml_tvr.get_config("tiny")
+  config.dataset.query_encoder = dict(bert_dir=str(directory), layer=-2)
+  config.dataset.query_dim, config.dataset.video_dim, config.dataset.sub_dim = 8, 3, 8
+  config.model.max_query_len = 4
+  task = registry.build_task(config)
+  batch = {k: np.zeros((1,) + s.shape, s.dtype)
+           for k, s in task.example_spec(train=True).items()}
+  variables = task.init_variables(jax.random.PRNGKey(0), batch)
+  fns = task.predict_fns()
+  out = fns["encode_text"](variables, {"text": list(texts.values())})
+  with h5py.File(q_file) as h5:
+    rows = [task.query_example({"query": tvr.l2_normalize(np.asarray(h5[k]))}) for k in texts]
+  want = fns["encode_query"](variables, {k: np.stack([r[k] for r in rows])
+                                         for k in ("query", "query_mask")})["q"]
+  np.testing.assert_allclose(out["q"], want, atol=1e-5)
+  assert out["tokens"].tolist() == [4, 5] and out["kept"].tolist() == [4, 4]

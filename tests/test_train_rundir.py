@@ -46,7 +46,7 @@ def test_lock_names_the_live_owner_and_is_taken_over_from_a_dead_one(tmp_path, c
   assert json.loads((tmp_path / rundir.LOCK_FILE).read_text())["pid"] == child.pid
   with caplog.at_level("WARNING"):
     with rundir.lock(tmp_path):
-      with rundir.lock(tmp_path):  # re-entrant in one process (main, then Trainer.train)
+      with rundir.lock(tmp_path):  # re-entrant in one process
         assert json.loads((tmp_path / rundir.LOCK_FILE).read_text())["pid"] == os.getpid()
       assert (tmp_path / rundir.LOCK_FILE).exists()
   assert f"taking over from pid {child.pid} on " in caplog.text

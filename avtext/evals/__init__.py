@@ -31,6 +31,16 @@ def get_evaluator(name: str, *, where: str = "config.evals.<name>.type") -> type
   return _EVALUATORS.get(name, where=where)
 
 
+def predict_fn_names(config: ml_collections.ConfigDict) -> list[str]:
+  """The task's predict functions `config.evals` calls, as each evaluator declares them
+  (`base.Evaluator.predict_fn_names`): what `avtext.aot` compiles beside the train step."""
+  names = set()
+  for name, cfg in (config.get("evals") or {}).items():
+    cls = get_evaluator(cfg.get("type"), where=f"config.evals.{name}.type")
+    names.update(cls.predict_fn_names(cfg))
+  return sorted(names)
+
+
 def build_evaluators(config: ml_collections.ConfigDict, task, workdir=None) -> dict:
   """{name: evaluator} for every entry of `config.evals`, sharing one predict cache.
 

@@ -75,6 +75,27 @@ def random_predictions(store: vcmr.CorpusStore, num_queries: int, own_video, cfg
   return out
 
 
+def search_config(cfg, name: str, **overrides) -> vcmr.SearchConfig:
+  """`vcmr.SearchConfig` of the evaluator config `cfg` (`config.evals.<name>`): its `search`
+  fields, then `overrides`; an unknown field is a ValueError naming it."""
+  fields = {f.name for f in dataclasses.fields(vcmr.SearchConfig)}
+  given = {**dict(cfg.get("search") or {}), **overrides}
+  unknown = sorted(set(given) - fields)
+  if unknown:
+    raise ValueError(f"config.evals.{name}.search: unknown field(s) {unknown}; "
+                     f"expected some of {sorted(fields)}")
+  return vcmr.SearchConfig(**given)
+
+
+def run_search_config(config, **overrides) -> vcmr.SearchConfig:
+  """How a run searches a corpus: the `search` fields of its first `moments` evaluator
+  (`search_config`; the defaults when it has none), then `overrides`."""
+  for name, cfg in (config.get("evals") or {}).items():
+    if cfg.get("type") == "moments":
+      return search_config(cfg, name, **overrides)
+  return search_config({}, "search", **overrides)
+
+
 @evals.register_evaluator("moments")
 class VCMREvaluator(base.Evaluator):
   """Encodes the corpus, answers the split's queries, writes and scores the submission."""
@@ -84,13 +105,7 @@ class VCMREvaluator(base.Evaluator):
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
-    fields = {f.name for f in dataclasses.fields(vcmr.SearchConfig)}
-    given = dict(self.cfg.get("search") or {})
-    unknown = sorted(set(given) - fields)
-    if unknown:
-      raise ValueError(f"config.evals.{self.name}.search: unknown field(s) {unknown}; "
-                       f"expected some of {sorted(fields)}")
-    self.search_cfg = vcmr.SearchConfig(**given)
+    self.search_cfg = search_config(self.cfg, self.name)
     self._baselines = None
     self._span_fn = None
 

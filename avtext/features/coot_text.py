@@ -11,7 +11,7 @@ model.safetensors, vocab.txt; default the offline MiniLM-L6) and writes the
 per-token concatenation of the `--layers` hidden states (float32) to
 `<dataset_dir>/<name>.h5` and the tokens per sentence to
 `<name>_sentence_splits.json` (`encode_paragraphs`; layout in
-avtext/data/feature_layout.py). The default name is the official one,
+avtext/data/coot_files.py). The default name is the official one,
 `text_feat_<dataset dir name>_meta_<metadata_name>_transformers_<model dir
 name>_<layers>`, so with a `bert-base-uncased` directory the configs'
 `dataset.text_features` find it (1536-d); MiniLM-L6 gives
@@ -38,9 +38,9 @@ import numpy as np
 from avtext import cli
 from avtext import errors
 
-from avtext.data import feature_layout
-from avtext.features import text as text_lib
+from avtext.data import coot_files
 from avtext.train import rundir
+from avtext.weights import bert_encoder
 
 MINILM_NAME = "minilm-l6"
 CLS, SEP = "[CLS]", "[SEP]"
@@ -120,7 +120,7 @@ def encode_paragraphs(paragraphs: Mapping[str, Sequence[str]], *, bert_dir=None,
   Returns:
     ({key: float32 [tokens, len(layers) * D]}, {key: tokens per sentence}).
   """
-  encoder = text_lib.TextEncoder(bert_dir, layers)
+  encoder = bert_encoder.TextEncoder(bert_dir, layers)
   max_len = min(max_len, encoder.max_len)
   tokenizer = encoder.tokenizer
 
@@ -164,23 +164,23 @@ def precompute(dataset_dir, *, metadata_name: str = "all", bert_dir: str | None 
                force: bool = False) -> pathlib.Path:
   """Writes the text features of every key of the meta file; returns the .h5 path."""
   directory = pathlib.Path(dataset_dir)
-  meta_file = feature_layout.meta_path(directory, metadata_name)
+  meta_file = coot_files.meta_path(directory, metadata_name)
   if not meta_file.is_file():
     raise errors.InputNotFound(f"{meta_file} not found: the COOT meta file (segments and their "
                             "texts; COOT's data_read_activitynet_meta.py / "
                             "data_read_youcook2_meta.py write it)")
   name = name or default_name(directory, metadata_name, bert_dir, layers)
-  out = feature_layout.text_h5_path(directory, name)
-  if out.is_file() and feature_layout.sentence_splits_path(directory, name).is_file() and not force:
+  out = coot_files.text_h5_path(directory, name)
+  if out.is_file() and coot_files.sentence_splits_path(directory, name).is_file() and not force:
     logging.info("%s exists; nothing to do (--force overwrites)", out)
     return out
-  meta = feature_layout.read_json(meta_file, "COOT meta file")
+  meta = coot_files.read_json(meta_file, "COOT meta file")
   for key, entry in meta.items():
-    feature_layout.check_meta_entry(meta_file, key, entry)
+    coot_files.check_meta_entry(meta_file, key, entry)
   paragraphs = {key: [seg["text"] for seg in entry["segments"]] for key, entry in meta.items()}
   features, lengths = encode_paragraphs(
       paragraphs, bert_dir=bert_dir, layers=layers, batch_size=batch_size)
-  feature_layout.write_text_features(directory, name, features, lengths)
+  coot_files.write_text_features(directory, name, features, lengths)
   dim = next(iter(features.values())).shape[1] if features else 0
   logging.info("wrote %s and its sentence splits: %d paragraphs, %d-d (config.dataset."
                "text_features=%r, text_dim=%d)", out, len(features), dim, name, dim)

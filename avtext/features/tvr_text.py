@@ -34,13 +34,12 @@ import numpy as np
 from avtext import cli
 from avtext import errors
 
-from avtext.data import feature_layout
+from avtext.data import coot_files
 from avtext.data.builders import tvc
 from avtext.data.builders import tvr
-from avtext.features import text as text_lib
 from avtext.train import rundir
+from avtext.weights import bert_encoder
 
-MAX_QUERY_TOKENS = 30  # the official tokenizer max_length (with <s> </s>)
 MAX_LINE_TOKENS = 64
 
 
@@ -74,7 +73,7 @@ def write(data_dir, *, bert_dir=None, layer: int = -2, subtitles: str = tvc.DEFA
   if query_out.is_file() and sub_out.is_file() and not force:
     logging.info("%s and %s exist; nothing to do (--force overwrites)", query_out, sub_out)
     return query_out, sub_out
-  encoder = text_lib.TextEncoder(bert_dir, (layer,))
+  encoder = bert_encoder.TextEncoder(bert_dir, (layer,))
 
   queries = {}
   for split in tvr.SPLITS:
@@ -83,11 +82,12 @@ def write(data_dir, *, bert_dir=None, layer: int = -2, subtitles: str = tvc.DEFA
       for n, row in enumerate(tvc.read_jsonl(file, "TVR annotations"), 1):
         if not isinstance(row, dict) or "desc_id" not in row or "desc" not in row:
           raise ValueError(f"{file}, line {n}: expected desc_id and desc")
-        queries[str(row["desc_id"])] = encoder.sentence_ids(str(row["desc"]), MAX_QUERY_TOKENS)
+        queries[str(row["desc_id"])] = str(row["desc"])
   if not queries:
     raise FileNotFoundError(f"no tvr_<split>_release.jsonl under {data}")
-  feats = encoder.run(queries, batch_size=batch_size, desc="query features")
-  feature_layout.write_h5(query_out, {k: v[1:-1] if len(v) > 2 else v for k, v in feats.items()})
+  feats = encoder.token_features(queries, tvr.MAX_QUERY_TOKENS, batch_size=batch_size,
+                                 desc="query features")
+  coot_files.write_h5(query_out, feats)
 
   video_file = tvc.video_features_path(data, video_features)
   if not video_file.is_file():
@@ -109,20 +109,20 @@ def write(data_dir, *, bert_dir=None, layer: int = -2, subtitles: str = tvc.DEFA
       except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{subs_file}, line {n}, sub {j}: needs start, end, text ({e})") from e
       key = f"{row['vid_name']}/{j}"
-      texts[key] = encoder.sentence_ids(text, MAX_LINE_TOKENS)
+      texts[key] = text
       lines[row["vid_name"]].append((start, end, key))
   missing = sorted(set(num_clips) - set(lines))
   if missing:
     logging.warning("%d videos of %s have no subtitle line in %s: all-zero subtitle features, "
                     "e.g. %s", len(missing), video_file, subs_file, missing[:3])
-  line_feats = encoder.run(texts, batch_size=batch_size, desc="subtitle features")
+  line_feats = encoder.token_features(texts, MAX_LINE_TOKENS, batch_size=batch_size,
+                                      desc="subtitle features")
   arrays = {}
   for vid, n in num_clips.items():
     pooled, mask = pool_subtitles(
-        [(s, e, line_feats[k][1:-1] if len(line_feats[k]) > 2 else line_feats[k])
-         for s, e, k in lines.get(vid, [])], n, clip_length, encoder.dim)
+        [(s, e, line_feats[k]) for s, e, k in lines.get(vid, [])], n, clip_length, encoder.dim)
     arrays[vid], arrays[f"{vid}-mask"] = pooled, mask
-  feature_layout.write_h5(sub_out, arrays)
+  coot_files.write_h5(sub_out, arrays)
   logging.info("wrote %d query and %d video subtitle features (%d-d) to %s", len(feats),
                len(num_clips), encoder.dim, query_out.parent)
   return query_out, sub_out

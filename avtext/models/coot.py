@@ -48,7 +48,7 @@ Batches pack the clips of all videos in one array (`avtext/tasks/coot.py`);
 `clip_slot[c] = video_row * max_clips + position` (-1: padding) scatters clip
 embeddings back into [B, max_clips, D].
 A local input may also come as packed rows (`packing=`, a `Packing` per input:
-several sequences to a row, `avtext.data.features.pack`): the local T-Transformer then
+several sequences to a row, `avtext.data.array_store.pack`): the local T-Transformer then
 masks attention to each sequence, restarts the sin-cos positions per sequence, computes
 Attention-FA's projections on the rows and its softmax and sum per sequence, and
 returns the per-sequence outputs: the padded layout's function up to float rounding
@@ -77,7 +77,7 @@ PACKED = ("video", "clips", "paragraph", "sentences")  # the local T-Transformer
 
 
 class Packing(NamedTuple):
-  """Packed rows of N sequences (`avtext.data.features.pack`): segment and position
+  """Packed rows of N sequences (`avtext.data.array_store.pack`): segment and position
   [R, L] (the sequence of the row a position belongs to, -1 = padding; its position in
   that sequence), unpack [N, L] (flat index r * L + t of each sequence's positions,
   -1 = padding)."""
@@ -150,7 +150,7 @@ class AttentionFA(nn.Module):
 
 
 def unpack_rows(packed: Array, unpack: Array) -> Array:
-  """Packed rows [R, T, ...] -> sequences [N, L, ...] (`features.pack`'s `unpack` [N, L]:
+  """Packed rows [R, T, ...] -> sequences [N, L, ...] (`array_store.pack`'s `unpack` [N, L]:
   flat indices r * T + t, -1 = padding, which gets 0)."""
   flat = packed.reshape((-1,) + packed.shape[2:])
   out = flat[jnp.maximum(unpack, 0)]
@@ -212,7 +212,7 @@ class TTransformer(nn.Module):
     both float32.
 
     With `packing`, x [R, L, D_in] / mask are packed rows holding N sequences
-    (`features.pack`): positions restart per sequence, attention stays within one, the
+    (`array_store.pack`): positions restart per sequence, attention stays within one, the
     pooler pools each; -> (pooled [N, D_out], sequence [N, L, H]), the function of the
     unpacked call on the N padded sequences (up to float rounding; dropout masks differ).
     Per-position work then follows the real lengths."""

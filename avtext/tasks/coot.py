@@ -19,7 +19,7 @@ each clip belongs.
 
 With `data.pack_sequences` (the configs' default) each of the four local inputs
 (clips, sentences, videos, paragraphs) is then packed several sequences to a row
-(`features.pack`, first-fit decreasing into rows of the same padded length; the
+(`array_store.pack`, first-fit decreasing into rows of the same padded length; the
 packed row count rounded up to `pad_multiple`, or one row per sequence with
 static shapes or several processes): `<input>` and `<input>_mask` hold the rows,
 `<input>_segment` / `_position` / `_unpack` say where each sequence lies
@@ -52,7 +52,7 @@ import ml_collections
 import numpy as np
 
 from avtext.data import builders
-from avtext.data import features
+from avtext.data import array_store
 from avtext.data import pipelines
 from avtext.data import video as video_lib
 from avtext.losses import coot as coot_losses
@@ -70,7 +70,7 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def _padded(n: int, multiple: int) -> int:
-  """`features.collate`'s padded length of a batch whose longest row has n."""
+  """`array_store.collate`'s padded length of a batch whose longest row has n."""
   return max(1, -(-n // multiple)) * multiple
 
 
@@ -124,7 +124,7 @@ class CootTask(registry.Task):
     }
 
   def collate(self, examples: list[dict]) -> dict:
-    """Packs examples (see the module docstring) with the one `features.collate`."""
+    """Packs examples (see the module docstring) with the one `array_store.collate`."""
     data = self.config.data
     mult = int(data.get("pad_multiple", 8))
     n_max = self.max_clips
@@ -155,10 +155,10 @@ class CootTask(registry.Task):
         raise ValueError(f"a sentence of {longest} tokens is longer than "
                          f"config.data.max_sentence_tokens={self.max_sentence_tokens} "
                          "(data.static_shapes pads every sentence to it); raise it")
-    batch = features.collate(rows + [empty] * (num - len(rows)),
+    batch = array_store.collate(rows + [empty] * (num - len(rows)),
                              max_len={"clips": frames, "sentences": sentence_tokens},
                              pad_multiple=mult)
-    batch.update(features.collate(examples, keys=("video", "paragraph"),
+    batch.update(array_store.collate(examples, keys=("video", "paragraph"),
                                   max_len={"video": frames, "paragraph": tokens},
                                   pad_multiple=mult))
     if data.get("pack_sequences", False):
@@ -168,7 +168,7 @@ class CootTask(registry.Task):
       fixed = static or jax.process_count() > 1
       for key in coot_model.PACKED:
         keep = fixed or (key in ("clips", "sentences") and data.get("max_clips_per_batch"))
-        p = features.pack(batch[key], batch[f"{key}_mask"],
+        p = array_store.pack(batch[key], batch[f"{key}_mask"],
                           rows=len(batch[key]) if keep else None, row_multiple=mult)
         batch[key], batch[f"{key}_mask"] = p["packed"], p["packed_mask"]
         for field in coot_model.Packing._fields:

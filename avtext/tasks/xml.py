@@ -23,7 +23,9 @@ the Fig. 6 baseline, a per-clip BCE in place of L_svmr). Batches carry their epo
 Evaluation (`avtext.evals.vcmr`) encodes the split's video corpus with
 `predict_fns()["encode_context"]` over `corpus_examples`, its queries with
 `encode_query` over `eval_examples`, and ranks moments with `span_logits`
-(`avtext.inference.vcmr`).
+(`avtext.inference.vcmr`). `encode_text` encodes free-text queries as the dataset's
+query features were written (`avtext.features.tvr_text`), then with `encode_query`:
+what `avtext.search_moments` searches a stored corpus with.
 """
 import math
 from typing import Any, Callable
@@ -34,9 +36,11 @@ import ml_collections
 import numpy as np
 
 from avtext.data import pipelines
+from avtext.data.builders import tvr
 from avtext.losses import xml as xml_losses
 from avtext.models import xml as xml_lib
 from avtext.tasks import registry
+from avtext.weights import bert_encoder
 
 
 def clip_labels(ts, num_clips: int, clip_length: float, end_label: str = "inclusive"
@@ -79,6 +83,7 @@ class XMLTask(registry.Task):
     self.span_weight = float(loss.get("span_weight", 0.01))
     self.hard_from = loss.get("hard_negatives_from_epoch")
     self.hard_pool = int(loss.get("hard_pool_size") or 20)
+    self._text_encoder = None
 
   # ---------------------------------------------------------------- data
   def check_source(self, source):
@@ -183,6 +188,33 @@ class XMLTask(registry.Task):
                             "h1": registry.spec((m, lc, hidden), "float32"),
                             "mask": registry.spec((lc,), "uint8")}}
 
+  def text_encoder(self) -> bert_encoder.TextEncoder:
+    """The BERT that wrote the query features, loaded on first use:
+    `config.dataset.query_encoder` (bert_dir, default the offline MiniLM-L6; layer, the
+    hidden state, default -2)."""
+    if self._text_encoder is None:
+      enc = dict(self.config.dataset.get("query_encoder") or {})
+      layer = enc.get("layer")
+      self._text_encoder = bert_encoder.TextEncoder(enc.get("bert_dir"),
+                                                    (-2 if layer is None else layer,))
+    return self._text_encoder
+
+  def text_query_examples(self, texts) -> tuple[dict, np.ndarray, np.ndarray]:
+    """(query batch of `texts`, wordpieces per text, wordpieces the model sees per text):
+    token features as `avtext.features.tvr_text` writes them (`tvr.MAX_QUERY_TOKENS`),
+    L2-normalized as the `tvr` source reads them (`dataset.normalize_text`), cut and
+    padded as `query_example`."""
+    encoder = self.text_encoder()
+    feats = encoder.token_features({str(i): t for i, t in enumerate(texts)},
+                                   tvr.MAX_QUERY_TOKENS, desc="queries")
+    normalize = bool(self.config.dataset.get("normalize_text", True))
+    rows = [self.query_example({"query": tvr.l2_normalize(feats[str(i)]) if normalize
+                                else feats[str(i)]}) for i in range(len(texts))]
+    batch = {k: np.stack([r[k] for r in rows]) for k in ("query", "query_mask")}
+    tokens = np.asarray([len(encoder.tokenizer.wordpiece(t)) for t in texts], np.int64)
+    fits = max(0, min(tvr.MAX_QUERY_TOKENS, encoder.max_len) - 2)
+    return batch, tokens, np.minimum(tokens, min(fits, self.max_query_len))
+
   # ---------------------------------------------------------------- model
   def _ctx(self, batch) -> dict:
     return {m: batch[m] for m in self.streams}
@@ -232,5 +264,15 @@ class XMLTask(registry.Task):
       return model.apply(variables, batch["q"], batch["h1"], batch["mask"],
                          method=model.span_logits)
 
+    jitted_query = jax.jit(encode_query)
+
+    def encode_text(variables, batch):
+      """{"text": [Q] str} -> {"q": [Q, M, hidden_size], "tokens": [Q] wordpieces per text,
+      "kept": [Q] the ones encoded}; runs BERT on the host (`text_query_examples`), so
+      it is called as is, never under jit."""
+      queries, tokens, kept = self.text_query_examples(batch["text"])
+      q = np.asarray(jitted_query(variables, queries)["q"])
+      return {"q": q, "tokens": tokens, "kept": kept}
+
     return {"encode_query": encode_query, "encode_context": encode_context,
-            "span_logits": span_logits}
+            "span_logits": span_logits, "encode_text": encode_text}

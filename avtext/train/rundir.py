@@ -59,10 +59,11 @@ class RunFileError(errors.BadInput):
 def lock(workdir: str | pathlib.Path, *, process_index: int = 0) -> Iterator[None]:
   """Holds `workdir`'s writer lock for the `with` block; creates `workdir`.
 
-  Re-entrant within a process (`main` and `Trainer.train` both take it). In a
-  multi-process run only process 0 writes run files, so only it locks; the others
-  get a no-op. Raises RunLockedError (one line naming the owner) when another live
-  process holds it, OSError when `workdir` cannot be written.
+  The trainer takes it (`Trainer.train`, `Trainer.evaluate`), for `main`, tests and
+  notebooks alike; re-entrant within a process. In a multi-process run only process 0
+  writes run files, so only it locks; the others get a no-op. Raises RunLockedError
+  (one line naming the owner) when another live process holds it, OSError when
+  `workdir` cannot be written.
   """
   if process_index != 0:
     yield
@@ -107,7 +108,8 @@ def _remove_if_empty(path: pathlib.Path) -> None:
 
 def check_free(workdir: str | pathlib.Path) -> None:
   """Raises RunLockedError, as `lock` would, when a live process holds `workdir`'s lock;
-  creates nothing (`main` asks before it validates the rest, then takes the lock)."""
+  creates nothing (`main` asks before it validates the rest; the trainer then takes the
+  lock)."""
   path = pathlib.Path(workdir).absolute() / LOCK_FILE
   if os.path.realpath(path.parent) in _held:
     return

@@ -65,6 +65,9 @@ def main(fn: Callable) -> None:
     print((sys.modules["__main__"].__doc__ or "").strip() + "\n\nflags:\n" + "\n".join(
         flags.FLAGS.module_help(m) for m in mine))
     sys.exit(0)
+  from avtext import cli  # pylint: disable=g-import-not-at-top
+  cli.quiet_tpu_probe()  # as the package's programs: no libtpu probe warnings on a CPU host
+  cli.safe_cpu_collectives()
   app.run(fn)
 
 

@@ -12,7 +12,7 @@ SGD with momentum, params and optimizer state float32 and replicated, the batch 
 `data` axis of all the slice's chips), compiled by libtpu for `--topology` on this CPU:
 
   avtext   the config as it is: avtext's MBT (bf16, full remat, scanned layers, Pallas flash
-           attention), `avtext.aot`'s own pieces (`_train_step`, `program_cost`, ...).
+           attention), `avtext.train.aot`'s pieces (`train_step`, `program_cost`, ...).
   scenic   the same config, trainer, BERT-base text tower (avtext.models.bert, with the config's
            bf16 / remat / scan), projections, loss and optimizer, with the video tower swapped
            for scenic's own `scenic.projects.mbt.model.MBT` imported from --scenic_dir at run
@@ -30,7 +30,7 @@ Only the video tower differs, so the rows compare the two MBT implementations. P
 HBM needed (arguments + outputs + temporaries - aliased), and from the compiled program's HLO
 (`avtext.train.hlo_cost.analyze_hlo`) HBM bytes, FLOPs and ICI bytes, the roofline bound
 (`avtext.train.cost_model.bound`, v5e figures) and MFU at the bound. Model FLOPs: each side's
-step lowered without remat on one CPU device (`avtext.aot.model_flops_per_step`), the same
+step lowered without remat on one CPU device (`avtext.train.aot.model_flops_per_step`), the same
 count for both.
 
 A program that needs more HBM than the chip has does not compile (RESOURCE_EXHAUSTED). The
@@ -163,19 +163,20 @@ def _dumped(dump: pathlib.Path) -> set:
 
 def compile_side(side: str, config, devices, hlo_dir: pathlib.Path) -> dict:
   """Lowers and compiles `side`'s train step; its figures (HLO paths, memory) as a dict."""
-  from avtext import aot  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+  from avtext.train import aot  # pylint: disable=g-import-not-at-top
   dump = hlo_dir / "dump"
   before = _dumped(dump)
   log = lambda m: print(f"aot_scenic: {side}: {m}", flush=True)  # noqa: E731
   log(f"lowering the train step (global batch {config.train.batch_size})")
   t0 = time.perf_counter()
-  _, _, _, lowered = aot._train_step(config, devices)  # pylint: disable=protected-access
+  _, _, _, lowered = aot.train_step(config, devices, registry.build_task)
   log(f"lowered in {time.perf_counter() - t0:.0f} s; compiling (minutes)")
   t0 = time.perf_counter()
   out = {"side": side, "global_batch": int(config.train.batch_size), "chips": len(devices)}
   try:
     compiled = lowered.compile()
-    out["memory_analysis"] = aot._memory(compiled)  # pylint: disable=protected-access
+    out["memory_analysis"] = aot.memory(compiled)
     out["fits"] = True
   except Exception as e:  # pylint: disable=broad-except
     if "RESOURCE_EXHAUSTED" not in str(e):
@@ -189,7 +190,7 @@ def compile_side(side: str, config, devices, hlo_dir: pathlib.Path) -> dict:
   out["hlo"] = str(new[-1])  # the train step: the largest module of this compile
   log(f"compiled in {out['compile_s']:.0f} s ({'fits' if out['fits'] else out['error']}); "
       "counting the model's FLOPs (lowered without remat on the CPU)")
-  out["model_flops_per_step"] = aot.model_flops_per_step(config)
+  out["model_flops_per_step"] = aot.model_flops_per_step(config, registry.build_task)
   return out
 
 
@@ -259,7 +260,7 @@ def main(argv) -> None:
     # one that runs out of HBM.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={hlo_dir}/dump"
                                " --xla_dump_hlo_as_text").strip()
-  from avtext import aot  # pylint: disable=g-import-not-at-top
+  from avtext.train import aot  # pylint: disable=g-import-not-at-top
   topology = _TOPOLOGY.value
   if not _REANALYSE.value:
     register_scenic_tower(_SCENIC_DIR.value)

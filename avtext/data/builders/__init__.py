@@ -22,10 +22,10 @@ imported only by a config that reads TFDS files):
                            the synthetic world's TFDS builder too)
   features:hdf5            precomputed per-item arrays (COOT / TVR style) under
   features:npz             config.dataset.path; layouts and config fields in
-  features:array_record    `builders.precomputed` and `avtext.data.features`
+  features:array_record    `builders.array_store` and `avtext.data.array_store`
   coot                     COOT's feature layout (ActivityNet-captions, YouCook2, the synthetic
                            paragraph videos) under config.dataset.path, see
-                           `builders.coot` and `avtext.data.feature_layout`
+                           `builders.coot` and `avtext.data.coot_files`
   tvc                      TV show Captions (TVR app. D) in the official TVCaption layout
                            (annotation jsonl, TVQA subtitles, clip-feature h5) under
                            config.dataset.path, see `builders.tvc`; moments of a 'features' kind
@@ -54,9 +54,9 @@ RandomAccessDataSource (`__len__`, `__getitem__`) with a `kind`:
               several captions); a source may add
               `describe(i)`, `render_frames(i, idx)` and `render_audio(i, start, n)`
               for cheap partial access (see `pipelines.ClipReader`).
-  'features'  `avtext.data.features.FeatureSource`: a dict of numpy arrays (leading
+  'features'  `avtext.data.array_store.FeatureSource`: a dict of numpy arrays (leading
               axes of variable length) plus host fields ('id', strings); batch them
-              with `features.collate`.
+              with `array_store.collate`.
 """
 from typing import Any, Callable
 

@@ -1,4 +1,4 @@
-"""Dataset `coot`: COOT's feature layout (avtext/data/feature_layout.py) from local files.
+"""Dataset `coot`: COOT's feature layout (avtext/data/coot_files.py) from local files.
 
 config.dataset fields (the official `dataset_train` names and values of
 config/retrieval/paper2020/{anet_coot,yc2_100m_coot}.yaml in brackets):
@@ -47,7 +47,7 @@ import numpy as np
 
 from avtext import errors
 from avtext.data import builders
-from avtext.data import feature_layout
+from avtext.data import coot_files
 from avtext.data import video as video_lib
 
 _PREPARE = (
@@ -56,7 +56,7 @@ _PREPARE = (
     "the video features into the dataset directory; "
     "`python -m avtext.features coot_text --dataset_dir=<path>` builds the text "
     "features; `make demo-coot` writes the synthetic demo dataset. Layout: "
-    "avtext/data/feature_layout.py")
+    "avtext/data/coot_files.py")
 
 
 def segment_frames(num_frames: int, duration_sec: float, segments, *, add_stop_frame: int,
@@ -101,17 +101,17 @@ class CootSource:
     self.video_dim = int(_required(cfg, "video_dim", "the video feature width D"))
     self.text_dim = int(_required(cfg, "text_dim", "the text feature width Dt"))
     self.source = cfg.get("video_source", "h5")
-    if self.source not in feature_layout.VIDEO_SOURCES:
+    if self.source not in coot_files.VIDEO_SOURCES:
       raise ValueError(f"config.dataset.video_source={self.source!r}; expected one of "
-                       f"{feature_layout.VIDEO_SOURCES}")
+                       f"{coot_files.VIDEO_SOURCES}")
     self.add_stop_frame = int(cfg.get("add_stop_frame", 1))
     self.expand_segments = int(cfg.get("expand_segments", 0))
     self._h5, self._pid = {}, os.getpid()
 
-    self.meta_file = feature_layout.meta_path(self.path, cfg.get("metadata_name", "all"))
+    self.meta_file = coot_files.meta_path(self.path, cfg.get("metadata_name", "all"))
     if not self.meta_file.is_file():
       raise FileNotFoundError(f"{self.meta_file} not found. {_PREPARE}")
-    meta = feature_layout.read_json(self.meta_file, "COOT meta file")
+    meta = coot_files.read_json(self.meta_file, "COOT meta file")
     self.keys = [k for k, v in meta.items() if isinstance(v, dict) and v.get("split") == split]
     if not self.keys:
       splits = sorted({str(v.get("split")) for v in meta.values() if isinstance(v, dict)})
@@ -121,10 +121,10 @@ class CootSource:
     if limit is not None and limit > -1:
       self.keys = self.keys[:limit]
     for key in self.keys:
-      feature_layout.check_meta_entry(self.meta_file, key, meta[key])
+      coot_files.check_meta_entry(self.meta_file, key, meta[key])
     self.meta = {k: meta[k] for k in self.keys}
 
-    self.num_frames_file = feature_layout.num_frames_path(self.path, self.video_name)
+    self.num_frames_file = coot_files.num_frames_path(self.path, self.video_name)
     self._num_frames = self._count_frames()
     self._text_keys, self._splits = self._check_text()
     self._segments = {
@@ -162,10 +162,10 @@ class CootSource:
 
   @property
   def _video_h5(self) -> pathlib.Path:
-    return feature_layout.video_h5_path(self.path, self.video_name)
+    return coot_files.video_h5_path(self.path, self.video_name)
 
   def _npz(self, data_key: str) -> pathlib.Path:
-    return feature_layout.video_npz_path(self.path, self.video_name, data_key)
+    return coot_files.video_npz_path(self.path, self.video_name, data_key)
 
   def _video_where(self, data_key: str) -> str:
     return (f"{self._video_h5}, video {data_key!r}" if self.source == "h5" else
@@ -184,7 +184,7 @@ class CootSource:
     """{data_key: T}; checks that every video is stored, with width video_dim."""
     counts = {}
     if self.num_frames_file.is_file():
-      counts = feature_layout.read_json(self.num_frames_file, "{data_key: number of frames} cache")
+      counts = coot_files.read_json(self.num_frames_file, "{data_key: number of frames} cache")
     data_keys = sorted({v["data_key"] for v in self.meta.values()})
     missing = [d for d in data_keys if d not in counts]
     if self.source == "h5":
@@ -201,13 +201,13 @@ class CootSource:
         file = self._existing(self._npz(d), f"video features of {self._key_of(d)!r} "
                               f"(data_key {d!r}):")
         if d in missing:
-          shape = feature_layout.npz_shape(file)
-          feature_layout.check_npz_shape(file, shape)
+          shape = coot_files.npz_shape(file)
+          coot_files.check_npz_shape(file, shape)
           self._check_width(d, (shape[0], shape[2]))
           counts[d] = int(shape[0])
     if missing:
       try:
-        feature_layout.write_json(self.num_frames_file, counts)
+        coot_files.write_json(self.num_frames_file, counts)
       except OSError as e:  # a read-only dataset directory: count again next time
         logging.warning("could not update %s: %s", self.num_frames_file, e)
     return counts
@@ -217,15 +217,15 @@ class CootSource:
 
   def _check_text(self) -> tuple[dict[str, str], dict[str, list[int]]]:
     """({key: key in the text h5}, {key: sentence lengths}), every one checked."""
-    text_file = self._existing(feature_layout.text_h5_path(self.path, self.text_name),
+    text_file = self._existing(coot_files.text_h5_path(self.path, self.text_name),
                                "text features")
     splits_file = self._existing(
-        feature_layout.sentence_splits_path(self.path, self.text_name), "sentence splits")
-    all_splits = feature_layout.read_json(splits_file, "{key: tokens per sentence} sentence splits")
+        coot_files.sentence_splits_path(self.path, self.text_name), "sentence splits")
+    all_splits = coot_files.read_json(splits_file, "{key: tokens per sentence} sentence splits")
     h5 = self._open(text_file)
     stored, splits = {}, {}
     for key in self.keys:
-      legacy = feature_layout.legacy_text_key(key)
+      legacy = coot_files.legacy_text_key(key)
       name = key if key in h5 else legacy if legacy in h5 else None
       if name is None:
         raise KeyError(f"{text_file}: no text features for {key!r} (nor {legacy!r}); rebuild "
@@ -262,7 +262,7 @@ class CootSource:
     if self.source == "h5":
       video = np.asarray(self._open(self._video_h5)[data_key], np.float32)
     else:
-      video = feature_layout.read_npz_video(self._npz(data_key))
+      video = coot_files.read_npz_video(self._npz(data_key))
     self._check_width(data_key, video.shape)
     if len(video) != self._num_frames[data_key]:
       raise ValueError(f"{self._video_where(data_key)}: {len(video)} frames but "
@@ -285,7 +285,7 @@ class CootSource:
     key = out["id"]
     out["video"] = self.video(out.pop("data_key"))
     out["text"] = np.asarray(
-        self._open(feature_layout.text_h5_path(self.path, self.text_name))[self._text_keys[key]],
+        self._open(coot_files.text_h5_path(self.path, self.text_name))[self._text_keys[key]],
         np.float32)
     del out["duration_sec"], out["num_frames"]
     return out

@@ -60,7 +60,7 @@ import numpy as np
 from avtext import errors
 from avtext.data import builders
 from avtext.data import ground_truth
-from avtext.data import features
+from avtext.data import array_store
 from avtext.data.builders import files
 
 FORMAT = "avtext.smit_features/1"
@@ -82,7 +82,7 @@ class SMiTFeatures:
     self.arrays: dict[str, np.ndarray] = {}
     with h5py.File(self.path, "r") as f:
       if "ids" not in f:
-        raise features.FeatureError(f"{self.path}: no dataset 'ids' (str [N])")
+        raise array_store.FeatureError(f"{self.path}: no dataset 'ids' (str [N])")
       self.ids = [x.decode() if isinstance(x, bytes) else str(x) for x in f["ids"][()]]
       n = len(self.ids)
       for key in _PER_ITEM + _RAGGED + ("transcript", "caption"):
@@ -90,7 +90,7 @@ class SMiTFeatures:
           continue
         value = f[key][()]
         if key in _PER_ITEM and (value.ndim != 2 or len(value) != n):
-          raise features.FeatureError(f"{self.path}, {key!r}: expected [N={n}, D], got "
+          raise array_store.FeatureError(f"{self.path}, {key!r}: expected [N={n}, D], got "
                                       f"{value.shape}")
         self.arrays[key] = value
       for key in _RAGGED:
@@ -98,16 +98,16 @@ class SMiTFeatures:
           continue
         off = f"{key}_offsets"
         if off not in f:
-          raise features.FeatureError(f"{self.path}: {key!r} without {off!r} (int64 [N+1])")
+          raise array_store.FeatureError(f"{self.path}: {key!r} without {off!r} (int64 [N+1])")
         offsets = np.asarray(f[off][()], np.int64)
         if (offsets.shape != (n + 1,) or offsets[0] != 0 or np.any(np.diff(offsets) < 0)
             or offsets[-1] != len(self.arrays[key])):
-          raise features.FeatureError(
+          raise array_store.FeatureError(
               f"{self.path}, {off!r}: expected N+1={n + 1} non-decreasing offsets from 0 to "
               f"{len(self.arrays[key])} (the rows of {key!r}), got shape {offsets.shape}")
         self.arrays[off] = offsets
     if not any(k in self.arrays for k in _PER_ITEM):
-      raise features.FeatureError(f"{self.path}: holds neither 'image_embedding' nor "
+      raise array_store.FeatureError(f"{self.path}: holds neither 'image_embedding' nor "
                                   "'temporal_embedding'")
     self.schema = {k: None for k in self.arrays if not k.endswith("_offsets")}
     self._origin = origin_source

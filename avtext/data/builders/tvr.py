@@ -59,6 +59,9 @@ from avtext.data.builders import tvc
 DEFAULT_VIDEO_FEATURES = ("tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5",)
 DEFAULT_SUB_FEATURES = "bert_feature/sub_query/tvr_sub_pretrained_w_sub_query_max_cl-1.5.h5"
 DEFAULT_QUERY_FEATURES = "bert_feature/sub_query/tvr_query_pretrained_w_sub_query.h5"
+# A query's token features are "[CLS] desc [SEP]" cut to this many tokens (the official
+# tokenizer max_length, with <s> </s>), [CLS] and [SEP] removed.
+MAX_QUERY_TOKENS = 30
 VIDEO2IDX = "tvr_video2dur_idx.json"
 SPLITS = ("train", "val", "test_public")
 QUERY_TYPES = ("v", "t", "vt")

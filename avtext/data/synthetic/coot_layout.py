@@ -1,7 +1,7 @@
 r"""The synthetic paragraph videos written in COOT's feature layout (`make demo-coot`).
 
 Videos are `multiscene.MultiSceneSource` examples (3-8 scenes of 2-4 s, one
-sentence per scene). `write` lays them out as `avtext.data.feature_layout`
+sentence per scene). `write` lays them out as `avtext.data.coot_files`
 describes, under the names configs/coot_activitynet.py:demo expects:
 meta_all.json (splits "train", "val"), synthetic_tower.h5 and
 text_feat_synthetic_meta_all_transformers_minilm-l6_-2,-1.h5 with its
@@ -21,7 +21,7 @@ MiniLM-L6.
 import pathlib
 from typing import Callable
 
-from avtext.data import feature_layout
+from avtext.data import coot_files
 from avtext.data.synthetic import multiscene
 from avtext.data.synthetic import world
 
@@ -47,7 +47,7 @@ def write(out_dir, *, num_train: int, num_val: int, spec: world.WorldSpec,
                         "text": s["sentence"]} for s in d["segments"]]}
       paragraphs[d["video_id"]] = d["paragraph"]
   text, lengths = text_features(paragraphs)
-  feature_layout.write_video_features_h5(out, VIDEO_FEATURES, videos)
-  feature_layout.write_text_features(out, TEXT_FEATURES, text, lengths)
-  feature_layout.write_meta(out, meta)
+  coot_files.write_video_features_h5(out, VIDEO_FEATURES, videos)
+  coot_files.write_text_features(out, TEXT_FEATURES, text, lengths)
+  coot_files.write_meta(out, meta)
   return len(meta)

@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from avtext.data import feature_layout
+from avtext.data import coot_files
 from avtext.data.builders import tvc
 from avtext.data.builders import tvr
 from avtext.data.synthetic import longvideo
@@ -108,8 +108,8 @@ def write(out_dir, *, num_train: int, num_val: int, num_test: int, spec: world.W
     _write_jsonl(out / f"tvr_{name}_release.jsonl", tvr_rows)
     all_subs += subs
   _write_jsonl(out / tvc.DEFAULT_SUBTITLES, all_subs)
-  feature_layout.write_video_features_h5(out / "video_feature", VIDEO_FEATURES, videos)
-  feature_layout.write_json(out / tvr.VIDEO2IDX, video2idx)
+  coot_files.write_video_features_h5(out / "video_feature", VIDEO_FEATURES, videos)
+  coot_files.write_json(out / tvr.VIDEO2IDX, video2idx)
   truth.write_world_file(out)
   text_features(out)
   return len(videos)

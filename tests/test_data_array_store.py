@@ -1,4 +1,4 @@
-"""Precomputed feature stores (HDF5, .npz, array_record) and `features.collate`."""
+"""Precomputed feature stores (HDF5, .npz, array_record) and `array_store.collate`."""
 import io
 import logging
 import os
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from avtext.data import builders
-from avtext.data import features
+from avtext.data import array_store
 
 SCHEMA = {"video": "float32[T, 2]", "n": "int64[]", "sentences": "str[N]", "title": "str"}
 
@@ -59,8 +59,8 @@ def write(layout, folder, items, name="train"):
 
 
 def open_source(layout, path, schema=SCHEMA, **kwargs):
-  cls = {"hdf5": features.Hdf5Features, "npz": features.NpzFeatures,
-         "array_record": features.ArrayRecordFeatures}[layout]
+  cls = {"hdf5": array_store.Hdf5Features, "npz": array_store.NpzFeatures,
+         "array_record": array_store.ArrayRecordFeatures}[layout]
   return cls(path, schema, **kwargs)
 
 
@@ -68,17 +68,17 @@ LAYOUTS = ("hdf5", "npz", "array_record")
 
 
 def test_parse_spec():
-  assert features.parse_spec("float32[T, 512]") == features.ArraySpec("float32", (None, 512))
-  assert features.parse_spec("str") == features.ArraySpec("str", ())
-  assert features.parse_spec("int64[]") == features.ArraySpec("int64", ())
-  assert features.parse_spec("uint8[N,L, 3]").shape == (None, None, 3)
-  assert str(features.parse_spec("float32[T, 512]")) == "float32[*, 512]"
+  assert array_store.parse_spec("float32[T, 512]") == array_store.ArraySpec("float32", (None, 512))
+  assert array_store.parse_spec("str") == array_store.ArraySpec("str", ())
+  assert array_store.parse_spec("int64[]") == array_store.ArraySpec("int64", ())
+  assert array_store.parse_spec("uint8[N,L, 3]").shape == (None, None, 3)
+  assert str(array_store.parse_spec("float32[T, 512]")) == "float32[*, 512]"
   with pytest.raises(ValueError, match="unknown dtype 'floot32'"):
-    features.parse_spec("floot32[T]")
+    array_store.parse_spec("floot32[T]")
   with pytest.raises(ValueError, match="dim '-1'"):
-    features.parse_spec("float32[-1]")
+    array_store.parse_spec("float32[-1]")
   with pytest.raises(ValueError, match="'id' is reserved"):
-    features.parse_schema({"id": "str"})
+    array_store.parse_schema({"id": "str"})
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -111,12 +111,12 @@ def test_array_record_shards_are_read_in_order(tmp_path):
                                                    "group_size:1")
     writer.write(_npz_bytes(dict(ITEMS[item_id], id=np.array(item_id))))
     writer.close()
-  source = features.ArrayRecordFeatures(str(base), SCHEMA)
+  source = array_store.ArrayRecordFeatures(str(base), SCHEMA)
   assert [source[i]["id"] for i in range(len(source))] == ["vid_b", "vid_a"]
   np.testing.assert_array_equal(source[1]["video"], [[9.0, 8.0]])
   os.remove(f"{base}-00001-of-00002")
   with pytest.raises(FileNotFoundError, match=r"found 1 of 2 shards"):
-    features.ArrayRecordFeatures(str(base), SCHEMA)
+    array_store.ArrayRecordFeatures(str(base), SCHEMA)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -133,7 +133,7 @@ def test_missing_file(tmp_path, layout):
 def test_missing_key_names_file_item_and_key(tmp_path, layout):
   items = {"v1": {k: v for k, v in ITEMS["vid_a"].items() if k != "sentences"}}
   path = write(layout, str(tmp_path), items)
-  with pytest.raises(features.FeatureError) as e:
+  with pytest.raises(array_store.FeatureError) as e:
     open_source(layout, path)[0]
   message = str(e.value)
   assert path in message and "'v1'" in message
@@ -148,7 +148,7 @@ def test_missing_key_names_file_item_and_key(tmp_path, layout):
 ])
 def test_wrong_shape_or_dtype_names_file_item_and_key(tmp_path, layout, bad, got):
   path = write(layout, str(tmp_path), {"v1": dict(ITEMS["vid_a"], video=bad)})
-  with pytest.raises(features.FeatureError) as e:
+  with pytest.raises(array_store.FeatureError) as e:
     open_source(layout, path)[0]
   message = str(e.value)
   assert path in message and "'v1'" in message
@@ -160,17 +160,17 @@ def test_array_record_without_id(tmp_path):
   writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
   writer.write(_npz_bytes(ITEMS["vid_a"]))
   writer.close()
-  with pytest.raises(features.FeatureError, match=r"record 0: no key 'id'"):
-    features.ArrayRecordFeatures(path, SCHEMA)[0]
+  with pytest.raises(array_store.FeatureError, match=r"record 0: no key 'id'"):
+    array_store.ArrayRecordFeatures(path, SCHEMA)[0]
 
 
 def test_pickled_object_arrays_are_refused(tmp_path):
   os.makedirs(tmp_path / "train")
   np.savez(tmp_path / "train" / "v1.npz", **dict(
       ITEMS["vid_a"], sentences=np.array(["x", None], dtype=object)))
-  with pytest.raises(features.FeatureError,
+  with pytest.raises(array_store.FeatureError,
                      match=r"v1.npz, item 'v1', key 'sentences': unreadable"):
-    features.NpzFeatures(str(tmp_path / "train"), SCHEMA)[0]
+    array_store.NpzFeatures(str(tmp_path / "train"), SCHEMA)[0]
 
 
 @pytest.mark.parametrize("layout", ("hdf5", "npz"))
@@ -182,9 +182,9 @@ def test_id_list_and_skip_missing(tmp_path, layout, caplog):
   # Without skip_missing every listed item is kept, and reading an incomplete one fails.
   strict = open_source(layout, path, ids=ids)
   assert len(strict) == 4 and strict[0]["id"] == "b"
-  with pytest.raises((FileNotFoundError, features.FeatureError), match="ghost"):
+  with pytest.raises((FileNotFoundError, array_store.FeatureError), match="ghost"):
     strict[1]
-  with pytest.raises(features.FeatureError, match="no key 'video'"):
+  with pytest.raises(array_store.FeatureError, match="no key 'video'"):
     strict[2]
   with caplog.at_level(logging.WARNING):
     lenient = open_source(layout, path, ids=ids, skip_missing=True)
@@ -211,7 +211,7 @@ def test_registry_opens_each_layout_from_config(tmp_path):
       name="features:hdf5", path=root, features=SCHEMA, files={"train": "all.h5"},
       ids={"val": "val_ids.txt"}, skip_missing=True))
   h5 = builders.get_source(config, "train")
-  assert isinstance(h5, features.Hdf5Features) and h5.ids == ["vid_a", "vid_b"]
+  assert isinstance(h5, array_store.Hdf5Features) and h5.ids == ["vid_a", "vid_b"]
   with pytest.raises(FileNotFoundError, match=r"val.h5: no such HDF5 file"):
     builders.get_source(config, "validation")  # default file name <split>.h5
   npz = builders.get_source(_renamed(config, "features:npz"), "validation")  # <path>/val/
@@ -236,7 +236,7 @@ def test_collate_pads_masks_stacks_and_lists():
       {"id": "y", "video": np.array([[7, 8]], np.float32), "n": np.int64(1),
        "pos": np.array([2.5, 3.5], np.float32), "sentences": ["s3"], "flag": False},
   ]
-  batch = features.collate(examples, max_len={"video": None})
+  batch = array_store.collate(examples, max_len={"video": None})
   assert set(batch) == {"id", "video", "video_mask", "n", "pos", "sentences", "flag"}
   np.testing.assert_array_equal(batch["video"], np.array(
       [[[1, 2], [3, 4], [5, 6]], [[7, 8], [0, 0], [0, 0]]], np.float32))
@@ -249,12 +249,12 @@ def test_collate_pads_masks_stacks_and_lists():
   assert batch["id"] == ["x", "y"] and batch["sentences"] == [["s1", "s2"], ["s3"]]
 
   # A configured length truncates (first rows kept) and pads, with pad_value.
-  short = features.collate(examples, max_len={"video": 2}, keys=("video", "id"), pad_value=-1)
+  short = array_store.collate(examples, max_len={"video": 2}, keys=("video", "id"), pad_value=-1)
   assert set(short) == {"video", "video_mask", "id"}
   np.testing.assert_array_equal(short["video"], np.array(
       [[[1, 2], [3, 4]], [[7, 8], [-1, -1]]], np.float32))
   np.testing.assert_array_equal(short["video_mask"], [[True, True], [True, False]])
-  long = features.collate(examples, max_len={"video": 4}, keys=("video",))
+  long = array_store.collate(examples, max_len={"video": 4}, keys=("video",))
   np.testing.assert_array_equal(long["video"][0], [[1, 2], [3, 4], [5, 6], [0, 0]])
   np.testing.assert_array_equal(long["video_mask"], [[1, 1, 1, 0], [1, 0, 0, 0]])
 
@@ -263,28 +263,28 @@ def test_collate_errors():
   a = {"video": np.zeros((2, 3)), "n": np.zeros(2)}
   b = {"video": np.zeros((1, 3)), "n": np.zeros(3)}
   with pytest.raises(ValueError, match=r"key 'n' has shapes \[\(2,\), \(3,\)\]"):
-    features.collate([a, b], max_len={"video": None})
+    array_store.collate([a, b], max_len={"video": None})
   with pytest.raises(ValueError, match="key 'video' has trailing shapes"):
-    features.collate([a, {"video": np.zeros((1, 4))}], max_len={"video": None}, keys=["video"])
+    array_store.collate([a, {"video": np.zeros((1, 4))}], max_len={"video": None}, keys=["video"])
   with pytest.raises(KeyError, match="example 1 has no key 'n'"):
-    features.collate([a, {"video": np.zeros((1, 3))}], max_len={"video": None})
+    array_store.collate([a, {"video": np.zeros((1, 3))}], max_len={"video": None})
   with pytest.raises(KeyError, match=r"max_len names keys \['audio'\]"):
-    features.collate([a], max_len={"audio": 4})
+    array_store.collate([a], max_len={"audio": 4})
   with pytest.raises(ValueError, match="would clash"):
-    features.collate([dict(a, video_mask=np.ones(2))], max_len={"video": None})
+    array_store.collate([dict(a, video_mask=np.ones(2))], max_len={"video": None})
   with pytest.raises(ValueError, match="'n' is a scalar"):
-    features.collate([{"n": np.int64(1)}], max_len={"n": None})
+    array_store.collate([{"n": np.int64(1)}], max_len={"n": None})
   with pytest.raises(ValueError, match="'s' is not numeric"):
-    features.collate([{"s": ["a", "b"]}], max_len={"s": None})
+    array_store.collate([{"s": ["a", "b"]}], max_len={"s": None})
 
 
 def test_collate_pads_to_a_multiple_of_the_longest():
-  out = features.collate([{"x": np.ones((3, 2))}, {"x": np.ones((9, 2))}],
+  out = array_store.collate([{"x": np.ones((3, 2))}, {"x": np.ones((9, 2))}],
                          max_len={"x": None}, pad_multiple=8)
   assert out["x"].shape == (2, 16, 2)
   np.testing.assert_array_equal(out["x_mask"].sum(1), [3, 9])
   # A fixed length ignores the multiple; empty arrays still get one (masked) row.
-  assert features.collate([{"x": np.ones((3, 2))}], max_len={"x": 5},
+  assert array_store.collate([{"x": np.ones((3, 2))}], max_len={"x": 5},
                           pad_multiple=8)["x"].shape == (1, 5, 2)
-  empty = features.collate([{"x": np.ones((0, 2))}], max_len={"x": None}, pad_multiple=4)
+  empty = array_store.collate([{"x": np.ones((0, 2))}], max_len={"x": None}, pad_multiple=4)
   assert empty["x"].shape == (1, 4, 2) and not empty["x_mask"].any()

@@ -1,4 +1,5 @@
-"""Per-token features of a local BERT-family model: the one engine behind every text-feature tool.
+"""A local BERT-family model as a frozen per-token text encoder: the one engine behind
+every text-feature tool and XML's free-text queries.
 
 `TextEncoder(bert_dir, layers)` loads an HF BERT directory (config.json,
 model.safetensors, vocab.txt; default the offline MiniLM-L6) into our `Bert`
@@ -6,8 +7,10 @@ and its WordPiece tokenizer (lower-cased unless tokenizer_config.json says
 do_lower_case=false); `run({key: token ids})` returns {key: float32
 [tokens, len(layers) * D]}, the concatenated hidden states `layers` (HF
 numbering: 0 the embeddings, -1 the last layer) of each sequence, batched by
-length. COOT's paragraphs (`coot_text.encode_paragraphs`) and TVR's queries
-and subtitles (`tvr_text`) are built on it.
+length; `token_features({key: text}, max_len)` the same for plain sentences,
+"[CLS] text [SEP]" cut to `max_len` tokens, with [CLS] and [SEP] taken off again.
+COOT's paragraphs (`avtext.features.coot_text`), TVR's queries and subtitles
+(`avtext.features.tvr_text`) and the XML task's `encode_text` are built on it.
 """
 import pathlib
 from typing import Mapping, Sequence
@@ -58,6 +61,15 @@ class TextEncoder:
     cls_sep = self.tokenizer.wordpiece("[CLS] [SEP]")
     pieces = self.tokenizer.wordpiece(text)[:max(0, min(max_len, self.max_len) - 2)]
     return cls_sep[:1] + pieces + cls_sep[1:]
+
+  def token_features(self, texts: Mapping[str, str], max_len: int, *, batch_size: int = 16,
+                     desc: str = "text features") -> dict[str, np.ndarray]:
+    """{key: float32 [tokens, dim]}: each text as "[CLS] text [SEP]" cut to `max_len`
+    tokens (`sentence_ids`), through `run`, without its [CLS] and [SEP] rows (an empty
+    text keeps both, so no sequence is empty)."""
+    ids = {k: self.sentence_ids(t, max_len) for k, t in texts.items()}
+    feats = self.run(ids, batch_size=batch_size, desc=desc)
+    return {k: v[1:-1] if len(v) > 2 else v for k, v in feats.items()}
 
   def run(self, token_ids: Mapping[str, Sequence[int]], *, batch_size: int = 16,
           desc: str = "text features") -> dict[str, np.ndarray]:

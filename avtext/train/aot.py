@@ -1,0 +1,365 @@
+"""Compiling a config ahead of time for a TPU slice or GPU hosts: the library behind
+`python -m avtext.aot` (which documents the report) and the speed benchmarks.
+
+`analyze(config, topology, build_task=...)` lowers the trainer's own jitted train step from
+abstract inputs (`train_step`) onto the devices libtpu or the CUDA plugin describes
+(`topology_devices`), compiles it, reads its memory and its costs (`hlo_cost`,
+`cost_model`) and returns the report dict; `format_report` writes it as text. The
+task and the predict functions to compile come from the caller (`train/` imports no
+task and no evaluator: `avtext.aot` passes the task registry and the evaluators'
+predict functions).
+"""
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from avtext.train import cost_model
+from avtext.train import hlo_cost
+
+GIB = 2 ** 30
+
+
+Chip, CHIPS, chip_of = cost_model.Chip, cost_model.CHIPS, cost_model.chip_of
+BuildTask = Callable[[Any], Any]  # config -> task (the caller's task registry)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+  """libtpu prints cloud-metadata warnings when it finds no TPU VM: drop them."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with open(os.devnull, "w") as null:
+    os.dup2(null.fileno(), 2)
+  try:
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
+# The H100 SXM5 as XLA's GPU compiler models it (a `stream_executor.GpuTargetConfigProto`
+# text): NVIDIA's datasheet figures (132 SMs at 1.98 GHz, 80 GB HBM3 at 3.35 TB/s, 50 MB
+# L2, compute capability 9.0) and the CUDA limits of that architecture.
+H100_TARGET = """gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
+  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
+  clock_rate_ghz: 1.98 device_memory_size: 84978434048
+  shared_memory_per_block_optin: 232448 cuda_compute_capability { major: 9 }
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+
+
+def gpu_topology_devices(topology: str) -> list:
+  """The GPUs of `topology` ("h100:HOSTSxGPUS", e.g. h100:1x1, h100:1x8) described by
+  the CUDA PJRT plugin of requirements-cuda12.txt from `H100_TARGET`, no GPU needed."""
+  dims = topology.split(":")[1].split("x") if ":" in topology else []
+  if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
+    raise ValueError(f"topology {topology!r}: a GPU topology is h100:HOSTSxGPUS "
+                     "(h100:1x1 for one GPU, h100:1x8 for an 8-GPU host)")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    desc = topologies.get_topology_desc(
+        topology_name=topology, platform="cuda", topology=f"1x{dims[0]}x{dims[1]}",
+        target_config=H100_TARGET)
+  except Exception as e:  # pylint: disable=broad-except
+    raise RuntimeError(
+        f"the CUDA plugin could not describe {topology!r} ({type(e).__name__}: "
+        f"{str(e).splitlines()[0] if str(e) else ''}); compiling for GPUs needs the CUDA "
+        "wheels: make venv ACCEL=cuda12 (or pip install -r requirements-cuda12.txt)") from e
+  return list(desc.devices)
+
+
+def per_device(chip: Chip, topology: str, devices: list) -> Chip:
+  """The chip's figures per JAX device (`cost_model.per_device`)."""
+  dims = [int(d) for d in topology.split(":")[1].split("x")]
+  return cost_model.per_device(chip, len(devices) // int(np.prod(dims)))
+
+
+def topology_devices(topology: str) -> list:
+  """The devices of a TPU slice described by libtpu, or of GPU hosts described by the
+  CUDA PJRT plugin (`gpu_topology_devices`); no accelerator needed."""
+  if chip_of(topology).platform == "cuda":
+    return gpu_topology_devices(topology)
+  # libtpu takes a machine-wide lock file by default; describing a slice needs no chip,
+  # so several checks (and tests) may run at once.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  chip_of(topology)
+  try:
+    with _quiet_stderr():
+      desc = topologies.get_topology_desc(topology_name=topology, platform="tpu")
+  except Exception as e:  # pylint: disable=broad-except
+    raise RuntimeError(
+        f"libtpu could not describe topology {topology!r} ({type(e).__name__}: {e}); is "
+        "libtpu installed (pip install -r requirements-tpu.txt) and the name libtpu's "
+        "(v5e:4x4, v4:2x2x4)?") from e
+  return list(desc.devices)
+
+
+def _cost(analysis) -> dict:
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else {}
+  return dict(analysis or {})
+
+
+def memory(compiled) -> dict[str, int]:
+  m = compiled.memory_analysis()
+  return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in
+          ("argument", "output", "temp", "alias", "generated_code")}
+
+
+def _needed(mem: dict[str, int]) -> int:
+  return mem["argument"] + mem["output"] + mem["temp"] - mem["alias"]
+
+
+def _sharded(batch: dict, sharding) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  return {k: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+          for k, s in batch.items()}
+
+
+def _variant(config, *, remat: bool, scan: bool):
+  """The config for a CPU lowering: the materialized attention (the TPU kernel lowers only
+  for TPUs; same FLOPs), remat kept or off, layers scanned as configured or unrolled."""
+  plain = config.copy_and_resolve_references()
+  with plain.unlocked():
+    for node in _model_nodes(plain.model):
+      if "remat" in node and not remat:
+        node.remat = "none"
+      if "attention" in node:
+        node.attention = "xla"
+      if "scan_layers" in node and not scan:
+        node.scan_layers = False
+  return plain
+
+
+def _without_remat(config):
+  """The config with remat off, unrolled layers and the materialized attention: its
+  un-optimized program counts the model's FLOPs once (no recomputation)."""
+  return _variant(config, remat=False, scan=False)
+
+
+def scans_layers(config) -> bool:
+  return any(node.get("scan_layers") for node in _model_nodes(config.model))
+
+
+def _model_nodes(node):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  yield node
+  for value in node.values():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _model_nodes(value)
+
+
+def train_step(config, devices, build_task: BuildTask):
+  """(trainer, task, abstract state, lowered train step) on `devices` from abstract
+  inputs; `build_task(config)` gives the task (train/ imports no task)."""
+  from avtext import ops  # pylint: disable=g-import-not-at-top
+  from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
+  from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  task = build_task(config)
+  with tempfile.TemporaryDirectory() as workdir:
+    # The evaluators' names only (config.eval.select is checked against them); their
+    # predict functions are compiled separately (`lower_predict_fns`), no split is opened.
+    run = trainer_lib.Trainer(config, workdir, task, {name: None for name in config.get("evals", {})},
+                              devices=devices)
+  batch = _sharded(task.batch_spec(config.train.batch_size, train=True),
+                   partitioning.data_sharding(run.mesh))
+  state, tx, schedule = run.abstract_state(batch)
+  step = run.make_train_step(tx, schedule, jax.tree.map(lambda x: x.sharding, state))
+  # Traced as the TPU program, also when counting its FLOPs on a CPU device.
+  with partitioning.mesh_context(run.mesh, config), ops.lowering_for(_target(devices)):
+    return run, task, state, step.lower(state, batch)
+
+
+def _target(devices) -> str:
+  """The platform a program for `devices` is traced for: theirs ("tpu", "gpu"); CPU
+  devices (the FLOP-counting lowerings) trace the accelerator program, "tpu"."""
+  platform = devices[0].platform
+  return "gpu" if platform in ("cuda", "rocm", "gpu") else "tpu"
+
+
+def model_flops_per_step(config, build_task: BuildTask) -> float:
+  """FLOPs of one train step of the whole global batch, counted once: the step lowered
+  without remat on one CPU device (tracing only, no compilation), HLO cost analysis."""
+  import jax  # pylint: disable=g-import-not-at-top
+  lowered = train_step(_without_remat(config), jax.devices("cpu")[:1], build_task)[3]
+  return float(_cost(lowered.cost_analysis()).get("flops", 0.0))
+
+
+def lower_predict_fns(config, run, task, state, names: Sequence[str]) -> dict:
+  """{name: lowered predict function} for the task's predict functions `names` (those
+  the evaluators call) at config.eval.batch_size on the run's mesh."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from avtext import ops  # pylint: disable=g-import-not-at-top
+  from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
+  fns = task.predict_fns()
+  variables = {"params": state.params, **state.model_state}
+  batch_size = config.eval.get("batch_size") or config.train.batch_size
+  shards = partitioning.num_data_shards(run.mesh)
+  batch_size = -(-batch_size // shards) * shards  # evaluators pad the last batch likewise
+  lowered = {}
+  for name in names:
+    if name not in fns:
+      continue
+    batch = _sharded(task.batch_spec(batch_size, train=False, predict_fn=name),
+                     partitioning.data_sharding(run.mesh))
+    with partitioning.mesh_context(run.mesh, config), ops.lowering_for(
+        _target(run.mesh.devices.flat)):
+      lowered[name] = jax.jit(fns[name]).lower(variables, batch)
+  return lowered
+
+
+def _progress(message: str) -> None:
+  """A progress line on stderr (the compiles take minutes on a small machine)."""
+  print(f"aot: {message}", file=sys.stderr, flush=True)
+
+
+def program_cost(compiled, devices: int) -> hlo_cost.HloCost:
+  """The per-device costs of a compiled program, from its optimized HLO."""
+  return hlo_cost.analyze_hlo(compiled.as_text(), devices)
+
+
+def analyze(config, topology: str | None = None, *, build_task: BuildTask,
+            predict_fns: Sequence[str] | None = None, progress=_progress,
+            hlo_out: str | None = None) -> dict[str, Any]:
+  """Compiles `config` for `topology` (default config.target_topology); the report dict.
+
+  `build_task(config)` gives the task; `predict_fns`: the predict functions to compile
+  too (`avtext.evals.predict_fn_names(config)`: the evaluators'), each reported under
+  "predict" and counted in "fits" (None: the train step only, no "predict").
+  Bytes, FLOPs and interconnect bytes are read from the compiled program
+  (`hlo_cost.analyze_hlo`: every kernel weighted by its loops' trip counts, so scanned
+  layers count N times); the bound is `cost_model.bound`. `progress(message)` is
+  told what runs (lowering, compiling, ...)."""
+  topology = topology or config.get("target_topology")
+  if not topology:
+    raise ValueError("no topology: pass --topology=v5e:4x4 (or set config.target_topology)")
+  chip = per_device(chip_of(topology), topology, devices := topology_devices(topology))
+  progress(f"lowering the train step (global batch {config.train.batch_size}) for "
+           f"{topology}, {len(devices)} x {chip.name}")
+  t0 = time.perf_counter()
+  run, task, state, lowered = train_step(config, devices, build_task)
+  lower_s = time.perf_counter() - t0
+  progress(f"lowered in {lower_s:.0f} s; compiling for {topology} (minutes for a paper "
+           "config: the AVR step takes 2 on 2 quiet cores)")
+  t0 = time.perf_counter()
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - t0
+  progress(f"compiled in {compile_s:.0f} s; reading the program's costs")
+  mem = memory(compiled)
+  xla = _cost(compiled.cost_analysis())
+  chips = run.mesh.size
+  if hlo_out:
+    with open(hlo_out, "w") as f:
+      f.write(compiled.as_text())
+  cost = program_cost(compiled, chips)
+  progress("counting the model's FLOPs (the step lowered without remat on the CPU)")
+  model_flops = model_flops_per_step(config, build_task) / chips
+  roof = cost_model.bound(cost, chip, model_flops)
+  needed = _needed(mem)
+  report = {
+      "config": config.get("task"), "topology": topology, "chip": chip.name,
+      "chips": chips, "mesh": dict(run.mesh.shape),
+      "global_batch": int(config.train.batch_size),
+      "microbatches": int(config.train.get("microbatches") or 1),
+      "dtype": config.model.get("dtype") or "float32",
+      "remat": config.model.get("remat") or "none",
+      "attention": config.model.get("attention") or "xla",
+      "scan_layers": scans_layers(config),
+      "fsdp": bool((config.get("partitioning") or {}).get("fsdp", False)),
+      "hbm_needed_gib": needed / GIB, "hbm_per_chip_gib": chip.hbm_gib,
+      "headroom": 1.0 - needed / GIB / chip.hbm_gib,
+      "fits": needed / GIB <= chip.hbm_gib,
+      "memory_gib": {k: v / GIB for k, v in mem.items()},
+      "flops_per_chip": cost.flops, "model_flops_per_chip": model_flops,
+      "bytes_per_chip": cost.bytes, "comm_bytes_per_chip": cost.comm_bytes,
+      # XLA's own cost analysis, for comparison: a loop body counted once, no FLOPs
+      # inside Mosaic kernels, on-chip operands charged as memory traffic.
+      "xla_cost_analysis": {"flops": float(xla.get("flops", 0.0)),
+                            "bytes": float(xla.get("bytes accessed", 0.0))},
+      "unreadable_loops": cost.unreadable_loops,
+      **roof,
+      "lower_s": lower_s, "compile_s": compile_s,
+  }
+  if predict_fns is not None:
+    report["predict"] = {}
+    for name, fn in lower_predict_fns(config, run, task, state, predict_fns).items():
+      progress(f"compiling the predict function {name}")
+      t0 = time.perf_counter()
+      c = fn.compile()
+      m = memory(c)
+      report["predict"][name] = {"hbm_needed_gib": _needed(m) / GIB,
+                                 "fits": _needed(m) / GIB <= chip.hbm_gib,
+                                 "compile_s": time.perf_counter() - t0}
+    report["fits"] = report["fits"] and all(p["fits"] for p in report["predict"].values())
+  progress("done")
+  return report
+
+
+def advice(report: dict) -> str:
+  """What to change when a config does not fit (or fits without 10 % headroom)."""
+  steps = []
+  if report["dtype"] == "float32":
+    steps.append("--config.model.dtype=bfloat16")
+  if report["remat"] == "none":
+    steps.append("--config.model.remat=full")
+  if not report["fsdp"]:
+    steps.append("--config.partitioning.fsdp=True")
+  steps.append(f"--config.train.microbatches={2 * report['microbatches']} (tasks with "
+               "an encode/combine split)")
+  steps.append("a larger slice (--topology)")
+  return "; or ".join(steps)
+
+
+def format_report(r: dict, breakdown: bool = False) -> str:
+  lines = [
+      f"{r['topology']} ({r['chips']} x {r['chip']}, mesh {r['mesh']}), global batch "
+      f"{r['global_batch']} in {r['microbatches']} micro-batch(es), {r['dtype']} compute, "
+      f"remat {r['remat']}, attention {r['attention']}, FSDP {'on' if r['fsdp'] else 'off'}"
+      f"{', layers scanned' if r.get('scan_layers') else ''}",
+      f"  HBM per chip     {r['hbm_needed_gib']:.2f} GiB needed of {r['hbm_per_chip_gib']:.2f} "
+      f"GiB ({100 * r['headroom']:.0f} % headroom): args {r['memory_gib']['argument']:.2f}, "
+      f"outputs {r['memory_gib']['output']:.2f}, temporaries {r['memory_gib']['temp']:.2f}, "
+      f"aliased {r['memory_gib']['alias']:.2f}",
+      f"  FLOPs per chip   {r['flops_per_chip'] / 1e9:,.0f} GFLOP per step "
+      f"(model {r['model_flops_per_chip'] / 1e9:,.0f} without remat)",
+      f"  HBM traffic      {r['bytes_per_chip'] / 1e9:,.1f} GB per step per chip",
+      f"  interconnect     {r['comm_bytes_per_chip'] / 1e9:,.2f} GB sent per step per chip",
+      f"  step bound       {1e3 * r['step_time_lower_bound_s']:,.1f} ms, set by "
+      f"{r['bound_by']} = max(compute {1e3 * r['compute_bound_s']:,.1f} ms, HBM "
+      f"{1e3 * r['memory_bound_s']:,.1f} ms, ICI {1e3 * r['ici_bound_s']:,.1f} ms); "
+      f"MFU at the bound {100 * r['mfu_at_bound']:.1f} %",
+      f"  compile          {r['compile_s']:.0f} s (lowering {r['lower_s']:.0f} s)",
+  ]
+  if breakdown:
+    lines.append("  by op class       HBM GB   GFLOP   ICI GB  kernels  share of bound")
+    for name, b in r["breakdown"].items():
+      lines.append(f"    {name:26s} {b['bytes'] / 1e9:7.1f} {b['flops'] / 1e9:8,.0f} "
+                   f"{b['comm_bytes'] / 1e9:7.2f} {b['kernels']:8d}  "
+                   f"{100 * b['share_of_bound']:5.1f} %")
+    lines.append("  largest kernels by bytes (all runs)")
+    for k in r["largest"]:
+      lines.append(f"    {k['bytes'] / 1e9:7.2f} GB x{k['runs']:<3d} {k['op_class']:24s} "
+                   f"{k['name'][:36]:36s} {k['op_name'][-70:]}")
+  for name, p in (r.get("predict") or {}).items():
+    lines.append(f"  predict {name}: {p['hbm_needed_gib']:.2f} GiB, compiled in "
+                 f"{p['compile_s']:.0f} s{'' if p['fits'] else ' (does not fit)'}")
+  if r["fits"]:
+    lines.append("fits" + ("" if r["headroom"] >= 0.1 else
+                           f" (under 10 % headroom; to gain some: {advice(r)})"))
+  else:
+    lines.append(f"does not fit: {advice(r)}")
+  return "\n".join(lines)
