@@ -2,8 +2,8 @@
 
 - flags and path flags are checked before any work (`cli.check_*`): an --out that is a
   file, an input that is a directory, a value out of range: one `error:` line, exit 2;
-- one writer per output: index --out, mine --out, materialize, features take the run
-  directory's lock (`rundir.output_lock`); a second writer stops at once naming the
+- one writer per output: index --out, mine --out, materialize, features (smit, tvr_text,
+  coot_text) take the run directory's lock (`rundir.output_lock`); a second writer stops at once naming the
   flag and the owner, and a directory the lock made for nothing is removed;
 - a stored corpus encoded at another step (or by another run) than `search_moments`
   loads is an error, not other scores;
@@ -109,7 +109,7 @@ def test_path_and_value_flags_are_checked_before_any_work(places, capsys, tmp_pa
 def test_one_writer_per_output(places, capsys, tmp_path):
   """A second writer of an index, mined clips, a materialized dataset or features stops
   at once, naming the flag and the process that holds it."""
-  outs = {name: tmp_path / name for name in ("index", "mined", "data/x", "smit", "tvr")}
+  outs = {name: tmp_path / name for name in ("index", "mined", "data/x", "smit", "tvr", "coot")}
   holder = subprocess.Popen(
       [sys.executable, "-c", "import sys, time, contextlib\n"
        "from avtext.train import rundir\n"
@@ -132,6 +132,7 @@ def test_one_writer_per_output(places, capsys, tmp_path):
         ("avtext.features smit", ["--config=configs/smit_language_amm.py:tiny",
                                   f"--out={outs['smit']}"], "--out="),
         ("avtext.features tvr_text", [f"--data={outs['tvr']}"], "--data="),
+        ("avtext.features coot_text", [f"--dataset_dir={outs['coot']}"], "--dataset_dir="),
     ]
     for program, argv, flag in cases:
       code, err = _run(program, argv, capsys, known_only=program == "avtext.mine")

@@ -313,10 +313,12 @@ BAD = {
         p / "features/icep/v_vidB.npz", frame_scores=np.zeros((4, VIDEO_DIM))), ValueError,
                   r"v_vidB.npz: frame_scores has shape \[4, 6\]; expected \[T, 1, D, 1, 1\]"),
     "h5 video dim": ("h5", lambda p, c: c.update(video_dim=7), ValueError,
-                     r"icep.h5, video 'vid[AB]': features of shape \[\d+, 6\]; expected "
-                     r"\[T, 7\] \(config.dataset.video_dim\)"),
+                     r"^config.dataset.video_dim=7: the features in \S*icep.h5, video "
+                     r"'vid[AB]' are 6-d; set --config.dataset.video_dim=6 "
+                     r"--config.model.video_dim=6"),
     "npz video dim": ("npz_activitynet", lambda p, c: c.update(video_dim=7), ValueError,
-                      r"v_vid[AB].npz: features of shape \[\d+, 6\]; expected \[T, 7\]"),
+                      r"config.dataset.video_dim=7: the features in \S*v_vid[AB].npz are "
+                      r"6-d"),
     "no text file": ("h5", lambda p, c: (p / "txt.h5").unlink(), FileNotFoundError,
                      r"text features \S*txt.h5 not found.*coot_text"),
     "no splits file": ("h5", lambda p, c: (p / "txt_sentence_splits.json").unlink(),
@@ -325,8 +327,8 @@ BAD = {
     "text key": ("h5", lambda p, c: _edit_h5(p / "txt.h5", lambda h5: h5.pop("vidB_train")),
                  KeyError, r"txt.h5: no text features for 'vidB_train' \(nor 'v_vidB_train'\)"),
     "text dim": ("h5", lambda p, c: c.update(text_dim=5), ValueError,
-                 r"txt.h5: 'vidA_train' has shape \[7, 4\]; expected \[tokens, 5\] "
-                 r"\(config.dataset.text_dim\)"),
+                 r"config.dataset.text_dim=5: the features in \S*txt.h5 \('vidA_train'\) "
+                 r"are 4-d; set --config.dataset.text_dim=4 --config.model.text_dim=4"),
     "splits sum": ("h5", lambda p, c: _edit_json(
         p / "txt_sentence_splits.json", lambda s: s.update(vidB_train=[3, 3])), ValueError,
                    r"txt_sentence_splits.json: the sentence splits of 'vidB_train', \[3, 3\], "
