@@ -35,6 +35,7 @@ the official code writes them.
 import dataclasses
 import functools
 import json
+import os
 import pathlib
 from typing import Any, Callable, Sequence
 
@@ -127,7 +128,11 @@ class CorpusWriter:
       x.flush()
     meta = {**self.meta, "videos": self.videos, "video_idx": self.video_idx,
             "num_clips": self.num_clips}
-    (self.dir / "meta.json").write_text(json.dumps(meta))
+    # meta.json marks the store complete: written whole or not at all (a reader never
+    # sees half of it after a crash).
+    tmp = self.dir / f"meta.json.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, self.dir / "meta.json")
     return CorpusStore(self.dir)
 
 
