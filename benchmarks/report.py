@@ -203,12 +203,10 @@ def _table(rows: list[dict]) -> list[str]:
 def _section(benchmark: str, rows: list[dict], notes: dict) -> list[str]:
   note = notes.get(benchmark, {})
   out = [f"### {note.get('title', benchmark)}"]
+  # Headline rows outside the tables are the headline table's (top of the report).
   summary = [r for r in rows if r.get("headline") and not r.get("table")]
-  text = [note["text"]] if note.get("text") else []
-  if summary:  # headline rows outside the tables sum them up
-    text.append("In the headline: " + "; ".join(item(r) for r in summary) + ".")
-  if text:
-    out += ["\n".join(text), ""]
+  if note.get("text"):
+    out += [note["text"], ""]
   tables = collections.defaultdict(list)
   for r in rows:
     if r not in summary:
