@@ -207,3 +207,19 @@ def test_meteor_matches_pycocoevalcap():
   expected = Meteor().compute_score(gts, res)[0]
   got = captioning.caption_metrics(_REFS, _HYPS)["METEOR"]
   assert got == expected and 0 < got < 1
+
+
+@needs_java
+def test_an_interrupted_meteor_call_ends_its_jvm_and_never_hangs_exit():
+  """Ctrl-C inside pycocoevalcap's METEOR scorer leaves its lock held; Meteor.__del__
+  takes that lock, so the interrupted process hung at exit (seen on a caption run
+  stopped during its final evaluation). caption_metrics closes the scorer in a finally."""
+  import threading  # pylint: disable=g-import-not-at-top
+  meteor = Meteor()
+  meteor.lock.acquire()  # what an interrupted _score / compute_score leaves behind
+  captioning.close_meteor(meteor)
+  assert meteor.meteor_p.poll() is not None  # the JVM is gone
+  collected = threading.Thread(target=meteor.__del__, daemon=True)  # garbage collection
+  collected.start()
+  collected.join(10)
+  assert not collected.is_alive(), "Meteor.__del__ waits on a lock nobody releases"

@@ -79,6 +79,18 @@ def _split_word(piece: str) -> list[str]:
   return head + (list(clitic.groups()) if clitic else [piece]) + tail
 
 
+def close_meteor(meteor: "Meteor") -> None:
+  """Ends pycocoevalcap's METEOR JVM. A call interrupted inside the scorer (Ctrl-C,
+  SIGTERM) leaves its lock held, and `Meteor.__del__` takes that lock: at exit the
+  process would wait on it forever. Released here first; `__del__` is then a no-op."""
+  lock = getattr(meteor, "lock", None)
+  if lock is not None and lock.locked():
+    lock.release()
+  end = getattr(meteor, "__del__", None)
+  if end is not None:
+    end()  # closes stdin, kills and reaps the JVM (again at collection: harmless)
+
+
 def fallback_tokenize(text: str) -> str:
   """Pure-Python stand-in for pycocoevalcap's PTB tokenization (no Java).
 
@@ -167,11 +179,13 @@ def caption_metrics(references: Mapping[Hashable, Sequence[str]],
   scores = {f"BLEU-{n}": float(b) for n, b in enumerate(bleu, start=1)}
   if have_java:
     meteor = Meteor()
-    # "|||" separates fields in the METEOR protocol; pycocoevalcap strips it
-    # from hypotheses only.
-    scores["METEOR"] = float(meteor.compute_score(
-        {k: [r.replace("|||", "") for r in v] for k, v in gts.items()}, res)[0])
-    del meteor  # Ends the METEOR JVM now rather than at garbage collection.
+    try:
+      # "|||" separates fields in the METEOR protocol; pycocoevalcap strips it
+      # from hypotheses only.
+      scores["METEOR"] = float(meteor.compute_score(
+          {k: [r.replace("|||", "") for r in v] for k, v in gts.items()}, res)[0])
+    finally:
+      close_meteor(meteor)  # the JVM ends now, also when the call was interrupted
   scores["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
   scores["CIDEr-D"] = float(Cider().compute_score(gts, res)[0])
   return scores
