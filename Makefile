@@ -114,26 +114,46 @@ demo-xml: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 	$(PY) -m avtext.tools.tvr_eval --submission=$$(ls -t $(WORKDIR)/xml/moments/test_step*[0-9].json | head -1) \
 	  --ground_truth=$(WORKDIR)/tvr_data/tvr_test_public_release.jsonl
 
-# S-MiT language-caption model on the synthetic S-MiT (configs/smit_language_amm.py):
-# the demo's RGB tower as both frozen visual backbones, their outputs and MiniLM's word
-# features precomputed once, phase 1 (heads, 100 epochs of 3k clips, best on val), then
-# phase 1's best checkpoint on the test split, then phase 2 from it (backbones train, from
-# frames); each test report is the S-MiT protocol (5 x 1k subsets) beside chance and oracle.
-# The same world with real speech (not yet a demo stage: the spoken features of
-# 20k clips from espeak-ng and the spoken model on them were not timed within the 15-minute
-# budget): `python -m avtext.tools.smit_asr --config=configs/smit_language_amm.py:demo,asr
-# --out=$(WORKDIR)/smit_asr` transcribes the test captions spoken by espeak-ng with
-# pocketsphinx (WER printed); docs/smit.md has the ASR-text and spoken-model commands.
+# S-MiT on the synthetic S-MiT with its captions spoken by espeak-ng (real speech): the
+# demo's RGB tower as both frozen visual backbones; one features pass (their outputs,
+# MiniLM's word features of the 15 %-WER transcripts, the spoken captions' log-mels) over
+# SMIT_TRAIN train / 500 val / 2000 test clips, shared by the two caption models; the
+# language model's phase 1 (AMM, best on val) and the spoken model's (ResDAVEnet at 1/8
+# width, from scratch), each best checkpoint on test; pocketsphinx transcribes the first
+# SMIT_ASR_TEST test captions (a trigram of the train captions) and the language model is
+# tested on its text (the ASR-text model); one table: the three models in S-MiT's protocol
+# (5 x 1k test subsets) beside chance and oracle, and the engine's WER. Phase 2 (from
+# frames) is not a stage: docs/smit.md has its command. Sizes: BENCHMARKS.md "S-MiT".
+SMIT_TRAIN ?= 5000
+SMIT_ASR_TEST ?= 1000
+SMIT_LANGUAGE_EPOCHS ?= 60
+SMIT_SPOKEN_EPOCHS ?= 8
+SMIT_WORLD = --config.features_source.speech=espeak --config.features_source.num_train=$(SMIT_TRAIN)
+SMIT_SPOKEN = --config.model.speech.name=resdavenet --config.dataset.path=$(WORKDIR)/smit_features
 demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
-	$(PY) -m avtext.features smit --config=configs/smit_language_amm.py:demo \
+	$(PY) -m avtext.features smit --config=configs/smit_language_amm.py:demo $(SMIT_WORLD) \
 	  --config.init_from.workdir=$(WORKDIR)/video_pretrain --out=$(WORKDIR)/smit_features
 	$(PY) -m avtext.main --config=configs/smit_language_amm.py:demo --workdir=$(WORKDIR)/smit_p1 \
-	  --config.dataset.path=$(WORKDIR)/smit_features \
+	  --config.dataset.path=$(WORKDIR)/smit_features --config.train.num_epochs=$(SMIT_LANGUAGE_EPOCHS) \
 	  --config.init_from.workdir=$(WORKDIR)/video_pretrain
 	$(PY) -m avtext.main --config=configs/smit_language_amm.py:demo --workdir=$(WORKDIR)/smit_p1 \
 	  --config.dataset.path=$(WORKDIR)/smit_features --mode=eval --step=best
-	$(PY) -m avtext.main --config=configs/smit_language_amm.py:demo,phase2 \
-	  --workdir=$(WORKDIR)/smit_p2 --config.init_from.workdir=$(WORKDIR)/smit_p1
+	$(PY) -m avtext.main --config=configs/smit_spoken_amm.py:demo --workdir=$(WORKDIR)/smit_spoken_p1 \
+	  $(SMIT_SPOKEN) --config.train.num_epochs=$(SMIT_SPOKEN_EPOCHS) \
+	  --config.init_from.workdir=$(WORKDIR)/video_pretrain
+	$(PY) -m avtext.main --config=configs/smit_spoken_amm.py:demo --workdir=$(WORKDIR)/smit_spoken_p1 \
+	  $(SMIT_SPOKEN) --mode=eval --step=best
+	$(PY) -m avtext.tools.smit_asr --config=configs/smit_language_amm.py:demo,asr $(SMIT_WORLD) \
+	  --config.features_source.num_eval=$(SMIT_ASR_TEST) --out=$(WORKDIR)/smit_asr
+	$(PY) -m avtext.features smit --config=configs/smit_language_amm.py:demo,asr $(SMIT_WORLD) \
+	  --config.features_source.num_eval=$(SMIT_ASR_TEST) --config.features_source.asr_transcripts=$(WORKDIR)/smit_asr \
+	  --config.init_from.workdir=$(WORKDIR)/video_pretrain --out=$(WORKDIR)/smit_asr_features --splits=test
+	$(PY) -m avtext.main --config=configs/smit_language_amm.py:demo,asr --workdir=$(WORKDIR)/smit_p1 \
+	  --config.dataset.path=$(WORKDIR)/smit_asr_features --mode=eval --step=best \
+	  --eval_dir=$(WORKDIR)/smit_asr_eval
+	$(PY) -m avtext.tools.smit_report --run="spoken (real speech)=$(WORKDIR)/smit_spoken_p1" \
+	  --run="language=$(WORKDIR)/smit_p1" --run="ASR text=$(WORKDIR)/smit_asr_eval" \
+	  --asr=$(WORKDIR)/smit_asr
 
 # VideoCC mining (avtext/mining) on the synthetic mining world: seed images with captions
 # of what a still shows (mining_world --seed_caption_motion: the old ones, which may state

@@ -35,13 +35,14 @@ Variants (after the colon, comma-separated):
            the temporal one sees 8 frames every 8 (3.1 fps) as two 4-frame windows (the
            tower's length), max-pooled. MiniLM-L6 over the transcript, 1024-d heads.
   phase2   phase 2 (see above); with demo: 64-clip batches from frames, 10 steps and
-           the test split only (a CPU cannot do more within the demo's 15 minutes: the
-           run shows the chain, it is not a converged phase 2).
+           the test split only (a CPU shows the chain, not a converged phase 2; not a
+           stage of make demo-smit, whose 15 minutes hold the spoken and ASR-text models).
   asr      with demo: the ASR-text model's test: the same world with the captions spoken
            by espeak-ng (features_source.speech='espeak') and transcribed by pocketsphinx
            (avtext.tools.smit_asr -> features_source.asr_transcripts), features of the
            test split only (workdirs/demo/smit_asr_features), evaluated by phase 1's
-           checkpoint (`--mode=eval --step=best --eval_dir=...`; make demo-smit).
+           checkpoint (`--mode=eval --step=best --eval_dir=...`; make demo-smit, which
+           transcribes the first 1000 test clips).
   tiny     seconds-long smoke run (tests).
 
 Loss: --config.loss.name=amm|mms|nce|semi_hard_triplet (avtext/tasks/smit.py).

@@ -29,7 +29,9 @@ scratch, needs on a 2-core CPU (BENCHMARKS.md "S-MiT tables 2, 3 and 7"): 20k tr
 language demo's 3000 it stays at chance: it memorizes the utterances), a ResNet-34 of
 base width 8 (1/64 of the FLOPs of width 64; ResDAVEnet's widths / 8 with
 `name=resdavenet`), batch 256, 3 epochs (234 steps; the paper's 100:
---config.train.num_epochs=100, ~4 h here).
+--config.train.num_epochs=100, ~4 h here). `make demo-smit` runs ResDAVEnet on real speech
+(espeak-ng) over the language demo's features of 5000 clips, 8 epochs (BENCHMARKS.md
+"S-MiT": beside the same run on tone speech).
 
 Variants: as configs/smit_language_amm.py (demo, phase2, tiny).
 """

@@ -1,5 +1,6 @@
 """Real speech of the synthetic S-MiT (avtext/data/synthetic/tts.py) and the ASR engine that
 hears it (avtext/data/asr.py)."""
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -51,6 +52,13 @@ def test_render_speech_is_16khz_float_in_range_and_errors_name_the_field():
     tts.Voice(rate=20)
   with pytest.raises(ValueError, match="dataset.speech"):
     spoken_clips.SpokenClipSource("test", num_examples=2, speech="tone")
+
+
+def test_a_room_shorter_than_one_sample_is_no_reverberation():
+  # sample_voice draws reverb_s from [0, 0.25): below 1/16000 s it is 0 samples long.
+  dry = tts.Voice("en-us", "m1", reverb_s=0.0, snr_db=30.0, seed=3)
+  wave = tts.render_speech(CAPTIONS[1], dataclasses.replace(dry, reverb_s=1e-5))
+  np.testing.assert_array_equal(wave, tts.render_speech(CAPTIONS[1], dry))
 
 
 def test_word_error_rate_hand_counted():

@@ -172,8 +172,8 @@ _SYNTHESIZER = _Synthesizer()
 
 def _room(audio: np.ndarray, voice: Voice) -> np.ndarray:
   rng = np.random.default_rng(voice.seed)
-  if voice.reverb_s > 0:
-    n = int(voice.reverb_s * SAMPLE_RATE)
+  n = int(voice.reverb_s * SAMPLE_RATE)  # 0 below one sample (sample_voice draws from 0)
+  if n > 0:
     t = np.arange(n) / SAMPLE_RATE
     tail = rng.standard_normal(n) * 10.0 ** (-3.0 * t / voice.reverb_s)  # -60 dB at reverb_s
     tail[0] = 0.0
