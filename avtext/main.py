@@ -214,12 +214,6 @@ def main(argv):
   source = (f"--config={config_flags.get_config_filename(FLAGS['config'])}"
             if FLAGS["config"].present else "this command")
   rundir.check_workdir(config, workdir, source=source)
-  if _MODE.value == "eval" and not any(
-      d.name.isdigit() for sub in (rundir.LATEST_DIR, rundir.BEST_DIR)
-      if (pathlib.Path(workdir) / sub).is_dir() for d in (pathlib.Path(workdir) / sub).iterdir()):
-    # before the model is built: the trainer's restore says the same, a minute later
-    raise errors.BadInput(f"--mode=eval: {workdir} holds no checkpoint to evaluate; train "
-                          "first or fix --workdir")
   from avtext import experiment  # pylint: disable=g-import-not-at-top
   experiment.check_config(config, None)  # values and names: the batch once JAX counts devices
   # Imported here so --help answers without initializing JAX.
@@ -238,6 +232,12 @@ def main(argv):
   sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
   _log_platform(jax)
   _check_backend(config, jax.default_backend())
+  if _MODE.value == "eval" and not any(
+      d.name.isdigit() for sub in (rundir.LATEST_DIR, rundir.BEST_DIR)
+      if (pathlib.Path(workdir) / sub).is_dir() for d in (pathlib.Path(workdir) / sub).iterdir()):
+    # before the model is built: the trainer's restore says the same, a minute later
+    raise errors.BadInput(f"--mode=eval: {workdir} holds no checkpoint to evaluate; train "
+                          "first or fix --workdir")
   # Every value, then the run's files (weights, vocabularies, dataset paths), before the
   # data is probed.
   experiment.check_config(config, jax.device_count())  # before the task's libraries load
