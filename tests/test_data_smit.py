@@ -134,7 +134,7 @@ def test_paper_configs_point_at_the_layout():
   assert smit_spoken_amm.get_config('phase2').dataset.spoken is True
 
 
-@pytest.mark.parametrize("caption", ["language", "spoken"])
+@pytest.mark.parametrize("caption", ["language", pytest.param("spoken", marks=pytest.mark.slow)])
 def test_smit_features_from_the_layout(smit, tmp_path, caption):
   """Phase 1's features from real-layout files: the language config opens no caption
   audio and writes words only; the spoken one writes the log-mel of each caption."""

@@ -101,6 +101,7 @@ def test_paper_config_refused_on_cpu(tmp_path):
   assert not videocc_avr.get_config("demo").get("target_topology")
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 @pytest.mark.timeout(300)
 def test_allow_cpu_trains(topology_config, tmp_path):
   """--allow_cpu passes the guard: the run gets to its training loop (then is stopped)."""

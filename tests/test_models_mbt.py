@@ -372,6 +372,7 @@ def test_input_errors_are_specific(fused):
         [inputs["rgb"]] * 2, axis=1)))
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_jit_and_grad_are_finite():
   model = mbt_lib.MBT(**{**TINY, "num_layers": 2})  # One fusion layer.
   inputs = _inputs()

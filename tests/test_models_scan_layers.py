@@ -51,6 +51,7 @@ def _check(make, inputs, out_fn, **apply_kwargs):
   assert "stablehlo.while" in text
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_bert_scan_equals_unrolled():
   ids = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 7)))
   mask = jnp.asarray([[1] * 7, [1] * 4 + [0] * 3])

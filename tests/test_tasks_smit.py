@@ -48,9 +48,10 @@ def _clips_config(module, **extra):
 
 
 @pytest.mark.parametrize("module", [
-    # The spoken model covers both BatchNorm cases (a frozen backbone, a trained encoder);
-    # the language one runs with `make test-slow` (default-run budget).
-    pytest.param(smit_language_amm, marks=pytest.mark.slow), smit_spoken_amm],
+    # The spoken model covers both BatchNorm cases (a frozen backbone, a trained encoder).
+    # Both run with `make test-slow` (CI runs it; the default run's budget).
+    pytest.param(smit_language_amm, marks=pytest.mark.slow),
+    pytest.param(smit_spoken_amm, marks=pytest.mark.slow)],
                          ids=["language", "spoken"])
 def test_phase1_keeps_frozen_params_and_batch_stats_bit_identical(tmp_path, module):
   config = _clips_config(module)

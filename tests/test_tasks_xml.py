@@ -135,6 +135,7 @@ def test_span_logits_are_convse_of_the_mean_stream_similarity():
   np.testing.assert_allclose(s2[0], start[1, :4], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_train_loss_and_gradients_equal_the_plain_matmul_step():
   """`ops.dense_matmul` in the projections (kernel gradients in the faster orientation) and
   `ops.broadcast_leading` in the position tables give the same training loss and
@@ -643,6 +644,7 @@ def test_text_features_tool_writes_layer_states_without_special_tokens(tiny_bert
   np.testing.assert_allclose(sub[3], layer("l1").max(0), atol=2e-5)
 
 
+@pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_encode_text_encodes_a_query_as_the_features_tool_wrote_it(tiny_bert, tmp_path):
   """`avtext.search_moments`' query encoder: the task's `encode_text` of a text is
   `encode_query` of the features the tool wrote for it, read as the tvr source reads them
