@@ -232,9 +232,7 @@ def main(argv):
   sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
   _log_platform(jax)
   _check_backend(config, jax.default_backend())
-  if _MODE.value == "eval" and not any(
-      d.name.isdigit() for sub in (rundir.LATEST_DIR, rundir.BEST_DIR)
-      if (pathlib.Path(workdir) / sub).is_dir() for d in (pathlib.Path(workdir) / sub).iterdir()):
+  if _MODE.value == "eval" and not rundir.has_checkpoint(workdir):
     # before the model is built: the trainer's restore says the same, a minute later
     raise errors.BadInput(f"--mode=eval: {workdir} holds no checkpoint to evaluate; train "
                           "first or fix --workdir")

@@ -106,6 +106,13 @@ def _remove_if_empty(path: pathlib.Path) -> None:
     path.rmdir()  # fails, as it should, when anything is in it
 
 
+def has_checkpoint(workdir: str | pathlib.Path) -> bool:
+  """Whether the run holds a checkpoint step directory (latest or best); no orbax read."""
+  return any(d.name.isdigit() for sub in (LATEST_DIR, BEST_DIR)
+             if (pathlib.Path(workdir) / sub).is_dir()
+             for d in (pathlib.Path(workdir) / sub).iterdir())
+
+
 def check_free(workdir: str | pathlib.Path) -> None:
   """Raises RunLockedError, as `lock` would, when a live process holds `workdir`'s lock;
   creates nothing (`main` asks before it validates the rest; the trainer then takes the
