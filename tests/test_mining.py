@@ -296,6 +296,21 @@ def test_seed_mean_centring_gives_the_brute_force_clips(corpus, tmp_path):
     pipeline.MiningConfig(center='corpus')
 
 
+def test_a_worker_reports_its_own_peak_memory_not_its_parents():
+  """A worker process started (fork + exec) by a large driver reports its own peak: Linux
+  carries getrusage's ru_maxrss across exec, which once had a 100 MiB Dask worker report
+  the 5.6 GiB of the pytest process that started it."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  big = np.ones(2**27)  # 1 GiB, touched: this process' peak is at least that
+  assert stages.peak_rss_mb() > 1024
+  code = 'from avtext.mining import stages; print(stages.peak_rss_mb())'
+  child = float(subprocess.run([sys.executable, '-c', code], check=True, capture_output=True,
+                               text=True).stdout)
+  del big
+  assert 5 < child < 200  # the interpreter, numpy and the module; nothing of the parent's
+
+
 def test_cosine_histogram_and_its_quantiles():
   frames = np.float32([[1, 0], [0, 1], [-1, 0], [0.6, 0.8]])
   hist = search.cosine_histogram(np.float32([[1, 0]]), frames)  # cosines 1, 0, -1, 0.6

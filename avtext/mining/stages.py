@@ -64,7 +64,19 @@ def embed_fixed(f: embed.Embedder, x: np.ndarray, batch: int) -> np.ndarray:
 
 
 def peak_rss_mb() -> float:
-  """This process' peak resident memory so far, MiB."""
+  """This process' peak resident memory so far, MiB.
+
+  On Linux this is the process' own high-water mark (VmHWM). getrusage's ru_maxrss is not:
+  Linux carries it across fork and exec, so a Dask or Beam worker started by a large
+  driver would report the driver's peak as its own.
+  """
+  try:
+    with open('/proc/self/status') as f:
+      for line in f:
+        if line.startswith('VmHWM:'):
+          return int(line.split()[1]) / 2**10  # kB
+  except OSError:
+    pass
   import resource  # pylint: disable=g-import-not-at-top
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   return peak / (2**20 if sys.platform == 'darwin' else 2**10)  # bytes on macOS, KiB on Linux
