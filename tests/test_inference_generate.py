@@ -42,9 +42,20 @@ def _tiny_lm(seed, prompt=None):
   return model, params
 
 
+_REF_LEN = 16  # the references' forward passes all pad to this: one program per batch size
+
+
 @functools.partial(jax.jit, static_argnums=0)
+def _logits_at(model, params, padded, pos):
+  return model.apply({"params": params}, padded)[:, pos]
+
+
 def _last_logits(model, params, seq):
-  return model.apply({"params": params}, seq)[:, -1]
+  """The logits after the last token of `seq` by a full causal forward pass; the pass
+  runs over `seq` right-padded to _REF_LEN (positions never see later ones)."""
+  seq = jnp.asarray(seq)
+  padded = jnp.pad(seq, ((0, 0), (0, _REF_LEN - seq.shape[1])))
+  return _logits_at(model, params, padded, seq.shape[1] - 1)
 
 
 def _full_logp(model, params, seq):
