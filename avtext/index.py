@@ -46,6 +46,7 @@ from absl import flags
 from absl import logging
 import numpy as np
 
+from avtext import atomic
 from avtext import cli
 from avtext import errors
 from avtext.data import video_io
@@ -319,12 +320,11 @@ def _build(run, videos, out, *, step, embedder, progress) -> dict:
   out.mkdir(parents=True, exist_ok=True)
   index, kind = mining_search.build_index(vectors, mining_search.IndexConfig())
   (out / "meta.json").unlink(missing_ok=True)  # written last: its presence marks the index whole
-  faiss_tmp = out / "index.faiss.tmp"
-  faiss.write_index(index, str(faiss_tmp))
-  faiss_tmp.replace(out / "index.faiss")
-  np.save(out / "vectors.npy", np.asarray(vectors, np.float32))
-  rundir.write_text(out / "ids.json", json.dumps(ids, indent=0))
-  rundir.write_text(out / "stamps.json", json.dumps(stamps))
+  atomic.replace_with(out / "index.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
+  atomic.replace_with(out / "vectors.npy",
+                      lambda tmp: np.save(tmp, np.asarray(vectors, np.float32)))
+  atomic.write_text(out / "ids.json", json.dumps(ids, indent=0))
+  atomic.write_text(out / "stamps.json", json.dumps(stamps))
   updated_set = set(updated)
   meta = {"format": FORMAT, "run": emb.identity, "videos": str(root), "num_videos": len(ids),
           "dim": int(vectors.shape[1]), "num_clips": int(emb.run.config.data.eval_num_clips),
@@ -332,7 +332,7 @@ def _build(run, videos, out, *, step, embedder, progress) -> dict:
           "last_updated": sum(name in updated_set for name in embedded),
           "last_removed": len(removed) + len(updated_set - set(embedded)),
           "skipped": skipped, "skip_counts": counts}
-  rundir.write_text(out / "meta.json", json.dumps(meta, indent=1))
+  atomic.write_text(out / "meta.json", json.dumps(meta, indent=1))
   return meta
 
 

@@ -19,7 +19,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "avtext"
 
 FLOORS = (
-    ("errors",),     # the user-error types every layer raises
+    ("errors", "atomic"),  # the user-error types every layer raises; files replaced
+                           # whole or not at all
     ("registry", "ops", "modalities", "assets", "cli"),  # tables, array helpers, asset
                                                          # paths, the CLIs' shared pieces
     ("text",),       # tokenizers and vocabularies

@@ -26,6 +26,7 @@ import types
 import numpy as np
 import pytest
 
+from avtext import atomic
 from avtext import cli
 from avtext import errors
 from avtext.inference import vcmr
@@ -200,16 +201,16 @@ def test_a_cut_input_says_so(capsys):
 
 def test_exports_and_small_outputs_are_written_atomically(tmp_path, monkeypatch):
   """Evaluator exports (moments submission, captions), the features' DONE marker and the
-  mining outputs go through `rundir.write_text` (temporary file, fsync, rename): a
+  mining outputs go through `avtext.atomic` (temporary file, fsync, rename): a
   reader or a crash sees the old file or the new one, never half of one."""
   from avtext.evals import captioning as captioning_eval  # pylint: disable=g-import-not-at-top
   from avtext.evals import vcmr as vcmr_eval  # pylint: disable=g-import-not-at-top
   from avtext.features import done  # pylint: disable=g-import-not-at-top
   written = []
-  real = rundir.write_text
-  monkeypatch.setattr(rundir, "write_text",
-                      lambda path, text: (written.append(pathlib.Path(path).name),
-                                          real(path, text)))
+  real = atomic.replace_with
+  monkeypatch.setattr(atomic, "replace_with",
+                      lambda path, write, **kw: (written.append(pathlib.Path(path).name),
+                                                 real(path, write, **kw))[1])
   captioning_eval._write_coco(tmp_path / "coco.json", ["a cat"], ["1"])  # pylint: disable=protected-access
   captioning_eval._write_tvc(tmp_path / "tvc.jsonl", ["a cat"], ["1"],  # pylint: disable=protected-access
                              host={"ts": [[0, 1]], "vid_name": ["v"]}, keep=[0])

@@ -47,12 +47,13 @@ A COOT dataset directory `<path>` (COOT: `data/activitynet`, `data/youcook2`) ho
 The tokens are those of COOT's "bert_paper" paragraph (`avtext.features.coot_text`).
 """
 import json
-import os
 import pathlib
 import zipfile
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from avtext import atomic
 
 VIDEO_SOURCES = ("h5", "npz_activitynet")
 NPZ_ARRAY = "frame_scores"
@@ -154,19 +155,13 @@ def read_npz_video(file: pathlib.Path) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- writers
-def _atomic_write(path: pathlib.Path, write) -> pathlib.Path:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-  try:
-    write(tmp)
-    os.replace(tmp, path)
-  finally:
-    tmp.unlink(missing_ok=True)
-  return path
+def _replace_with(path, write) -> pathlib.Path:
+  """A dataset file, whole or not at all (regenerable: no disk flush per file)."""
+  return atomic.replace_with(path, write, durable=False)
 
 
 def write_json(path: pathlib.Path, value) -> pathlib.Path:
-  return _atomic_write(pathlib.Path(path),
+  return _replace_with(pathlib.Path(path),
                        lambda p: p.write_text(json.dumps(value, sort_keys=True), encoding="utf-8"))
 
 
@@ -177,7 +172,7 @@ def write_h5(path: pathlib.Path, arrays: Mapping[str, np.ndarray]) -> pathlib.Pa
     with h5py.File(tmp, "w") as h5:
       for key, value in arrays.items():
         h5[key] = np.asarray(value, np.float32)
-  return _atomic_write(path, write)
+  return _replace_with(path, write)
 
 
 def _as_videos(features: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -220,7 +215,7 @@ def write_video_features_npz(dataset_dir, name: str,
     return write
 
   for key, value in _as_videos(features).items():
-    _atomic_write(video_npz_path(dataset_dir, name, key), writer(value))
+    _replace_with(video_npz_path(dataset_dir, name, key), writer(value))
   return pathlib.Path(dataset_dir) / "features" / name
 
 

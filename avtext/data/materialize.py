@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import json
-import os
 import pathlib
 import sys
 from typing import Any, Iterator
@@ -15,6 +13,7 @@ from typing import Any, Iterator
 import ml_collections
 import numpy as np
 
+from avtext import atomic
 from avtext import errors
 from avtext.data import builders
 from avtext.data import framestore
@@ -125,8 +124,6 @@ def materialize(dataset: ml_collections.ConfigDict, splits: list[str], *, name: 
     summary[s] = {'records': len(src) - sum(failed[s].values()),
                   'skipped': dict(sorted(counts.items()))}
   out = pathlib.Path(data_dir) / name / 'skipped.json'
-  tmp = out.with_name('skipped.json.tmp')
-  tmp.write_text(json.dumps({'dataset': dataset.to_dict(), 'format': fmt, 'splits': summary},
-                            indent=1, default=str))
-  os.replace(tmp, out)
+  atomic.write_json(out, {'dataset': dataset.to_dict(), 'format': fmt, 'splits': summary},
+                    indent=1, default=str)
   return summary

@@ -43,13 +43,13 @@ from typing import Any
 import jax
 import numpy as np
 
+from avtext import atomic
 from avtext import evals
 from avtext.data import ground_truth
 from avtext.data import pipelines
 from avtext.evals import base
 from avtext.evals import protocols
 from avtext.metrics import captioning as metrics
-from avtext.train import rundir
 
 EMPTY = "<empty>"
 
@@ -63,7 +63,7 @@ def _attributes(host: dict) -> list[dict] | None:
 
 def _write_coco(path, texts: list[str], ids: list[str]) -> None:
   rows = [{"image_id": k, "caption": t} for k, t in zip(ids, texts)]
-  rundir.write_text(path, json.dumps(rows, indent=0))  # whole or not at all
+  atomic.write_text(path, json.dumps(rows, indent=0))  # whole or not at all
 
 
 def _write_tvc(path, texts: list[str], ids: list[str], *, host: dict, keep: list[int]) -> None:
@@ -73,7 +73,7 @@ def _write_tvc(path, texts: list[str], ids: list[str], *, host: dict, keep: list
     lines.append(json.dumps({"descs": [{"desc": text}],
                              "clip_id": int(clip_id) if clip_id.isdigit() else clip_id,
                              "ts": host["ts"][row], "vid_name": host["vid_name"][row]}))
-  rundir.write_text(path, "".join(line + "\n" for line in lines))
+  atomic.write_text(path, "".join(line + "\n" for line in lines))
 
 
 @evals.register_evaluator("captioning")

@@ -28,12 +28,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from avtext import atomic
 from avtext import evals
 from avtext.evals import base
 from avtext.evals import protocols
 from avtext.inference import vcmr
 from avtext.metrics import vcmr as metrics
-from avtext.train import rundir
 
 TASKS = ("VCMR", "SVMR", "VR")
 
@@ -193,7 +193,7 @@ class VCMREvaluator(base.Evaluator):
     out = pathlib.Path(self.workdir) / "moments"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{self.name}_step{step}{suffix}.json"
-    rundir.write_text(path, json.dumps(sub))  # whole or not at all
+    atomic.write_text(path, json.dumps(sub))  # whole or not at all
     return path
 
   def report(self, results: dict, step: int) -> None:

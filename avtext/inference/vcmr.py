@@ -35,7 +35,6 @@ the official code writes them.
 import dataclasses
 import functools
 import json
-import os
 import pathlib
 from typing import Any, Callable, Sequence
 
@@ -44,6 +43,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from avtext import atomic
 from avtext.inference import spans
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "int8": np.int8}
@@ -130,9 +130,7 @@ class CorpusWriter:
             "num_clips": self.num_clips}
     # meta.json marks the store complete: written whole or not at all (a reader never
     # sees half of it after a crash).
-    tmp = self.dir / f"meta.json.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, self.dir / "meta.json")
+    atomic.write_json(self.dir / "meta.json", meta)
     return CorpusStore(self.dir)
 
 

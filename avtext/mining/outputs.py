@@ -39,6 +39,7 @@ from typing import Sequence
 
 import numpy as np
 
+from avtext import atomic
 from avtext.data import ground_truth
 from avtext.mining import files
 
@@ -147,8 +148,7 @@ def write(out: str | pathlib.Path, **kwargs) -> dict:
 def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skipped, shards,
            seconds: float, videos_dir: str, embedder: str, workers: Sequence[dict] = (),
            seed_skips: Sequence[dict] = ()) -> dict:
-  # Each file whole or not at all (the run directory's writer; driver-side only).
-  from avtext.train import rundir  # pylint: disable=g-import-not-at-top
+  # Each file whole or not at all (avtext.atomic; driver-side only).
   out_dir.mkdir(parents=True, exist_ok=True)
   rows = _clip_rows(matches, captions, cfg)
   at_tau = [r for r in rows if r['sim'] >= cfg.tau]
@@ -156,12 +156,12 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
   writer = csv.writer(buf, lineterminator='\n')
   for r in at_tau:
     writer.writerow([r['video_id'], r['start_us'], r['end_us'], r['caption']])
-  rundir.write_text(out_dir / CSV_NAME, buf.getvalue())
-  rundir.write_text(out_dir / 'matches.jsonl',
+  atomic.write_text(out_dir / CSV_NAME, buf.getvalue())
+  atomic.write_text(out_dir / 'matches.jsonl',
                     ''.join(json.dumps(r, sort_keys=True) + '\n' for r in rows))
   skipped = sorted(skipped, key=lambda s: s['video_id'])
   seed_skips = sorted(seed_skips, key=lambda s: s['seed_id'])
-  rundir.write_text(out_dir / 'skipped.jsonl', ''.join(
+  atomic.write_text(out_dir / 'skipped.jsonl', ''.join(
       json.dumps(s, sort_keys=True) + '\n' for s in [*skipped, *seed_skips]))
   found = corpus_truth(videos_dir)
   truth, origin = (found if found is not None else (None, None))
@@ -178,7 +178,7 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
       'per_tau': [stats_at(rows, t, cfg.top_k, truth) for t in taus],
       'random_pairs': random_pairs(shards),
   }
-  rundir.write_text(out_dir / 'stats.json',
+  atomic.write_text(out_dir / 'stats.json',
                     json.dumps(stats, indent=1, sort_keys=True) + '\n')
   used = {r['video_id'] for r in at_tau}
   dataset = {'format': DATASET_FORMAT, 'csv': CSV_NAME, 'tau': cfg.tau,
@@ -187,7 +187,7 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
                         for vid, path in videos if vid in used},
              'no_audio': [v for v in no_audio if v in used],
              'origin': origin}
-  rundir.write_text(out_dir / 'dataset.json',
+  atomic.write_text(out_dir / 'dataset.json',
                     json.dumps(dataset, indent=1, sort_keys=True) + '\n')
   _plots(out_dir / 'plots', stats)
   recall_hits = sum(s.get('recall_hits', 0) for s in shards)
@@ -201,7 +201,7 @@ def _write(out_dir: pathlib.Path, *, cfg, seeds, captions, videos, matches, skip
          'workers': sorted(workers, key=lambda w: w['worker']),
          'peak_worker_rss_mb': max((w['peak_rss_mb'] for w in workers
                                     if w['worker'] != 'driver'), default=None)}
-  rundir.write_text(out_dir / 'run.json',
+  atomic.write_text(out_dir / 'run.json',
                     json.dumps(run, indent=1, sort_keys=True) + '\n')
   return {**run, 'stats': stats}
 

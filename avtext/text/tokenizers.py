@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from avtext import atomic
 from avtext import assets
 
 _TOKENIZER_LOCK = threading.Lock()  # see Tokenizer.backend
@@ -257,7 +258,5 @@ def write_vocab_subset(texts, path: str | pathlib.Path,
       for ids in tok.hf(chunk, add_special_tokens=False)["input_ids"]:
         used.update(ids)
       chunk = []
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps({"gpt2_ids": sorted(used)}))
+  atomic.write_json(path, {"gpt2_ids": sorted(used)})
   return len(used)

@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from avtext import atomic
 from avtext import errors
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
@@ -84,9 +85,7 @@ class WordVocab:
     return cls(word2idx, where=str(path))
 
   def save(self, path: str | pathlib.Path) -> None:
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(self.word2idx))
+    atomic.write_json(path, self.word2idx)
 
   def encode(self, text: str, max_len: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids int32 [max_len], mask int32 [max_len]) of [BOS] words [EOS] [PAD].."""

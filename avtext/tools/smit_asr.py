@@ -34,12 +34,12 @@ from absl import flags
 import ml_collections
 from ml_collections import config_flags
 
+from avtext import atomic
 from avtext import cli
 from avtext import errors
 from avtext.data import asr
 from avtext.data import builders
 from avtext.features import done
-from avtext.train import rundir
 
 FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file(
@@ -119,7 +119,7 @@ def transcribe(origin: ml_collections.ConfigDict, out: str | os.PathLike, *,
       refs, hyps = zip(*pool.map(_transcribe, jobs, chunksize=16))
       wers[split] = asr.word_error_rate(refs, hyps)
       num_words = sum(len(asr.words(r)) for r in refs)
-      rundir.write_text(out / f"{split}.json", json.dumps(
+      atomic.write_text(out / f"{split}.json", json.dumps(
           {"transcripts": list(hyps), "wer": wers[split], "num_clips": n, "num_words": num_words,
            "lm": f"trigram of {sizes['train']} train captions" if lm_dir else "general"}))
       print(f"smit_asr: {split}: WER {100 * wers[split]:.1f} % over {num_words} words of "

@@ -40,6 +40,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
+from avtext import atomic
 from avtext.train import rundir
 
 
@@ -326,9 +327,7 @@ class Checkpointer:
         if path.is_dir():  # else already pruned
           files = {str(f.relative_to(path)): [f.stat().st_size, _crc32(f)]
                    for f in sorted(path.rglob("*")) if f.is_file() and f.name != CHECKSUMS}
-          tmp = path / f"{CHECKSUMS}.tmp"
-          tmp.write_text(json.dumps({"files": files}))
-          os.replace(tmp, path / CHECKSUMS)
+          atomic.write_json(path / CHECKSUMS, {"files": files})
     self._unsealed = []
 
   @_save_errors

@@ -29,6 +29,7 @@ from typing import Any, Iterator
 from absl import logging
 import ml_collections
 
+from avtext import atomic
 from avtext import errors
 
 LOCK_FILE = "run.lock"
@@ -192,30 +193,9 @@ def _describe(owner: dict, path: pathlib.Path) -> str:
   return f"pid {owner.get('pid')} on {owner.get('host')} since {owner.get('since')}"
 
 
-def write_text(path: str | pathlib.Path, text: str) -> None:
-  """Replaces `path` with `text` atomically (temporary file, fsync, rename)."""
-  path = pathlib.Path(path)
-  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except OSError as e:
-    with contextlib.suppress(OSError):
-      tmp.unlink()
-    raise OSError(e.errno, f"{path}: not written ({e.strerror}); the previous version is "
-                  "unchanged") from e
-  directory = os.open(path.parent, os.O_RDONLY)
-  try:
-    os.fsync(directory)  # the rename itself survives a power cut
-  finally:
-    os.close(directory)
-
-
 def write_json(path: str | pathlib.Path, value: Any) -> None:
-  write_text(path, json.dumps(value, indent=2, sort_keys=True))
+  """A run file (results.json, config.json, ...): indented, sorted keys, written atomically."""
+  atomic.write_json(path, value, indent=2, sort_keys=True)
 
 
 def read_json(path: str | pathlib.Path, *, fix: str) -> Any:

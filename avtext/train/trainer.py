@@ -18,7 +18,7 @@ state. Run state lives in `workdir`: re-running the same command resumes from
 the latest checkpoint (params, non-param collections, optimizer state, step,
 RNG, eval control and the input iterator's position), so a resumed run is
 bit-identical to an uninterrupted one. Training holds the workdir's writer lock
-and replaces its small files atomically (`rundir.py`).
+and replaces its small files atomically (`avtext.atomic`).
 """
 import contextlib
 import math
@@ -36,6 +36,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from avtext import atomic
 from avtext import errors
 from avtext.train import checkpointing
 from avtext.train import control as control_lib
@@ -88,7 +89,7 @@ def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> N
     logging.warning("%s differs from the current config; the run resumes with the "
                     "current config and the file is overwritten", path)
   if jax.process_index() == 0:
-    rundir.write_text(path, text)
+    atomic.write_text(path, text)
 
 
 class Trainer(results_lib.RunResults):

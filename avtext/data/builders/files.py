@@ -48,6 +48,7 @@ from typing import Any, Iterable, Sequence
 from absl import logging
 import numpy as np
 
+from avtext import atomic
 from avtext.data import builders
 from avtext.data import video_io
 
@@ -133,10 +134,8 @@ def probe_files(paths: Iterable[str], *, need: str = 'video', verify: str = 'pro
                      disable=not todo or progress is None, leave=False):
       out[p] = r
   if cache is not None and todo:
-    pathlib.Path(cache).parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(f'{cache}.tmp')
-    tmp.write_text(json.dumps({p: {'key': key(p), 'result': r} for p, r in out.items()}))
-    os.replace(tmp, cache)
+    atomic.write_json(cache, {p: {'key': key(p), 'result': r} for p, r in out.items()},
+                      durable=False)  # a cache: rebuilt when lost
   return out
 
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from avtext import atomic
 from avtext.data import ground_truth
 from avtext.data.synthetic import captions
 from avtext.data.synthetic import world
@@ -50,6 +51,4 @@ def open_world(meta: Mapping[str, Any]) -> WorldTruth:
 def write_world_file(directory: str | pathlib.Path) -> None:
   """Marks `directory` as written by this world (its `ground_truth.WORLD_FILE`)."""
   path = pathlib.Path(directory) / ground_truth.WORLD_FILE
-  tmp = path.with_suffix('.json.tmp')
-  tmp.write_text(json.dumps({'format': FORMAT}, indent=1) + '\n')
-  tmp.replace(path)
+  atomic.write_text(path, json.dumps({'format': FORMAT}, indent=1) + '\n', durable=False)

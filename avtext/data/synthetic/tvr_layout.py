@@ -38,6 +38,7 @@ from typing import Callable
 
 import numpy as np
 
+from avtext import atomic
 from avtext.data import coot_files
 from avtext.data.builders import tvc
 from avtext.data.builders import tvr
@@ -80,9 +81,7 @@ def annotations(source: longvideo.LongVideoSource, indices, clip_ids, desc_ids, 
 
 
 def _write_jsonl(path: pathlib.Path, rows) -> None:
-  tmp = path.with_suffix(path.suffix + ".tmp")
-  tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-  tmp.replace(path)
+  atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in rows), durable=False)
 
 def write(out_dir, *, num_train: int, num_val: int, num_test: int, spec: world.WorldSpec,
           video_features: Callable, text_features: Callable, seed: int = 0) -> int:
