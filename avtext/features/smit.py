@@ -190,13 +190,13 @@ def _check_reusable(reuse: pathlib.Path, args: dict) -> None:
   computed as `args` would compute it (module docstring: --reuse)."""
   record = reuse / "DONE"
   if not record.is_file():
-    raise ValueError(f"--reuse={reuse}: not a finished smit_features directory (no DONE); "
+    raise errors.BadInput(f"--reuse={reuse}: not a finished smit_features directory (no DONE); "
                      "build it first with `python -m avtext.features smit`")
   theirs, ours = _clip_side_args(json.loads(record.read_text())), _clip_side_args(args)
   differ = [f"{part}.{key}" for part in ours for key in sorted(set(ours[part]) | set(theirs[part]))
             if ours[part].get(key) != theirs[part].get(key)]
   if differ:
-    raise ValueError(f"--reuse={reuse}: its clip-side features were computed with other "
+    raise errors.BadInput(f"--reuse={reuse}: its clip-side features were computed with other "
                      f"settings ({', '.join(differ)} differ); build without --reuse")
 
 
@@ -207,7 +207,7 @@ def _reused(reuse: pathlib.Path, split: str, ids: list[str]) -> dict:
   where = {clip: i for i, clip in enumerate(have.ids)}
   missing = [clip for clip in ids if clip not in where]
   if missing:
-    raise ValueError(f"--reuse={reuse}: {split}.h5 lacks {len(missing)} of the {len(ids)} "
+    raise errors.BadInput(f"--reuse={reuse}: {split}.h5 lacks {len(missing)} of the {len(ids)} "
                      f"clips (first: {missing[0]!r}); build it over these clips (sizes at "
                      "least this config's) or build without --reuse")
   rows = np.array([where[clip] for clip in ids], np.int64)
@@ -243,11 +243,12 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
                      "features are for phase 1, whose backbones are frozen")
   if reuse is None and not warm_start.configured(config):
     logging.warning("config.init_from.workdir is unset: the backbones are random")
+  if reuse is not None:
+    _check_reusable(reuse, args)
   task = registry.build_task(config)
   sources = {split: task.check_source(builders.get_source(origin, split)) for split in splits}
   copied = {}  # with --reuse, each split's rows and clip side, checked before any compute
   if reuse is not None:
-    _check_reusable(reuse, args)
     for split, source in sources.items():
       rows = [_row(source, i) for i in range(len(source))]
       cols = {key: [r[key] for r in rows] for key in ("ids", "transcript", "caption")}
