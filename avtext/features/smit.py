@@ -83,7 +83,7 @@ TRANSCRIPT_FIELDS = {
                "num_val", "num_eval"),
     "data": ("max_text_len", "vocab"),
 }
-_CLIP_SIDE = ("image_embedding", "temporal_embedding", "log_mel")
+_EMBEDDINGS = ("image_embedding", "temporal_embedding")
 
 
 def phase1_variables(config: ml_collections.ConfigDict, task) -> dict:
@@ -190,14 +190,15 @@ def _check_reusable(reuse: pathlib.Path, args: dict) -> None:
   computed as `args` would compute it (module docstring: --reuse)."""
   record = reuse / "DONE"
   if not record.is_file():
-    raise errors.BadInput(f"--reuse={reuse}: not a finished smit_features directory (no DONE); "
-                     "build it first with `python -m avtext.features smit`")
+    raise errors.BadInput(f"--reuse={reuse}: not a finished smit_features directory (no "
+                          "DONE); build it first with `python -m avtext.features smit`")
   theirs, ours = _clip_side_args(json.loads(record.read_text())), _clip_side_args(args)
-  differ = [f"{part}.{key}" for part in ours for key in sorted(set(ours[part]) | set(theirs[part]))
+  differ = [f"{part}.{key}" for part in ours
+            for key in sorted(set(ours[part]) | set(theirs[part]))
             if ours[part].get(key) != theirs[part].get(key)]
   if differ:
-    raise errors.BadInput(f"--reuse={reuse}: its clip-side features were computed with other "
-                     f"settings ({', '.join(differ)} differ); build without --reuse")
+    raise errors.BadInput(f"--reuse={reuse}: its clip-side features were computed with "
+                          f"other settings ({', '.join(differ)} differ); build without --reuse")
 
 
 def _reused(reuse: pathlib.Path, split: str, ids: list[str]) -> dict:
@@ -207,11 +208,11 @@ def _reused(reuse: pathlib.Path, split: str, ids: list[str]) -> dict:
   where = {clip: i for i, clip in enumerate(have.ids)}
   missing = [clip for clip in ids if clip not in where]
   if missing:
-    raise errors.BadInput(f"--reuse={reuse}: {split}.h5 lacks {len(missing)} of the {len(ids)} "
-                     f"clips (first: {missing[0]!r}); build it over these clips (sizes at "
-                     "least this config's) or build without --reuse")
+    raise errors.BadInput(f"--reuse={reuse}: {split}.h5 lacks {len(missing)} of the "
+                          f"{len(ids)} clips (first: {missing[0]!r}); build it over these clips "
+                          "(sizes at least this config's) or build without --reuse")
   rows = np.array([where[clip] for clip in ids], np.int64)
-  out = {key: have.arrays[key][rows] for key in _CLIP_SIDE[:2] if key in have.arrays}
+  out = {key: have.arrays[key][rows] for key in _EMBEDDINGS if key in have.arrays}
   if "log_mel" in have.arrays:
     offsets = have.arrays["log_mel_offsets"]
     out["log_mel"] = [have.arrays["log_mel"][offsets[r]:offsets[r + 1]] for r in rows]
