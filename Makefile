@@ -118,16 +118,19 @@ demo-xml: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 # demo's RGB tower as both frozen visual backbones; one features pass (their outputs,
 # MiniLM's word features of the 15 %-WER transcripts, the spoken captions' log-mels) over
 # SMIT_TRAIN train / 500 val / 2000 test clips, shared by the two caption models; the
-# language model's phase 1 (AMM, best on val) and the spoken model's (ResDAVEnet at 1/8
-# width, from scratch), each best checkpoint on test; pocketsphinx transcribes the first
-# SMIT_ASR_TEST test captions (a trigram of the train captions) and the language model is
-# tested on its text (the ASR-text model); one table: the three models in S-MiT's protocol
-# (5 x 1k test subsets) beside chance and oracle, and the engine's WER. Phase 2 (from
-# frames) is not a stage: docs/smit.md has its command. Sizes: BENCHMARKS.md "S-MiT".
+# language model's phase 1 (AMM, best on val, every SMIT_LANGUAGE_VAL_EVERY epochs) and the
+# spoken model's (ResDAVEnet at 1/8 width, from scratch), each best checkpoint on test;
+# pocketsphinx transcribes the first SMIT_ASR_TEST test captions (a trigram of the train
+# captions) and the language model is tested on its text (the ASR-text model), whose
+# features are the words of those transcripts beside the first pass's clip side
+# (--reuse); one table: the three models in S-MiT's protocol (5 x 1k test subsets) beside
+# chance and oracle, and the engine's WER. Phase 2 (from frames) is not a stage:
+# docs/smit.md has its command. Sizes, chosen on val: BENCHMARKS.md "S-MiT".
 SMIT_TRAIN ?= 5000
 SMIT_ASR_TEST ?= 1000
-SMIT_LANGUAGE_EPOCHS ?= 60
-SMIT_SPOKEN_EPOCHS ?= 8
+SMIT_LANGUAGE_EPOCHS ?= 40
+SMIT_LANGUAGE_VAL_EVERY ?= 2
+SMIT_SPOKEN_EPOCHS ?= 6
 SMIT_WORLD = --config.features_source.speech=espeak --config.features_source.num_train=$(SMIT_TRAIN)
 SMIT_SPOKEN = --config.model.speech.name=resdavenet --config.dataset.path=$(WORKDIR)/smit_features
 demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
@@ -135,7 +138,7 @@ demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 	  --config.init_from.workdir=$(WORKDIR)/video_pretrain --out=$(WORKDIR)/smit_features
 	$(PY) -m avtext.main --config=configs/smit_language_amm.py:demo --workdir=$(WORKDIR)/smit_p1 \
 	  --config.dataset.path=$(WORKDIR)/smit_features --config.train.num_epochs=$(SMIT_LANGUAGE_EPOCHS) \
-	  --config.init_from.workdir=$(WORKDIR)/video_pretrain
+	  --config.evals.val.every_epochs=$(SMIT_LANGUAGE_VAL_EVERY) --config.init_from.workdir=$(WORKDIR)/video_pretrain
 	$(PY) -m avtext.main --config=configs/smit_language_amm.py:demo --workdir=$(WORKDIR)/smit_p1 \
 	  --config.dataset.path=$(WORKDIR)/smit_features --mode=eval --step=best
 	$(PY) -m avtext.main --config=configs/smit_spoken_amm.py:demo --workdir=$(WORKDIR)/smit_spoken_p1 \
@@ -147,7 +150,8 @@ demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 	  --config.features_source.num_eval=$(SMIT_ASR_TEST) --out=$(WORKDIR)/smit_asr
 	$(PY) -m avtext.features smit --config=configs/smit_language_amm.py:demo,asr $(SMIT_WORLD) \
 	  --config.features_source.num_eval=$(SMIT_ASR_TEST) --config.features_source.asr_transcripts=$(WORKDIR)/smit_asr \
-	  --config.init_from.workdir=$(WORKDIR)/video_pretrain --out=$(WORKDIR)/smit_asr_features --splits=test
+	  --config.init_from.workdir=$(WORKDIR)/video_pretrain --out=$(WORKDIR)/smit_asr_features --splits=test \
+	  --reuse=$(WORKDIR)/smit_features
 	$(PY) -m avtext.main --config=configs/smit_language_amm.py:demo,asr --workdir=$(WORKDIR)/smit_p1 \
 	  --config.dataset.path=$(WORKDIR)/smit_asr_features --mode=eval --step=best \
 	  --eval_dir=$(WORKDIR)/smit_asr_eval

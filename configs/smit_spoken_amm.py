@@ -30,7 +30,7 @@ language demo's 3000 it stays at chance: it memorizes the utterances), a ResNet-
 base width 8 (1/64 of the FLOPs of width 64; ResDAVEnet's widths / 8 with
 `name=resdavenet`), batch 256, 3 epochs (234 steps; the paper's 100:
 --config.train.num_epochs=100, ~4 h here). `make demo-smit` runs ResDAVEnet on real speech
-(espeak-ng) over the language demo's features of 5000 clips, 8 epochs (BENCHMARKS.md
+(espeak-ng) over the language demo's features of 5000 clips, 6 epochs (BENCHMARKS.md
 "S-MiT": beside the same run on tone speech).
 
 Variants: as configs/smit_language_amm.py (demo, phase2, tiny).

@@ -12,6 +12,7 @@ import pytest
 from avtext.data import asr
 from avtext.data.synthetic import spoken_clips
 from avtext.data.synthetic import tts
+from avtext.data.synthetic import world
 from avtext.data.synthetic.clips import ClipCaptionSource
 
 CAPTIONS = ("A scarlet object, accompanied by a siren-like sweep.",
@@ -37,6 +38,25 @@ def test_same_caption_and_voice_give_the_same_samples_in_another_process_and_ord
   there = dict(zip(order[::-1], json.loads(out.stdout.strip().splitlines()[-1])))
   assert here == there
   assert len(set(here.values())) == 4  # every caption x voice sounds different
+
+
+def test_an_utterance_does_not_depend_on_the_voices_spoken_before():
+  """21 captions of make demo-smit's world, rendered again after every 20 of 60 short
+  utterances in the 48 voices, are the same samples (a helper process that kept the last
+  voice loaded, as it once did, changed 10 of them by the third time)."""
+  spec = world.WorldSpec(duration_s=3.0, fps=25, height=64, width=64, sample_rate=16_000)
+  source = spoken_clips.SpokenClipSource("test", num_examples=160, spec=spec, speech="espeak")
+  clips = [(source.describe(i)["caption"], source._speech(i)[0]) for i in range(131, 152)]
+
+  def digests():
+    return [hashlib.sha256(tts.render_speech(c, v).tobytes()).hexdigest()[:16] for c, v in clips]
+
+  before = digests()
+  voices = [tts.Voice(language, variant) for language in tts.LANGUAGES for variant in tts.VARIANTS]
+  for k in range(1, 61):
+    tts.render_speech("a", voices[k % len(voices)])
+    if k % 20 == 0:
+      assert digests() == before, f"after {k} utterances"
 
 
 def test_render_speech_is_16khz_float_in_range_and_errors_name_the_field():

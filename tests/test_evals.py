@@ -211,3 +211,42 @@ def test_aot_reads_the_predict_functions_each_evaluator_declares():
   config.evals.bad = {"type": "retreival"}
   with pytest.raises(ValueError, match="config.evals.bad.type"):
     evals.predict_fn_names(config)
+
+
+def test_retrieval_oracle_lines_by_brute_force_computed_once_per_source():
+  """The synthetic world's oracle lines (whole split, sound-mentioning captions, the
+  subset protocol's subsets) against caption_fits over every pair; a second evaluation
+  of the same source reads no clip again and only its sound R@1 follows the new scores."""
+  from avtext.data.synthetic import captions  # pylint: disable=g-import-not-at-top
+  from avtext.data.synthetic import spoken_clips  # pylint: disable=g-import-not-at-top
+  from avtext.evals import retrieval as retrieval_eval  # pylint: disable=g-import-not-at-top
+  source = spoken_clips.SpokenClipSource("test", num_examples=60)
+  attrs = [source.describe(i)["attributes"] for i in range(60)]
+
+  def oracle(captions_idx, gallery):
+    counts = [sum(captions.caption_fits(attrs[c]["mentioned"], attrs[g]) for g in gallery)
+              for c in captions_idx]
+    return 100 * np.mean(1 / np.array(counts))
+
+  sound = [i for i in range(60) if "sound" in attrs[i]["mentioned"]]
+  subset = dict(n_subsets=2, subset_size=25, seed=0)
+  cfg = ml_collections.ConfigDict(dict(subset_protocol=subset))
+  described = []
+  original = source.describe
+  source.describe = lambda i: described.append(i) or original(i)
+  references = {}
+  rng = np.random.default_rng(0)
+  for evaluation in range(2):
+    sim = rng.standard_normal((60, 60))
+    out = retrieval_eval.retrieval_results(sim, None, None, cfg, source, references=references)
+    assert out["oracle_t2v_r1"] == pytest.approx(oracle(range(60), range(60)))
+    assert out["sound_num_captions"] == len(sound) > 5
+    assert out["sound_oracle_t2v_r1"] == pytest.approx(oracle(sound, range(60)))
+    assert out["sound_t2v_r1"] == pytest.approx(
+        100 * np.mean([np.argmax(sim[i]) == i for i in sound]))
+    assert out["subset/oracle_t2v_R@1"] == pytest.approx(np.mean(
+        [oracle(idx, idx) for idx in retrieval_metrics.subset_indices(60, **subset)]))
+    if evaluation == 0:
+      assert len(described) <= 2 * 60  # each clip once for the oracle, once for the sound
+      described.clear()
+  assert not described

@@ -83,10 +83,16 @@ def tiny_features(tmp_path_factory):
   return config
 
 
-def test_features_give_the_phase1_model_on_clips(tiny_features):
+@pytest.fixture(scope="module")
+def tiny_model(tiny_features):
+  """(task, phase-1 variables) of the tiny language config."""
+  task = registry.build_task(tiny_features)
+  return task, smit_features.phase1_variables(tiny_features, task)
+
+
+def test_features_give_the_phase1_model_on_clips(tiny_features, tiny_model):
   config = tiny_features
-  task = registry.build_task(config)
-  variables = smit_features.phase1_variables(config, task)
+  task, variables = tiny_model
   fns = task.predict_fns()
   feats = builders.get_source(config.dataset, "val")
   clips = builders.get_source(config.features_source, "val")
@@ -109,6 +115,69 @@ def test_features_give_the_phase1_model_on_clips(tiny_features):
   n_words = min(len(clips.describe(3)["transcript"].split()), config.model.max_words)
   assert item["words"].shape == (n_words, config.model.text.hidden_size)
   assert item["transcript"] == clips.describe(3)["transcript"]
+
+
+def _asr_config(config, **source):
+  """`config` reading other transcripts of the same clips (another seeded ASR WER)."""
+  other = ml_collections.ConfigDict(config.to_dict())
+  other.features_source.asr_wer = 0.5
+  other.features_source.update(source)
+  return other
+
+
+def _words_at_full_length(task, variables, transcripts):
+  """Each transcript's words from `caption_words` on data.max_text_len tokens."""
+  tokens = task.tokenizer(transcripts, with_words=True)
+  words, mask = jax.device_get(task.predict_fns()["caption_words"](variables, tokens))
+  return [w[m] for w, m in zip(words, mask)], tokens["attention_mask"].sum(axis=1)
+
+
+def test_reuse_copies_the_clip_side_and_computes_the_new_transcripts_words(
+    tiny_features, tiny_model, tmp_path):
+  task, variables = tiny_model
+  config = _asr_config(tiny_features, num_val=12)  # the first 12 of the 20 clips
+  first = pathlib.Path(tiny_features.dataset.path)
+  out = smit_features.extract(config, tmp_path / "asr", splits=("val",), batch_size=8,
+                              reuse=first)
+  old = builders.get_source(tiny_features.dataset, "val")
+  config.dataset.path = str(out)
+  new = builders.get_source(config.dataset, "val")
+  assert new.ids == old.ids[:12]
+  clips = builders.get_source(config.features_source, "val")
+  assert [new[i]["transcript"] for i in range(12)] == [
+      clips.describe(i)["transcript"] for i in range(12)]
+  assert sum(new[i]["transcript"] != old[i]["transcript"] for i in range(12)) >= 6
+  for i in range(12):
+    for key in ("image_embedding", "temporal_embedding", "log_mel"):
+      np.testing.assert_array_equal(new[i][key], old[i][key], err_msg=key)
+  assert json.loads((out / "meta.json").read_text())["reused"] == str(first.absolute())
+  # Both builds' words are the text encoder's on full-length tokens (the words pass cuts
+  # each length-ordered batch to its longest transcript; padding is masked).
+  stored = [feats[i] for feats in (old, new) for i in range(len(feats))]
+  transcripts = [item["transcript"] for item in stored]
+  words, lengths = _words_at_full_length(task, variables, transcripts)
+  assert lengths.max() < tiny_features.data.max_text_len and len(set(lengths)) > 3
+  for item, w in zip(stored, words):
+    np.testing.assert_allclose(np.asarray(item["words"], np.float32), w, rtol=2e-3, atol=2e-3,
+                               err_msg=item["transcript"])
+
+
+def test_reuse_refuses_other_clips_or_backbones(tiny_features, tmp_path):
+  first = pathlib.Path(tiny_features.dataset.path)
+  for change, match in (
+      (dict(world_seed=1), r"origin.world_seed differ"),
+      (dict(speech="espeak"), r"origin.speech differ"),
+      (dict(num_val=30), r"val.h5 lacks 10 of the 30 clips")):
+    with pytest.raises(ValueError, match=match):
+      smit_features.extract(_asr_config(tiny_features, **change), tmp_path / "x",
+                            splits=("val",), reuse=first)
+  config = _asr_config(tiny_features)
+  config.init_from.workdir = str(tmp_path)
+  with pytest.raises(ValueError, match=r"init_from.workdir differ"):
+    smit_features.extract(config, tmp_path / "x", splits=("val",), reuse=first)
+  with pytest.raises(ValueError, match=r"not a finished smit_features directory"):
+    smit_features.extract(_asr_config(tiny_features), tmp_path / "x", splits=("val",),
+                          reuse=tmp_path)
 
 
 def test_features_layout_errors_name_the_file_and_key(tmp_path, tiny_features):

@@ -36,6 +36,10 @@ class RetrievalEvaluator(base.Evaluator):
   """Dual-encoder retrieval metrics over the task's two embedding functions."""
 
   protocol = protocols.Retrieval
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._references = {}  # the source's oracle numbers: the same at every evaluation
   predict_fn_keys = {"text_fn": "embed_text", "video_fn": "embed_video"}
 
   def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
@@ -56,7 +60,8 @@ class RetrievalEvaluator(base.Evaluator):
       video = video[video_rows]
     # VideoCC §4.1: compare each of the K clips with the caption, average the scores.
     sim = np.einsum("qd,nkd->qn", text, video) / video.shape[1]  # [N_text, N_video]
-    return retrieval_results(sim, t2v_gt, v2t_gt, self.cfg, self.source)
+    return retrieval_results(sim, t2v_gt, v2t_gt, self.cfg, self.source,
+                             references=self._references)
 
   def report(self, results: dict, step: int) -> None:
     lines = [f"== {self.name}: retrieval, step {step}, {results['num_videos']} videos, "
@@ -113,8 +118,11 @@ def ground_truth(ids: list | None, num_captions: int):
   return t2v, v2t, np.array(rows)
 
 
-def retrieval_results(sim: np.ndarray, t2v_gt, v2t_gt, cfg, source=None) -> dict[str, Any]:
-  """Every metric of the module docstring for `sim  # [N_captions, N_videos]`."""
+def retrieval_results(sim: np.ndarray, t2v_gt, v2t_gt, cfg, source=None, *,
+                      references: dict | None = None) -> dict[str, Any]:
+  """Every metric of the module docstring for `sim  # [N_captions, N_videos]`.
+  `references`: a dict kept by the caller across evaluations of one source, where the
+  oracle's numbers (which do not depend on the model) are computed once."""
   ks = tuple(cfg.get("ks", (1, 5, 10)))
   convention = cfg.get("median_convention", "plain")
   results: dict[str, Any] = {}
@@ -127,20 +135,22 @@ def retrieval_results(sim: np.ndarray, t2v_gt, v2t_gt, cfg, source=None) -> dict
   results["num_captions"], results["num_videos"] = sim.shape
   results["chance_r1"] = 100.0 / sim.shape[1]
   subset = cfg.get("subset_protocol")
+  subset = (subset.to_dict() if hasattr(subset, "to_dict") else dict(subset)) if subset else None
   if subset:
     if t2v_gt is not None:
       raise ValueError("subset_protocol needs paired data (one caption per video)")
     results.update({f"subset/{k}": v for k, v in metrics.subset_protocol(
-        sim, ks=ks, **(subset.to_dict() if hasattr(subset, "to_dict") else dict(subset))
-    ).items()})
+        sim, ks=ks, **subset).items()})
   oracle = source_truth.retrieval_oracle(source)
   if t2v_gt is None and oracle is not None:
-    results.update(_oracle_references(oracle, sim))
-    if subset:  # the oracle on the protocol's own subsets
-      subset = subset.to_dict() if hasattr(subset, "to_dict") else dict(subset)
-      results["subset/oracle_t2v_R@1"] = float(np.mean([
-          oracle.oracle_recall_at_1(idx, gallery_is_subset=True)
-          for idx in metrics.subset_indices(sim.shape[0], **subset)]))
+    key = (sim.shape[0], tuple(sorted((subset or {}).items())))
+    cached = references if references is not None else {}
+    if key not in cached:
+      cached[key] = _oracle_references(oracle, sim.shape[0], subset)
+    values, sound = cached[key]
+    results.update(values)
+    if len(sound):
+      results["sound_t2v_r1"] = float(metrics.retrieval_metrics(sim[sound], gt=sound)["R@1"])
   return results
 
 
@@ -153,14 +163,17 @@ def _relevance(gt, shape) -> np.ndarray | None:
   return relevance
 
 
-def _oracle_references(oracle: source_truth.RetrievalOracle,
-                       sim: np.ndarray) -> dict[str, float]:
-  """Oracle R@1, and R@1 and the oracle's on the captions that mention the sound."""
+def _oracle_references(oracle: source_truth.RetrievalOracle, n: int, subset: dict | None
+                       ) -> tuple[dict[str, float], np.ndarray]:
+  """({the oracle's R@1 on the n pairs, on the captions that mention the sound and on the
+  subset protocol's own subsets}, the indices of those captions)."""
   out = {"oracle_t2v_r1": float(oracle.oracle_recall_at_1())}
-  sound = np.array([oracle.describe(i)["mentions_sound"] for i in range(sim.shape[0])])
-  if sound.any():
-    sub = metrics.retrieval_metrics(sim[sound], gt=np.flatnonzero(sound))
-    out["sound_t2v_r1"] = float(sub["R@1"])
-    out["sound_oracle_t2v_r1"] = float(oracle.oracle_recall_at_1(np.flatnonzero(sound)))
-    out["sound_num_captions"] = int(sound.sum())
-  return out
+  sound = np.flatnonzero([oracle.describe(i)["mentions_sound"] for i in range(n)])
+  if len(sound):
+    out["sound_oracle_t2v_r1"] = float(oracle.oracle_recall_at_1(sound))
+    out["sound_num_captions"] = int(len(sound))
+  if subset:
+    out["subset/oracle_t2v_R@1"] = float(np.mean([
+        oracle.oracle_recall_at_1(idx, gallery_is_subset=True)
+        for idx in metrics.subset_indices(n, **subset)]))
+  return out, sound

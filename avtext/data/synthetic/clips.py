@@ -46,6 +46,7 @@ class ClipCaptionSource:
                          else num_examples)
     self._stream = f'clips/{split}'
     self._num_fitting: np.ndarray | None = None  # cache of the oracle counts
+    self._attributes: list[dict[str, Any]] | None = None  # and of their inputs
     # The last sampled example, so describe() + render_frames() +
     # render_audio() of one index sample it once.
     self._last: tuple[int, Any] | None = None
@@ -141,10 +142,19 @@ class ClipCaptionSource:
                                           self.spec)
     return example
 
+  def _all_attributes(self) -> list[dict[str, Any]]:
+    """Every clip's attributes (`describe(i)['attributes']`, sampled once: the oracles
+    read them again for each subset). The clip's own: a subclass's extra fields (its
+    speech) are not sampled."""
+    if self._attributes is None:
+      self._attributes = [ClipCaptionSource.describe(self, i)['attributes']
+                          for i in range(len(self))]
+    return self._attributes
+
   def num_fitting_clips(self) -> np.ndarray:
     """int [len(self)]: clips of this split that fit caption i (>= 1)."""
     if self._num_fitting is None:
-      described = [self.describe(i)['attributes'] for i in range(len(self))]
+      described = self._all_attributes()
       self._num_fitting = captions.num_fitting_clips(
           [a['mentioned'] for a in described], described)
     return self._num_fitting
@@ -158,7 +168,8 @@ class ClipCaptionSource:
     the gallery is the subset too (S-MiT's 1k-pair subsets).
     """
     if gallery_is_subset and subset is not None:
-      described = [self.describe(int(i))['attributes'] for i in subset]
+      attributes = self._all_attributes()
+      described = [attributes[int(i)] for i in subset]
       return captions.oracle_recall_at_1(captions.num_fitting_clips(
           [a['mentioned'] for a in described], described))
     n = self.num_fitting_clips()

@@ -15,11 +15,13 @@ and rate, and the room: a seeded decaying-noise impulse response (reverberation 
 Determinism. espeak keeps synthesis state across utterances in static variables
 (phase, flutter and noise generators) that neither `espeak_Terminate` nor
 `espeak_ng_SetRandSeed` resets: the same text rendered twice in one process differs
-after the first time. So one helper process per Python process initializes the library
-and never speaks; each utterance is spoken by a fork of it, from that pristine state,
-with the random seed fixed. The same (caption, voice) gives the same samples bit for
-bit, in any process and any order (tests/test_data_synthetic_tts.py, across two
-processes).
+after the first time. Loading a voice changes later utterances too (after some dozens of
+voice changes in one process, a caption may come out shorter or different). So one
+helper process per Python process initializes the library, loads the plain 'en' voice
+once and never speaks nor loads another; each utterance is spoken by a fork of it, which
+loads its own voice, from that same state every time, with the random seed fixed. The
+same (caption, voice) gives the same samples bit for bit, in any process and any order,
+after any utterances (tests/test_data_synthetic_tts.py).
 """
 from __future__ import annotations
 
@@ -89,14 +91,12 @@ if rate <= 0:
 CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
                             ctypes.c_void_p)
 out = sys.stdout.buffer
-voice = None
+lib.espeak_SetVoiceByName(b"en")  # the English dictionary, loaded once; never changed here
 for line in sys.stdin:
   request = json.loads(line)
-  if request["voice"] != voice:  # loading a voice synthesizes nothing: the state stays
-    voice = request["voice"] if lib.espeak_SetVoiceByName(request["voice"].encode()) == 0 else None
   read, write = os.pipe()
   pid = os.fork()
-  if pid == 0:  # the child speaks from the parent's untouched state, then exits
+  if pid == 0:  # the child loads its voice and speaks from the parent's state, then exits
     os.close(read)
     pipe = os.fdopen(write, "wb")
     def callback(wav, n, events):
@@ -105,7 +105,7 @@ for line in sys.stdin:
       return 0
     keep = CALLBACK(callback)
     lib.espeak_SetSynthCallback(keep)
-    status = 0 if voice == request["voice"] else 2
+    status = 0 if lib.espeak_SetVoiceByName(request["voice"].encode()) == 0 else 2
     if status == 0:
       lib.espeak_ng_SetRandSeed(ctypes.c_long(0))
       lib.espeak_SetParameter(1, request["rate"], 0)  # espeakRATE
