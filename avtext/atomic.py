@@ -40,14 +40,12 @@ def replace_with(path: str | pathlib.Path, write: Callable[[pathlib.Path], Any],
       with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
-  except OSError as e:
+  except BaseException as e:
     with contextlib.suppress(OSError):
       tmp.unlink()
-    raise OSError(e.errno, f"{path}: not written ({e.strerror}); the previous version is "
-                  "unchanged") from e
-  except BaseException:
-    with contextlib.suppress(OSError):
-      tmp.unlink()
+    if isinstance(e, OSError):
+      raise OSError(e.errno, f"{path}: not written ({e.strerror}); the previous version is "
+                    "unchanged") from e
     raise
   if durable:
     directory = os.open(path.parent, os.O_RDONLY)
