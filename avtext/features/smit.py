@@ -49,6 +49,7 @@ from ml_collections import config_flags
 import numpy as np
 from tqdm import tqdm
 
+from avtext import atomic
 from avtext import cli
 from avtext import errors
 from avtext.data import audio
@@ -273,22 +274,23 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
     if language:
       cols["words"] = transcript_words(task.tokenizer, words_fn, variables, cols["transcript"],
                                        batch_size=batch_size, desc=f"smit_features {split} words")
-    tmp = out / f"{split}.h5.tmp"
-    with h5py.File(tmp, "w") as f:
-      string = h5py.string_dtype()
-      for key in ("ids", "transcript", "caption"):
-        f.create_dataset(key, data=np.array(cols[key], dtype=object), dtype=string)
-      for key, value in emb.items():
-        f.create_dataset(key, data=value)
-      for key in ("words", "log_mel"):
-        if cols.get(key):
-          f.create_dataset(key, data=np.concatenate(cols[key]))
-          f.create_dataset(f"{key}_offsets", data=np.concatenate(
-              [[0], np.cumsum([len(x) for x in cols[key]])]).astype(np.int64))
-    tmp.rename(out / f"{split}.h5")
+
+    def write(tmp: pathlib.Path) -> None:
+      with h5py.File(tmp, "w") as f:
+        string = h5py.string_dtype()
+        for key in ("ids", "transcript", "caption"):
+          f.create_dataset(key, data=np.array(cols[key], dtype=object), dtype=string)
+        for key, value in emb.items():
+          f.create_dataset(key, data=value)
+        for key in ("words", "log_mel"):
+          if cols.get(key):
+            f.create_dataset(key, data=np.concatenate(cols[key]))
+            f.create_dataset(f"{key}_offsets", data=np.concatenate(
+                [[0], np.cumsum([len(x) for x in cols[key]])]).astype(np.int64))
+    atomic.replace_with(out / f"{split}.h5", write)
     counts[split] = n
     logging.info("smit_features: %s: %d clips -> %s", split, n, out / f"{split}.h5")
-  (out / "meta.json").write_text(json.dumps(
+  atomic.write_text(out / "meta.json", json.dumps(
       {"format": smit_builder.FORMAT, "splits": counts, "origin": origin.to_dict(),
        "model": config.model.to_dict(), "init_from": config.init_from.to_dict(),
        **({"reused": args["reuse"]} if reuse is not None else {})},

@@ -32,6 +32,7 @@ import pathlib
 import numpy as np
 from tqdm import tqdm
 
+from avtext import atomic
 from avtext.data import video_io
 from avtext.data.synthetic import captions
 from avtext.data.synthetic import clips
@@ -78,22 +79,24 @@ def _write(path: pathlib.Path, src, i: int, spec: world.WorldSpec, *, audio_only
            fault: str | None = None) -> None:
   if fault == 'missing' or path.exists():
     return
-  path.parent.mkdir(parents=True, exist_ok=True)
   frames, audio = _media(src, i, spec)
-  tmp = path.with_name(f'.tmp{path.suffix}')
-  if audio_only and fault is None:
-    video_io.write_audio(tmp, audio, sample_rate=spec.sample_rate)
-  elif audio_only and fault == 'no_audio':  # an audio dataset's file without sound
-    video_io.write_video(tmp, frames, spec.fps)
-  elif audio_only and fault == 'short':
-    video_io.write_audio(tmp, audio[:int(0.2 * spec.sample_rate)], sample_rate=spec.sample_rate)
-  elif audio_only and fault == 'truncated':  # a .wav cut short: its header says 2 s
-    video_io.write_audio(tmp, audio, sample_rate=spec.sample_rate)
-    tmp.write_bytes(tmp.read_bytes()[:int(tmp.stat().st_size * 0.6)])
-  else:
-    video_io.write_fault(tmp, fault, frames, spec.fps, audio=audio,
-                         sample_rate=spec.sample_rate)
-  tmp.rename(path)
+
+  def write(tmp: pathlib.Path) -> None:
+    if audio_only and fault is None:
+      video_io.write_audio(tmp, audio, sample_rate=spec.sample_rate)
+    elif audio_only and fault == 'no_audio':  # an audio dataset's file without sound
+      video_io.write_video(tmp, frames, spec.fps)
+    elif audio_only and fault == 'short':
+      video_io.write_audio(tmp, audio[:int(0.2 * spec.sample_rate)],
+                           sample_rate=spec.sample_rate)
+    elif audio_only and fault == 'truncated':  # a .wav cut short: its header says 2 s
+      video_io.write_audio(tmp, audio, sample_rate=spec.sample_rate)
+      tmp.write_bytes(tmp.read_bytes()[:int(tmp.stat().st_size * 0.6)])
+    else:
+      video_io.write_fault(tmp, fault, frames, spec.fps, audio=audio,
+                           sample_rate=spec.sample_rate)
+
+  atomic.replace_with(path, write, durable=False)  # regenerable: no flush per file
 
 
 @dataclasses.dataclass
@@ -151,10 +154,8 @@ def write(layout: str, out: str | pathlib.Path, *, sizes: dict[str, int],
     _write(path, src, i, spec, audio_only=audio_only, fault=fault)
     speech = root / 'spoken' / f'{stem}.wav'
     if layout == 'smit' and not speech.exists():
-      speech.parent.mkdir(parents=True, exist_ok=True)
-      tmp = speech.with_name('.tmp.wav')
-      video_io.write_audio(tmp, src.render_speech(i), sample_rate=tone_speech.SAMPLE_RATE)
-      tmp.rename(speech)
+      atomic.replace_with(speech, lambda tmp: video_io.write_audio(
+          tmp, src.render_speech(i), sample_rate=tone_speech.SAMPLE_RATE), durable=False)
   _annotations(layout, root, items, spec)
   (root / 'synthetic.json').write_text(json.dumps({
       'format': 'avtext.synthetic_layout/1', 'layout': layout, 'seed': seed,

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from avtext import atomic
 from avtext.data import ground_truth
 from avtext.data.synthetic import mining
 from avtext.data.synthetic import world
@@ -118,9 +119,7 @@ def _write_file(path: pathlib.Path, kind: str | None, w: mining.MiningWorld, ind
 def _write_video(job) -> None:
   w, i, fault, videos_dir = job
   path = pathlib.Path(videos_dir) / f'{w.video_id(i)}.mp4'
-  tmp = path.with_suffix('.tmp.mp4')
-  _write_file(tmp, fault, w, i)
-  tmp.rename(path)
+  atomic.replace_with(path, lambda tmp: _write_file(tmp, fault, w, i), durable=False)
 
 
 def write(out: str | pathlib.Path, w: mining.MiningWorld, faults: tuple[str, ...] = (),
