@@ -36,7 +36,6 @@ split without any (TVC's released test_public) is captioned and written, not
 scored.
 """
 import collections
-import concurrent.futures
 import functools
 import json
 from typing import Any
@@ -105,21 +104,13 @@ class CaptioningEvaluator(base.Evaluator):
     if not all(refs.values()):
       raise ValueError(f"config.evals.{self.name}: {sum(not r for r in refs.values())} of "
                        f"{len(refs)} items have no reference caption")
-    # Each scoring runs its own JVMs (the PTB tokenizer; METEOR, a pipe round trip per
-    # caption: waiting more than computing), so the model's runs while the baselines are
-    # computed, and the baselines' beside each other.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
-      model_scores = pool.submit(self._score, refs, hyps, host, keep)
-      if self._baselines is None:
-        self._baselines = self._compute_baselines(host, keep, ids, mesh=mesh)
-      baseline_scores = {
-          name: pool.submit(self._score, refs, dict(zip([ids[i] for i in keep], texts)),
-                            host, keep)
-          for name, texts in self._baselines.items()}
-      results = model_scores.result()
-      results["mean_length_tokens"] = float(np.mean(np.asarray(out["lengths"])[keep]))
-      for name, scored in baseline_scores.items():
-        results.update({f"{name}/{k}": v for k, v in scored.result().items()})
+    results = self._score(refs, hyps, host, keep)
+    results["mean_length_tokens"] = float(np.mean(np.asarray(out["lengths"])[keep]))
+    if self._baselines is None:
+      self._baselines = self._compute_baselines(host, keep, ids, mesh=mesh)
+    for name, texts in self._baselines.items():
+      scored = self._score(refs, dict(zip([ids[i] for i in keep], texts)), host, keep)
+      results.update({f"{name}/{k}": v for k, v in scored.items()})
     truth, attrs = self._truth(host)
     if attrs is not None:
       ref = truth.caption_scores([refs[ids[i]][0] for i in keep], [attrs[i] for i in keep])
@@ -170,21 +161,15 @@ class CaptioningEvaluator(base.Evaluator):
                          mesh) -> dict[str, list[str]]:
     cfg = self.cfg.get("baselines") or {}
     out = {}
-    # The training captions (host Python) are read while the nearest-neighbour baseline
-    # embeds clips (compiled code, mostly outside the GIL).
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-      if cfg.get("most_frequent"):
-        train = pool.submit(self.task.train_captions, int(cfg.most_frequent.num_train))
-      if cfg.get("nearest_neighbour"):
-        nearest = self._nearest_neighbour(cfg.nearest_neighbour, keep, mesh=mesh)
-      if cfg.get("most_frequent"):
-        train = train.result()
-        counts = collections.Counter(train)
-        best = max(counts.values())
-        top = next(c for c in train if counts[c] == best)  # ties: the earliest
-        out["baseline_most_frequent"] = [top] * len(keep)
+    if cfg.get("most_frequent"):
+      train = self.task.train_captions(int(cfg.most_frequent.num_train))
+      counts = collections.Counter(train)
+      best = max(counts.values())
+      top = next(c for c in train if counts[c] == best)  # ties: the earliest
+      out["baseline_most_frequent"] = [top] * len(keep)
     if cfg.get("nearest_neighbour"):
-      out["baseline_nearest_neighbour"] = nearest
+      out["baseline_nearest_neighbour"] = self._nearest_neighbour(cfg.nearest_neighbour, keep,
+                                                                  mesh=mesh)
     return out
 
   def _nearest_neighbour(self, cfg, keep: list[int], *, mesh) -> list[str]:
