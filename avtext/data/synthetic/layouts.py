@@ -157,10 +157,10 @@ def write(layout: str, out: str | pathlib.Path, *, sizes: dict[str, int],
       atomic.replace_with(speech, lambda tmp: video_io.write_audio(
           tmp, src.render_speech(i), sample_rate=tone_speech.SAMPLE_RATE), durable=False)
   _annotations(layout, root, items, spec)
-  (root / 'synthetic.json').write_text(json.dumps({
+  atomic.write_text(root / 'synthetic.json', json.dumps({
       'format': 'avtext.synthetic_layout/1', 'layout': layout, 'seed': seed,
       'spec': dataclasses.asdict(spec), 'sizes': sizes, 'faults': list(faults)},
-      indent=1))
+      indent=1), durable=False)
   return Written(root, items, fault_stems)
 
 

@@ -165,5 +165,6 @@ def write(out: str | pathlib.Path, w: mining.MiningWorld, faults: tuple[str, ...
   else:
     for job in tqdm(jobs, desc='corpus videos', unit='video'):
       _write_video(job)
-  meta_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + '\n')
+  atomic.write_text(meta_path, json.dumps(meta, indent=1, sort_keys=True) + '\n',
+                    durable=False)
   return meta
