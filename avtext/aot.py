@@ -31,6 +31,15 @@ each with half the chip's HBM and FLOP/s)
                   collectives, optimizer update) and the 15 largest kernels by bytes:
                   `--breakdown`, and always in `--json`
 
+  extrapolated    (--extrapolate) the same costs for the step with every layer unrolled,
+                  from programs with one and two layers per stack compiled for the
+                  slice: cost(L) = cost(1) + (L - 1) (cost(2) - cost(1)) per stack
+                  and op class (`avtext.train.aot.extrapolate`; MBT's unimodal and
+                  fusion layers are two stacks). A scanned config's own reading and
+                  this one bracket the program the compiler would make unrolled;
+                  on a small AVR both agree with the unrolled compile's FLOPs, and
+                  the extrapolation with its bytes (BENCHMARKS "Paper configs at scale")
+
 Progress lines go to stderr while it works.
 With --evals (default on) each predict function the evaluators call is compiled too, at
 config.eval.batch_size, and must fit beside the parameters. `fits` is HBM needed <= the
@@ -69,6 +78,10 @@ _HLO_OUT = flags.DEFINE_string("hlo_out", None, "also write the compiled train s
 _BREAKDOWN = flags.DEFINE_bool("breakdown", False, "print the step's costs by op class and "
                                 "its 15 largest kernels (always in --json)",
                                 flag_values=FLAGS)
+_EXTRAPOLATE = flags.DEFINE_bool(
+    "extrapolate", False, "also estimate the step with its layers unrolled from programs "
+    "with 1 and 2 layers per stack (`extrapolated` in the JSON; a few small compiles)",
+    flag_values=FLAGS)
 flags.mark_flag_as_required("config", flag_values=FLAGS)
 
 
@@ -86,6 +99,9 @@ def main(argv):
         config, _TOPOLOGY.value, build_task=tasks_registry.build_task,
         predict_fns=evals.predict_fn_names(config) if _EVALS.value else None,
         hlo_out=_HLO_OUT.value)
+    if _EXTRAPOLATE.value:
+      report["extrapolated"] = aot_lib.extrapolate(config, _TOPOLOGY.value,
+                                                   build_task=tasks_registry.build_task)
   except (ValueError, RuntimeError) as e:
     raise errors.BadInput(str(e)) from None
   print(json.dumps(report, indent=2, sort_keys=True) if _JSON.value

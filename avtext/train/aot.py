@@ -162,13 +162,10 @@ def _model_nodes(node):
       yield from _model_nodes(value)
 
 
-def train_step(config, devices, build_task: BuildTask):
-  """(trainer, task, abstract state, lowered train step) on `devices` from abstract
-  inputs; `build_task(config)` gives the task (train/ imports no task)."""
-  from avtext import ops  # pylint: disable=g-import-not-at-top
+def _abstract_run(config, devices, build_task: BuildTask):
+  """(trainer, task, abstract batch, abstract state, tx, schedule) on `devices`."""
   from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
   from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
   task = build_task(config)
   with tempfile.TemporaryDirectory() as workdir:
     # The evaluators' names only (config.eval.select is checked against them); their
@@ -177,7 +174,16 @@ def train_step(config, devices, build_task: BuildTask):
                               devices=devices)
   batch = _sharded(task.batch_spec(config.train.batch_size, train=True),
                    partitioning.data_sharding(run.mesh))
-  state, tx, schedule = run.abstract_state(batch)
+  return (run, task, batch, *run.abstract_state(batch))
+
+
+def train_step(config, devices, build_task: BuildTask):
+  """(trainer, task, abstract state, lowered train step) on `devices` from abstract
+  inputs; `build_task(config)` gives the task (train/ imports no task)."""
+  from avtext import ops  # pylint: disable=g-import-not-at-top
+  from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  run, task, batch, state, tx, schedule = _abstract_run(config, devices, build_task)
   step = run.make_train_step(tx, schedule, jax.tree.map(lambda x: x.sharding, state))
   # Traced as the TPU program, also when counting its FLOPs on a CPU device.
   with partitioning.mesh_context(run.mesh, config), ops.lowering_for(_target(devices)):
@@ -309,6 +315,165 @@ def analyze(config, topology: str | None = None, *, build_task: BuildTask,
   return report
 
 
+# ---- per-layer extrapolation ----------------------------------------------------------
+
+def layer_stacks(config) -> dict[str, int]:
+  """{stack: depth} for the runs of identical layers in config.model, each named by its
+  config path ("video", "text", "model" for config.model itself): a node's `num_layers`
+  layers, or for MBT (a node with `fusion_layer`) two runs, its towers' unimodal layers
+  below `fusion_layer` ("video.unimodal") and the fusion layers from it up
+  ("video.fusion")."""
+  stacks = {}
+  for path, node in _model_nodes_with_paths(config.model):
+    if "num_layers" not in node:
+      continue
+    name, depth = ".".join(path) or "model", int(node.num_layers)
+    if "fusion_layer" in node:
+      unimodal = min(max(int(node.fusion_layer), 0), depth)
+      stacks[f"{name}.unimodal"], stacks[f"{name}.fusion"] = unimodal, depth - unimodal
+    else:
+      stacks[name] = depth
+  return stacks
+
+
+def with_depths(config, depths: dict[str, int]):
+  """A copy of `config` with the stacks named in `depths` (`layer_stacks`' names) that
+  many layers deep, every layer unrolled (scan_layers off); nothing else changes."""
+  stacks = {**layer_stacks(config), **depths}
+  unknown = set(depths) - set(layer_stacks(config))
+  if unknown:
+    raise ValueError(f"no layer stack {sorted(unknown)} in config.model; its stacks: "
+                     f"{layer_stacks(config)}")
+  out = config.copy_and_resolve_references()
+  with out.unlocked():
+    for path, node in _model_nodes_with_paths(out.model):
+      if "scan_layers" in node:
+        node.scan_layers = False
+      if "num_layers" not in node:
+        continue
+      name = ".".join(path) or "model"
+      if "fusion_layer" in node:
+        unimodal, fusion = stacks[f"{name}.unimodal"], stacks[f"{name}.fusion"]
+        # fusion_layer == num_layers: no fusion layer (as the full config when it has none).
+        node.fusion_layer, node.num_layers = unimodal, unimodal + fusion
+      else:
+        node.num_layers = stacks[name]
+  return out
+
+
+def _model_nodes_with_paths(node, path=()):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  yield path, node
+  for key, value in node.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _model_nodes_with_paths(value, path + (key,))
+
+
+def _check_identical_layers(params, frozen) -> None:
+  """Raises if config.optimizer.frozen freezes some layers of a stack and not others
+  (e.g. a text tower's lower four): such layers differ in cost (no backward pass), and
+  a program with one or two layers cannot stand for the rest."""
+  import re  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from avtext.train import optimizers  # pylint: disable=g-import-not-at-top
+  seen: dict[str, set] = {}
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  masks = jax.tree_util.tree_leaves(frozen)
+  for (path, _), is_frozen in zip(leaves, masks):
+    name = optimizers.path_name(path)
+    key = re.sub(r"_\d+(?=/|$)", "_<i>", name)
+    if key != name:
+      seen.setdefault(key, set()).add(bool(is_frozen))
+  mixed = sorted(k for k, v in seen.items() if len(v) > 1)
+  if mixed:
+    raise ValueError(
+        "per-layer extrapolation needs a stack's layers to cost the same, but "
+        f"config.optimizer.frozen freezes some layers of a stack and not others ({mixed[0]}"
+        f"{' and more' if len(mixed) > 1 else ''}): compile the config whole instead")
+
+
+class _ClassCost:
+  """Per-device costs by op class (an `hlo_cost.HloCost` without its kernels): what
+  `cost_model.bound` reads."""
+
+  def __init__(self, rows: dict[str, dict[str, float]]):
+    self.rows = rows
+
+  def by_class(self):
+    return self.rows
+
+  def _total(self, field):
+    return sum(row[field] for row in self.rows.values())
+
+  bytes = property(lambda self: self._total("bytes"))
+  flops = property(lambda self: self._total("flops"))
+  comm_bytes = property(lambda self: self._total("comm_bytes"))
+
+  def largest(self, n):
+    del n
+    return []
+
+
+def extrapolate(config, topology: str | None = None, *, build_task: BuildTask,
+                progress=_progress) -> dict[str, Any]:
+  """The unrolled train step's per-chip costs from small programs compiled for
+  `topology`: all layer stacks (`layer_stacks`) one layer deep, then the stacks of each
+  depth d >= 2 two layers deep; each stack adds (d - 1) x (its two-layer program's cost
+  - the one-layer program's), per op class:
+      cost(L) = cost(1, .., 1) + sum_s (L_s - 1) (cost(1, .., 2_s, .., 1) - cost(1, .., 1))
+  (stacks of equal depth move together, so AVR's 8 unimodal, 4 fusion and 12 text layers
+  take four compiles). Every program is the config's own step (dtype, remat, attention,
+  partitioning, batch) with its layers unrolled. Returns the stacks, each program's
+  depths and costs, the extrapolated flops/bytes/comm_bytes per chip and the bound
+  (`cost_model.bound`; no "largest" kernels: the sums are per class)."""
+  topology = topology or config.get("target_topology")
+  if not topology:
+    raise ValueError("no topology: pass --topology=v5e:4x4 (or set config.target_topology)")
+  stacks = layer_stacks(config)
+  deep = {}
+  for name, depth in stacks.items():
+    if depth >= 2:
+      deep.setdefault(depth, []).append(name)
+  if not deep:
+    raise ValueError(f"no layer stack of 2 or more layers in config.model ({stacks}): "
+                     "compile the config whole (`analyze`)")
+  chip = per_device(chip_of(topology), topology, devices := topology_devices(topology))
+  if config.optimizer.get("frozen"):
+    run, _, _, state, _, _ = _abstract_run(config, devices, build_task)
+    _check_identical_layers(state.params, run.frozen)
+  base = {name: min(depth, 1) for name, depth in stacks.items()}
+  plans = [(base, 1)] + [({**base, **{n: 2 for n in names}}, depth - 1)
+                         for depth, names in sorted(deep.items())]
+  programs, totals = [], None
+  for i, (depths, weight) in enumerate(plans):
+    progress(f"program {i + 1} of {len(plans)}: layers {depths}, compiling for {topology}")
+    t0 = time.perf_counter()
+    run, _, _, lowered = train_step(with_depths(config, depths), devices, build_task)
+    compiled = lowered.compile()
+    cost = program_cost(compiled, run.mesh.size)
+    rows = cost.by_class()
+    programs.append({"depths": depths, "flops": cost.flops, "bytes": cost.bytes,
+                     "comm_bytes": cost.comm_bytes, "unreadable_loops": cost.unreadable_loops,
+                     "hbm_needed_gib": _needed(memory(compiled)) / GIB,
+                     "compile_s": time.perf_counter() - t0})
+    if totals is None:
+      base_rows, totals = rows, {c: dict(r) for c, r in rows.items()}
+      continue
+    for c, row in rows.items():
+      for field in ("bytes", "flops", "comm_bytes", "kernels"):
+        totals[c][field] += weight * (row[field] - base_rows[c][field])
+  chips = len(devices)
+  progress("counting the model's FLOPs (the step lowered without remat on the CPU)")
+  model_flops = model_flops_per_step(config, build_task) / chips
+  cost = _ClassCost(totals)
+  roof = cost_model.bound(cost, chip, model_flops)
+  roof.pop("largest")
+  return {"topology": topology, "stacks": stacks, "programs": programs,
+          "flops_per_chip": cost.flops, "bytes_per_chip": cost.bytes,
+          "comm_bytes_per_chip": cost.comm_bytes, "model_flops_per_chip": model_flops,
+          **roof}
+
+
 def advice(report: dict) -> str:
   """What to change when a config does not fit (or fits without 10 % headroom)."""
   steps = []
@@ -354,6 +519,14 @@ def format_report(r: dict, breakdown: bool = False) -> str:
     for k in r["largest"]:
       lines.append(f"    {k['bytes'] / 1e9:7.2f} GB x{k['runs']:<3d} {k['op_class']:24s} "
                    f"{k['name'][:36]:36s} {k['op_name'][-70:]}")
+  if "extrapolated" in r:
+    e = r["extrapolated"]
+    lines.append(
+        f"  unrolled, extrapolated from {len(e['programs'])} programs (stacks "
+        f"{e['stacks']}): {e['flops_per_chip'] / 1e9:,.0f} GFLOP, "
+        f"{e['bytes_per_chip'] / 1e9:,.1f} GB HBM, {e['comm_bytes_per_chip'] / 1e9:,.2f} GB "
+        f"ICI; bound {1e3 * e['step_time_lower_bound_s']:,.1f} ms ({e['bound_by']}), MFU "
+        f"{100 * e['mfu_at_bound']:.1f} %")
   for name, p in (r.get("predict") or {}).items():
     lines.append(f"  predict {name}: {p['hbm_needed_gib']:.2f} GiB, compiled in "
                  f"{p['compile_s']:.0f} s{'' if p['fits'] else ' (does not fit)'}")
