@@ -35,10 +35,10 @@ each with half the chip's HBM and FLOP/s)
                   from programs with one and two layers per stack compiled for the
                   slice: cost(L) = cost(1) + (L - 1) (cost(2) - cost(1)) per stack
                   and op class (`avtext.train.aot.extrapolate`; MBT's unimodal and
-                  fusion layers are two stacks). A scanned config's own reading and
-                  this one bracket the program the compiler would make unrolled;
-                  on a small AVR both agree with the unrolled compile's FLOPs, and
-                  the extrapolation with its bytes (BENCHMARKS "Paper configs at scale")
+                  fusion layers are two stacks). On a 4-layer AVR it is within 1.5 %
+                  of the whole unrolled compile's FLOPs and bytes; the scanned
+                  program (another program) moves up to 14 % more bytes
+                  (`benchmarks.speed.aot_layers`, BENCHMARKS "Paper configs at scale")
 
 Progress lines go to stderr while it works.
 With --evals (default on) each predict function the evaluators call is compiled too, at

@@ -14,13 +14,13 @@ global batch:
   extrapolated  programs with one and two layers per stack, extrapolated per layer
                 (`avtext.train.aot.extrapolate`: three compiles, `--extrapolate`)
 and prints per-chip GFLOPs, HBM and ICI bytes of each and their ratios to the unrolled
-compile. Rows: per batch, each reading's GFLOPs, HBM GB and ICI GB per chip and its
-ratio to the unrolled one.
+compile. Rows: per batch, the unrolled compile's GFLOPs, HBM GB and ICI GB per chip and
+the other two readings' ratios to them.
 
 --paper=<config>: also the paper config on its target slice, scanned (as configured) and
 extrapolated (four compiles for AVR); its unrolled compile takes half an hour here and
-is not made. Rows: each reading's GFLOPs, HBM GB and ICI GB per chip, the step bound and
-MFU at the bound, and the extrapolation's ratio to the scanned reading.
+is not made. Rows: each reading's GFLOPs, HBM GB and ICI GB per chip, its step bound and
+the MFU at the bound.
 """
 import json
 
@@ -35,6 +35,7 @@ _PAPER = flags.DEFINE_string("paper", None, "also a paper config (configs/<name>
 SYSTEM = "Paper configs at scale"
 FIELDS = (("GFLOP", "flops_per_chip", 1e9), ("HBM GB", "bytes_per_chip", 1e9),
           ("ICI GB", "comm_bytes_per_chip", 1e9))
+RATIO_OF = {"GFLOP": "FLOPs", "HBM GB": "HBM bytes", "ICI GB": "ICI bytes"}
 
 
 def small_avr(batch: int, scan: bool):
@@ -66,6 +67,41 @@ def readings(batch: int, topology: str) -> dict:
   return out
 
 
+def record_small(batch: int, got: dict, table: str) -> str:
+  """Records one batch's row (the unrolled compile's costs, each reading's ratios to
+  them); returns it as a markdown row."""
+  ref, cells = got["unrolled"], []
+  for label, key, scale in FIELDS:
+    common.record(SYSTEM, f"batch {batch}", ref[key] / scale, table=table,
+                  column=f"unrolled {label}")
+    cells.append(f"{ref[key] / scale:,.3f}")
+  for name in ("extrapolated", "scanned"):
+    for label, key, _ in FIELDS:
+      ratio = got[name][key] / ref[key]
+      common.record(SYSTEM, f"batch {batch}", ratio, table=table,
+                    column=f"{name} / unrolled, {RATIO_OF[label]}")
+      cells.append(f"{ratio:.3f}")
+  return f"| batch {batch} | " + " | ".join(cells) + " |"
+
+
+def record_paper(name: str, batch: int, got: dict) -> None:
+  """Records the paper config's two readings, one row each."""
+  table = (f"{name}'s paper step on {got['scanned']['topology']} (global batch {batch}), "
+           "per chip")
+  for reading, r in got.items():
+    metric = ("scanned (as configured)" if reading == "scanned" else
+              f"extrapolated ({len(r['programs'])} programs)")
+    for label, key, scale in FIELDS:
+      common.record(SYSTEM, metric, r[key] / scale, table=table, column=label, digits=5)
+    common.record(SYSTEM, metric, f"{1e3 * r['step_time_lower_bound_s']:.1f} ms "
+                  f"({r['bound_by']})", table=table, column="step bound")
+    common.record(SYSTEM, metric, 100 * r["mfu_at_bound"], "%", table=table,
+                  column="MFU at bound", digits=3)
+    print(f"| {metric} | " + " | ".join(f"{r[k] / sc:,.1f}" for _, k, sc in FIELDS)
+          + f" | {1e3 * r['step_time_lower_bound_s']:.1f} ms ({r['bound_by']}) | "
+          f"{100 * r['mfu_at_bound']:.1f} % |", flush=True)
+
+
 def paper(name: str) -> None:
   """The paper config's scanned reading and its per-layer extrapolation, recorded."""
   from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
@@ -73,49 +109,24 @@ def paper(name: str) -> None:
   config = common.load_config(f"configs/{name}.py")
   got = {"scanned": aot.analyze(config, build_task=registry.build_task),
          "extrapolated": aot.extrapolate(config, build_task=registry.build_task)}
-  table = (f"{name}'s paper step on {got['scanned']['topology']} (global batch "
-           f"{config.train.batch_size}), per chip: scanned and extrapolated")
-  for reading, r in got.items():
-    metric = reading + (f" ({len(r['programs'])} programs, stacks "
-                        f"{', '.join(f'{k} {v}' for k, v in r['stacks'].items())})"
-                        if reading == "extrapolated" else "")
-    cells = []
-    for label, key, scale in FIELDS:
-      common.record(SYSTEM, metric, r[key] / scale, table=table, column=label, digits=5)
-      cells.append(f"{r[key] / scale:,.1f}")
-      if reading == "extrapolated":
-        common.record(SYSTEM, metric, r[key] / got["scanned"][key], table=table,
-                      column=f"{label} / scanned")
-    common.record(SYSTEM, metric, f"{1e3 * r['step_time_lower_bound_s']:.1f} ms "
-                  f"({r['bound_by']})", table=table, column="step bound")
-    common.record(SYSTEM, metric, 100 * r["mfu_at_bound"], "%", table=table,
-                  column="MFU at bound", digits=3)
-    print(f"| {metric} | {' | '.join(cells)} | {1e3 * r['step_time_lower_bound_s']:.1f} ms "
-          f"({r['bound_by']}) | {100 * r['mfu_at_bound']:.1f} % |", flush=True)
+  print(json.dumps({n: {k: r[k] for _, k, _ in FIELDS} for n, r in got.items()}), flush=True)
+  record_paper(name, int(config.train.batch_size), got)
 
 
 def main(argv) -> None:
   del argv
   topology = _TOPOLOGY.value
-  table = (f"the small AVR's step on {topology}, per chip: each reading against the "
-           "unrolled compile")
-  print(f"| {topology} | " + " | ".join(f"{f} (/ unrolled)" for f, _, _ in FIELDS) + " |")
+  table = (f"the small AVR's step on {topology}, per chip: the unrolled compile, and the "
+           "extrapolation's and the scanned reading's ratios to it")
+  if _BATCHES.value:
+    print(f"| {topology} | " + " | ".join(f"unrolled {f}" for f, _, _ in FIELDS) + " | "
+          + " | ".join(f"{n} / unrolled, {RATIO_OF[f]}" for n in ("extrapolated", "scanned")
+                       for f, _, _ in FIELDS) + " |")
   for batch in map(int, _BATCHES.value):
     got = readings(batch, topology)
-    ref = got["unrolled"]
-    for name, r in got.items():
-      cells = []
-      for label, key, scale in FIELDS:
-        ratio = r[key] / ref[key]
-        cells.append(f"{r[key] / scale:,.3f} ({ratio:.3f})")
-        common.record(SYSTEM, f"batch {batch}, {name}", r[key] / scale, table=table,
-                      column=label)
-        if name != "unrolled":
-          common.record(SYSTEM, f"batch {batch}, {name}", ratio, table=table,
-                        column=f"{label} / unrolled")
-      print(f"| batch {batch}, {name} | " + " | ".join(cells) + " |", flush=True)
     print(json.dumps({n: {k: r[k] for _, k, _ in FIELDS} for n, r in got.items()}),
           flush=True)
+    print(record_small(batch, got, table), flush=True)
   if _PAPER.value:
     paper(_PAPER.value)
 
