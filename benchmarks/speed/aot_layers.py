@@ -95,7 +95,7 @@ def record_paper(name: str, batch: int, got: dict) -> None:
       common.record(SYSTEM, metric, r[key] / scale, table=table, column=label, digits=5)
     common.record(SYSTEM, metric, f"{1e3 * r['step_time_lower_bound_s']:.1f} ms "
                   f"({r['bound_by']})", table=table, column="step bound")
-    common.record(SYSTEM, metric, 100 * r["mfu_at_bound"], "%", table=table,
+    common.record(SYSTEM, metric, 100 * r["mfu_at_bound"], unit="%", table=table,
                   column="MFU at bound", digits=3)
     print(f"| {metric} | " + " | ".join(f"{r[k] / sc:,.1f}" for _, k, sc in FIELDS)
           + f" | {1e3 * r['step_time_lower_bound_s']:.1f} ms ({r['bound_by']}) | "
@@ -109,6 +109,7 @@ def paper(name: str) -> None:
   config = common.load_config(f"configs/{name}.py")
   got = {"scanned": aot.analyze(config, build_task=registry.build_task),
          "extrapolated": aot.extrapolate(config, build_task=registry.build_task)}
+  (common.out_dir() / f"{name}.json").write_text(json.dumps(got, indent=1, default=str))
   print(json.dumps({n: {k: r[k] for _, k, _ in FIELDS} for n, r in got.items()}), flush=True)
   record_paper(name, int(config.train.batch_size), got)
 
