@@ -5,8 +5,9 @@ r"""BENCHMARKS.md and README.md's demo table, written from the results store.
 
 The store, benchmarks/results.jsonl, holds one JSON object a line per measured number
 (`FIELDS`), appended by the benchmark scripts (`benchmarks.common.record`) and never
-edited in place: the last row of each (benchmark, table, metric, column) is the current
-number, earlier ones are history. benchmarks/notes.md gives each benchmark its title and
+edited in place (a superseded row may be deleted; `store_edits`, which the tests run on
+every commit's change of the store): the last row of each (benchmark, table, metric,
+column) is the current number, earlier ones are history. benchmarks/notes.md gives each benchmark its title and
 one paragraph on what its numbers say. BENCHMARKS.md is a headline table (one row per
 system: the rows marked `headline`), then a section per system with each benchmark's
 tables and the command, date and machine of every number. Standard library only: a fresh
@@ -85,6 +86,32 @@ def latest(rows: list[dict]) -> list[dict]:
   for row in rows:
     last[key(row)] = row  # a dict keeps a key at its first place; the value is the last
   return list(last.values())
+
+
+def store_edits(old: list[str], new: list[str]) -> list[str]:
+  """What a change of the store from lines `old` to lines `new` did other than append rows
+  at the end and delete rows (a superseded key, a retired benchmark): a row edited in
+  place, a row inserted before kept ones, or a deleted row put back with the same
+  provenance (key, command, commit, date) and another value. One line per problem."""
+  old_set = set(old)
+  fresh = [i for i, line in enumerate(new) if line.strip() and line not in old_set]
+  last_kept = max((i for i, line in enumerate(new) if line in old_set), default=-1)
+  problems = [f"line {i + 1}: a row inserted before the store's existing rows (or one "
+              f"edited in place): {new[i][:160]}" for i in fresh if i < last_kept]
+  kept = [line for line in new if line in old_set]
+  kept_set, new_set = set(kept), set(new)
+  if kept != [line for line in old if line in kept_set]:
+    problems.append("existing rows reordered")
+
+  def provenance(line):
+    row = json.loads(line)
+    return (key(row), row.get("command"), row.get("commit"), row.get("date"))
+  deleted = {provenance(line): line for line in old if line.strip() and line not in new_set}
+  for i in fresh:
+    if i > last_kept and provenance(new[i]) in deleted:
+      problems.append(f"line {i + 1}: a deleted row appended again with its provenance and "
+                      f"other fields (an edit): {new[i][:160]}")
+  return problems
 
 
 def read_notes(path: pathlib.Path = NOTES) -> dict[str, dict]:

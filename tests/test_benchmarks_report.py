@@ -1,13 +1,16 @@
 """The benchmark suite's rules: BENCHMARKS.md and README.md's demo table are what `make
 report` writes from the results store (benchmarks/results.jsonl); every row has its command;
-the report is short and current; every benchmark script is an absl program that imports
+the store only grows (rows appended or deleted, never edited, in every commit since the
+rule's and in the working tree: git); the report is short and current; every benchmark script is an absl program that imports
 only `avtext` and `benchmarks.common` and never edits sys.path. Pure file reading and ast:
 well under a second.
 """
 import ast
 import importlib.machinery
+import json
 import pathlib
 import re
+import subprocess
 
 import pytest
 
@@ -92,6 +95,50 @@ def test_every_benchmark_has_a_title_and_every_demo_its_make_target():
       if not note.get("shows") or not re.search(rf"^{re.escape(target)}:", makefile, re.M):
         bad.append(f"{benchmark}: needs `target: make <a Makefile target>` and `shows:`")
   assert not bad, "\n".join(bad)
+
+
+# The store's last commit before its history was checked: every later version only adds
+# and deletes rows (earlier commits edited some in place).
+APPEND_ONLY_SINCE = "25faab4"
+
+
+def _row(value, commit="aaaaaaa", metric="m"):
+  return json.dumps({"benchmark": "b", "system": "s", "metric": metric, "value": value,
+                     "command": "c", "commit": commit, "machine": "x", "date": "2026-11-28"})
+
+
+def test_store_edits_allows_appends_and_deletions_only():
+  old = [_row(1, metric="a"), _row(2, metric="b"), _row(3, metric="c")]
+  assert report.store_edits(old, old + [_row(4, metric="d")]) == []
+  assert report.store_edits(old, [old[0], old[2]]) == []  # a superseded row deleted
+  # The same key measured again (another commit) after the old row is deleted: fine.
+  assert report.store_edits(old, old[:2] + [_row(5, commit="bbbbbbb", metric="c")]) == []
+  edited = [old[0], _row(7, metric="b"), old[2]]
+  assert "edited in place" in report.store_edits(old, edited)[0]
+  assert "appended again" in report.store_edits(old, old[:2] + [_row(9, metric="c")])[0]
+  assert report.store_edits(old, [old[1], old[0], old[2]]) == ["existing rows reordered"]
+
+
+def _git(*args: str) -> str:
+  return subprocess.run(["git", *args], cwd=ROOT, text=True, capture_output=True,
+                        check=True).stdout
+
+
+def test_the_store_only_grows_since_the_rule():
+  try:
+    _git("cat-file", "-e", f"{APPEND_ONLY_SINCE}^{{commit}}")
+    commits = _git("rev-list", "--reverse", f"{APPEND_ONLY_SINCE}..HEAD", "--",
+                   "benchmarks/results.jsonl").split()
+  except (OSError, subprocess.CalledProcessError):
+    pytest.skip(f"needs the git history from {APPEND_ONLY_SINCE} (not a shallow clone)")
+  store = _rel(report.STORE)
+  versions = [(c, _git("show", f"{c}:{store}").splitlines())
+              for c in [APPEND_ONLY_SINCE, *commits]]
+  versions.append(("the working tree", report.STORE.read_text().splitlines()))
+  for (_, old), (name, new) in zip(versions, versions[1:]):
+    problems = report.store_edits(old, new)
+    assert not problems, (f"{name} edits {store} ({len(problems)} problems; rows are "
+                          f"appended, or deleted, never changed): {problems[:3]}")
 
 
 def test_the_report_is_short_and_current():
