@@ -100,8 +100,9 @@ def main(argv):
         predict_fns=evals.predict_fn_names(config) if _EVALS.value else None,
         hlo_out=_HLO_OUT.value)
     if _EXTRAPOLATE.value:
-      report["extrapolated"] = aot_lib.extrapolate(config, _TOPOLOGY.value,
-                                                   build_task=tasks_registry.build_task)
+      report["extrapolated"] = aot_lib.extrapolate(
+          config, _TOPOLOGY.value, build_task=tasks_registry.build_task,
+          model_flops_per_chip=report["model_flops_per_chip"])
   except (ValueError, RuntimeError) as e:
     raise errors.BadInput(str(e)) from None
   print(json.dumps(report, indent=2, sort_keys=True) if _JSON.value

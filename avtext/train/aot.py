@@ -155,11 +155,16 @@ def scans_layers(config) -> bool:
 
 
 def _model_nodes(node):
+  return (n for _, n in _model_nodes_with_paths(node))
+
+
+def _model_nodes_with_paths(node, path=()):
+  """(path of keys, node) for `node` and every ConfigDict under it."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  yield node
-  for value in node.values():
+  yield path, node
+  for key, value in node.items():
     if isinstance(value, ml_collections.ConfigDict):
-      yield from _model_nodes(value)
+      yield from _model_nodes_with_paths(value, path + (key,))
 
 
 def _abstract_run(config, devices, build_task: BuildTask):
@@ -238,6 +243,15 @@ def program_cost(compiled, devices: int) -> hlo_cost.HloCost:
   return hlo_cost.analyze_hlo(compiled.as_text(), devices)
 
 
+def _slice(config, topology: str | None) -> tuple[str, Chip, list]:
+  """(topology name, per-device chip, devices) for `topology` or config.target_topology."""
+  topology = topology or config.get("target_topology")
+  if not topology:
+    raise ValueError("no topology: pass --topology=v5e:4x4 (or set config.target_topology)")
+  devices = topology_devices(topology)
+  return topology, per_device(chip_of(topology), topology, devices), devices
+
+
 def analyze(config, topology: str | None = None, *, build_task: BuildTask,
             predict_fns: Sequence[str] | None = None, progress=_progress,
             hlo_out: str | None = None) -> dict[str, Any]:
@@ -250,10 +264,7 @@ def analyze(config, topology: str | None = None, *, build_task: BuildTask,
   (`hlo_cost.analyze_hlo`: every kernel weighted by its loops' trip counts, so scanned
   layers count N times); the bound is `cost_model.bound`. `progress(message)` is
   told what runs (lowering, compiling, ...)."""
-  topology = topology or config.get("target_topology")
-  if not topology:
-    raise ValueError("no topology: pass --topology=v5e:4x4 (or set config.target_topology)")
-  chip = per_device(chip_of(topology), topology, devices := topology_devices(topology))
+  topology, chip, devices = _slice(config, topology)
   progress(f"lowering the train step (global batch {config.train.batch_size}) for "
            f"{topology}, {len(devices)} x {chip.name}")
   t0 = time.perf_counter()
@@ -339,11 +350,12 @@ def layer_stacks(config) -> dict[str, int]:
 def with_depths(config, depths: dict[str, int]):
   """A copy of `config` with the stacks named in `depths` (`layer_stacks`' names) that
   many layers deep, every layer unrolled (scan_layers off); nothing else changes."""
-  stacks = {**layer_stacks(config), **depths}
-  unknown = set(depths) - set(layer_stacks(config))
+  current = layer_stacks(config)
+  unknown = set(depths) - set(current)
   if unknown:
     raise ValueError(f"no layer stack {sorted(unknown)} in config.model; its stacks: "
-                     f"{layer_stacks(config)}")
+                     f"{current}")
+  stacks = {**current, **depths}
   out = config.copy_and_resolve_references()
   with out.unlocked():
     for path, node in _model_nodes_with_paths(out.model):
@@ -359,14 +371,6 @@ def with_depths(config, depths: dict[str, int]):
       else:
         node.num_layers = stacks[name]
   return out
-
-
-def _model_nodes_with_paths(node, path=()):
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  yield path, node
-  for key, value in node.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      yield from _model_nodes_with_paths(value, path + (key,))
 
 
 def _check_identical_layers(params, frozen) -> None:
@@ -415,7 +419,8 @@ class _ClassCost:
 
 
 def extrapolate(config, topology: str | None = None, *, build_task: BuildTask,
-                progress=_progress) -> dict[str, Any]:
+                progress=_progress, model_flops_per_chip: float | None = None
+                ) -> dict[str, Any]:
   """The unrolled train step's per-chip costs from small programs compiled for
   `topology`: all layer stacks (`layer_stacks`) one layer deep, then the stacks of each
   depth d >= 2 two layers deep; each stack adds (d - 1) x (its two-layer program's cost
@@ -425,10 +430,8 @@ def extrapolate(config, topology: str | None = None, *, build_task: BuildTask,
   take four compiles). Every program is the config's own step (dtype, remat, attention,
   partitioning, batch) with its layers unrolled. Returns the stacks, each program's
   depths and costs, the extrapolated flops/bytes/comm_bytes per chip and the bound
-  (`cost_model.bound`; no "largest" kernels: the sums are per class)."""
-  topology = topology or config.get("target_topology")
-  if not topology:
-    raise ValueError("no topology: pass --topology=v5e:4x4 (or set config.target_topology)")
+  (`cost_model.bound`; no "largest" kernels: the sums are per class).
+  `model_flops_per_chip`: `analyze`'s, when the caller has it (else counted here)."""
   stacks = layer_stacks(config)
   deep = {}
   for name, depth in stacks.items():
@@ -437,7 +440,7 @@ def extrapolate(config, topology: str | None = None, *, build_task: BuildTask,
   if not deep:
     raise ValueError(f"no layer stack of 2 or more layers in config.model ({stacks}): "
                      "compile the config whole (`analyze`)")
-  chip = per_device(chip_of(topology), topology, devices := topology_devices(topology))
+  topology, chip, devices = _slice(config, topology)
   if config.optimizer.get("frozen"):
     run, _, _, state, _, _ = _abstract_run(config, devices, build_task)
     _check_identical_layers(state.params, run.frozen)
@@ -462,9 +465,10 @@ def extrapolate(config, topology: str | None = None, *, build_task: BuildTask,
     for c, row in rows.items():
       for field in ("bytes", "flops", "comm_bytes", "kernels"):
         totals[c][field] += weight * (row[field] - base_rows[c][field])
-  chips = len(devices)
-  progress("counting the model's FLOPs (the step lowered without remat on the CPU)")
-  model_flops = model_flops_per_step(config, build_task) / chips
+  model_flops = model_flops_per_chip
+  if model_flops is None:
+    progress("counting the model's FLOPs (the step lowered without remat on the CPU)")
+    model_flops = model_flops_per_step(config, build_task) / len(devices)
   cost = _ClassCost(totals)
   roof = cost_model.bound(cost, chip, model_flops)
   roof.pop("largest")

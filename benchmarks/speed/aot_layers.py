@@ -62,8 +62,9 @@ def readings(batch: int, topology: str) -> dict:
   for name, scan in (("unrolled", False), ("scanned", True)):
     out[name] = aot.analyze(small_avr(batch, scan), topology,
                             build_task=registry.build_task, progress=quiet)
-  out["extrapolated"] = aot.extrapolate(small_avr(batch, True), topology,
-                                        build_task=registry.build_task, progress=quiet)
+  out["extrapolated"] = aot.extrapolate(
+      small_avr(batch, True), topology, build_task=registry.build_task, progress=quiet,
+      model_flops_per_chip=out["scanned"]["model_flops_per_chip"])
   return out
 
 
@@ -107,8 +108,10 @@ def paper(name: str) -> None:
   from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
   from avtext.train import aot  # pylint: disable=g-import-not-at-top
   config = common.load_config(f"configs/{name}.py")
-  got = {"scanned": aot.analyze(config, build_task=registry.build_task),
-         "extrapolated": aot.extrapolate(config, build_task=registry.build_task)}
+  got = {"scanned": aot.analyze(config, build_task=registry.build_task)}
+  got["extrapolated"] = aot.extrapolate(
+      config, build_task=registry.build_task,
+      model_flops_per_chip=got["scanned"]["model_flops_per_chip"])
   (common.out_dir() / f"{name}.json").write_text(json.dumps(got, indent=1, default=str))
   print(json.dumps({n: {k: r[k] for _, k, _ in FIELDS} for n, r in got.items()}), flush=True)
   record_paper(name, int(config.train.batch_size), got)
