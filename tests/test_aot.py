@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from avtext.tasks import registry
-from avtext.train import aot
-from avtext.train import hlo_cost
+from avtext.aot import programs as aot
+from avtext.aot import hlo_cost
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -56,10 +56,18 @@ def env(tmp_path_factory):
               XLA_FLAGS="--xla_force_host_platform_device_count=1")
 
 
-def _help_in_process(program: str, capsys) -> str:
-  """`program --help` through `cli.run`, as `python -m` runs it; its stdout."""
+def _program_module(program: str):
+  """The module `python -m program` runs: a package's `__main__` (avtext.aot)."""
   import importlib  # pylint: disable=g-import-not-at-top
   module = importlib.import_module(program.replace(" ", "."))
+  if not hasattr(module, "main") and hasattr(module, "__path__"):
+    module = importlib.import_module(program.replace(" ", ".") + ".__main__")
+  return module
+
+
+def _help_in_process(program: str, capsys) -> str:
+  """`program --help` through `cli.run`, as `python -m` runs it; its stdout."""
+  module = _program_module(program)
   with pytest.raises(SystemExit) as done:
     cli.run(module.main, module.FLAGS, [f"python -m {program}", "--help"], doc=module.__doc__)
   assert done.value.code == 0, program
@@ -86,10 +94,9 @@ def test_every_program_answers_help_with_exit_0_and_help_for_each_flag(env, caps
 def test_flag_values_of_every_program_have_help_and_expand_paths(monkeypatch, tmp_path):
   """In-process: each program's own FlagValues (importable side by side: no shared
   absl flag is claimed twice) has help on every flag, and its path flags expand ~."""
-  import importlib  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv("HOME", str(tmp_path))
   for program in PROGRAMS:
-    module = importlib.import_module(program.replace(" ", "."))
+    module = _program_module(program)
     values: flags.FlagValues = module.FLAGS
     for name in values:
       assert values[name].help, (program, name)

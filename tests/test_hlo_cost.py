@@ -1,12 +1,14 @@
-"""`avtext.train.hlo_cost`: bytes, FLOPs and interconnect bytes read from optimized HLO,
+"""`avtext.aot.hlo_cost`: bytes, FLOPs and interconnect bytes read from optimized HLO,
 checked against hand counts of a hand-written module and against a program whose
 FLOPs are known exactly; `cost_model.bound` against its definition."""
 import jax
 import jax.numpy as jnp
 import pytest
 
-from avtext.train import cost_model
-from avtext.train import hlo_cost
+from avtext.aot import chips
+from avtext.aot import cost_model
+from avtext.aot import hlo_cost
+from avtext.aot import hlo_text
 
 # A scanned layer as the TPU compiler writes it: a 12-trip while loop whose body slices
 # the layer's weights out of a stack kept in HBM and multiplies an activation held in
@@ -94,12 +96,12 @@ def test_hand_written_module_costs_by_hand():
 
 
 def test_tiling_pads_the_minor_dimensions():
-  [a] = hlo_cost.parse_shape("bf16[3,100,64]{2,1,0:T(8,128)(2,1)}")
+  [a] = hlo_text.parse_shape("bf16[3,100,64]{2,1,0:T(8,128)(2,1)}")
   assert a.nbytes(tiled=False) == 3 * 100 * 64 * 2
   assert a.nbytes() == 3 * 104 * 128 * 2
-  [b] = hlo_cost.parse_shape("f32[64,100]{0,1:T(8,128)}")  # dim 0 is the minor one
+  [b] = hlo_text.parse_shape("f32[64,100]{0,1:T(8,128)}")  # dim 0 is the minor one
   assert b.nbytes() == 128 * 104 * 4
-  [c] = hlo_cost.parse_shape("f32[5,7]{1,0}")  # no tiling (CPU, GPU)
+  [c] = hlo_text.parse_shape("f32[5,7]{1,0}")  # no tiling (CPU, GPU)
   assert c.nbytes() == 5 * 7 * 4 and c.memory_space == 0
 
 
@@ -122,7 +124,7 @@ def test_scanned_matmuls_counted_once_per_trip_on_a_real_program():
 
 def test_bound_takes_the_largest_term_and_names_it():
   cost = hlo_cost.analyze_hlo(MODULE, num_devices=4)
-  chip = cost_model.Chip("test chip", 16.0, bf16_flops=1e9, hbm_bytes_per_s=1e9,
+  chip = chips.Chip("test chip", 16.0, bf16_flops=1e9, hbm_bytes_per_s=1e9,
                          ici_bytes_per_s=1e6)
   r = cost_model.bound(cost, chip, model_flops=cost.flops / 2)
   assert r["bound_by"] == "ICI"
@@ -134,10 +136,10 @@ def test_bound_takes_the_largest_term_and_names_it():
 
 
 def test_chip_table_and_per_device_split():
-  assert cost_model.chip_of("v5e:4x4").ici_bytes_per_s == 200e9
+  assert chips.chip_of("v5e:4x4").ici_bytes_per_s == 200e9
   with pytest.raises(ValueError, match="unknown chip 'v9x'"):
-    cost_model.chip_of("v9x:2x2")
-  half = cost_model.per_device(cost_model.CHIPS["v4"], 2)
+    chips.chip_of("v9x:2x2")
+  half = chips.per_device(chips.CHIPS["v4"], 2)
   assert half.hbm_gib == 16.0 and half.bf16_flops == 137.5e12
 
 

@@ -51,7 +51,7 @@ def fused_attention(implementation: str, query: Array, key: Array, value: Array,
 
   def kernel(q, k, v, q_ids, kv_ids):
     # The forward kernel's name carries no block sizes (the backward ones' do): the
-    # scope puts them in its op_name for `avtext.train.hlo_cost`.
+    # scope puts them in its op_name for `avtext.aot.hlo_cost`.
     with jax.named_scope(f"flash_fwd_block_q={blocks.block_q}"):
       return pallas_flash.flash_attention(
           q, k, v, segment_ids=pallas_flash.SegmentIds(q=q_ids, kv=kv_ids),

@@ -32,9 +32,7 @@ import dataclasses
 import math
 import re
 
-DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
-               "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
-               "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16, "token": 0}
+from avtext.aot.hlo_text import Array, Instruction, parse_module, trip_count
 
 # The op classes of the breakdown, in report order.
 OP_CLASSES = ("matmul/conv", "attention kernels", "elementwise/norm fusions",
@@ -54,132 +52,13 @@ _MOVES = {"parameter", "copy", "transpose", "bitcast", "reshape", "broadcast", "
           "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "constant",
           "tuple", "get-tuple-element", "convert", "reverse", "iota"}
 _SLICES = {"dynamic-slice", "slice"}
-
-_ARRAY = re.compile(r"([a-z]+[0-9a-z]*)\[([0-9,]*)\](\{[^}]*\})?")
-_HEADER = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s*\(")
-_INSTR = re.compile(r"^\s*(ROOT\s+)?%([\w.\-]+)\s*=\s*")
-_CALLS = re.compile(r"\b(calls|body|condition|to_apply|branch_computations|"
-                    r"async_execution_thread_computations)=\{?(%[\w.\-]+(?:,\s*%[\w.\-]+)*)\}?")
-
-
-@dataclasses.dataclass
-class Array:
-  dtype: str
-  dims: tuple[int, ...]
-  layout: str  # "" when the text gives none
-
-  @property
-  def memory_space(self) -> int:
-    m = re.search(r"S\((\d+)\)", self.layout)
-    return int(m.group(1)) if m else 0
-
-  def nbytes(self, tiled: bool = True) -> float:
-    """Size in bytes; tiled: with the minor dimensions padded to the layout's first tile
-    (a TPU's T(8,128): a 64-wide minor dimension takes 128 lanes)."""
-    dims = list(self.dims)
-    tile = re.search(r"T\(([\d,]+)\)", self.layout) if tiled else None
-    if tile and dims:
-      minor_to_major = [int(d) for d in self.layout[1:].split(":")[0].split(",") if d.strip()]
-      sizes = [int(t) for t in tile.group(1).split(",")]
-      for t, dim in zip(reversed(sizes), minor_to_major):
-        if dim < len(dims):
-          dims[dim] = -(-dims[dim] // t) * t
-    return DTYPE_BYTES.get(self.dtype, 4) * math.prod(dims)
-
-
-def parse_shape(text: str) -> list[Array]:
-  """Every array of a (possibly tuple) HLO shape."""
-  return [Array(d, tuple(int(x) for x in dims.split(",") if x), layout or "")
-          for d, dims, layout in _ARRAY.findall(text)]
-
+# Elementwise ops a GPU computes on its special-function units (one result per element).
+_TRANSCENDENTAL = {"exponential", "exponential-minus-one", "log", "log-plus-one", "tanh",
+                   "logistic", "rsqrt", "sqrt", "cbrt", "erf", "power", "sine", "cosine",
+                   "atan2"}
 
 def _hbm_bytes(arrays, all_spaces: bool = False) -> float:
   return sum(a.nbytes() for a in arrays if all_spaces or a.memory_space == 0)
-
-
-@dataclasses.dataclass
-class Instruction:
-  name: str
-  shape: list[Array]
-  opcode: str
-  operands: list[str]
-  attrs: str
-  root: bool = False
-  args: str = ""  # the text between the opcode's parentheses
-
-  @property
-  def op_name(self) -> str:
-    m = re.search(r'op_name="([^"]*)"', self.attrs)
-    return m.group(1) if m else ""
-
-  def called(self) -> list[tuple[str, str]]:
-    """(attribute, computation) for each computation this instruction calls."""
-    return [(kind, c.strip().lstrip("%")) for kind, names in _CALLS.findall(self.attrs)
-            for c in names.split(",")]
-
-
-def _matching(text: str, start: int) -> int:
-  """Index just past the bracket closing the one at text[start]."""
-  depth = 0
-  for i in range(start, len(text)):
-    if text[i] in "([{":
-      depth += 1
-    elif text[i] in ")]}":
-      depth -= 1
-      if depth == 0:
-        return i + 1
-  return len(text)
-
-
-def parse_instruction(line: str) -> Instruction | None:
-  m = _INSTR.match(line)
-  if not m:
-    return None
-  rest = line[m.end():]
-  end = _matching(rest, 0) if rest.startswith("(") else rest.index(" ")
-  shape, rest = rest[:end], rest[end:].lstrip()
-  opcode_end = rest.index("(")
-  opcode = rest[:opcode_end]
-  close = _matching(rest, opcode_end)
-  operands = re.findall(r"%([\w.\-]+)", rest[opcode_end:close])
-  return Instruction(m.group(2), parse_shape(shape), opcode, operands, rest[close:],
-                     root=bool(m.group(1)), args=rest[opcode_end + 1:close - 1])
-
-
-def parse_module(text: str) -> tuple[dict[str, list[Instruction]], str]:
-  """({computation: instructions}, entry computation name)."""
-  computations, entry, current = {}, None, None
-  for line in text.splitlines():
-    header = _HEADER.match(line)
-    if header and line.rstrip().endswith("{"):
-      current = header.group(2)
-      computations[current] = []
-      if header.group(1):
-        entry = current
-      continue
-    if current is None:
-      continue
-    if line.startswith("}"):
-      current = None
-      continue
-    instruction = parse_instruction(line)
-    if instruction:
-      computations[current].append(instruction)
-  if entry is None:
-    raise ValueError("HLO text has no ENTRY computation")
-  return computations, entry
-
-
-def trip_count(loop: Instruction, computations) -> int:
-  """Iterations of a `while`: its known_trip_count, else the constant its condition
-  compares the counter with (scan's `i < N`); 1 when neither is readable."""
-  known = re.search(r'known_trip_count[^0-9]*(\d+)', loop.attrs)
-  if known:
-    return int(known.group(1))
-  condition = dict(loop.called()).get("condition")
-  constants = [int(i.args) for i in computations.get(condition, [])
-               if i.opcode == "constant" and re.fullmatch(r"-?\d+", i.args)]
-  return max(constants) if constants else 1
 
 
 @dataclasses.dataclass
@@ -193,6 +72,11 @@ class Kernel:
   flops: float
   comm_bytes: float
   op_name: str
+  # (FLOPs of all runs, m, n, k) of each product inside: rows, output columns, contracted
+  # (an attention kernel's products: query rows, head dim, keys; `Chip.matmul_tile`).
+  dots: tuple = ()
+  transcendentals: float = 0.0  # exp / log / tanh / ... results, all runs
+  async_comm: bool = False  # a collective XLA made asynchronous (overlaps other kernels)
 
 
 @dataclasses.dataclass
@@ -267,18 +151,43 @@ def _collective_bytes(i: Instruction, symbols: dict[str, list[Array]],
   return operand * (n - 1) / n  # all-to-all
 
 
-def _dot_flops(i: Instruction, symbols) -> float:
-  out = math.prod(i.shape[0].dims) if i.shape else 0
+def _dims_attr(attrs: str, key: str) -> list[int]:
+  m = re.search(key + r"=\{([\d,]*)\}", attrs)
+  return [int(d) for d in m.group(1).split(",") if d] if m else []
+
+
+def _dot(i: Instruction, symbols) -> tuple[float, int, int, int] | None:
+  """(FLOPs, m, n, k) of one run of a `dot` or `convolution`: m rows, n output columns,
+  k contracted (a convolution's k: the kernel's input features x its taps per output)."""
   if i.opcode == "dot":
-    lhs = symbols.get(i.operands[0], [None])[0]
-    m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", i.attrs)
-    if lhs is None or not m:
-      return 0.0
-    contract = math.prod(lhs.dims[int(d)] for d in m.group(1).split(",") if d)
-    return 2.0 * out * contract
-  if i.opcode == "convolution" and len(i.operands) > 1:
-    return 2.0 * _conv_macs(i, symbols)
-  return 0.0
+    lhs, rhs = (symbols.get(o, [None])[0] for o in (i.operands + ["", ""])[:2])
+    contract = _dims_attr(i.attrs, "lhs_contracting_dims")
+    if lhs is None or not contract:
+      return None
+    k = math.prod(lhs.dims[d] for d in contract)
+    m = math.prod(d for n, d in enumerate(lhs.dims) if n not in contract and
+                  n not in _dims_attr(i.attrs, "lhs_batch_dims"))
+    out = math.prod(i.shape[0].dims) if i.shape else 0
+    n = out // max(1, m * math.prod(lhs.dims[d] for d in
+                                    _dims_attr(i.attrs, "lhs_batch_dims")))
+    if rhs is not None:
+      skip = set(_dims_attr(i.attrs, "rhs_contracting_dims")) | set(
+          _dims_attr(i.attrs, "rhs_batch_dims"))
+      n = math.prod(d for j, d in enumerate(rhs.dims) if j not in skip)
+    return 2.0 * out * k, m, n, k
+  if (i.opcode == "convolution" or "__cudnn$conv" in i.attrs) and len(i.operands) > 1:
+    macs = _conv_macs(i, symbols)
+    labels = re.search(r"dim_labels=[0-9a-z]+_[0-9a-z]+->([0-9a-z]+)", i.attrs)
+    if not macs or not labels or not i.shape:
+      return (2.0 * macs, 1, 1, 1) if macs else None
+    _, rhs, out = _conv_arrays(i, symbols)
+    rhs_l = re.search(r"dim_labels=[0-9a-z]+_([0-9a-z]+)->", i.attrs).group(1)
+    n = out.dims[labels.group(1).index("f")]
+    positions = math.prod(out.dims) // max(1, n)  # output rows: batch x spatial
+    k = max(1, round(macs / (positions * n)))
+    k = max(k, rhs.dims[rhs_l.index("i")] if rhs is not None else 1)
+    return 2.0 * macs, max(1, round(macs / (n * k))), n, k
+  return None
 
 
 def _valid_taps(out: int, size: int, window: int, stride: int, lo: int,
@@ -298,13 +207,25 @@ def _valid_taps(out: int, size: int, window: int, stride: int, lo: int,
              if 0 <= (p := o * stride + k * rhs_dilate - lo) < dilated and p % lhs_dilate == 0)
 
 
+def _conv_arrays(i: Instruction, symbols) -> tuple:
+  """(input, kernel, output) of the forward convolution `i` computes: cuDNN's backward
+  calls keep the forward's window and dim_labels, the filter gradient taking (input,
+  output gradient) to the kernel, the input gradient (output gradient, kernel) to the
+  input."""
+  first = [symbols.get(o, [None])[0] for o in i.operands[:2]] + [None, None]
+  result = i.shape[0] if i.shape else None
+  if "__cudnn$convBackwardFilter" in i.attrs:
+    return first[0], result, first[1]
+  if "__cudnn$convBackwardInput" in i.attrs:
+    return result, first[1], first[0]
+  return first[0], first[1], result
+
+
 def _conv_macs(i: Instruction, symbols) -> float:
   """Multiply-adds of an HLO convolution (the TPU compiler writes matmuls as ones): for
   every spatial dimension the (output, tap) pairs on real input, times the output batch,
   output features and the kernel's input features (whatever the grouping)."""
-  lhs = symbols.get(i.operands[0], [None])[0]
-  rhs = symbols.get(i.operands[1], [None])[0]
-  out = i.shape[0] if i.shape else None
+  lhs, rhs, out = _conv_arrays(i, symbols)
   labels = re.search(r"dim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)", i.attrs)
   if lhs is None or rhs is None or out is None or not labels:
     return 0.0
@@ -325,26 +246,27 @@ def _conv_macs(i: Instruction, symbols) -> float:
   return float(macs)
 
 
-def _attention_flops(i: Instruction, symbols) -> float:
-  """FLOPs of a fused attention call from its q, k operands (0 and 1): the Pallas TPU
-  kernels ([B, H, L, d]: forward 2 products, 4 B H Lq Lk d; the dK/dV kernel 4 products,
-  the dQ kernel 3) and cuDNN's ([B, L, H, d]: forward 2, backward 5)."""
+def _attention(i: Instruction, symbols) -> tuple[int, int, int, int, int] | None:
+  """(products, scores, query rows, keys, head dim) of one run of a fused attention
+  call, from its q, k operands (0 and 1): the Pallas TPU kernels ([B, H, L, d]: forward
+  2 products of B H Lq Lk scores x d, the dK/dV kernel 4, the dQ kernel 3) and cuDNN's
+  ([B, L, H, d]: forward 2, backward 5). Each computes the scores' exp once."""
   name = i.name.lower()
   if not re.search(r"flash|attention|mha", name) or len(i.operands) < 2:
-    return 0.0
+    return None
   q, k = symbols.get(i.operands[0], [None])[0], symbols.get(i.operands[1], [None])[0]
   if q is None or k is None or len(q.dims) != 4 or len(k.dims) != 4:
-    return 0.0
+    return None
   if "__cudnn$fmha" in i.attrs:  # its [B, H, Lq, Lk] scores are in the backend config
     products = 5 if "Backward" in i.attrs else 2
     scores = re.search(r'"intermediate_tensor_shape":\s*\{[^}]*?"dimensions":\s*\[([^\]]*)\]',
                        i.attrs)
     if not scores:
-      return 0.0
+      return None
     dims = [int(d.strip().strip('"')) for d in scores.group(1).split(",") if d.strip()]
-    return 2.0 * products * math.prod(dims) * q.dims[-1]
+    return products, math.prod(dims), dims[-2], dims[-1], q.dims[-1]
   products = 4 if "dkv" in name else 3 if "dq" in name else 2
-  return 2.0 * products * math.prod(q.dims) * k.dims[2]
+  return (products, math.prod(q.dims[:3]) * k.dims[2], q.dims[2], k.dims[2], q.dims[3])
 
 
 # The Pallas TPU flash kernels (jax.experimental.pallas.ops.tpu.flash_attention): the
@@ -508,7 +430,7 @@ def analyze_hlo(text: str, num_devices: int = 1, *, all_spaces: bool = False) ->
         out.extend(fused_body(dict(b.called()).get("calls", ""), depth + 1))
     return out
 
-  def walk(comp: str, runs: int, depth: int = 0):
+  def walk(comp: str, runs: int, depth: int = 0, in_async: bool = False):
     nonlocal unreadable
     if depth > 16:
       return
@@ -518,14 +440,14 @@ def analyze_hlo(text: str, num_devices: int = 1, *, all_spaces: bool = False) ->
         n = trip_count(i, computations)
         if n == 1 and "known_trip_count" not in i.attrs:
           unreadable += 1
-        walk(calls["body"], runs * n, depth + 1)
-        walk(calls["condition"], runs * n, depth + 1)
+        walk(calls["body"], runs * n, depth + 1, in_async)
+        walk(calls["condition"], runs * n, depth + 1, in_async)
         continue
       if i.opcode in ("conditional", "call") or (i.opcode.startswith("async") and
                                                  i.opcode != "async-done"):
         for kind, c in i.called():
           if c in computations and kind != "to_apply":
-            walk(c, runs, depth + 1)
+            walk(c, runs, depth + 1, in_async or i.opcode.startswith("async"))
         if i.opcode in ("conditional", "call"):
           continue
       if i.opcode in _FREE or (i.opcode == "custom-call" and any(
@@ -534,16 +456,20 @@ def analyze_hlo(text: str, num_devices: int = 1, *, all_spaces: bool = False) ->
       nested = fused_body(calls["calls"]) if i.opcode == "fusion" else []
       fused = [b for _, b in nested]
       local = symbols[comp]
+      dots = []
       if i.opcode == "fusion":
         nbytes = _fusion_bytes(i, computations.get(calls["calls"], []), local, all_spaces,
                                computations)
-        flops = sum(_dot_flops(b, symbols[c]) for c, b in nested)
+        dots = [d for c, b in nested if (d := _dot(b, symbols[c]))]
         # An async collective is cloned into the kernel that starts it and the one that
         # waits for it (root AsyncCollectiveDone): its bytes are sent once, at the start.
         done = any(b.root and 'AsyncCollectiveDone' in b.attrs
                    for b in computations.get(calls["calls"], []))
         comm = 0.0 if done else sum(_collective_bytes(b, symbols[c], num_devices)
                                     for c, b in nested)
+        is_async = done or any("AsyncCollective" in b.attrs for b in fused)
+        transcendentals = sum(math.prod(b.shape[0].dims) for b in fused
+                              if b.opcode in _TRANSCENDENTAL and b.shape)
       else:
         operands = [a for o in i.operands for a in local.get(o, [])]
         outputs = i.shape[:1] if i.opcode == "copy-start" else i.shape
@@ -555,13 +481,20 @@ def analyze_hlo(text: str, num_devices: int = 1, *, all_spaces: bool = False) ->
         nbytes = _hbm_bytes(operands, all_spaces) + _hbm_bytes(outputs, all_spaces)
         if (flash := _flash_kind(i)) is not None:
           nbytes = _flash_bytes(i, flash, local, all_spaces)
-        flops = _dot_flops(i, local)
-        if i.opcode == "custom-call":
-          flops += (2.0 * _conv_macs(i, local) if "__cudnn$conv" in i.attrs
-                    else _attention_flops(i, local))
+        dots = [d] if (d := _dot(i, local)) else []
+        transcendentals = math.prod(i.shape[0].dims) if (
+            i.opcode in _TRANSCENDENTAL and i.shape) else 0
+        if i.opcode == "custom-call" and (attention := _attention(i, local)):
+          products, scores, lq, lk, head = attention
+          dots.append((2.0 * products * scores * head, lq, head, lk))
+          transcendentals = scores
         comm = _collective_bytes(i, local, num_devices)
-      kernels.append(Kernel(i.name, i.opcode, _classify(i, fused), runs, runs * nbytes,
-                            runs * flops, runs * comm, i.op_name))
+        is_async = in_async or i.opcode.endswith("-start")
+      flops = sum(d[0] for d in dots)
+      kernels.append(Kernel(
+          i.name, i.opcode, _classify(i, fused), runs, runs * nbytes, runs * flops,
+          runs * comm, i.op_name, tuple((runs * f, m, n, k) for f, m, n, k in dots),
+          runs * transcendentals, bool(comm) and is_async))
 
   walk(entry, 1)
   return HloCost(kernels, unreadable)

@@ -4,10 +4,10 @@
 `analyze(config, topology, build_task=...)` lowers the trainer's own jitted train step from
 abstract inputs (`train_step`) onto the devices libtpu or the CUDA plugin describes
 (`topology_devices`), compiles it, reads its memory and its costs (`hlo_cost`,
-`cost_model`) and returns the report dict; `format_report` writes it as text. The
-task and the predict functions to compile come from the caller (`train/` imports no
-task and no evaluator: `avtext.aot` passes the task registry and the evaluators'
-predict functions).
+`cost_model`) and returns the report dict. The
+task and the predict functions to compile come from the caller (`avtext.aot`'s command
+line passes the task registry and the evaluators' predict functions); `avtext.aot.report`
+writes the report as text.
 """
 import contextlib
 import os
@@ -18,13 +18,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from avtext.train import cost_model
-from avtext.train import hlo_cost
+from avtext.aot import chips as chips_lib
+from avtext.aot import cost_model
+from avtext.aot import hlo_cost
 
 GIB = 2 ** 30
 
 
-Chip, CHIPS, chip_of = cost_model.Chip, cost_model.CHIPS, cost_model.chip_of
+Chip, chip_of = chips_lib.Chip, chips_lib.chip_of
 BuildTask = Callable[[Any], Any]  # config -> task (the caller's task registry)
 
 
@@ -81,9 +82,9 @@ def gpu_topology_devices(topology: str) -> list:
 
 
 def per_device(chip: Chip, topology: str, devices: list) -> Chip:
-  """The chip's figures per JAX device (`cost_model.per_device`)."""
+  """The chip's figures per JAX device (`chips.per_device`)."""
   dims = [int(d) for d in topology.split(":")[1].split("x")]
-  return cost_model.per_device(chip, len(devices) // int(np.prod(dims)))
+  return chips_lib.per_device(chip, len(devices) // int(np.prod(dims)))
 
 
 def topology_devices(topology: str) -> list:
@@ -286,6 +287,7 @@ def analyze(config, topology: str | None = None, *, build_task: BuildTask,
   progress("counting the model's FLOPs (the step lowered without remat on the CPU)")
   model_flops = model_flops_per_step(config, build_task) / chips
   roof = cost_model.bound(cost, chip, model_flops)
+  predicted = cost_model.predict(cost, chip, model_flops)
   needed = _needed(mem)
   report = {
       "config": config.get("task"), "topology": topology, "chip": chip.name,
@@ -309,6 +311,8 @@ def analyze(config, topology: str | None = None, *, build_task: BuildTask,
                             "bytes": float(xla.get("bytes accessed", 0.0))},
       "unreadable_loops": cost.unreadable_loops,
       **roof,
+      # The kernels one after another, each at its own limit (`cost_model.predict`).
+      "predicted": predicted,
       "lower_s": lower_s, "compile_s": compile_s,
   }
   if predict_fns is not None:
@@ -476,67 +480,3 @@ def extrapolate(config, topology: str | None = None, *, build_task: BuildTask,
           "flops_per_chip": cost.flops, "bytes_per_chip": cost.bytes,
           "comm_bytes_per_chip": cost.comm_bytes, "model_flops_per_chip": model_flops,
           **roof}
-
-
-def advice(report: dict) -> str:
-  """What to change when a config does not fit (or fits without 10 % headroom)."""
-  steps = []
-  if report["dtype"] == "float32":
-    steps.append("--config.model.dtype=bfloat16")
-  if report["remat"] == "none":
-    steps.append("--config.model.remat=full")
-  if not report["fsdp"]:
-    steps.append("--config.partitioning.fsdp=True")
-  steps.append(f"--config.train.microbatches={2 * report['microbatches']} (tasks with "
-               "an encode/combine split)")
-  steps.append("a larger slice (--topology)")
-  return "; or ".join(steps)
-
-
-def format_report(r: dict, breakdown: bool = False) -> str:
-  lines = [
-      f"{r['topology']} ({r['chips']} x {r['chip']}, mesh {r['mesh']}), global batch "
-      f"{r['global_batch']} in {r['microbatches']} micro-batch(es), {r['dtype']} compute, "
-      f"remat {r['remat']}, attention {r['attention']}, FSDP {'on' if r['fsdp'] else 'off'}"
-      f"{', layers scanned' if r.get('scan_layers') else ''}",
-      f"  HBM per chip     {r['hbm_needed_gib']:.2f} GiB needed of {r['hbm_per_chip_gib']:.2f} "
-      f"GiB ({100 * r['headroom']:.0f} % headroom): args {r['memory_gib']['argument']:.2f}, "
-      f"outputs {r['memory_gib']['output']:.2f}, temporaries {r['memory_gib']['temp']:.2f}, "
-      f"aliased {r['memory_gib']['alias']:.2f}",
-      f"  FLOPs per chip   {r['flops_per_chip'] / 1e9:,.0f} GFLOP per step "
-      f"(model {r['model_flops_per_chip'] / 1e9:,.0f} without remat)",
-      f"  HBM traffic      {r['bytes_per_chip'] / 1e9:,.1f} GB per step per chip",
-      f"  interconnect     {r['comm_bytes_per_chip'] / 1e9:,.2f} GB sent per step per chip",
-      f"  step bound       {1e3 * r['step_time_lower_bound_s']:,.1f} ms, set by "
-      f"{r['bound_by']} = max(compute {1e3 * r['compute_bound_s']:,.1f} ms, HBM "
-      f"{1e3 * r['memory_bound_s']:,.1f} ms, ICI {1e3 * r['ici_bound_s']:,.1f} ms); "
-      f"MFU at the bound {100 * r['mfu_at_bound']:.1f} %",
-      f"  compile          {r['compile_s']:.0f} s (lowering {r['lower_s']:.0f} s)",
-  ]
-  if breakdown:
-    lines.append("  by op class       HBM GB   GFLOP   ICI GB  kernels  share of bound")
-    for name, b in r["breakdown"].items():
-      lines.append(f"    {name:26s} {b['bytes'] / 1e9:7.1f} {b['flops'] / 1e9:8,.0f} "
-                   f"{b['comm_bytes'] / 1e9:7.2f} {b['kernels']:8d}  "
-                   f"{100 * b['share_of_bound']:5.1f} %")
-    lines.append("  largest kernels by bytes (all runs)")
-    for k in r["largest"]:
-      lines.append(f"    {k['bytes'] / 1e9:7.2f} GB x{k['runs']:<3d} {k['op_class']:24s} "
-                   f"{k['name'][:36]:36s} {k['op_name'][-70:]}")
-  if "extrapolated" in r:
-    e = r["extrapolated"]
-    lines.append(
-        f"  unrolled, extrapolated from {len(e['programs'])} programs (stacks "
-        f"{e['stacks']}): {e['flops_per_chip'] / 1e9:,.0f} GFLOP, "
-        f"{e['bytes_per_chip'] / 1e9:,.1f} GB HBM, {e['comm_bytes_per_chip'] / 1e9:,.2f} GB "
-        f"ICI; bound {1e3 * e['step_time_lower_bound_s']:,.1f} ms ({e['bound_by']}), MFU "
-        f"{100 * e['mfu_at_bound']:.1f} %")
-  for name, p in (r.get("predict") or {}).items():
-    lines.append(f"  predict {name}: {p['hbm_needed_gib']:.2f} GiB, compiled in "
-                 f"{p['compile_s']:.0f} s{'' if p['fits'] else ' (does not fit)'}")
-  if r["fits"]:
-    lines.append("fits" + ("" if r["headroom"] >= 0.1 else
-                           f" (under 10 % headroom; to gain some: {advice(r)})"))
-  else:
-    lines.append(f"does not fit: {advice(r)}")
-  return "\n".join(lines)

@@ -14,14 +14,14 @@ each with half the chip's HBM and FLOP/s)
 
   HBM needed      arguments + outputs + temporaries - aliased (donated) buffers, from
                   the compiled program's memory analysis, against the chip's HBM
-  bytes, FLOPs,   read from the compiled program itself (`avtext.train.hlo_cost`): every
+  bytes, FLOPs,   read from the compiled program itself (`avtext.aot.hlo_cost`): every
   interconnect    kernel it launches, weighted by its loops' trip counts (scanned layers
                   count N times), its HBM operands and outputs at their tiled size, the
                   FLOPs of its products (the Pallas flash kernels' from their shapes),
                   the bytes each collective sends (FSDP's all-gathers and
                   reduce-scatters, the gradient all-reduce)
   step bound      max(FLOPs / bf16 peak, bytes / HBM bandwidth, interconnect bytes /
-                  ICI bandwidth) (`avtext.train.cost_model`); the JSON's `bound_by`
+                  ICI bandwidth) (`avtext.aot.cost_model`); the JSON's `bound_by`
                   names the term that binds: no step of this program can be faster
   MFU at bound    model FLOPs (the same step lowered without remat, before the
                   compiler) / (step bound x peak): the best utilization this program
@@ -34,7 +34,7 @@ each with half the chip's HBM and FLOP/s)
   extrapolated    (--extrapolate) the same costs for the step with every layer unrolled,
                   from programs with one and two layers per stack compiled for the
                   slice: cost(L) = cost(1) + (L - 1) (cost(2) - cost(1)) per stack
-                  and op class (`avtext.train.aot.extrapolate`; MBT's unimodal and
+                  and op class (`avtext.aot.programs.extrapolate`; MBT's unimodal and
                   fusion layers are two stacks). On a 4-layer AVR it is within 1.5 %
                   of the whole unrolled compile's FLOPs and bytes; the scanned
                   program (another program) moves up to 14 % more bytes
@@ -93,7 +93,8 @@ def main(argv):
   # Imported here so --help answers without initializing JAX.
   from avtext import evals  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
-  from avtext.train import aot as aot_lib  # pylint: disable=g-import-not-at-top
+  from avtext.aot import programs as aot_lib  # pylint: disable=g-import-not-at-top
+  from avtext.aot import report as report_lib  # pylint: disable=g-import-not-at-top
   try:
     report = aot_lib.analyze(
         config, _TOPOLOGY.value, build_task=tasks_registry.build_task,
@@ -106,7 +107,7 @@ def main(argv):
   except (ValueError, RuntimeError) as e:
     raise errors.BadInput(str(e)) from None
   print(json.dumps(report, indent=2, sort_keys=True) if _JSON.value
-        else aot_lib.format_report(report, breakdown=_BREAKDOWN.value))
+        else report_lib.format_report(report, breakdown=_BREAKDOWN.value))
 
 
 if __name__ == "__main__":
