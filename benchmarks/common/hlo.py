@@ -1,7 +1,7 @@
 """What a compiled CPU program's optimized HLO holds: its products and the bytes its other
 kernels move (benchmarks/speed/dtype_step_cpu.py), and the size of a dumped buffer
 assignment (benchmarks/speed/aot_scenic.py). Loop-free programs only: a loop's trip count
-is not read here (`avtext.train.hlo_cost` reads them, for the TPU cost model)."""
+is not read here (`avtext.aot.hlo_cost` reads them, for the TPU cost model)."""
 import collections
 import re
 

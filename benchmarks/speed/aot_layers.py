@@ -6,13 +6,13 @@ r"""The cost model's two readings of a layered step against the step compiled un
 A 4-layer AVR (MBT 256 wide with fusion from layer 2, a 4-layer BERT 256 wide, 257 RGB
 tokens a clip, bf16, full remat; `small_avr`) compiled for the slice three ways, per
 global batch:
-  unrolled      the step with every layer in the program (`avtext.train.aot.analyze`
+  unrolled      the step with every layer in the program (`avtext.aot.programs.analyze`
                 with scan_layers off): the reference
   scanned       the same step with each stack as one scan, read with every loop body
                 weighted by its trip count (what `python -m avtext.aot` reports for a
                 scanned config)
   extrapolated  programs with one and two layers per stack, extrapolated per layer
-                (`avtext.train.aot.extrapolate`: three compiles, `--extrapolate`)
+                (`avtext.aot.programs.extrapolate`: three compiles, `--extrapolate`)
 and prints per-chip GFLOPs, HBM and ICI bytes of each and their ratios to the unrolled
 compile. Rows: per batch, the unrolled compile's GFLOPs, HBM GB and ICI GB per chip and
 the other two readings' ratios to them.
@@ -56,7 +56,7 @@ def small_avr(batch: int, scan: bool):
 def readings(batch: int, topology: str) -> dict:
   """{unrolled, scanned, extrapolated: report} of `small_avr(batch)` on `topology`."""
   from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
-  from avtext.train import aot  # pylint: disable=g-import-not-at-top
+  from avtext.aot import programs as aot  # pylint: disable=g-import-not-at-top
   quiet = lambda message: None  # noqa: E731
   out = {}
   for name, scan in (("unrolled", False), ("scanned", True)):
@@ -106,7 +106,7 @@ def record_paper(name: str, batch: int, got: dict) -> None:
 def paper(name: str) -> None:
   """The paper config's scanned reading and its per-layer extrapolation, recorded."""
   from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
-  from avtext.train import aot  # pylint: disable=g-import-not-at-top
+  from avtext.aot import programs as aot  # pylint: disable=g-import-not-at-top
   config = common.load_config(f"configs/{name}.py")
   got = {"scanned": aot.analyze(config, build_task=registry.build_task)}
   got["extrapolated"] = aot.extrapolate(

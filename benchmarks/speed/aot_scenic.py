@@ -12,7 +12,7 @@ SGD with momentum, params and optimizer state float32 and replicated, the batch 
 `data` axis of all the slice's chips), compiled by libtpu for `--topology` on this CPU:
 
   avtext   the config as it is: avtext's MBT (bf16, full remat, scanned layers, Pallas flash
-           attention), `avtext.train.aot`'s pieces (`train_step`, `program_cost`, ...).
+           attention), `avtext.aot.programs`'s pieces (`train_step`, `program_cost`, ...).
   scenic   the same config, trainer, BERT-base text tower (avtext.models.bert, with the config's
            bf16 / remat / scan), projections, loss and optimizer, with the video tower swapped
            for scenic's own `scenic.projects.mbt.model.MBT` imported from --scenic_dir at run
@@ -28,9 +28,9 @@ SGD with momentum, params and optimizer state float32 and replicated, the batch 
 
 Only the video tower differs, so the rows compare the two MBT implementations. Per chip:
 HBM needed (arguments + outputs + temporaries - aliased), and from the compiled program's HLO
-(`avtext.train.hlo_cost.analyze_hlo`) HBM bytes, FLOPs and ICI bytes, the roofline bound
-(`avtext.train.cost_model.bound`, v5e figures) and MFU at the bound. Model FLOPs: each side's
-step lowered without remat on one CPU device (`avtext.train.aot.model_flops_per_step`), the same
+(`avtext.aot.hlo_cost.analyze_hlo`) HBM bytes, FLOPs and ICI bytes, the roofline bound
+(`avtext.aot.cost_model.bound`, v5e figures) and MFU at the bound. Model FLOPs: each side's
+step lowered without remat on one CPU device (`avtext.aot.programs.model_flops_per_step`), the same
 count for both.
 
 A program that needs more HBM than the chip has does not compile (RESOURCE_EXHAUSTED). The
@@ -164,7 +164,7 @@ def _dumped(dump: pathlib.Path) -> set:
 def compile_side(side: str, config, devices, hlo_dir: pathlib.Path) -> dict:
   """Lowers and compiles `side`'s train step; its figures (HLO paths, memory) as a dict."""
   from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
-  from avtext.train import aot  # pylint: disable=g-import-not-at-top
+  from avtext.aot import programs as aot  # pylint: disable=g-import-not-at-top
   dump = hlo_dir / "dump"
   before = _dumped(dump)
   log = lambda m: print(f"aot_scenic: {side}: {m}", flush=True)  # noqa: E731
@@ -196,8 +196,8 @@ def compile_side(side: str, config, devices, hlo_dir: pathlib.Path) -> dict:
 
 def analyse(fig: dict, chip) -> dict:
   """The side's row: HBM needed, the HLO's costs and the bound, from its dumped HLO."""
-  from avtext.train import cost_model  # pylint: disable=g-import-not-at-top
-  from avtext.train import hlo_cost  # pylint: disable=g-import-not-at-top
+  from avtext.aot import cost_model  # pylint: disable=g-import-not-at-top
+  from avtext.aot import hlo_cost  # pylint: disable=g-import-not-at-top
   hlo = pathlib.Path(fig["hlo"])
   assignment = hlo.with_name(hlo.name.replace(".txt", "-buffer-assignment.txt"))
   cost = hlo_cost.analyze_hlo(hlo.read_text(), fig["chips"])
@@ -260,7 +260,7 @@ def main(argv) -> None:
     # one that runs out of HBM.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={hlo_dir}/dump"
                                " --xla_dump_hlo_as_text").strip()
-  from avtext.train import aot  # pylint: disable=g-import-not-at-top
+  from avtext.aot import programs as aot  # pylint: disable=g-import-not-at-top
   topology = _TOPOLOGY.value
   if not _REANALYSE.value:
     register_scenic_tower(_SCENIC_DIR.value)

@@ -8,7 +8,8 @@ row per config: topology, HBM needed / per chip (headroom), GFLOPs per step per 
 (the compiled program's, and the model's own without remat), HBM and interconnect
 bytes per step per chip, the step-time lower bound and the term that sets it (compute,
 HBM or ICI), the MFU that bound implies, the two op classes with the largest share of
-the bound, and compile seconds.
+the bound, the predicted step (its kernels one after another, each at its own limit:
+`avtext.aot.cost_model.predict`) and the MFU it implies, and compile seconds.
 Each config's report is kept in <out>/aot.jsonl (and with --keep_hlo its train step's
 compiled HLO in <out>/hlo/<config>.hlo, which --reread reads again with the current cost
 model, no compile); reports already there are reused, so an interrupted run resumes.
@@ -76,7 +77,7 @@ def run_one(name: str, extra: list[str]) -> dict:
 
 def row(r: dict) -> str:
   if "error" in r:
-    return f"| {r['name']} | | failed: {r['error'].splitlines()[-1][:120]} | | | | | | | |"
+    return f"| {r['name']} | | failed: {r['error'].splitlines()[-1][:120]} | | | | | | | | |"
   shares = sorted(r["breakdown"].items(), key=lambda kv: -kv[1]["share_of_bound"])[:2]
   top = ", ".join(f"{name} {100 * b['share_of_bound']:.0f} %" for name, b in shares)
   return (f"| {r['name']} | {r['topology']} ({r['chips']} chips) | "
@@ -85,28 +86,35 @@ def row(r: dict) -> str:
           f"{r['flops_per_chip'] / 1e9:,.0f} ({r['model_flops_per_chip'] / 1e9:,.0f}) | "
           f"{r['bytes_per_chip'] / 1e9:,.1f} | {r['comm_bytes_per_chip'] / 1e9:,.2f} | "
           f"{1e3 * r['step_time_lower_bound_s']:,.1f} ms ({r['bound_by']}) | "
-          f"{100 * r['mfu_at_bound']:.1f} % | {top} | {r['global_batch']} | "
-          f"{r['compile_s']:.0f} s |")
+          f"{100 * r['mfu_at_bound']:.1f} % | {predicted(r)} | {top} | "
+          f"{r['global_batch']} | {r['compile_s']:.0f} s |")
 
 
 HEADER = ("| config | topology | HBM needed / per chip (headroom) | GFLOPs/step/chip compiled "
           "(model) | HBM GB/step/chip | ICI GB/step/chip | step lower bound (by) | MFU at "
-          "bound | largest op classes (share of bound) | global batch | compile |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")
+          "bound | predicted step (MFU) | largest op classes (share of bound) | global batch "
+          "| compile |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def reread(r: dict, hlo: pathlib.Path) -> dict:
   """Row `r` with its costs and bound recomputed from its compiled HLO."""
   import math  # pylint: disable=g-import-not-at-top
-  from avtext.train import cost_model  # pylint: disable=g-import-not-at-top
-  from avtext.train import hlo_cost  # pylint: disable=g-import-not-at-top
+  from avtext.aot import chips  # pylint: disable=g-import-not-at-top
+  from avtext.aot import cost_model  # pylint: disable=g-import-not-at-top
+  from avtext.aot import hlo_cost  # pylint: disable=g-import-not-at-top
   dims = [int(d) for d in r["topology"].split(":")[1].split("x")]
-  chip = cost_model.per_device(cost_model.chip_of(r["topology"]),
-                               r["chips"] // math.prod(dims))
+  chip = chips.per_device(chips.chip_of(r["topology"]), r["chips"] // math.prod(dims))
   cost = hlo_cost.analyze_hlo(hlo.read_text(), r["chips"])
   return {**r, "flops_per_chip": cost.flops, "bytes_per_chip": cost.bytes,
           "comm_bytes_per_chip": cost.comm_bytes,
-          **cost_model.bound(cost, chip, r["model_flops_per_chip"])}
+          **cost_model.bound(cost, chip, r["model_flops_per_chip"]),
+          "predicted": cost_model.predict(cost, chip, r["model_flops_per_chip"])}
+
+
+def predicted(r: dict) -> str:
+  p = r.get("predicted")
+  return f"{1e3 * p['step_s']:,.1f} ms ({100 * p['mfu']:.1f} %)" if p else "-"
 
 
 def record(r: dict) -> None:
@@ -129,6 +137,9 @@ def record(r: dict) -> None:
   row("ICI GB/step", r["comm_bytes_per_chip"] / 1e9, digits=3)
   row("step lower bound (by)", f"{1e3 * r['step_time_lower_bound_s']:.1f} ms ({r['bound_by']})")
   row("MFU at bound", 100 * r["mfu_at_bound"], "%", digits=3)
+  if r.get("predicted"):
+    row("predicted step", 1e3 * r["predicted"]["step_s"], "ms", digits=4)
+    row("MFU predicted", 100 * r["predicted"]["mfu"], "%", digits=3)
   row("largest op classes (share of bound)",
       ", ".join(f"{n} {100 * b['share_of_bound']:.0f} %" for n, b in shares))
   row("global batch", r["global_batch"])
@@ -137,6 +148,10 @@ def record(r: dict) -> None:
     common.record(SYSTEM, f"{name} train step on {r['topology']}: MFU at its "
                   f"{r['bound_by']} bound", 100 * r["mfu_at_bound"], unit="%",
                   headline="quality", digits=3)
+    if r.get("predicted"):
+      common.record(SYSTEM, f"{name} train step on {r['topology']}: MFU at its predicted "
+                    "step", 100 * r["predicted"]["mfu"], unit="%", headline="quality",
+                    digits=3)
 
 
 def main(argv):
