@@ -76,6 +76,15 @@ def test_tiny_avr_compiles_for_v5e_2x2_with_hand_counted_flops():
   assert "compiling for v5e:2x2" in out.stderr and "aot: done" in out.stderr
   # The evaluators' predict functions compiled too, at config.eval.batch_size.
   assert set(report["predict"]) == {"embed_text", "embed_video"}
+  # The predicted step: its kernels one after another, never faster than the bound; the
+  # predict functions' batches predicted too.
+  p = report["predicted"]
+  assert p["step_s"] >= report["step_time_lower_bound_s"]
+  assert sum(c["time_s"] for c in p["by_class"].values()) == pytest.approx(p["kernels_s"])
+  assert p["mfu"] == pytest.approx(report["model_flops_per_chip"] / (p["step_s"] * 197e12))
+  assert len(p["costliest"]) == 15 and p["launches"] == sum(
+      b["kernels"] for b in report["breakdown"].values())
+  assert all(v["predicted_s"] > 0 for v in report["predict"].values())
 
 
 @pytest.mark.slow  # `make test` budget: `make test-slow` (CI runs both)
@@ -91,6 +100,10 @@ def test_paper_options_compile_for_tpu_and_remat_recomputes():
                         progress=lambda m: None)
   assert report["fits"] and report["dtype"] == "bfloat16"
   assert report["flops_per_chip"] > report["model_flops_per_chip"] > 0
+  # cuDNN's kernels pay their softmax on the special-function units, a launch per run.
+  p = report["predicted"]
+  assert p["by_class"]["attention kernels"]["time_s"] > 0
+  assert p["step_s"] >= report["step_time_lower_bound_s"] + p["launches"] * 1e-6 * 0.999
   kernels = report["breakdown"]["attention kernels"]
   assert kernels["kernels"] > 0 and kernels["flops"] > 0
   # FSDP: parameters gathered and gradients scattered over the interconnect.

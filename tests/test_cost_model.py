@@ -181,3 +181,36 @@ def test_per_kernel_figures_follow_their_sources():
   # A v4 TensorCore is half a chip; its unit and fractions stay the core's own.
   half = chips.per_device(chips.CHIPS["v4"], 2)
   assert half.bf16_flops == 137.5e12 and half.matmul_tile == (8, 128, 128)
+
+
+def test_plan_counts_the_schedule_at_the_predicted_step():
+  """configs/videocc_avr.py trains 4 epochs at global batch 256 and evaluates MSR-VTT
+  every 5,000 steps and at the end: with 10.3 M clips an epoch (VideoCC's size), a
+  predicted step of 0.5 s and 2 ms a batch of 64 for each embedding function."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from avtext.aot import report as report_lib  # pylint: disable=g-import-not-at-top
+  from configs import videocc_avr  # pylint: disable=g-import-not-at-top
+  config = videocc_avr.get_config()
+  fake = {"topology": "v5e:4x4", "chips": 16, "predicted": {"step_s": 0.5},
+          "predict": {"embed_text": {"batch": 64, "predicted_s": 0.002},
+                      "embed_video": {"batch": 64, "predicted_s": 0.002}}}
+  p = report_lib.plan(fake, config, examples=10_300_000, eval_examples=1000)
+  per_epoch = 10_300_000 // 256  # 40,234
+  steps = 4 * per_epoch
+  assert p["steps_per_epoch"] == per_epoch and p["steps"] == steps
+  assert p["train_s"] == pytest.approx(steps * 0.5)
+  msrvtt = p["evals"]["msrvtt"]
+  assert msrvtt["passes"] == steps // 5000 + 1  # 32 periodic + the last step
+  assert msrvtt["pass_s"] == pytest.approx(2 * 16 * 0.002)  # ceil(1000 / 64) batches, 2 fns
+  assert p["total_s"] == pytest.approx(steps * 0.5 + msrvtt["passes"] * 2 * 16 * 0.002)
+  assert p["chip_hours"] == pytest.approx(p["total_s"] * 16 / 3600)
+  assert "chip-hours" in report_lib.format_plan(p)
+  # An epoch-counted config without a dataset size says what to pass.
+  with pytest.raises(ValueError, match="--examples=N"):
+    report_lib.plan(fake, config)
+  # A step-counted one needs none; evaluations it cannot time are counted only.
+  steps_config = ml_collections.ConfigDict(config.to_dict())
+  steps_config.train.num_steps, steps_config.train.num_epochs = 12_000, None
+  q = report_lib.plan(fake, steps_config)
+  assert q["steps"] == 12_000 and q["evals"]["msrvtt"]["passes"] == 3
+  assert q["eval_s"] is None and "training only" in report_lib.format_plan(q)

@@ -1,6 +1,7 @@
 r"""Compile a config for a TPU slice ahead of time, on any machine: does it fit, how fast can it go.
 
     python -m avtext.aot --config=configs/videocc_avr.py [--topology=v5e:4x4] [--json|--breakdown]
+        [--plan [--examples=N] [--eval_examples=N]]
 
 The config's real train step (the trainer's own jitted step, with the config's dtype,
 remat, attention, micro-batches and partitioning) is lowered from abstract inputs at the
@@ -26,10 +27,25 @@ each with half the chip's HBM and FLOP/s)
   MFU at bound    model FLOPs (the same step lowered without remat, before the
                   compiler) / (step bound x peak): the best utilization this program
                   allows; a real step is slower
-  breakdown       bytes, FLOPs and share of the bound by op class (matmuls/convs,
-                  attention kernels, elementwise/LayerNorm fusions, copies/transposes,
-                  collectives, optimizer update) and the 15 largest kernels by bytes:
+  predicted step  the same kernels one after another, each at its own limit
+                  (`avtext.aot.cost_model.predict`): max(its FLOPs / (peak x the matmul
+                  unit's fill for each product's shapes x the achievable fraction), its
+                  bytes / (HBM bandwidth x the achievable fraction)) + a launch per run,
+                  a fused attention kernel's softmax on the special-function units;
+                  collectives XLA made asynchronous hide behind the kernels around them.
+                  The JSON's `predicted` has the step, MFU at it, the time by op class
+                  and the 15 costliest kernels. The figures are public, one set per chip
+                  (`avtext.aot.chips`); on the measured H100 steps the prediction is
+                  within 20 % (`benchmarks.speed.paper_step_predicted`)
+  breakdown       bytes, FLOPs, share of the bound and predicted time by op class
+                  (matmuls/convs, attention kernels, elementwise/LayerNorm fusions,
+                  copies/transposes, collectives, optimizer update), the 15 largest
+                  kernels by bytes and the 15 costliest by predicted time:
                   `--breakdown`, and always in `--json`
+  plan            (--plan) the whole schedule at the predicted step: train steps
+                  (num_steps, or num_epochs x --examples / global batch), each
+                  evaluator's passes at its predict functions' predicted time over
+                  --eval_examples, wall time and chip-hours
 
   extrapolated    (--extrapolate) the same costs for the step with every layer unrolled,
                   from programs with one and two layers per stack compiled for the
@@ -44,7 +60,7 @@ Progress lines go to stderr while it works.
 With --evals (default on) each predict function the evaluators call is compiled too, at
 config.eval.batch_size, and must fit beside the parameters. `fits` is HBM needed <= the
 chip's HBM; the paper configs keep >= 10 % headroom (tests/test_aot.py, BENCHMARKS.md).
-The chip table (`cost_model.CHIPS`) holds the public per-chip figures and their
+The chip table (`avtext.aot.chips.CHIPS`) holds the public per-chip figures and their
 sources; topology names are libtpu's ("v5e:4x4", "v4:2x2x4", "v5p:2x2x2", "v6e:2x2"), or
 "h100:HOSTSxGPUS" for H100 SXM hosts ("h100:1x1", "h100:1x8"), which the CUDA PJRT plugin
 of requirements-cuda12.txt describes from XLA's H100 target description (no GPU needed;
@@ -82,6 +98,16 @@ _EXTRAPOLATE = flags.DEFINE_bool(
     "extrapolate", False, "also estimate the step with its layers unrolled from programs "
     "with 1 and 2 layers per stack (`extrapolated` in the JSON; a few small compiles)",
     flag_values=FLAGS)
+_PLAN = flags.DEFINE_bool(
+    "plan", False, "also print what the config's whole schedule costs on the slice: train "
+    "steps x the predicted step, the evaluators' passes, wall time and chip-hours "
+    "(`plan` in the JSON)", flag_values=FLAGS)
+_EXAMPLES = flags.DEFINE_integer(
+    "examples", None, "with --plan: training examples an epoch, for a config that counts "
+    "epochs and gives no config.dataset.num_examples", flag_values=FLAGS)
+_EVAL_EXAMPLES = flags.DEFINE_integer(
+    "eval_examples", None, "with --plan: examples an evaluation pass runs its predict "
+    "functions over (without it the passes are counted, not timed)", flag_values=FLAGS)
 flags.mark_flag_as_required("config", flag_values=FLAGS)
 
 
@@ -104,10 +130,17 @@ def main(argv):
       report["extrapolated"] = aot_lib.extrapolate(
           config, _TOPOLOGY.value, build_task=tasks_registry.build_task,
           model_flops_per_chip=report["model_flops_per_chip"])
+    if _PLAN.value:
+      report["plan"] = report_lib.plan(report, config, examples=_EXAMPLES.value,
+                                       eval_examples=_EVAL_EXAMPLES.value)
   except (ValueError, RuntimeError) as e:
     raise errors.BadInput(str(e)) from None
-  print(json.dumps(report, indent=2, sort_keys=True) if _JSON.value
-        else report_lib.format_report(report, breakdown=_BREAKDOWN.value))
+  if _JSON.value:
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return
+  print(report_lib.format_report(report, breakdown=_BREAKDOWN.value))
+  if _PLAN.value:
+    print(report_lib.format_plan(report["plan"]))
 
 
 if __name__ == "__main__":

@@ -152,14 +152,19 @@ def _collective_bytes(i: Instruction, symbols: dict[str, list[Array]],
 
 
 def _dims_attr(attrs: str, key: str) -> list[int]:
+  """A dot's dimension numbers: `key={1,2}`, or in a cuBLAS call's backend config
+  `"<key, dims spelled dimensions>":["1","2"]`."""
   m = re.search(key + r"=\{([\d,]*)\}", attrs)
-  return [int(d) for d in m.group(1).split(",") if d] if m else []
+  if m:
+    return [int(d) for d in m.group(1).split(",") if d]
+  m = re.search('"' + key.replace("_dims", "_dimensions") + r'":\s*\[([^\]]*)\]', attrs)
+  return [int(d.strip().strip('"')) for d in m.group(1).split(",") if d.strip()] if m else []
 
 
 def _dot(i: Instruction, symbols) -> tuple[float, int, int, int] | None:
   """(FLOPs, m, n, k) of one run of a `dot` or `convolution`: m rows, n output columns,
   k contracted (a convolution's k: the kernel's input features x its taps per output)."""
-  if i.opcode == "dot":
+  if i.opcode == "dot" or (i.opcode == "custom-call" and "gemm_backend_config" in i.attrs):
     lhs, rhs = (symbols.get(o, [None])[0] for o in (i.operands + ["", ""])[:2])
     contract = _dims_attr(i.attrs, "lhs_contracting_dims")
     if lhs is None or not contract:
@@ -478,6 +483,9 @@ def analyze_hlo(text: str, num_devices: int = 1, *, all_spaces: bool = False) ->
           operands = [dataclasses.replace(i.shape[1], layout=src.layout)] if (
               src is not None and len(i.shape) > 1) else []
           outputs = i.shape[1:2]
+        if i.opcode == "custom-call" and len(outputs) > 1 and outputs[-1].dtype in (
+            "s8", "u8") and len(outputs[-1].dims) == 1:
+          outputs = outputs[:-1]  # a cuBLAS / cuDNN call's scratch workspace
         nbytes = _hbm_bytes(operands, all_spaces) + _hbm_bytes(outputs, all_spaces)
         if (flash := _flash_kind(i)) is not None:
           nbytes = _flash_bytes(i, flash, local, all_spaces)

@@ -211,6 +211,15 @@ def model_flops_per_step(config, build_task: BuildTask) -> float:
   return float(_cost(lowered.cost_analysis()).get("flops", 0.0))
 
 
+def lowered_batch_size(config, run) -> int:
+  """The predict functions' batch: config.eval.batch_size padded to the data shards (the
+  evaluators pad their last batch likewise)."""
+  from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
+  batch_size = config.eval.get("batch_size") or config.train.batch_size
+  shards = partitioning.num_data_shards(run.mesh)
+  return -(-batch_size // shards) * shards
+
+
 def lower_predict_fns(config, run, task, state, names: Sequence[str]) -> dict:
   """{name: lowered predict function} for the task's predict functions `names` (those
   the evaluators call) at config.eval.batch_size on the run's mesh."""
@@ -219,9 +228,7 @@ def lower_predict_fns(config, run, task, state, names: Sequence[str]) -> dict:
   from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
   fns = task.predict_fns()
   variables = {"params": state.params, **state.model_state}
-  batch_size = config.eval.get("batch_size") or config.train.batch_size
-  shards = partitioning.num_data_shards(run.mesh)
-  batch_size = -(-batch_size // shards) * shards  # evaluators pad the last batch likewise
+  batch_size = lowered_batch_size(config, run)
   lowered = {}
   for name in names:
     if name not in fns:
@@ -322,9 +329,12 @@ def analyze(config, topology: str | None = None, *, build_task: BuildTask,
       t0 = time.perf_counter()
       c = fn.compile()
       m = memory(c)
-      report["predict"][name] = {"hbm_needed_gib": _needed(m) / GIB,
-                                 "fits": _needed(m) / GIB <= chip.hbm_gib,
-                                 "compile_s": time.perf_counter() - t0}
+      report["predict"][name] = {
+          "hbm_needed_gib": _needed(m) / GIB, "fits": _needed(m) / GIB <= chip.hbm_gib,
+          "compile_s": time.perf_counter() - t0,
+          # One batch of config.eval.batch_size (padded to the data shards), predicted.
+          "batch": lowered_batch_size(config, run),
+          "predicted_s": cost_model.predict(program_cost(c, chips), chip, 0.0)["step_s"]}
     report["fits"] = report["fits"] and all(p["fits"] for p in report["predict"].values())
   progress("done")
   return report

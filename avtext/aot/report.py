@@ -83,3 +83,63 @@ def format_report(r: dict, breakdown: bool = False) -> str:
   else:
     lines.append(f"does not fit: {advice(r)}")
   return "\n".join(lines)
+
+
+def plan(report: dict, config, *, examples: int | None = None,
+         eval_examples: int | None = None) -> dict:
+  """What the config's whole schedule costs on the report's slice, before it is launched:
+  its train steps (config.train.num_steps, else num_epochs x examples / global batch,
+  `trainer.total_train_steps`) at the predicted step, and each evaluator's passes (every
+  `every_steps` / `every_epochs` and at the end, as the trainer runs them), each running
+  its predict functions over `eval_examples` at their predicted time per batch.
+  `examples`: training examples an epoch (else config.dataset.num_examples)."""
+  from avtext import evals  # pylint: disable=g-import-not-at-top
+  from avtext.train import trainer  # pylint: disable=g-import-not-at-top
+  examples = examples or (config.get("dataset") or {}).get("num_examples")
+  if config.train.get("num_steps") is None and not examples:
+    raise ValueError(
+        f"config.train.num_epochs={config.train.get('num_epochs')} counts epochs, and the "
+        "config gives no dataset size (config.dataset.num_examples): pass --examples=N, "
+        "the training examples an epoch")
+  total, per_epoch = trainer.total_train_steps(config, int(examples or 10 ** 6))
+  step_s = report["predicted"]["step_s"]
+  out = {"topology": report["topology"], "chips": report["chips"], "steps": total,
+         "steps_per_epoch": per_epoch if examples else None, "examples": examples,
+         "step_s": step_s, "train_s": total * step_s, "eval_examples": eval_examples,
+         "evals": {}}
+  predicted = report.get("predict") or {}
+  eval_s = 0.0
+  for name, cfg in (config.get("evals") or {}).items():
+    every = (int(round(cfg.every_epochs * per_epoch)) if cfg.get("every_epochs") and examples
+             else int(cfg.get("every_steps") or 0))
+    passes = total // every + (1 if total % every else 0) if every else 1
+    fns = evals.get_evaluator(cfg.get("type")).predict_fn_names(cfg)
+    per_pass = None
+    if eval_examples and all(f in predicted for f in fns):
+      per_pass = sum(math.ceil(eval_examples / predicted[f]["batch"]) * predicted[f]["predicted_s"]
+                     for f in fns)
+      eval_s += passes * per_pass
+    out["evals"][name] = {"passes": passes, "every_steps": every, "predict_fns": list(fns),
+                          "pass_s": per_pass}
+  out["eval_s"] = eval_s if eval_examples else None
+  out["total_s"] = out["train_s"] + eval_s
+  out["chip_hours"] = out["total_s"] * report["chips"] / 3600
+  return out
+
+
+def format_plan(p: dict) -> str:
+  hours = lambda s: f"{s / 3600:,.1f} h" if s >= 3600 else f"{s / 60:,.1f} min"
+  lines = [f"plan on {p['topology']} ({p['chips']} chips): {p['steps']:,} train steps"
+           + (f" ({p['steps_per_epoch']:,} an epoch of {p['examples']:,} examples)"
+              if p["steps_per_epoch"] else "")
+           + f" at the predicted {1e3 * p['step_s']:,.1f} ms: {hours(p['train_s'])}"]
+  for name, e in p["evals"].items():
+    when = f"every {e['every_steps']:,} steps and at the end" if e["every_steps"] else "at the end"
+    cost = (f"{hours(e['pass_s'])} a pass over {p['eval_examples']:,} examples"
+            if e["pass_s"] is not None else
+            "not timed (pass --eval_examples=N and keep --evals on)")
+    lines.append(f"  eval {name}: {e['passes']} pass(es) ({when}) of "
+                 f"{', '.join(e['predict_fns']) or 'no predict function'}: {cost}")
+  lines.append(f"  total {hours(p['total_s'])} wall, {p['chip_hours']:,.1f} chip-hours"
+               + ("" if p["eval_s"] is not None else " (training only)"))
+  return "\n".join(lines)
