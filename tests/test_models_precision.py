@@ -86,7 +86,7 @@ class _Stack(nn.Module):
 # "full" (~14 s) runs with -m slow; the named-policy case checks the same by default.
 @pytest.mark.parametrize("policy", [pytest.param("full", marks=pytest.mark.slow),
                                     "dots_with_no_batch_dims_saveable",
-                                    *layers.REMAT_POLICIES])
+                                    "save_attention_kernel", *layers.REMAT_POLICIES])
 def test_remat_gradients_equal_plain(policy):
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.normal(size=(2, 6, 16)), jnp.float32)
@@ -129,6 +129,69 @@ def test_named_remat_policies_keep_their_products():
   dots = {name: _dots_in_gradient(name) for name in ("none", "full", *layers.REMAT_POLICIES)}
   assert dots["none"] < dots["save_qkv_attention_mlp"] < dots["save_qkv_attention"] \
       < dots["full"], dots
+
+
+class _FlashStack(nn.Module):
+  """Two blocks on the TPU path: the Pallas flash kernel (interpret mode on a CPU)."""
+  remat: str
+  attention: str = "flash_tpu"
+
+  @nn.compact
+  def __call__(self, x, padding_mask):
+    for i in range(2):
+      x = layers.EncoderBlock(num_heads=2, mlp_dim=32, remat=self.remat,
+                              attention_impl=self.attention, name=f"encoderblock_{i}")(
+                                  x, padding_mask, deterministic=True)
+    return x
+
+
+def test_save_attention_kernel_keeps_the_flash_forward_and_the_gradients():
+  """remat="save_attention_kernel" on the Pallas kernel: the backward pass runs each
+  block's flash forward once (its output and softmax statistics kept; compiled for a
+  TPU) where "full" runs it twice. The kernel with its residuals named has the gradients of
+  `pallas_flash.flash_attention` called as before (interpret mode, float32, within
+  1e-6; Pallas' interpret mode cannot run under remat, whose gradients the CPU-path
+  `test_remat_gradients_equal_plain` checks for this policy)."""
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  x = jnp.asarray(rng.normal(size=(2, 6, 16)), jnp.float32)
+  pm = jnp.asarray([[1] * 6, [1] * 4 + [0] * 2])
+  # The same parameters on every attention path: initialized on the CPU's.
+  variables = _FlashStack("none", "xla").init(jax.random.PRNGKey(0), x, pm)
+
+  def loss(remat):
+    return lambda v: jnp.sum(_FlashStack(remat).apply(v, x, pm) ** 2)
+
+  def kernels(remat) -> int:
+    """Pallas kernels in the gradient program compiled for a v5e TensorCore: JAX keeps
+    an unused pallas_call in the jaxpr, the compiler drops it."""
+    from avtext.aot import programs  # pylint: disable=g-import-not-at-top
+    device = programs.topology_devices("v5e:2x2")[0]
+    on_tpu = jax.sharding.SingleDeviceSharding(device)
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_tpu),
+                            variables)
+    with ops.lowering_for("tpu"):
+      compiled = jax.jit(jax.grad(loss(remat))).lower(abstract).compile()
+    return compiled.as_text().count('custom_call_target="tpu_custom_call"')
+
+  # Per block: the forward, the dK/dV and the dQ kernels; "full" adds the forward again.
+  assert kernels("save_attention_kernel") == 2 * 3 and kernels("full") == 2 * 4
+
+  def previous(q, k, v, q_ids, kv_ids, sm_scale, blocks):
+    return pallas_flash.flash_attention(
+        q, k, v, segment_ids=pallas_flash.SegmentIds(q=q_ids, kv=kv_ids),
+        sm_scale=sm_scale, block_sizes=blocks)
+
+  with pltpu.force_tpu_interpret_mode(), ops.lowering_for("tpu"):
+    named = jax.grad(loss("none"))(variables)
+    kept = fused_attention._pallas_flash  # pylint: disable=protected-access
+    fused_attention._pallas_flash = previous  # pylint: disable=protected-access
+    try:
+      before = jax.grad(loss("none"))(variables)
+    finally:
+      fused_attention._pallas_flash = kept  # pylint: disable=protected-access
+  assert relative_difference(named, before) <= 1e-6
 
 
 def relative_difference(a, b) -> float:

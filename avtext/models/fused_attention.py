@@ -1,9 +1,11 @@
 """The fused attention kernels behind `attention.attention_core`: cuDNN's flash attention
 on NVIDIA GPUs and the Pallas flash-attention kernel on TPUs, on sequences padded to a
 multiple of `FUSED_PAD`, and the Pallas kernels' block sizes."""
+import functools
 import math
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 
 Array = jax.Array
@@ -53,9 +55,7 @@ def fused_attention(implementation: str, query: Array, key: Array, value: Array,
     # The forward kernel's name carries no block sizes (the backward ones' do): the
     # scope puts them in its op_name for `avtext.aot.hlo_cost`.
     with jax.named_scope(f"flash_fwd_block_q={blocks.block_q}"):
-      return pallas_flash.flash_attention(
-          q, k, v, segment_ids=pallas_flash.SegmentIds(q=q_ids, kv=kv_ids),
-          sm_scale=1.0 / math.sqrt(depth), block_sizes=blocks)
+      return _pallas_flash(q, k, v, q_ids, kv_ids, 1.0 / math.sqrt(depth), blocks)
 
   # A Mosaic kernel is not partitioned by XLA: under a mesh (the trainer and avtext.aot
   # set one for flash_tpu, partitioning.mesh_context) each device runs it on its slice
@@ -68,6 +68,48 @@ def fused_attention(implementation: str, query: Array, key: Array, value: Array,
   out = kernel(heads_first(query), heads_first(key), heads_first(value), segments.q,
                segments.kv)
   return heads_first(out)[:, :length]
+
+
+# What the remat policy "save_attention_kernel" (`layers.remat_policy`) keeps of a fused
+# attention kernel's forward for its backward pass: the Pallas kernel's output and its
+# softmax statistics (named below), cuDNN's output and statistics (its forward
+# primitive's outputs). The backward kernels then run without the forward run again.
+KERNEL_RESIDUALS = "attention_kernel"
+CUDNN_FORWARD_PRIMITIVES = ("dot_product_attention_fwd", "dot_product_attention_fwd_wrapper")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _pallas_flash(q, k, v, q_ids, kv_ids, sm_scale, blocks):
+  """`pallas_flash.flash_attention` ([B, H, L, d], segment ids), its forward and backward
+  kernels as they are, with the forward's residuals named `KERNEL_RESIDUALS`: the same
+  function and gradient, which a remat policy can now keep instead of recomputing."""
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # pylint: disable=g-import-not-at-top
+  return pallas_flash.flash_attention(
+      q, k, v, segment_ids=pallas_flash.SegmentIds(q=q_ids, kv=kv_ids), sm_scale=sm_scale,
+      block_sizes=blocks)
+
+
+def _pallas_flash_fwd(q, k, v, q_ids, kv_ids, sm_scale, blocks):
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # pylint: disable=g-import-not-at-top
+  segments = pallas_flash.SegmentIds(q=q_ids, kv=kv_ids)
+  # The kernel's own forward rule (`_flash_attention_fwd`, jax 0.10.2): the output and
+  # the softmax's row sums and maxima, [B, H, L] each.
+  o, l, m = pallas_flash._flash_attention_impl(  # pylint: disable=protected-access
+      q, k, v, None, segments, True, False, sm_scale, blocks.block_b, blocks.block_q,
+      blocks.block_k_major, blocks.block_k, False)
+  o, l, m = (checkpoint_name(x, KERNEL_RESIDUALS) for x in (o, l, m))
+  return o, (q, k, v, segments, o, l, m)
+
+
+def _pallas_flash_bwd(sm_scale, blocks, residuals, do):
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # pylint: disable=g-import-not-at-top
+  q, k, v, segments, o, l, m = residuals
+  dq, dk, dv, _, _ = pallas_flash._flash_attention_bwd(  # pylint: disable=protected-access
+      False, False, sm_scale, blocks, False, (q, k, v, None, segments, o, l, m), do)
+  return dq, dk, dv, None, None
+
+
+_pallas_flash.defvjp(_pallas_flash_fwd, _pallas_flash_bwd)
 
 
 # The Pallas flash kernels stream one operand side block by block and re-read the other

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from avtext.models import attention as attn
+from avtext.models import fused_attention
 
 Array = jax.Array
 Initializer = Callable[..., Array]
@@ -64,12 +65,23 @@ REMAT_POLICIES = {
 }
 
 
+def _save_attention_kernel(prim, *_, **params) -> bool:
+  """Keeps what a fused attention kernel's backward reads of its forward (its output and
+  softmax statistics, `fused_attention.KERNEL_RESIDUALS` / `CUDNN_FORWARD_PRIMITIVES`);
+  everything else in the block is recomputed, as "full" does."""
+  if prim.name == "name":
+    return params.get("name") == fused_attention.KERNEL_RESIDUALS
+  return prim.name in fused_attention.CUDNN_FORWARD_PRIMITIVES
+
+
 def remat_policy(name: str) -> Callable | None:
   """`config.model.remat` -> a `jax.checkpoint` policy; None for "none"."""
   if name in (None, "", "none"):
     return None
   if name == "full":
     return jax.checkpoint_policies.nothing_saveable
+  if name == "save_attention_kernel":
+    return _save_attention_kernel
   if name in REMAT_POLICIES:
     return jax.checkpoint_policies.save_only_these_names(*REMAT_POLICIES[name])
   policy = getattr(jax.checkpoint_policies, name, None)
@@ -77,8 +89,8 @@ def remat_policy(name: str) -> Callable | None:
   if policy is None or name.startswith(("save_", "offload_")):
     plain = sorted(n for n in dir(jax.checkpoint_policies)
                    if not n.startswith(("_", "save_", "offload_")))
-    raise ValueError(f"config.model.remat={name!r}: expected 'none', 'full', one of "
-                     f"{sorted(REMAT_POLICIES)} or one of jax.checkpoint_policies {plain}")
+    raise ValueError(f"config.model.remat={name!r}: expected 'none', 'full', "
+                     f"'save_attention_kernel', one of {sorted(REMAT_POLICIES)} or one of jax.checkpoint_policies {plain}")
   return policy
 
 
