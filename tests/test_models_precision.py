@@ -194,6 +194,51 @@ def test_save_attention_kernel_keeps_the_flash_forward_and_the_gradients():
   assert relative_difference(named, before) <= 1e-6
 
 
+def test_heads_first_projections_equal_the_sliced_and_transposed_path():
+  """The TPU path's projections written in the flash kernel's [B, H, L, d] layout
+  (`attention.FLASH_HEADS_FIRST`) against the fused projection sliced, transposed and
+  padded per head, as before: self-attention with a key padding mask, cross-attention to
+  a longer sequence, and heads concatenated without the output Linear; outputs and
+  gradients within 1e-6 (float32, the Pallas kernel in interpret mode)."""
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(6)
+  x = jnp.asarray(rng.normal(size=(2, 11, 16)), jnp.float32)
+  y = jnp.asarray(rng.normal(size=(2, 133, 16)), jnp.float32)
+  keys = attention.make_padding_mask(jnp.asarray([[1] * 11, [1] * 7 + [0] * 4]))
+  cases = [(attention.Attention(num_heads=2, implementation="flash_tpu"), (x,), keys),
+           (attention.Attention(num_heads=4, implementation="flash_tpu"), (x, y), None),
+           (attention.Attention(num_heads=2, implementation="flash_tpu",
+                                output_projection=False), (x,), None)]
+  for module, inputs, mask in cases:
+    # The same parameters on every path: initialized on the CPU's.
+    variables = module.clone(implementation="xla").init(
+        jax.random.PRNGKey(0), *inputs, mask=mask, deterministic=True)
+
+    def run(v, *inputs, module=module, mask=mask):
+      return module.apply(v, *inputs, mask=mask, deterministic=True)
+
+    def loss(v, *inputs, run=run):
+      return jnp.sum(jnp.sin(run(v, *inputs)))
+    results, calls = {}, []
+    original = attention._flash_heads_first  # pylint: disable=protected-access
+    def spy(*args):
+      calls.append(attention.FLASH_HEADS_FIRST)
+      return original(*args)
+    for heads_first in (True, False):
+      attention.FLASH_HEADS_FIRST, attention._flash_heads_first = heads_first, spy  # pylint: disable=protected-access
+      try:
+        with pltpu.force_tpu_interpret_mode(), ops.lowering_for("tpu"):
+          results[heads_first] = (run(variables, *inputs),
+                                  jax.grad(loss, argnums=(0, 1))(variables, *inputs))
+      finally:
+        attention.FLASH_HEADS_FIRST, attention._flash_heads_first = True, original  # pylint: disable=protected-access
+    assert calls and all(calls)  # the lever's path ran, and only with the lever on
+    (out, grads), (before, grads_before) = results[True], results[False]
+    assert out.shape == before.shape
+    assert relative_difference(out, before) <= 1e-6
+    assert relative_difference(grads, grads_before) <= 1e-6
+
+
 def relative_difference(a, b) -> float:
   """||a - b|| / ||b|| over whole gradient trees (float32 recomputation reorders sums:
   single entries whose true value is 0, e.g. attention key biases, are pure rounding)."""

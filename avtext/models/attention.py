@@ -271,6 +271,14 @@ class Attention(nn.Module):
         nn.DenseGeneral, features=(self.num_heads, features // self.num_heads),
         kernel_init=self.kernel_init, dtype=self.dtype)
     projections = [dense(name=n) for n in ("query", "key", "value")]
+    if (FLASH_HEADS_FIRST and not (self.is_initializing() or decode or causal or prefix_lm
+                                   or sow_weights or bias is not None)
+        and (deterministic or self.dropout_rate == 0)
+        and resolve_implementation(self.implementation, self.dtype) == "flash_tpu"
+        and (mask is None or _as_4d(mask).shape[1:3] == (1, 1))):
+      out = nn.DenseGeneral(features, axis=(-2, -1), kernel_init=self.kernel_init,
+                            dtype=self.dtype, name="out") if self.output_projection else None
+      return _flash_heads_first(projections, out, inputs_q, inputs_kv, mask, self.dtype)
     if self.is_initializing() or decode:
       # Initialization creates the parameters, as flax's attention does. Decoding reads
       # each kernel once per call anyway; the fused projection's stacked [D, 3, H, D/H]
@@ -373,6 +381,47 @@ def _fused_projection(projections: list[nn.Module], x: Array, dtype: Any) -> lis
   # Named for the remat policies that keep the projections (`layers.REMAT_POLICIES`).
   y = checkpoint_name(y, "qkv")
   return [y[..., i, :, :] for i in range(len(projections))]  # each [.., H, D/H]
+
+
+# The TPU path's layout lever: the projections write the Pallas kernel's [B, H, L, d]
+# layout on sequences padded to `fused_attention.FUSED_PAD` and the output projection
+# reads it, instead of slicing a fused [B, L, 3, H, d] projection, transposing and
+# padding each of q, k, v and transposing and slicing the output back (each a copy
+# through HBM). The same parameters and function (tests/test_models_precision.py).
+FLASH_HEADS_FIRST = True
+
+
+def _flash_heads_first(projections: list[nn.Module], out: nn.Module | None, inputs_q: Array,
+                       inputs_kv: Array, mask: Array | None, dtype: Any) -> Array:
+  """Attention through `fused_attention.flash_tpu_heads_first` with the projections in
+  its layout: `projections` the query, key and value `DenseGeneral`s ([D, H, d] kernels),
+  `out` the output one ([H, d, D]; None: the heads concatenated); `mask` keys only."""
+  batch, length = inputs_q.shape[:2]
+  kv_length = inputs_kv.shape[1]
+  pad = lambda x: jnp.pad(x, ((0, 0), (0, -x.shape[1] % fused_attention.FUSED_PAD), (0, 0)))
+  padded_q = pad(inputs_q)
+  padded_kv = padded_q if inputs_kv is inputs_q else pad(inputs_kv)
+
+  def project(module, x):  # [B, L', D] -> [B, H, L', d]
+    p = module.variables["params"]
+    x, kernel, b = promote_dtype(x, p["kernel"], p["bias"], dtype=dtype)
+    y = jnp.einsum("bld,dhk->bhlk", x, kernel) + b[None, :, None, :]
+    return checkpoint_name(y, "qkv")  # `layers.REMAT_POLICIES`
+
+  query = project(projections[0], padded_q)
+  key, value = project(projections[1], padded_kv), project(projections[2], padded_kv)
+  valid = jnp.arange(key.shape[2]) < kv_length
+  valid = jnp.broadcast_to(valid[None], (batch, key.shape[2]))
+  if mask is not None:
+    keys = jnp.broadcast_to(_as_4d(mask)[:, 0, 0, :], (batch, kv_length))
+    valid = jnp.logical_and(valid, jnp.pad(keys, ((0, 0), (0, key.shape[2] - kv_length))))
+  x = fused_attention.flash_tpu_heads_first(query, key, value, valid)
+  x = checkpoint_name(x, "attention_out")  # `layers.REMAT_POLICIES`
+  if out is None:
+    return jnp.swapaxes(x, 1, 2)[:, :length].reshape(batch, length, -1)
+  p = out.variables["params"]
+  x, kernel, b = promote_dtype(x, p["kernel"], p["bias"], dtype=dtype)
+  return (jnp.einsum("bhlk,hkd->bld", x, kernel) + b)[:, :length]
 
 
 def _attention_normalized_last(query: Array, key: Array, value: Array, mask: Array | None,

@@ -16,7 +16,7 @@ def fused_attention(implementation: str, query: Array, key: Array, value: Array,
                      mask: Array | None) -> Array:
   """A fused kernel on sequences padded to a multiple of `FUSED_PAD` (cuDNN's flash
   attention and the Pallas TPU kernel take no ragged lengths such as ViT's 1 + N)."""
-  batch, length, heads, depth = query.shape
+  batch, length = query.shape[:2]
   kv_length = key.shape[1]
   pad_q, pad_kv = -length % FUSED_PAD, -kv_length % FUSED_PAD
   pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n), (0, 0), (0, 0)))
@@ -39,17 +39,24 @@ def fused_attention(implementation: str, query: Array, key: Array, value: Array,
     keys = jnp.broadcast_to(keys, (batch, keys.shape[1], length + pad_q, kv_length + pad_kv))
     out = jax.nn.dot_product_attention(query, key, value, mask=keys, implementation="cudnn")
     return out[:, :length]
-  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # pylint: disable=g-import-not-at-top
-  # Segment ids: real keys (and every query) are segment 1, padded or masked keys 0.
-  kv_ids = jnp.broadcast_to(real_key[None], (batch, kv_length + pad_kv))
+  kv_valid = jnp.broadcast_to(real_key[None], (batch, kv_length + pad_kv))
   if mask is not None:
-    kv_ids = jnp.logical_and(kv_ids, jnp.pad(
+    kv_valid = jnp.logical_and(kv_valid, jnp.pad(
         jnp.broadcast_to(mask[:, 0, 0, :], (batch, kv_length)), ((0, 0), (0, pad_kv))))
-  segments = pallas_flash.SegmentIds(q=jnp.ones((batch, length + pad_q), jnp.int32),
-                                     kv=kv_ids.astype(jnp.int32))
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, H, L, d], the kernel's layout
+  out = flash_tpu_heads_first(heads_first(query), heads_first(key), heads_first(value),
+                              kv_valid)
+  return heads_first(out)[:, :length]
 
-  blocks = flash_block_sizes(length + pad_q, kv_length + pad_kv)
+
+def flash_tpu_heads_first(query: Array, key: Array, value: Array, kv_valid: Array) -> Array:
+  """The Pallas TPU flash kernel in its own layout: query [B, H, L_q, d], key and value
+  [B, H, L_kv, d], lengths multiples of `FUSED_PAD`; `kv_valid` [B, L_kv] bool, False for
+  padded or masked keys (segment 0; queries and real keys are segment 1). Returns
+  [B, H, L_q, d] (padded query rows included)."""
+  batch, _, length, depth = query.shape
+  segments = (jnp.ones((batch, length), jnp.int32), kv_valid.astype(jnp.int32))
+  blocks = flash_block_sizes(length, key.shape[2])
 
   def kernel(q, k, v, q_ids, kv_ids):
     # The forward kernel's name carries no block sizes (the backward ones' do): the
@@ -65,9 +72,7 @@ def fused_attention(implementation: str, query: Array, key: Array, value: Array,
     batch_axis = jax.sharding.PartitionSpec("data")
     kernel = jax.shard_map(kernel, mesh=mesh, in_specs=batch_axis, out_specs=batch_axis,
                            check_vma=False)
-  out = kernel(heads_first(query), heads_first(key), heads_first(value), segments.q,
-               segments.kv)
-  return heads_first(out)[:, :length]
+  return kernel(query, key, value, *segments)
 
 
 # What the remat policy "save_attention_kernel" (`layers.remat_policy`) keeps of a fused
