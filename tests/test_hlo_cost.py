@@ -215,3 +215,54 @@ def test_scan_and_python_loop_of_the_same_layers_on_a_tpu():
   assert abs(loop_xla["flops"] / flops - 1) < 2e-3 and scan_xla["flops"] < flops / 4
   assert abs(loop_all.bytes / loop_xla["bytes accessed"] - 1) < 0.15
   assert loop.bytes <= scan.bytes < 2 * loop.bytes
+
+
+# The splash kernels as the TPU compiler writes them (vmapped over a batch of 2, 2 heads,
+# 1,280 queries and keys, head dim 64): the mask's scalar-prefetched tables first, then
+# q, k, v, the segment ids; the fused backward kernel also writes dQ's partial sums per
+# key block (5-d). Their xprof metadata holds newlines, and a continuation line starts
+# with "}" without closing the computation.
+SPLASH = """\
+HloModule jit_attention
+
+ENTRY %main (t0: s8[1,1,1], t1: s8[1,1,1], q: bf16[2,2,1280,64], k: bf16[2,2,1280,64], v: bf16[2,2,1280,64], sq: s32[2,1280,128], sk: s32[2,8,1280], lse: f32[2,2,8,1280], do: bf16[2,2,1280,64], di: f32[2,2,8,1280]) -> bf16[2,2,1280,64] {
+  %t0 = s8[1,1,1]{2,1,0} parameter(0)
+  %t1 = s8[1,1,1]{2,1,0} parameter(1)
+  %q = bf16[2,2,1280,64]{3,2,1,0:T(8,128)(2,1)} parameter(2)
+  %k = bf16[2,2,1280,64]{3,2,1,0:T(8,128)(2,1)} parameter(3)
+  %v = bf16[2,2,1280,64]{3,2,1,0:T(8,128)(2,1)} parameter(4)
+  %sq = s32[2,1280,128]{2,1,0:T(8,128)} parameter(5)
+  %sk = s32[2,8,1280]{2,1,0:T(8,128)} parameter(6)
+  %lse = f32[2,2,8,1280]{3,2,1,0:T(8,128)} parameter(7)
+  %do = bf16[2,2,1280,64]{3,2,1,0:T(8,128)(2,1)} parameter(8)
+  %di = f32[2,2,8,1280]{3,2,1,0:T(8,128)} parameter(9)
+  %splash_mha_fwd_segmented_residuals.1 = (bf16[2,2,1280,64]{3,2,1,0:T(8,128)(2,1)}, f32[2,2,1280,128]{3,2,1,0:T(8,128)}) custom-call(%t0, %t1, %q, %k, %v, %sq, %sk), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={"xprof_metadata":"{\\"block_q\\": 640, \\"block_kv\\": 640,
+\\"block_q_dkv\\": 640, \\"block_kv_dkv\\": 640
+}"}}, metadata={op_name="jit(f)/splash_mha_fwd_segmented_residuals/pallas_call"}
+  %splash_mha_dkv_segmented_no_residuals.1 = (bf16[2,2,2,1280,64]{4,3,2,1,0:T(8,128)(2,1)}, bf16[2,2,1280,64]{3,2,1,0:T(8,128)(2,1)}, bf16[2,2,1280,64]{3,2,1,0:T(8,128)(2,1)}) custom-call(%t0, %t1, %q, %k, %v, %sk, %sq, %lse, %do, %di), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={"xprof_metadata":"{\\"block_q\\": 640, \\"block_kv\\": 640,
+\\"block_q_dkv\\": 640, \\"block_kv_dkv\\": 640
+}"}}, metadata={op_name="jit(f)/splash_mha_dkv_segmented_no_residuals/pallas_call"}
+  ROOT %o = bf16[2,2,1280,64]{3,2,1,0:T(8,128)(2,1)} get-tuple-element(%splash_mha_fwd_segmented_residuals.1), index=0
+}
+"""
+
+
+def test_splash_kernels_products_and_streamed_operands():
+  """Both calls are read (the "}"-led continuation line does not end the module): the
+  forward's 2 products and the fused backward's 5 over 2 x 2 x 1280 x 1280 scores of
+  head dim 64, one exp a score each; the forward reads K, V and the key segment ids once
+  per 640-row query block (2 blocks), the backward Q, the query segment ids, the
+  log-sum-exp, dO and di once per 640-key block."""
+  cost = hlo_cost.analyze_hlo(SPLASH)
+  fwd, bwd = cost.kernels
+  scores = 2 * 2 * 1280 * 1280
+  assert fwd.op_class == bwd.op_class == "attention kernels"
+  assert fwd.flops == 2 * 2 * scores * 64 and bwd.flops == 5 * 2 * scores * 64
+  assert fwd.transcendentals == bwd.transcendentals == scores
+  assert fwd.dots == ((fwd.flops, 1280, 64, 1280),)
+  qkv = 2 * 2 * 1280 * 128 * 2  # bf16, head dim 64 padded to 128 lanes
+  sq, sk, lse = 2 * 1280 * 128 * 4, 2 * 8 * 1280 * 4, 2 * 2 * 8 * 1280 * 4
+  tables = 2  # two s8[1,1,1] tables (no tiled layout in this text)
+  assert fwd.bytes == tables + qkv + 2 * (2 * qkv + sk) + sq + (qkv + 2 * 2 * 1280 * 128 * 4)
+  assert bwd.bytes == tables + 2 * qkv + sk + 2 * (qkv + sq + 2 * lse + qkv) + (
+      2 * qkv + 2 * qkv)

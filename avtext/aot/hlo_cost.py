@@ -259,7 +259,10 @@ def _attention(i: Instruction, symbols) -> tuple[int, int, int, int, int] | None
   name = i.name.lower()
   if not re.search(r"flash|attention|mha", name) or len(i.operands) < 2:
     return None
-  q, k = symbols.get(i.operands[0], [None])[0], symbols.get(i.operands[1], [None])[0]
+  first = _splash_q(i, symbols) if "splash_mha" in name else 0
+  if first is None or len(i.operands) < first + 2:
+    return None
+  q, k = (symbols.get(o, [None])[0] for o in i.operands[first:first + 2])
   if q is None or k is None or len(q.dims) != 4 or len(k.dims) != 4:
     return None
   if "__cudnn$fmha" in i.attrs:  # its [B, H, Lq, Lk] scores are in the backend config
@@ -271,7 +274,44 @@ def _attention(i: Instruction, symbols) -> tuple[int, int, int, int, int] | None
     dims = [int(d.strip().strip('"')) for d in scores.group(1).split(",") if d.strip()]
     return products, math.prod(dims), dims[-2], dims[-1], q.dims[-1]
   products = 4 if "dkv" in name else 3 if "dq" in name else 2
+  if "splash_mha_dkv" in name and any(len(a.dims) == 5 for a in i.shape):
+    products = 5  # the fused backward kernel: dQ (its per-key-block partial sums) too
   return (products, math.prod(q.dims[:3]) * k.dims[2], q.dims[2], k.dims[2], q.dims[3])
+
+
+def _splash_q(i: Instruction, symbols) -> int | None:
+  """The query's operand index of a splash kernel call: its first [B, H, L, d] operand
+  (the mask's scalar-prefetched block tables come first)."""
+  for n, o in enumerate(i.operands):
+    arrays = symbols.get(o, [])
+    if arrays and len(arrays[0].dims) == 4:
+      return n
+  return None
+
+
+def _splash_bytes(i: Instruction, symbols, all_spaces: bool) -> float:
+  """HBM bytes of a splash kernel call (jax.experimental.pallas.ops.tpu.splash_attention,
+  vmapped over the batch): the forward streams K, V and the key segment ids once per
+  query block; the dK/dV (and fused dQ) kernel streams Q, the query segment ids, the
+  log-sum-exp, dO and di once per key block; the rest once. Block sizes from the call's
+  xprof metadata (128 when absent)."""
+  q_at = _splash_q(i, symbols)
+  operands = [symbols.get(o, []) for o in i.operands]
+  blocks = lambda key: int(m.group(1)) if (m := re.search(
+      r'\\?"' + key + r'\\?":\s*(\d+)', i.attrs)) else _FLASH_DEFAULT_BLOCK
+  total = _hbm_bytes(i.shape, all_spaces)
+  if q_at is None:
+    return total + sum(_hbm_bytes(a, all_spaces) for a in operands)
+  q, k = operands[q_at][0], operands[q_at + 1][0]
+  if "splash_mha_dkv" in i.name:
+    n = max(1, -(-k.dims[2] // blocks("block_kv_dkv")))
+    streamed = {q_at} | set(range(q_at + 4, len(operands)))
+  else:
+    n = max(1, -(-q.dims[2] // blocks("block_q")))
+    streamed = {q_at + 1, q_at + 2, q_at + 4}
+  for j, arrays in enumerate(operands):
+    total += _hbm_bytes(arrays, all_spaces) * (n if j in streamed else 1)
+  return total
 
 
 # The Pallas TPU flash kernels (jax.experimental.pallas.ops.tpu.flash_attention): the
@@ -489,6 +529,8 @@ def analyze_hlo(text: str, num_devices: int = 1, *, all_spaces: bool = False) ->
         nbytes = _hbm_bytes(operands, all_spaces) + _hbm_bytes(outputs, all_spaces)
         if (flash := _flash_kind(i)) is not None:
           nbytes = _flash_bytes(i, flash, local, all_spaces)
+        elif i.opcode == "custom-call" and "splash_mha" in i.name:
+          nbytes = _splash_bytes(i, local, all_spaces)
         dots = [d] if (d := _dot(i, local)) else []
         transcendentals = math.prod(i.shape[0].dims) if (
             i.opcode in _TRANSCENDENTAL and i.shape) else 0

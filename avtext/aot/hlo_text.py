@@ -95,10 +95,28 @@ def parse_instruction(line: str) -> Instruction | None:
                      root=bool(m.group(1)), args=rest[opcode_end + 1:close - 1])
 
 
+def _logical_lines(text: str):
+  """The module's lines with an instruction's continuation lines joined to it: an
+  attribute's string may hold newlines (the splash kernel's "xprof_metadata"), and a
+  continuation line may start with "}" without closing the computation."""
+  pending = None
+  for line in text.splitlines():
+    starts = (_INSTR.match(line) or _HEADER.match(line) or line.rstrip() == "}" or
+              not line.strip() or line.startswith(("HloModule", "//")))
+    if starts:
+      if pending is not None:
+        yield pending
+      pending = line
+    elif pending is not None:
+      pending += "\n" + line
+  if pending is not None:
+    yield pending
+
+
 def parse_module(text: str) -> tuple[dict[str, list[Instruction]], str]:
   """({computation: instructions}, entry computation name)."""
   computations, entry, current = {}, None, None
-  for line in text.splitlines():
+  for line in _logical_lines(text):
     header = _HEADER.match(line)
     if header and line.rstrip().endswith("{"):
       current = header.group(2)
@@ -108,7 +126,7 @@ def parse_module(text: str) -> tuple[dict[str, list[Instruction]], str]:
       continue
     if current is None:
       continue
-    if line.startswith("}"):
+    if line.rstrip() == "}":
       current = None
       continue
     instruction = parse_instruction(line)

@@ -61,7 +61,10 @@ Initializer = Callable[..., Array]
 # "flash_tpu": the Pallas flash-attention kernel for TPUs
 #   (jax.experimental.pallas.ops.tpu.flash_attention): logits never leave on-chip memory.
 #   Masks must be key-padding masks ([B, 1, 1, L_kv]) or none.
-# The fused kernels have no attention dropout and the TPU one takes no per-query masks
+# "splash_tpu": the Pallas splash-attention kernel for TPUs
+#   (jax.experimental.pallas.ops.tpu.splash_attention), the same masks, its backward one
+#   fused dQ/dK/dV kernel (`fused_attention.splash_block_sizes`).
+# The fused kernels have no attention dropout and the TPU ones take no per-query masks
 # (causal, prefix-LM; cuDNN takes any mask): those calls use "blocked", the same
 # function in bounded memory.
 # Both pad the sequences to a multiple of `fused_attention.FUSED_PAD` and mask the
@@ -70,7 +73,8 @@ Initializer = Callable[..., Array]
 #   (`ops.lowering_platform`, so `avtext.aot` picks its target's): "flash_tpu" on a TPU,
 #   "cudnn" on a GPU (bfloat16 / float16 compute; "xla" for float32, which cuDNN's
 #   kernel does not take), "xla" on a CPU (`resolve_implementation`).
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "blocked", "cudnn", "flash_tpu")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "blocked", "cudnn", "flash_tpu", "splash_tpu")
+TPU_KERNELS = ("flash_tpu", "splash_tpu")
 ATTENTION_BLOCK = 512
 
 
@@ -274,11 +278,12 @@ class Attention(nn.Module):
     if (FLASH_HEADS_FIRST and not (self.is_initializing() or decode or causal or prefix_lm
                                    or sow_weights or bias is not None)
         and (deterministic or self.dropout_rate == 0)
-        and resolve_implementation(self.implementation, self.dtype) == "flash_tpu"
+        and resolve_implementation(self.implementation, self.dtype) in TPU_KERNELS
         and (mask is None or _as_4d(mask).shape[1:3] == (1, 1))):
       out = nn.DenseGeneral(features, axis=(-2, -1), kernel_init=self.kernel_init,
                             dtype=self.dtype, name="out") if self.output_projection else None
-      return _flash_heads_first(projections, out, inputs_q, inputs_kv, mask, self.dtype)
+      return _flash_heads_first(projections, out, inputs_q, inputs_kv, mask, self.dtype,
+                                resolve_implementation(self.implementation, self.dtype))
     if self.is_initializing() or decode:
       # Initialization creates the parameters, as flax's attention does. Decoding reads
       # each kernel once per call anyway; the fused projection's stacked [D, 3, H, D/H]
@@ -392,8 +397,9 @@ FLASH_HEADS_FIRST = True
 
 
 def _flash_heads_first(projections: list[nn.Module], out: nn.Module | None, inputs_q: Array,
-                       inputs_kv: Array, mask: Array | None, dtype: Any) -> Array:
-  """Attention through `fused_attention.flash_tpu_heads_first` with the projections in
+                       inputs_kv: Array, mask: Array | None, dtype: Any,
+                       implementation: str = "flash_tpu") -> Array:
+  """Attention through `fused_attention.tpu_heads_first` with the projections in
   its layout: `projections` the query, key and value `DenseGeneral`s ([D, H, d] kernels),
   `out` the output one ([H, d, D]; None: the heads concatenated); `mask` keys only."""
   batch, length = inputs_q.shape[:2]
@@ -415,7 +421,7 @@ def _flash_heads_first(projections: list[nn.Module], out: nn.Module | None, inpu
   if mask is not None:
     keys = jnp.broadcast_to(_as_4d(mask)[:, 0, 0, :], (batch, kv_length))
     valid = jnp.logical_and(valid, jnp.pad(keys, ((0, 0), (0, key.shape[2] - kv_length))))
-  x = fused_attention.flash_tpu_heads_first(query, key, value, valid)
+  x = fused_attention.tpu_heads_first(query, key, value, valid, implementation)
   x = checkpoint_name(x, "attention_out")  # `layers.REMAT_POLICIES`
   if out is None:
     return jnp.swapaxes(x, 1, 2)[:, :length].reshape(batch, length, -1)
@@ -499,7 +505,7 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
     if mask is not None and mask.shape[2] != 1:
       raise ValueError(f"with prefix_lm the mask must mask keys only ([.., 1, L_kv]), "
                        f"got {mask.shape}")
-    fused = implementation in ("cudnn", "flash_tpu")
+    fused = implementation in ("cudnn", *TPU_KERNELS)
     if fused and dropout_rng is None and bias is None and module is None:
       p = prefix_lm
       head = attention_core(query[:, :p], key[:, :p], value[:, :p],
@@ -520,13 +526,13 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
   mask = _as_4d(mask)
   key_padding = mask is None or mask.shape[1:3] == (1, 1)
   if dropout_rng is None and (implementation == "cudnn" or
-                              (implementation == "flash_tpu" and key_padding)):
+                              (implementation in TPU_KERNELS and key_padding)):
     return fused_attention.fused_attention(implementation, query.astype(dtype),
                                            key.astype(dtype), value.astype(dtype), mask)
   xla = functools.partial(
       nn.dot_product_attention, broadcast_dropout=False, dropout_rate=dropout_rate,
       deterministic=dropout_rng is None, dtype=dtype, force_fp32_for_softmax=True)
-  if implementation in ("cudnn", "flash_tpu"):  # dropout or a mask the kernel cannot take
+  if implementation in ("cudnn", *TPU_KERNELS):  # dropout or a mask the kernel cannot take
     implementation = "blocked"
   if implementation != "blocked" or query.shape[1] <= ATTENTION_BLOCK:
     if dropout_rng is None and module is None:

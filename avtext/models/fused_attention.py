@@ -15,7 +15,8 @@ FUSED_PAD = 128
 def fused_attention(implementation: str, query: Array, key: Array, value: Array,
                      mask: Array | None) -> Array:
   """A fused kernel on sequences padded to a multiple of `FUSED_PAD` (cuDNN's flash
-  attention and the Pallas TPU kernel take no ragged lengths such as ViT's 1 + N)."""
+  attention and the Pallas TPU kernels take no ragged lengths such as ViT's 1 + N):
+  "cudnn", "flash_tpu" or "splash_tpu" (`tpu_heads_first`)."""
   batch, length = query.shape[:2]
   kv_length = key.shape[1]
   pad_q, pad_kv = -length % FUSED_PAD, -kv_length % FUSED_PAD
@@ -44,25 +45,31 @@ def fused_attention(implementation: str, query: Array, key: Array, value: Array,
     kv_valid = jnp.logical_and(kv_valid, jnp.pad(
         jnp.broadcast_to(mask[:, 0, 0, :], (batch, kv_length)), ((0, 0), (0, pad_kv))))
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, H, L, d], the kernel's layout
-  out = flash_tpu_heads_first(heads_first(query), heads_first(key), heads_first(value),
-                              kv_valid)
+  out = tpu_heads_first(heads_first(query), heads_first(key), heads_first(value), kv_valid,
+                        implementation)
   return heads_first(out)[:, :length]
 
 
-def flash_tpu_heads_first(query: Array, key: Array, value: Array, kv_valid: Array) -> Array:
-  """The Pallas TPU flash kernel in its own layout: query [B, H, L_q, d], key and value
+def tpu_heads_first(query: Array, key: Array, value: Array, kv_valid: Array,
+                    implementation: str = "flash_tpu") -> Array:
+  """A Pallas TPU kernel in its own layout: query [B, H, L_q, d], key and value
   [B, H, L_kv, d], lengths multiples of `FUSED_PAD`; `kv_valid` [B, L_kv] bool, False for
   padded or masked keys (segment 0; queries and real keys are segment 1). Returns
-  [B, H, L_q, d] (padded query rows included)."""
-  batch, _, length, depth = query.shape
+  [B, H, L_q, d] (padded query rows included). `implementation`: "flash_tpu" (the flash
+  kernel: a forward, a dK/dV and a dQ kernel) or "splash_tpu" (the splash kernel, its
+  backward one fused dQ/dK/dV kernel: `splash_block_sizes`)."""
+  batch, heads, length, depth = query.shape
   segments = (jnp.ones((batch, length), jnp.int32), kv_valid.astype(jnp.int32))
-  blocks = flash_block_sizes(length, key.shape[2])
+  if implementation == "splash_tpu":
+    kernel = _splash_kernel(heads, length, key.shape[2], depth)
+  else:
+    blocks = flash_block_sizes(length, key.shape[2])
 
-  def kernel(q, k, v, q_ids, kv_ids):
-    # The forward kernel's name carries no block sizes (the backward ones' do): the
-    # scope puts them in its op_name for `avtext.aot.hlo_cost`.
-    with jax.named_scope(f"flash_fwd_block_q={blocks.block_q}"):
-      return _pallas_flash(q, k, v, q_ids, kv_ids, 1.0 / math.sqrt(depth), blocks)
+    def kernel(q, k, v, q_ids, kv_ids):
+      # The forward kernel's name carries no block sizes (the backward ones' do): the
+      # scope puts them in its op_name for `avtext.aot.hlo_cost`.
+      with jax.named_scope(f"flash_fwd_block_q={blocks.block_q}"):
+        return _pallas_flash(q, k, v, q_ids, kv_ids, 1.0 / math.sqrt(depth), blocks)
 
   # A Mosaic kernel is not partitioned by XLA: under a mesh (the trainer and avtext.aot
   # set one for flash_tpu, partitioning.mesh_context) each device runs it on its slice
@@ -73,6 +80,46 @@ def flash_tpu_heads_first(query: Array, key: Array, value: Array, kv_valid: Arra
     kernel = jax.shard_map(kernel, mesh=mesh, in_specs=batch_axis, out_specs=batch_axis,
                            check_vma=False)
   return kernel(query, key, value, *segments)
+
+
+# The splash kernel's blocks: major query and key blocks as large as fit (the flash
+# kernel's forward limit, 640 rows, for both), computed 128 keys at a time.
+SPLASH_MAX_BLOCK = 640
+# Run the splash kernel in Pallas' interpreter (tests on a CPU: it does not run under
+# `pltpu.force_tpu_interpret_mode`, which the flash kernel's tests use).
+SPLASH_INTERPRET = False
+
+
+def splash_block_sizes(q_length: int, kv_length: int):
+  """Block sizes of the splash kernel for sequences padded to `FUSED_PAD`, with the
+  fused backward kernel (dQ, dK and dV from one pass over the scores: 5 products where
+  the flash kernel's two backward kernels run 7)."""
+  from jax.experimental.pallas.ops.tpu import splash_attention  # pylint: disable=g-import-not-at-top
+  block_q = _largest_block(q_length, SPLASH_MAX_BLOCK)
+  block_kv = _largest_block(kv_length, SPLASH_MAX_BLOCK)
+  return splash_attention.BlockSizes(
+      block_q=block_q, block_kv=block_kv, block_kv_compute=FUSED_PAD,
+      block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=FUSED_PAD,
+      use_fused_bwd_kernel=True)
+
+
+def _splash_kernel(heads: int, q_length: int, kv_length: int, depth: int):
+  """kernel(q, k, v, q_ids, kv_ids) on [B, H, L, d]: the splash kernel of a full mask
+  (padding is in the segment ids) per example, queries scaled by 1/sqrt(d) first (the
+  kernel takes no scale), its output and log-sum-exp named `KERNEL_RESIDUALS`."""
+  from jax.experimental.pallas.ops.tpu import splash_attention  # pylint: disable=g-import-not-at-top
+  mask = splash_attention.MultiHeadMask(
+      [splash_attention.FullMask((q_length, kv_length))] * heads)
+  splash = splash_attention.make_splash_mha(
+      mask, block_sizes=splash_block_sizes(q_length, kv_length), head_shards=1,
+      q_seq_shards=1, residual_checkpoint_name=KERNEL_RESIDUALS, interpret=SPLASH_INTERPRET)
+
+  def kernel(q, k, v, q_ids, kv_ids):
+    q = q * jnp.asarray(1.0 / math.sqrt(depth), q.dtype)
+    one = lambda q, k, v, q_ids, kv_ids: splash(
+        q, k, v, segment_ids=splash_attention.SegmentIds(q=q_ids, kv=kv_ids))
+    return jax.vmap(one)(q, k, v, q_ids, kv_ids)
+  return kernel
 
 
 # What the remat policy "save_attention_kernel" (`layers.remat_policy`) keeps of a fused

@@ -64,14 +64,15 @@ def make_mesh(num_devices: int | None = None, model_parallel: int = 1,
 
 def mesh_context(mesh: Mesh, config) -> Any:
   """`jax.set_mesh(mesh)` when the model runs kernels that need the mesh at trace time
-  (attention "flash_tpu", or "auto" on a TPU mesh: a Pallas kernel under shard_map),
+  (attention "flash_tpu" / "splash_tpu", or "auto" on a TPU mesh: a Pallas kernel under
+  shard_map),
   else a no-op context."""
   import contextlib  # pylint: disable=g-import-not-at-top
   model = config.get("model") or {}
   kinds = {model.get("attention"), *(
       v.get("attention") for v in model.values() if hasattr(v, "get"))}
   on_tpu = mesh.devices.flat[0].platform == "tpu"
-  if "flash_tpu" in kinds or ("auto" in kinds and on_tpu):
+  if kinds & {"flash_tpu", "splash_tpu"} or ("auto" in kinds and on_tpu):
     return jax.set_mesh(mesh)
   return contextlib.nullcontext()
 
