@@ -5,6 +5,7 @@ bfloat16 model stays within a stated tolerance of its float32 twin.
 The references are independent: a naive softmax attention written here in numpy, and the
 float32 / no-remat path of the same parameters.
 """
+import contextlib
 import functools
 
 import flax.linen as nn
@@ -239,6 +240,17 @@ def test_heads_first_projections_equal_the_sliced_and_transposed_path():
     assert relative_difference(grads, grads_before) <= 1e-6
 
 
+@contextlib.contextmanager
+def _splash_interpreted():
+  """Traced for a TPU with the splash kernel in Pallas' interpreter (this CPU)."""
+  fused_attention.SPLASH_INTERPRET = True
+  try:
+    with ops.lowering_for("tpu"):
+      yield
+  finally:
+    fused_attention.SPLASH_INTERPRET = False
+
+
 def test_splash_kernel_equals_the_flash_kernel():
   """attention="splash_tpu" (the splash kernel, fused backward; Pallas' interpreter)
   against the flash kernel (interpret mode) on sequences padded from 11 to 128 with a
@@ -259,12 +271,8 @@ def test_splash_kernel_equals_the_flash_kernel():
     return (core(q, k, v), jax.grad(lambda *a: jnp.sum(jnp.sin(core(*a))), (0, 1, 2))(q, k, v),
             block(variables, x), jax.grad(lambda *a: jnp.sum(jnp.sin(block(*a))), (0, 1))(
                 variables, x))
-  fused_attention.SPLASH_INTERPRET = True
-  try:
-    with ops.lowering_for("tpu"):
-      splash = run("splash_tpu")
-  finally:
-    fused_attention.SPLASH_INTERPRET = False
+  with _splash_interpreted():
+    splash = run("splash_tpu")
   with pltpu.force_tpu_interpret_mode(), ops.lowering_for("tpu"):
     flash = run("flash_tpu")
   for a, b in zip(splash, flash):
@@ -336,7 +344,7 @@ def test_cudnn_path_pads_and_masks_to_the_same_function(monkeypatch, mask_kind):
 
 
 @pytest.mark.parametrize("platform,dtype,want", [
-    ("tpu", jnp.bfloat16, "flash_tpu"), ("tpu", jnp.float32, "flash_tpu"),
+    ("tpu", jnp.bfloat16, "splash_tpu"), ("tpu", jnp.float32, "splash_tpu"),
     ("gpu", jnp.bfloat16, "cudnn"), ("gpu", jnp.float32, "xla"),
     ("cpu", jnp.bfloat16, "xla"), ("cpu", jnp.float32, "xla")])
 def test_auto_attention_resolves_to_the_platform_kernel(platform, dtype, want):
@@ -363,10 +371,10 @@ def test_auto_attention_on_a_gpu_target_calls_cudnn(monkeypatch):
 
 
 def test_tpu_kernel_with_padding_and_segment_ids_equals_reference():
-  """The "auto" path on a TPU target, the Pallas flash kernel run in its interpret mode
-  on this CPU: sequences padded from 11 to 128 (`FUSED_PAD`), padded keys and the
-  padding mask's keys in segment 0; outputs and gradients against numpy's attention and
-  the materialized path."""
+  """The "auto" path on a TPU target (the splash kernel, in Pallas' interpreter on this
+  CPU) and the flash kernel (in its interpret mode): sequences padded from 11 to 128
+  (`FUSED_PAD`), padded keys and the padding mask's keys in segment 0; outputs and
+  gradients against numpy's attention and the materialized path."""
   from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(2)
   b, length, h, d = 2, 11, 2, 8
@@ -375,22 +383,27 @@ def test_tpu_kernel_with_padding_and_segment_ids_equals_reference():
 
   def loss(impl, q, k, v):
     return jnp.sum(jnp.sin(attention.attention_core(q, k, v, mask, implementation=impl)))
+  runs = {}
+  with _splash_interpreted():
+    runs["auto"] = (attention.attention_core(q, k, v, mask, implementation="auto"),
+                    jax.grad(functools.partial(loss, "auto"), argnums=(0, 1, 2))(q, k, v))
   with pltpu.force_tpu_interpret_mode(), ops.lowering_for("tpu"):
-    got = attention.attention_core(q, k, v, mask, implementation="auto")
-    grads = jax.grad(functools.partial(loss, "auto"), argnums=(0, 1, 2))(q, k, v)
-  np.testing.assert_allclose(np.asarray(got), _numpy_attention(q, k, v, mask), atol=2e-5)
+    runs["flash_tpu"] = (
+        attention.attention_core(q, k, v, mask, implementation="flash_tpu"),
+        jax.grad(functools.partial(loss, "flash_tpu"), argnums=(0, 1, 2))(q, k, v))
   want = jax.grad(functools.partial(loss, "xla"), argnums=(0, 1, 2))(q, k, v)
-  for a, b_ in zip(grads, want):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=2e-5)
+  for got, grads in runs.values():
+    np.testing.assert_allclose(np.asarray(got), _numpy_attention(q, k, v, mask), atol=2e-5)
+    for a, b_ in zip(grads, want):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=2e-5)
 
 
 @pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_prefix_lm_takes_the_tpu_kernel_for_the_prefix_and_equals_the_mask():
-  """`prefix_lm=P` on the TPU path (the Pallas kernel in interpret mode): the P prefix
-  rows go through the flash kernel unmasked, the rows after them through the masked
+  """`prefix_lm=P` on the TPU path (the splash kernel in Pallas' interpreter): the P
+  prefix rows go through the kernel unmasked, the rows after them through the masked
   path; outputs and gradients equal numpy's attention under `make_prefix_lm_mask` and
   the materialized path with that mask, with a padded key in the prefix."""
-  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(3)
   b, length, h, d, p = 2, 13, 2, 8, 9
   q, k, v = (jnp.asarray(rng.normal(size=(b, length, h, d)), jnp.float32) for _ in range(3))
@@ -405,14 +418,14 @@ def test_prefix_lm_takes_the_tpu_kernel_for_the_prefix_and_equals_the_mask():
   def spy(implementation, query, *args):
     kernels.append((implementation, query.shape[1]))
     return original(implementation, query, *args)
-  with pltpu.force_tpu_interpret_mode(), ops.lowering_for("tpu"):
+  with _splash_interpreted():
     fused_attention.fused_attention = spy
     try:
       got = attention.attention_core(q, k, v, keys, implementation="auto", prefix_lm=p)
       grads = jax.grad(functools.partial(loss, "auto", keys, p), argnums=(0, 1, 2))(q, k, v)
     finally:
       fused_attention.fused_attention = original
-  assert kernels and all(call == ("flash_tpu", p) for call in kernels)  # the prefix rows
+  assert kernels and all(call == ("splash_tpu", p) for call in kernels)  # the prefix rows
   np.testing.assert_allclose(np.asarray(got), _numpy_attention(q, k, v, full), atol=2e-5)
   want = jax.grad(functools.partial(loss, "xla", full, 0), argnums=(0, 1, 2))(q, k, v)
   for a, b_ in zip(grads, want):

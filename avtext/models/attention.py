@@ -70,7 +70,8 @@ Initializer = Callable[..., Array]
 # Both pad the sequences to a multiple of `fused_attention.FUSED_PAD` and mask the
 #   padded keys (`fused_attention`).
 # "auto": the fused kernel of the platform the program is traced for
-#   (`ops.lowering_platform`, so `avtext.aot` picks its target's): "flash_tpu" on a TPU,
+#   (`ops.lowering_platform`, so `avtext.aot` picks its target's): "splash_tpu" on a TPU
+#   (its fused backward: 5 products where the flash kernel's two backward kernels run 7),
 #   "cudnn" on a GPU (bfloat16 / float16 compute; "xla" for float32, which cuDNN's
 #   kernel does not take), "xla" on a CPU (`resolve_implementation`).
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "blocked", "cudnn", "flash_tpu", "splash_tpu")
@@ -459,7 +460,7 @@ def resolve_implementation(implementation: str, dtype: Any = jnp.float32,
     return implementation
   platform = platform or ops.lowering_platform()
   if platform == "tpu":
-    return "flash_tpu"
+    return "splash_tpu"
   if platform == "gpu":
     return "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
   return "xla"

@@ -85,8 +85,8 @@ def tpu_heads_first(query: Array, key: Array, value: Array, kv_valid: Array,
 # The splash kernel's blocks: major query and key blocks as large as fit (the flash
 # kernel's forward limit, 640 rows, for both), computed 128 keys at a time.
 SPLASH_MAX_BLOCK = 640
-# Run the splash kernel in Pallas' interpreter (tests on a CPU: it does not run under
-# `pltpu.force_tpu_interpret_mode`, which the flash kernel's tests use).
+# Build the splash kernel for Pallas' interpreter: the CPU tests (vmapped over a batch
+# it does not run under `pltpu.force_tpu_interpret_mode`, which the flash kernel's use).
 SPLASH_INTERPRET = False
 
 
