@@ -156,17 +156,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the same loss and gradient, avtext/train/trainer.py).
   config.train.microbatches = 1
   # The slice the paper setup is sized for (BENCHMARKS.md "Paper configs on their TPU
-  # slices": 9.9 of 15.75 GiB a chip, 60.6 % MFU at its bound): bf16 compute (params and
-  # optimizer state float32), each block rematerialized, attention "auto" (the Pallas
-  # flash kernel on a TPU, cuDNN's on a GPU: a materialized softmax over the 3,137 RGB
-  # tokens a clip is the largest activation), each tower's identical layers as one scan
+  # slices": 12.7 of 15.75 GiB a chip, 46 % MFU at its predicted step): bf16 compute
+  # (params and optimizer state float32), each block rematerialized but for its
+  # attention kernel's output and softmax statistics ("save_attention_kernel": the
+  # kernel's forward runs once), attention "auto" (the Pallas splash kernel on a TPU,
+  # cuDNN's on a GPU: a materialized softmax over the 3,137 RGB tokens a clip is the
+  # largest activation), each tower's identical layers as one scan
   # (the TPU compile: minutes instead of half an hour). Params and optimizer state are
   # replicated: the whole state of this 283 M-parameter model is 2.3 GB a chip, and with
   # FSDP the compiler all-gathers the [256, 3137, 768] activations inside its windowed
   # collective matmuls (3.0 TB of HBM traffic a chip a step against 0.33 TB without).
   # main refuses to train it on a CPU-only install without --allow_cpu.
-  common.paper_scale(config, "v5e:4x4", remat="full", attention="auto", fsdp=False,
-              scan_layers=True)
+  common.paper_scale(config, "v5e:4x4", remat="save_attention_kernel", attention="auto",
+                     fsdp=False, scan_layers=True)
   config.train.num_epochs = 4  # §5.2: 4 pretraining epochs
   config.train.num_steps = None
   config.train.log_every_steps = 50

@@ -110,6 +110,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # v5e's 15.75), without it 10.2.
   common.paper_scale(config, "v5e:8x8", remat="full", attention="auto",
                           scan_layers=True)
+  if not synthetic:
+    # The video tower keeps its attention kernels' residuals (the flash forward runs
+    # once): 1.5 GiB a chip. The decoder's as well would need 15.4 of v5e's 15.75 GiB.
+    config.model.video.remat = "save_attention_kernel"
   if synthetic:
     _synthetic(config, tiny="tiny" in variants)
   else:

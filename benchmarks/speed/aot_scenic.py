@@ -11,8 +11,8 @@ log-mel [B, 800, 128], BERT-base on 32 tokens, D = 256 projections, NCE at sigma
 SGD with momentum, params and optimizer state float32 and replicated, the batch sharded on the
 `data` axis of all the slice's chips), compiled by libtpu for `--topology` on this CPU:
 
-  avtext   the config as it is: avtext's MBT (bf16, full remat, scanned layers, Pallas flash
-           attention), `avtext.aot.programs`'s pieces (`train_step`, `program_cost`, ...).
+  avtext   the config as it is: avtext's MBT (bf16, the config's remat, scanned layers, the
+           Pallas attention kernel "auto" picks), `avtext.aot.programs`'s pieces (`train_step`, `program_cost`, ...).
   scenic   the same config, trainer, BERT-base text tower (avtext.models.bert, with the config's
            bf16 / remat / scan), projections, loss and optimizer, with the video tower swapped
            for scenic's own `scenic.projects.mbt.model.MBT` imported from --scenic_dir at run
