@@ -335,7 +335,9 @@ def _flash_kind(i: Instruction) -> str | None:
     return "dkv"
   if "flash_mha_bwd_dq" in name:
     return "dq"
-  return "fwd" if "flash_attention" in name else None
+  # The forward: pallas' flash_attention, or our residual-naming wrapper's call of its
+  # kernel, named by the block-size scope (`fused_attention.tpu_heads_first`).
+  return "fwd" if "flash_attention" in name or "flash_fwd_block_q" in name else None
 
 
 def _flash_bytes(i: Instruction, kind: str, symbols, all_spaces: bool) -> float:
