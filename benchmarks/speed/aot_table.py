@@ -159,6 +159,8 @@ def main(argv):
   out = common.out_dir()
   reports = out / "aot.jsonl"
   hlo_dir = out / "hlo"
+  if _KEEP_HLO.value:
+    hlo_dir.mkdir(parents=True, exist_ok=True)
   names = ["xml_tvr"] if common.quick() else _CONFIGS.value
   done = {}
   if reports.exists():
