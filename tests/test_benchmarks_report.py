@@ -22,7 +22,9 @@ NOTES = report.read_notes()
 GENRES = ("speed", "tables", "analyses")
 SCRIPTS = sorted(p for genre in GENRES for p in (ROOT / "benchmarks" / genre).glob("*.py")
                  if p.name != "__init__.py")
-REPORT_MAX_LINES = 925
+# 950: the per-kernel model's H100 check and the levers table came in; the H100 AOT-bound
+# table and the CPU bf16-step alternation they supersede went out.
+REPORT_MAX_LINES = 950
 
 
 def _rel(path: pathlib.Path) -> str:

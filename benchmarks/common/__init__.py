@@ -190,6 +190,12 @@ def record(system: str, metric: str, value, *, unit: str = "", table: str = "",
   return row
 
 
+def stored_rows() -> list[dict]:
+  """The latest row of each metric in the results store (what BENCHMARKS.md shows): for a
+  script that sets a new measurement beside a stored one."""
+  return report.latest(report.read_rows())
+
+
 def train_and_test_best(config: str, args: list[str], workdir: pathlib.Path) -> dict:
   """Trains `python -m avtext.main --config=<config> --workdir=<workdir> <args>`, then
   evaluates its best checkpoint (`--mode=eval --step=best`); a workdir where both finished

@@ -4,7 +4,7 @@ r"""The cost model against the measured H100 steps: each measured setting compil
 
 For every setting BENCHMARKS "AVR paper model on one H100" measured
 (`benchmarks.speed.paper_step_gpu`: batch 16 / 32 / 64, remat none / full, attention
-cudnn / xla / blocked), the same step (`paper_step_gpu.build`, abstract inputs) is
+cudnn / xla / blocked), the same step (`benchmarks.common.avr_step.build`, abstract inputs) is
 compiled for one H100 by the CUDA plugin on this CPU (`avtext.aot.programs.
 gpu_topology_devices`, no GPU), read kernel by kernel (`avtext.aot.hlo_cost`) and timed
 by `avtext.aot.cost_model.predict` with the H100's figures of `avtext.aot.chips` (one
@@ -29,7 +29,6 @@ import sys
 from absl import flags
 
 from benchmarks import common
-from benchmarks import report
 
 MEASURED_TABLE = ("configs/videocc_avr.py's paper model on one NVIDIA H100 80GB HBM3, "
                   "median of 5 steps")
@@ -56,7 +55,7 @@ def metric(batch: int, remat: str, attention: str) -> str:
 def measured() -> dict[str, float | str]:
   """{metric: measured step in seconds, or the failure text} from the results store."""
   out = {}
-  for row in report.latest(report.read_rows()):
+  for row in common.stored_rows():
     if row.get("table") == MEASURED_TABLE and row.get("column") == "step":
       out[row["metric"]] = row["value"]
   return out
@@ -70,11 +69,11 @@ def compile_one(setting: str, hlo_path: str | None) -> dict:
   from avtext.aot import cost_model  # pylint: disable=g-import-not-at-top
   from avtext.aot import hlo_cost  # pylint: disable=g-import-not-at-top
   from avtext.aot import programs  # pylint: disable=g-import-not-at-top
-  from benchmarks.speed import paper_step_gpu  # pylint: disable=g-import-not-at-top
+  from benchmarks.common import avr_step  # pylint: disable=g-import-not-at-top
   batch, remat, attention = setting.split(":")
   s = {"batch": int(batch), "dtype": "bfloat16", "remat": remat, "attention": attention}
   [device] = programs.topology_devices("h100:1x1")
-  init, tx, inputs, step = paper_step_gpu.build(s, abstract=True)
+  init, tx, inputs, step = avr_step.build(s, abstract=True)
   sharding = jax.sharding.SingleDeviceSharding(device)
   placed = lambda tree: jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
