@@ -128,7 +128,8 @@ def plan(report: dict, config, *, examples: int | None = None,
 
 
 def format_plan(p: dict) -> str:
-  hours = lambda s: f"{s / 3600:,.1f} h" if s >= 3600 else f"{s / 60:,.1f} min"
+  hours = lambda s: (f"{s / 3600:,.1f} h" if s >= 3600 else f"{s / 60:,.1f} min" if s >= 60
+                     else f"{s:,.1f} s")
   lines = [f"plan on {p['topology']} ({p['chips']} chips): {p['steps']:,} train steps"
            + (f" ({p['steps_per_epoch']:,} an epoch of {p['examples']:,} examples)"
               if p["steps_per_epoch"] else "")
