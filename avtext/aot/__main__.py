@@ -36,7 +36,7 @@ each with half the chip's HBM and FLOP/s)
                   The JSON's `predicted` has the step, MFU at it, the time by op class
                   and the 15 costliest kernels. The figures are public, one set per chip
                   (`avtext.aot.chips`); on the measured H100 steps the prediction is
-                  within 20 % (`benchmarks.speed.paper_step_predicted`)
+                  at 0.77-0.95 of the measured step (`benchmarks.speed.paper_step_predicted`)
   breakdown       bytes, FLOPs, share of the bound and predicted time by op class
                   (matmuls/convs, attention kernels, elementwise/LayerNorm fusions,
                   copies/transposes, collectives, optimizer update), the 15 largest
