@@ -106,21 +106,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # MBT + GPT-2 at batch 512, the decoder over all 3,541 video tokens + the caption
   # (BENCHMARKS.md "Paper configs on their TPU slices"): bf16, each block rematerialized,
   # the fused attention kernel (the decoder's prefix rows too: GPT2(prefix_lm=True)),
-  # layers scanned. State replicated: with FSDP the compiler needs 17.4 GiB a chip (over
-  # v5e's 15.75), without it 10.2.
+  # layers scanned. State replicated: with FSDP the compiler needed 17.4 GiB a chip (over
+  # v5e's 15.75; measured 2026-11-27, full remat), without it 12.0 (38 % MFU at its
+  # predicted step).
   common.paper_scale(config, "v5e:8x8", remat="full", attention="auto",
                           scan_layers=True)
-  if not synthetic:
-    # The video tower keeps its attention kernels' residuals (the flash forward runs
-    # once): 1.5 GiB a chip. The decoder's as well would need 15.4 of v5e's 15.75 GiB.
-    config.model.video.remat = "save_attention_kernel"
   if synthetic:
     _synthetic(config, tiny="tiny" in variants)
   else:
+    # The video tower keeps its attention kernels' residuals (the kernel's forward runs
+    # once). The decoder's as well would need 15.4 of v5e's 15.75 GiB a chip.
+    config.model.video.remat = "save_attention_kernel"
     # No attention dropout in the decoder at paper scale (GPT-2's attn_pdrop is 0.1; the
     # paper does not say): the fused kernels take no dropout, and with it the prefix-LM
     # attention over 3,573 positions materializes its probabilities, 27 % MFU at the
-    # v5e:8x8 bound against 60 % without. Residual and embedding dropout stay 0.1; set
+    # v5e:8x8 bound against 60 % without (2026-11-27, full remat, the flash kernel). Residual and embedding dropout stay 0.1; set
     # --config.model.decoder.attention_dropout_rate=0.1 for GPT-2's.
     config.model.decoder.attention_dropout_rate = 0.0
   if "mined" in variants:  # train on the mined pairs, test on the world's test split

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from avtext.tasks import registry
+from avtext.aot import chips
 from avtext.aot import programs as aot
 from avtext.aot import hlo_cost
 
@@ -137,7 +138,7 @@ def test_h100_target_compiles_with_cudnn_attention():
 
 def test_unknown_topology_and_missing_topology_are_clear_errors():
   with pytest.raises(ValueError, match="unknown chip 'v9x'"):
-    aot.chip_of("v9x:2x2")
+    chips.chip_of("v9x:2x2")
   with pytest.raises(ValueError, match="no topology"):
     aot.analyze(videocc_avr.get_config("tiny"), None, build_task=registry.build_task)
   with pytest.raises(ValueError, match="h100:HOSTSxGPUS"):

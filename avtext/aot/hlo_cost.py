@@ -167,18 +167,15 @@ def _dot(i: Instruction, symbols) -> tuple[float, int, int, int] | None:
   if i.opcode == "dot" or (i.opcode == "custom-call" and "gemm_backend_config" in i.attrs):
     lhs, rhs = (symbols.get(o, [None])[0] for o in (i.operands + ["", ""])[:2])
     contract = _dims_attr(i.attrs, "lhs_contracting_dims")
-    if lhs is None or not contract:
+    if lhs is None or rhs is None or not contract:
       return None
+    def free(array, side):  # the product of a side's dims neither contracted nor batch
+      skip = set(_dims_attr(i.attrs, f"{side}_contracting_dims") +
+                 _dims_attr(i.attrs, f"{side}_batch_dims"))
+      return math.prod(d for j, d in enumerate(array.dims) if j not in skip)
     k = math.prod(lhs.dims[d] for d in contract)
-    m = math.prod(d for n, d in enumerate(lhs.dims) if n not in contract and
-                  n not in _dims_attr(i.attrs, "lhs_batch_dims"))
+    m, n = free(lhs, "lhs"), free(rhs, "rhs")
     out = math.prod(i.shape[0].dims) if i.shape else 0
-    n = out // max(1, m * math.prod(lhs.dims[d] for d in
-                                    _dims_attr(i.attrs, "lhs_batch_dims")))
-    if rhs is not None:
-      skip = set(_dims_attr(i.attrs, "rhs_contracting_dims")) | set(
-          _dims_attr(i.attrs, "rhs_batch_dims"))
-      n = math.prod(d for j, d in enumerate(rhs.dims) if j not in skip)
     return 2.0 * out * k, m, n, k
   if (i.opcode == "convolution" or "__cudnn$conv" in i.attrs) and len(i.operands) > 1:
     macs = _conv_macs(i, symbols)

@@ -25,7 +25,7 @@ from avtext.aot import hlo_cost
 GIB = 2 ** 30
 
 
-Chip, chip_of = chips_lib.Chip, chips_lib.chip_of
+Chip = chips_lib.Chip
 BuildTask = Callable[[Any], Any]  # config -> task (the caller's task registry)
 
 
@@ -90,13 +90,13 @@ def per_device(chip: Chip, topology: str, devices: list) -> Chip:
 def topology_devices(topology: str) -> list:
   """The devices of a TPU slice described by libtpu, or of GPU hosts described by the
   CUDA PJRT plugin (`gpu_topology_devices`); no accelerator needed."""
-  if chip_of(topology).platform == "cuda":
+  if chips_lib.chip_of(topology).platform == "cuda":
     return gpu_topology_devices(topology)
   # libtpu takes a machine-wide lock file by default; describing a slice needs no chip,
   # so several checks (and tests) may run at once.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  chip_of(topology)
+  chips_lib.chip_of(topology)
   try:
     with _quiet_stderr():
       desc = topologies.get_topology_desc(topology_name=topology, platform="tpu")
@@ -120,7 +120,8 @@ def memory(compiled) -> dict[str, int]:
           ("argument", "output", "temp", "alias", "generated_code")}
 
 
-def _needed(mem: dict[str, int]) -> int:
+def hbm_needed(mem: dict[str, int]) -> int:
+  """Bytes a program needs on the device: arguments + outputs + temporaries - aliased."""
   return mem["argument"] + mem["output"] + mem["temp"] - mem["alias"]
 
 
@@ -257,7 +258,7 @@ def _slice(config, topology: str | None) -> tuple[str, Chip, list]:
   if not topology:
     raise ValueError("no topology: pass --topology=v5e:4x4 (or set config.target_topology)")
   devices = topology_devices(topology)
-  return topology, per_device(chip_of(topology), topology, devices), devices
+  return topology, per_device(chips_lib.chip_of(topology), topology, devices), devices
 
 
 def analyze(config, topology: str | None = None, *, build_task: BuildTask,
@@ -295,7 +296,7 @@ def analyze(config, topology: str | None = None, *, build_task: BuildTask,
   model_flops = model_flops_per_step(config, build_task) / chips
   roof = cost_model.bound(cost, chip, model_flops)
   predicted = cost_model.predict(cost, chip, model_flops)
-  needed = _needed(mem)
+  needed = hbm_needed(mem)
   report = {
       "config": config.get("task"), "topology": topology, "chip": chip.name,
       "chips": chips, "mesh": dict(run.mesh.shape),
@@ -330,7 +331,7 @@ def analyze(config, topology: str | None = None, *, build_task: BuildTask,
       c = fn.compile()
       m = memory(c)
       report["predict"][name] = {
-          "hbm_needed_gib": _needed(m) / GIB, "fits": _needed(m) / GIB <= chip.hbm_gib,
+          "hbm_needed_gib": hbm_needed(m) / GIB, "fits": hbm_needed(m) / GIB <= chip.hbm_gib,
           "compile_s": time.perf_counter() - t0,
           # One batch of config.eval.batch_size (padded to the data shards), predicted.
           "batch": lowered_batch_size(config, run),
@@ -471,7 +472,7 @@ def extrapolate(config, topology: str | None = None, *, build_task: BuildTask,
     rows = cost.by_class()
     programs.append({"depths": depths, "flops": cost.flops, "bytes": cost.bytes,
                      "comm_bytes": cost.comm_bytes, "unreadable_loops": cost.unreadable_loops,
-                     "hbm_needed_gib": _needed(memory(compiled)) / GIB,
+                     "hbm_needed_gib": hbm_needed(memory(compiled)) / GIB,
                      "compile_s": time.perf_counter() - t0})
     if totals is None:
       base_rows, totals = rows, {c: dict(r) for c, r in rows.items()}

@@ -260,6 +260,7 @@ def main(argv) -> None:
     # one that runs out of HBM.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={hlo_dir}/dump"
                                " --xla_dump_hlo_as_text").strip()
+  from avtext.aot import chips  # pylint: disable=g-import-not-at-top
   from avtext.aot import programs as aot  # pylint: disable=g-import-not-at-top
   topology = _TOPOLOGY.value
   if not _REANALYSE.value:
@@ -274,7 +275,7 @@ def main(argv) -> None:
     path = hlo_dir / f"{side}.json"
     if path.is_file():
       fig = json.loads(path.read_text())
-      rows[side] = analyse(fig, aot.per_device(aot.chip_of(topology), topology,
+      rows[side] = analyse(fig, aot.per_device(chips.chip_of(topology), topology,
                                                [None] * fig["chips"]))
   if not rows:
     raise app.UsageError(f"no figures under {hlo_dir}: run without --reanalyse first")

@@ -91,7 +91,7 @@ def compile_one(setting: str, hlo_path: str | None) -> dict:
   cost = hlo_cost.analyze_hlo(text)
   needed = programs.memory(compiled)
   return {"setting": setting, "model_flops": model_flops, "flops": cost.flops,
-          "bytes": cost.bytes, "hbm_needed_gib": programs._needed(needed) / 2 ** 30,  # pylint: disable=protected-access
+          "bytes": cost.bytes, "hbm_needed_gib": programs.hbm_needed(needed) / 2 ** 30,
           "bound": cost_model.bound(cost, chip, model_flops),
           "predicted": cost_model.predict(cost, chip, model_flops)}
 
