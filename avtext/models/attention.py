@@ -417,11 +417,7 @@ def _flash_heads_first(projections: list[nn.Module], out: nn.Module | None, inpu
 
   query = project(projections[0], padded_q)
   key, value = project(projections[1], padded_kv), project(projections[2], padded_kv)
-  valid = jnp.arange(key.shape[2]) < kv_length
-  valid = jnp.broadcast_to(valid[None], (batch, key.shape[2]))
-  if mask is not None:
-    keys = jnp.broadcast_to(_as_4d(mask)[:, 0, 0, :], (batch, kv_length))
-    valid = jnp.logical_and(valid, jnp.pad(keys, ((0, 0), (0, key.shape[2] - kv_length))))
+  valid = fused_attention.key_valid(_as_4d(mask), batch, kv_length, key.shape[2])
   x = fused_attention.tpu_heads_first(query, key, value, valid, implementation)
   x = checkpoint_name(x, "attention_out")  # `layers.REMAT_POLICIES`
   if out is None:

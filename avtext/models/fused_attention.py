@@ -40,14 +40,20 @@ def fused_attention(implementation: str, query: Array, key: Array, value: Array,
     keys = jnp.broadcast_to(keys, (batch, keys.shape[1], length + pad_q, kv_length + pad_kv))
     out = jax.nn.dot_product_attention(query, key, value, mask=keys, implementation="cudnn")
     return out[:, :length]
-  kv_valid = jnp.broadcast_to(real_key[None], (batch, kv_length + pad_kv))
-  if mask is not None:
-    kv_valid = jnp.logical_and(kv_valid, jnp.pad(
-        jnp.broadcast_to(mask[:, 0, 0, :], (batch, kv_length)), ((0, 0), (0, pad_kv))))
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, H, L, d], the kernel's layout
-  out = tpu_heads_first(heads_first(query), heads_first(key), heads_first(value), kv_valid,
-                        implementation)
+  out = tpu_heads_first(heads_first(query), heads_first(key), heads_first(value),
+                        key_valid(mask, batch, kv_length, kv_length + pad_kv), implementation)
   return heads_first(out)[:, :length]
+
+
+def key_valid(mask: Array | None, batch: int, kv_length: int, padded: int) -> Array:
+  """[B, padded] bool: the keys a TPU kernel may attend to, the real ones (< kv_length)
+  that a key padding mask ([B or 1, 1, 1, kv_length], or None) keeps."""
+  valid = jnp.broadcast_to((jnp.arange(padded) < kv_length)[None], (batch, padded))
+  if mask is None:
+    return valid
+  keys = jnp.broadcast_to(mask[:, 0, 0, :], (batch, kv_length))
+  return jnp.logical_and(valid, jnp.pad(keys, ((0, 0), (0, padded - kv_length))))
 
 
 def tpu_heads_first(query: Array, key: Array, value: Array, kv_valid: Array,
