@@ -36,8 +36,10 @@ from tests.test_train_trainer import REPO
 HIST = "callable:avtext.mining.embed:colour_histogram"
 
 
-def _run(module_name: str, argv, capsys, *, known_only: bool = False) -> tuple[int, str]:
-  """(exit status, stderr) of `python -m module_name argv`, in this process."""
+def _run(module_name: str, argv, capsys, *, known_only: bool = False,
+         stdout: list | None = None) -> tuple[int, str]:
+  """(exit status, stderr) of `python -m module_name argv`, in this process; its stdout is
+  appended to `stdout` when given."""
   import importlib  # pylint: disable=g-import-not-at-top
   module = importlib.import_module(module_name.replace(" ", "."))
   code = 0
@@ -46,7 +48,10 @@ def _run(module_name: str, argv, capsys, *, known_only: bool = False) -> tuple[i
             doc=module.__doc__, known_only=known_only)
   except SystemExit as e:
     code = e.code
-  return code, capsys.readouterr().err
+  captured = capsys.readouterr()
+  if stdout is not None:
+    stdout.append(captured.out)
+  return code, captured.err
 
 
 def _one_error_line(what, code, err, words, status=2):

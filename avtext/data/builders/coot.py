@@ -52,8 +52,9 @@ from avtext.data import video as video_lib
 
 _PREPARE = (
     "COOT's setup (github.com/simon-ging/coot-videotext, README 'Prepare datasets') writes "
-    "meta_all.json with data_read_activitynet_meta.py / data_read_youcook2_meta.py and downloads "
-    "the video features into the dataset directory; "
+    "meta_all.json with data_read_activitynet_meta.py / data_read_youcook2_meta.py (here: "
+    "`python -m avtext.tools.coot_meta`, docs/coot.md) and downloads the video features into "
+    "the dataset directory; "
     "`python -m avtext.features coot_text --dataset_dir=<path>` builds the text "
     "features; `make demo-coot` writes the synthetic demo dataset. Layout: "
     "avtext/data/coot_files.py")
