@@ -29,7 +29,7 @@ endif
 ACCEL_SET := $(if $(filter cuda12,$(ACCEL)),cuda12,cpu)
 ACCEL_REQS := requirements-tpu.txt $(if $(filter cuda12,$(ACCEL_SET)),requirements-cuda12.txt)
 
-.PHONY: venv bench-venv demo demo-coot demo-caption demo-tvc demo-xml demo-smit demo-mining test test-slow test-parity report clean FORCE
+.PHONY: venv browser bench-venv demo demo-coot demo-caption demo-tvc demo-xml demo-smit demo-mining test test-slow test-parity report clean FORCE
 
 venv: $(STAMP)
 
@@ -220,6 +220,14 @@ report:
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+
+# Debian's Chromium for the browser tests of avtext.serve (tests/test_serve.py), installed
+# when missing (as root, else through sudo); Playwright (requirements-dev.txt) drives it and
+# downloads no browser. Without it those tests skip and say why. CI runs it (.ci/run).
+CHROMIUM ?= /usr/bin/chromium
+SUDO = $(if $(filter 0,$(shell id -u)),,sudo)
+browser:
+	@test -x $(CHROMIUM) || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
 
 # The long checks (`-m slow`: the SIGKILL resume, FSDP reopen, full-size paper compiles,
 # ...), which CI runs after `make test` (.ci/run).

@@ -14,6 +14,7 @@ its reason (`builders.files.SKIP_REASONS`) and skipped.
 """
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from typing import Sequence
@@ -26,40 +27,68 @@ from avtext import errors
 from avtext import index as index_lib
 
 
+class Captioner:
+  """A captioning run loaded once (variables on its mesh): `__call__(paths, beam=...)`
+  captions files as the module docstring says; a program that captions many times (the
+  web page of `avtext.serve`) keeps one."""
+
+  def __init__(self, workdir, step=None):
+    import jax  # pylint: disable=g-import-not-at-top
+    from avtext import runs as runs_lib  # pylint: disable=g-import-not-at-top
+    from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
+    self.run = runs_lib.load_run(workdir, step)
+    if self.run.config.get("task") != "captioning" or "generation" not in self.run.config:
+      raise errors.BadInput(f"{workdir}: a {self.run.config.get('task')!r} run; avtext.caption "
+                            "needs a captioning run (configs/videocc_caption.py)")
+    self.workdir = workdir
+    self.mesh = index_lib.run_mesh(self.run.config, str(workdir))
+    self.variables = jax.device_put(self.run.variables, partitioning.replicated(self.mesh))
+    self._tasks = {}  # beam size -> (task, jitted captions)
+
+  @property
+  def default_beam(self) -> int:
+    return int(self.run.config.generation.beam_size)
+
+  def _task(self, beam: int):
+    import jax  # pylint: disable=g-import-not-at-top
+    from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+    if beam not in self._tasks:
+      config = copy.deepcopy(self.run.config)
+      config.generation.beam_size = int(beam)
+      task = registry.build_task(config)
+      self._tasks[beam] = task, jax.jit(task.predict_fns()["captions"])
+    return self._tasks[beam]
+
+  def __call__(self, paths: Sequence[str], *, beam: int | None = None,
+               progress: bool = False) -> list[tuple[str, str | None, str]]:
+    """[(path, caption or None, why it was skipped or '')] in the order given."""
+    if beam is not None and beam < 1:
+      raise errors.BadInput(f"--beam={beam}: a beam holds at least 1 hypothesis (1 = greedy)")
+    task, fn = self._task(self.default_beam if beam is None else int(beam))
+    config = self.run.config
+    source = index_lib.media_source(config.data, [str(p) for p in paths],
+                                    "the files to caption", progress=progress)
+    skipped = {s.path: f"{s.reason}: {s.detail}" for s in source.skipped}
+    captions = {}
+    if len(source):
+      out, failed = index_lib.map_files(
+          lambda b: fn(self.variables, b)["tokens"], task.eval_examples(source), len(source),
+          mesh=self.mesh, global_batch_size=index_lib.global_batch(config, self.mesh,
+                                                                   len(source)),
+          collate=getattr(task, "collate", None), progress="captioning" if progress else None)
+      texts = task.decode(np.asarray(out)) if out is not None else []
+      for i, e in enumerate(source.entries):
+        if i in failed:
+          skipped[e.path] = f"{failed[i].reason}: {failed[i].detail}"
+        else:
+          captions[e.path] = texts[i]
+    return [(str(p), captions.get(str(p)), skipped.get(str(p), "")) for p in paths]
+
+
 def caption_files(workdir, paths: Sequence[str], *, step=None, beam: int | None = None,
                   progress: bool = False) -> list[tuple[str, str | None, str]]:
   """[(path, caption or None, why it was skipped or '')] in the order given."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from avtext import runs as runs_lib  # pylint: disable=g-import-not-at-top
-  from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
-  run = runs_lib.load_run(workdir, step)
-  if run.config.get("task") != "captioning" or "generation" not in run.config:
-    raise errors.BadInput(f"{workdir}: a {run.config.get('task')!r} run; avtext.caption needs"
-                          " a captioning run (configs/videocc_caption.py)")
-  if beam is not None:
-    if beam < 1:
-      raise errors.BadInput(f"--beam={beam}: a beam holds at least 1 hypothesis (1 = greedy)")
-    run.config.generation.beam_size = int(beam)
-  task = run.task()
-  source = index_lib.media_source(run.config.data, [str(p) for p in paths],
-                                  "the files to caption", progress=progress)
-  skipped = {s.path: f"{s.reason}: {s.detail}" for s in source.skipped}
-  captions = {}
-  if len(source):
-    mesh = index_lib.run_mesh(run.config, str(workdir))
-    variables = jax.device_put(run.variables, partitioning.replicated(mesh))
-    fn = jax.jit(task.predict_fns()["captions"])
-    out, failed = index_lib.map_files(
-        lambda b: fn(variables, b)["tokens"], task.eval_examples(source), len(source),
-        mesh=mesh, global_batch_size=index_lib.global_batch(run.config, mesh, len(source)),
-        collate=getattr(task, "collate", None), progress="captioning" if progress else None)
-    texts = task.decode(np.asarray(out)) if out is not None else []
-    for i, e in enumerate(source.entries):
-      if i in failed:
-        skipped[e.path] = f"{failed[i].reason}: {failed[i].detail}"
-      else:
-        captions[e.path] = texts[i]
-  return [(str(p), captions.get(str(p)), skipped.get(str(p), "")) for p in paths]
+  return Captioner(workdir, step)(paths, beam=beam, progress=progress)
 
 
 FLAGS = flags.FlagValues()

@@ -82,10 +82,12 @@ class _StepParser(flags.ArgumentParser):
 
 
 def DEFINE_checkpoint_step(flag_values: flags.FlagValues,  # pylint: disable=invalid-name
-                           help: str = "its checkpoint: N, 'best' or the latest (default)"):  # pylint: disable=redefined-builtin
-  """`--step` of a program that opens a run (`avtext.runs.load_run`'s `step`): the string
-  N or 'best', anything else refused when the flags are parsed."""
-  return flags.DEFINE(_StepParser(), "step", None, help, flag_values=flag_values)
+                           help: str = "its checkpoint: N, 'best' or the latest (default)",  # pylint: disable=redefined-builtin
+                           name: str = "step"):
+  """`--step` (or `--<name>` for a program that opens several runs) of a program that
+  opens a run (`avtext.runs.load_run`'s `step`): the string N or 'best', anything else
+  refused when the flags are parsed."""
+  return flags.DEFINE(_StepParser(), name, None, help, flag_values=flag_values)
 
 
 def parse_step(step: str | None) -> int | str | None:

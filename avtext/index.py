@@ -19,6 +19,9 @@ INDEX/ holds
   index.faiss    a FAISS inner-product index over the video vectors (exact up to
                  200k videos, then HNSW: `mining.search.build_index`)
   vectors.npy    the vectors, float32 [N, D], row i = ids[i]
+  clips.npy      each video's K clip embeddings, float32 [N, K, D] (their mean is its
+                 vector): which clip of a hit matches the query best (`clip_ranges`
+                 gives their times); indexes written before it was kept lack it
   ids.json       the videos' paths relative to --videos
   stamps.json    each video's [size, mtime_ns] when it was embedded
   meta.json      the run's identity (absolute workdir, step, sha256 of its config.json),
@@ -92,6 +95,18 @@ def media_source(data, paths: Sequence[str], where: str, *, names: Sequence[str]
                           where=where, fps=data.fps, sample_rate=data.sample_rate,
                           short_side=data.image_size, min_seconds=MIN_SECONDS,
                           progress=progress, allow_empty=True)
+
+
+def clip_ranges(data, duration_s: float) -> list[tuple[float, float]]:
+  """[(start s, end s)] of the K = `data.eval_num_clips` clips the index embeds of a video
+  lasting `duration_s` (`video.test_clip_indices` over its frames at `data.fps`, as
+  `media_source` counts them): row k of clips.npy is clip k."""
+  from avtext.data import video  # pylint: disable=g-import-not-at-top
+  num_frames = max(1, int(np.ceil(duration_s * data.fps - 1e-6)))
+  idx = video.test_clip_indices(num_frames, int(data.num_frames), int(data.frame_stride),
+                                num_clips=int(data.eval_num_clips))
+  return [(float(c[0] / data.fps), float(min((c[-1] + 1) / data.fps, duration_s)))
+          for c in idx]
 
 
 def map_files(fn, examples, n: int, *, mesh, global_batch_size: int, collate=None,
@@ -177,9 +192,9 @@ class VideoEmbedder:
              progress: bool = True) -> files.MediaClips:
     return media_source(self.run.config.data, paths, where, names=names, progress=progress)
 
-  def embed_videos(self, source: files.MediaClips, *, progress: bool = True
-                   ) -> tuple[np.ndarray, dict[int, video_io.VideoReadError]]:
-    """(float32 [N, D]: each video's mean of its K clip embeddings, {row: error} for the
+  def embed_clips(self, source: files.MediaClips, *, progress: bool = True
+                  ) -> tuple[np.ndarray, dict[int, video_io.VideoReadError]]:
+    """(float32 [N, K, D]: the embeddings of each video's K clips, {row: error} for the
     files that passed the probe but failed when decoded; their rows are zeros)."""
     n = len(source)
     out, failed = map_files(lambda b: self._video(self.variables, b),
@@ -188,10 +203,17 @@ class VideoEmbedder:
                             collate=getattr(self.task, "collate", None),
                             progress="embedding videos" if progress else None)
     if out is None:
-      return np.zeros((n, 0), np.float32), failed
-    vectors = np.asarray(out, np.float32).mean(axis=1)  # [N, K, D] -> [N, D]
-    vectors[sorted(failed)] = 0.0
-    return vectors, failed
+      return np.zeros((n, 1, 0), np.float32), failed
+    clips = np.array(out, np.float32)
+    clips[sorted(failed)] = 0.0
+    return clips, failed
+
+  def embed_videos(self, source: files.MediaClips, *, progress: bool = True
+                   ) -> tuple[np.ndarray, dict[int, video_io.VideoReadError]]:
+    """(float32 [N, D]: each video's mean of its K clip embeddings, {row: error} for the
+    files that passed the probe but failed when decoded; their rows are zeros)."""
+    clips, failed = self.embed_clips(source, progress=progress)
+    return clips.mean(axis=1), failed
 
   def note_cut_texts(self, texts: Sequence[str], what: str = "query") -> None:
     """`cli.note_cut` for each text longer than the run's tokenizer keeps."""
@@ -245,6 +267,8 @@ class VideoIndex:
     if len(self.vectors) != len(self.ids):
       raise errors.BadInput(f"{self.path}: {len(self.vectors)} vectors for {len(self.ids)} ids (an "
                        "interrupted write); delete it and index again")
+    clips = self.path / "clips.npy"  # absent in indexes written before it was kept
+    self.clips = np.load(clips, mmap_mode="r") if clips.exists() else None
     self._faiss = None
 
   def search(self, queries: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
@@ -276,26 +300,26 @@ def build(run: str | pathlib.Path, videos: str | pathlib.Path, out: str | pathli
 
 
 def _build(run, videos, out, *, step, embedder, progress) -> dict:
-  import faiss  # pylint: disable=g-import-not-at-top
-  from avtext.mining import search as mining_search  # pylint: disable=g-import-not-at-top
   root, out = pathlib.Path(videos).expanduser().absolute(), pathlib.Path(out).expanduser()
   old = VideoIndex(out) if (out / "meta.json").exists() else None
   if old is not None and old.meta["videos"] != str(root):
     raise errors.BadInput(f"{out}: an index of the videos under {old.meta['videos']}, not "
                           f"{root}; use another --out")
   emb = embedder or VideoEmbedder(run, step)
-  ids, vectors, stamps = [], None, []
+  ids, clips, stamps = [], None, []
   if old is not None:
     if old.meta["run"] != emb.identity:
       raise errors.BadInput(f"{out}: built with run {old.meta['run']}, not {emb.identity}; "
                             "an index holds one run's embeddings: use another --out")
-    ids, vectors, stamps = old.ids, old.vectors, old.stamps
+    if old.clips is None:  # written before clips.npy was kept: embed every video again
+      old.ids, old.stamps = [], []
+    ids, clips, stamps = old.ids, old.clips, old.stamps
   current = {name: stamp(root / name) for name in list_videos(root)}
   removed = [name for name in ids if name not in current]
   updated = [name for name, st in zip(ids, stamps) if name in current and current[name] != st]
   keep = [i for i, (name, st) in enumerate(zip(ids, stamps)) if current.get(name) == st]
   ids, stamps = [ids[i] for i in keep], [stamps[i] for i in keep]
-  vectors = vectors[keep] if vectors is not None and keep else None
+  clips = np.asarray(clips[keep]) if clips is not None and keep else None
   known = set(ids)
   todo = [name for name in current if name not in known]  # new and updated, sorted
   source = emb.source([str(root / name) for name in todo], todo, f"videos under {root}",
@@ -304,34 +328,48 @@ def _build(run, videos, out, *, step, embedder, progress) -> dict:
              for s in source.skipped]
   embedded = []
   if len(source):
-    vecs, failed = emb.embed_videos(source, progress=progress)
+    vecs, failed = emb.embed_clips(source, progress=progress)
     skipped += [{"path": source.entries[i].clip_id, "reason": e.reason, "detail": e.detail}
                 for i, e in sorted(failed.items())]
     good = [i for i in range(len(source)) if i not in failed]
     embedded = [source.entries[i].clip_id for i in good]
     if embedded:
-      vectors = vecs[good] if vectors is None else np.concatenate([vectors, vecs[good]])
+      clips = vecs[good] if clips is None else np.concatenate([clips, vecs[good]])
       ids = ids + embedded
       stamps = stamps + [current[name] for name in embedded]
   counts = dict(sorted(collections.Counter(s["reason"] for s in skipped).items()))
   if not ids:
     raise errors.BadInput(f"{root}: no video could be indexed ({len(skipped)} files skipped: "
                           f"{counts or 'no video files'})")
-  out.mkdir(parents=True, exist_ok=True)
-  index, kind = mining_search.build_index(vectors, mining_search.IndexConfig())
-  (out / "meta.json").unlink(missing_ok=True)  # written last: its presence marks the index whole
-  atomic.replace_with(out / "index.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
-  atomic.replace_with(out / "vectors.npy",
-                      lambda tmp: np.save(tmp, np.asarray(vectors, np.float32)))
-  atomic.write_text(out / "ids.json", json.dumps(ids, indent=0))
-  atomic.write_text(out / "stamps.json", json.dumps(stamps))
   updated_set = set(updated)
-  meta = {"format": FORMAT, "run": emb.identity, "videos": str(root), "num_videos": len(ids),
-          "dim": int(vectors.shape[1]), "num_clips": int(emb.run.config.data.eval_num_clips),
-          "faiss": kind, "last_added": sum(name not in updated_set for name in embedded),
+  meta = {"format": FORMAT, "run": emb.identity, "videos": str(root),
+          "num_clips": int(emb.run.config.data.eval_num_clips),
+          "last_added": sum(name not in updated_set for name in embedded),
           "last_updated": sum(name in updated_set for name in embedded),
           "last_removed": len(removed) + len(updated_set - set(embedded)),
           "skipped": skipped, "skip_counts": counts}
+  return write(out, ids, clips, stamps, meta)
+
+
+def write(out: pathlib.Path, ids: Sequence[str], clips: np.ndarray, stamps: Sequence,
+          meta: dict) -> dict:
+  """Writes INDEX/ (module docstring) for videos `ids` with their clip embeddings
+  float32 [N, K, D] (each vector is the mean of its K) and `meta` (completed with
+  num_videos, dim and the FAISS kind); meta.json last, so its presence marks the index
+  whole. Returns meta.json's contents."""
+  import faiss  # pylint: disable=g-import-not-at-top
+  from avtext.mining import search as mining_search  # pylint: disable=g-import-not-at-top
+  clips = np.asarray(clips, np.float32)
+  vectors = clips.mean(axis=1)
+  out.mkdir(parents=True, exist_ok=True)
+  index, kind = mining_search.build_index(vectors, mining_search.IndexConfig())
+  (out / "meta.json").unlink(missing_ok=True)
+  atomic.replace_with(out / "index.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
+  atomic.replace_with(out / "vectors.npy", lambda tmp: np.save(tmp, vectors))
+  atomic.replace_with(out / "clips.npy", lambda tmp: np.save(tmp, clips))
+  atomic.write_text(out / "ids.json", json.dumps(list(ids), indent=0))
+  atomic.write_text(out / "stamps.json", json.dumps(list(stamps)))
+  meta = {**meta, "num_videos": len(ids), "dim": int(vectors.shape[1]), "faiss": kind}
   atomic.write_text(out / "meta.json", json.dumps(meta, indent=1))
   return meta
 

@@ -196,3 +196,26 @@ def load_run(workdir: str | pathlib.Path, step: int | str | None = None) -> Run:
   return Run(config=config, model=models_registry.build_model(config.model),
              params=variables["params"], model_state=variables["model_state"],
              step=step, workdir=workdir)
+
+
+def scalar_curves(workdir: str | pathlib.Path) -> dict[str, list[tuple[int, float]]]:
+  """{tag: [(step, value)] in step order}: the scalars of the run's TensorBoard event
+  files (workdir/events.out.tfevents.*: training metrics and evaluators' results); tags
+  whose values are not single numbers (hparams, text) are left out."""
+  from tensorboard.backend.event_processing import event_file_loader  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  curves: dict[str, list[tuple[int, float]]] = {}
+  for path in sorted(resolve_workdir(workdir).glob("events.out.tfevents.*")):
+    for event in event_file_loader.EventFileLoader(str(path)).Load():
+      for value in event.summary.value:
+        if value.HasField("tensor"):
+          array = tensor_util.make_ndarray(value.tensor)
+          if array.size != 1 or array.dtype.kind not in "fiu":
+            continue
+          scalar = float(array.reshape(()))
+        elif value.HasField("simple_value"):
+          scalar = float(value.simple_value)
+        else:
+          continue
+        curves.setdefault(value.tag, []).append((int(event.step), scalar))
+  return {tag: sorted(points) for tag, points in sorted(curves.items())}

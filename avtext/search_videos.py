@@ -11,6 +11,7 @@ embeds FILE as the index embeds a video and ranks the lines of --captions by the
 score. The run and step are the index's (meta.json); `--json` prints one JSON object
 per query.
 """
+import dataclasses
 import json
 from typing import Sequence
 
@@ -20,6 +21,16 @@ import numpy as np
 from avtext import cli
 from avtext import errors
 from avtext import index as index_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+  """A video found by a text: its id (path under the indexed folder), row, score, and
+  the scores of its K clips (`index.clip_ranges` gives their times), or None."""
+  video: str
+  row: int
+  score: float
+  clip_scores: list[float] | None
 
 
 class IndexSearcher:
@@ -35,13 +46,26 @@ class IndexSearcher:
                             "indexed (config.json differs); index again")
     self.embedder = embedder or index_lib.VideoEmbedder(run["workdir"], run["step"])
     if self.embedder.identity != run:
-      raise errors.BadInput(f"{index}: indexed with {run}, not {self.embedder.identity}")
+      mine = self.embedder.identity
+      what = ("another model" if run["config_sha256"] != mine["config_sha256"]
+              else "the same run at another step")
+      raise errors.BadInput(f"{index}: built with {what} ({run['workdir']} step {run['step']}), "
+                            f"not {mine['workdir']} step {mine['step']}; search it with "
+                            "that run, or index the videos again with this one")
 
   def texts(self, queries: Sequence[str], top: int = 5) -> list[list[tuple[str, float]]]:
+    return [[(h.video, h.score) for h in found] for found in self.hits(queries, top)]
+
+  def hits(self, queries: Sequence[str], top: int = 5) -> list[list[Hit]]:
+    """Per query, the top videos best first, each with the scores of its K clips (the
+    video's score is their mean) when the index keeps them (clips.npy)."""
     self.embedder.note_cut_texts(queries)
-    scores, rows = self.index.search(self.embedder.embed_texts(queries), top)
-    return [[(self.index.ids[r], float(sc)) for sc, r in zip(s, rr) if r >= 0]
-            for s, rr in zip(scores, rows)]
+    texts = self.embedder.embed_texts(queries)
+    scores, rows = self.index.search(texts, top)
+    clips = self.index.clips
+    return [[Hit(self.index.ids[r], int(r), float(sc),
+                 None if clips is None else [float(c) for c in np.asarray(clips[r]) @ t])
+             for sc, r in zip(s, rr) if r >= 0] for t, s, rr in zip(texts, scores, rows)]
 
   def video(self, path: str, captions: Sequence[str], top: int = 5
             ) -> list[tuple[str, float]]:

@@ -42,6 +42,7 @@ FLOORS = (
     ("mining",),     # the VideoCC mining pipeline
     ("index",),      # own-video index
     ("search_videos", "search_moments", "caption", "mine"),  # the user-facing CLIs above them
+    ("serve",),      # the local web page over the search and caption CLIs' libraries
 )
 MAX_LINES = 600
 WORLD = "avtext.data.synthetic"

@@ -20,7 +20,8 @@ from avtext import cli
 from tests.test_train_trainer import REPO
 
 PROGRAMS = ("avtext.main", "avtext.aot", "avtext.index", "avtext.search_videos",
-            "avtext.search_moments", "avtext.caption", "avtext.mine", "avtext.materialize",
+            "avtext.search_moments", "avtext.caption", "avtext.serve", "avtext.mine",
+            "avtext.materialize",
             "avtext.import_checkpoint", "avtext.features coot_text",
             "avtext.features tvr_text", "avtext.features smit",
             "avtext.tools.coot_synthetic", "avtext.tools.coot_meta",
