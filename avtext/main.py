@@ -236,6 +236,10 @@ def main(argv):
     # before the model is built: the trainer's restore says the same, a minute later
     raise errors.BadInput(f"--mode=eval: {workdir} holds no checkpoint to evaluate; train "
                           "first or fix --workdir")
+  if _MODE.value == "eval" and _STEP.value == "best" and (
+      why := rundir.no_best_reason(workdir, config)):
+    raise errors.BadInput(f"--step=best: {workdir} holds no best checkpoint: {why}; evaluate "
+                          "the latest (leave --step out) or a step (--step=N)")
   # Every value, then the run's files (weights, vocabularies, dataset paths), before the
   # data is probed.
   experiment.check_config(config, jax.device_count())  # before the task's libraries load
@@ -249,6 +253,8 @@ def main(argv):
   workdir_path = pathlib.Path(workdir).absolute()
   from avtext import evals  # pylint: disable=g-import-not-at-top
   evaluators = _config_errors(lambda c: evals.build_evaluators(c, task, workdir_path), config)
+  if _MODE.value == "train":  # every split's files, and a selection metric they can give
+    evals.check_splits(config, evaluators)
   created = _MODE.value == "train" and not workdir_path.exists()
   try:
     # The trainer takes the workdir's lock first thing (`Trainer.train`), so a second

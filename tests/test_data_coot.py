@@ -304,7 +304,7 @@ BAD = {
     "video source": ("h5", lambda p, c: c.update(video_source="lmdb"), ValueError,
                      r"video_source='lmdb'; expected one of \('h5', 'npz_activitynet'\)"),
     "h5 data_key": ("h5", lambda p, c: _edit_h5(p / "icep.h5", lambda h5: h5.pop("vidB")),
-                    KeyError, r"icep.h5: no video 'vidB' \(the data_key of 'vidB_train'"),
+                    ValueError, r"icep.h5: no video 'vidB' \(the data_key of 'vidB_train'"),
     "npz data_key": ("npz_activitynet",
                      lambda p, c: (p / "features/icep/v_vidB.npz").unlink(), FileNotFoundError,
                      r"video features of 'vidB_train' \(data_key 'vidB'\): \S*v_vidB.npz not "
@@ -325,7 +325,7 @@ BAD = {
                        FileNotFoundError, r"sentence splits \S*txt_sentence_splits.json not "
                        r"found"),
     "text key": ("h5", lambda p, c: _edit_h5(p / "txt.h5", lambda h5: h5.pop("vidB_train")),
-                 KeyError, r"txt.h5: no text features for 'vidB_train' \(nor 'v_vidB_train'\)"),
+                 ValueError, r"txt.h5: no text features for 'vidB_train' \(nor 'v_vidB_train'\)"),
     "text dim": ("h5", lambda p, c: c.update(text_dim=5), ValueError,
                  r"config.dataset.text_dim=5: the features in \S*txt.h5 \('vidA_train'\) "
                  r"are 4-d; set --config.dataset.text_dim=4 --config.model.text_dim=4"),
@@ -352,8 +352,9 @@ def test_dataset_errors_name_the_file_and_field(tmp_path, case):
   config = dataset_config(tmp_path, source)
   split = {"split": "train"}
   edit(tmp_path, _Config(config, split))
-  with pytest.raises(error, match=message):
+  with pytest.raises(error, match=message) as raised:
     builders.get_source(config, split["split"])
+  assert isinstance(raised.value, cli.USER_ERRORS)  # one `error:` line, exit 2
 
 
 class _Config:

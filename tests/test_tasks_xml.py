@@ -5,6 +5,7 @@ import json
 import math
 import pathlib
 import sys
+import zipfile
 
 from absl import flags
 import h5py
@@ -565,6 +566,19 @@ def test_early_stopped_xml_run_writes_the_test_submission(early_stopped_run):
   sub_path = workdir / "moments" / "test_step3.json"
   assert results["3"]["test/submission"] == str(sub_path)
   assert set(json.loads(sub_path.read_text())) == {"video2idx", "VCMR", "SVMR", "VR"}
+  # The last evaluation wrote val's and test_public's: both, under the official names, and
+  # the zip to upload (TVRetrieval standalone_eval/README.md); test_public without SVMR.
+  folder = workdir / "submission" / "step3"
+  assert results["3"]["test/upload"] == str(folder / "tvr_submission.zip")
+  assert results["1"]["val/upload"] == ""  # val alone at steps 1 and 2: nothing to upload
+  with zipfile.ZipFile(folder / "tvr_submission.zip") as archive:
+    assert sorted(archive.namelist()) == ["tvr_test_public_submission.json",
+                                          "tvr_val_submission.json"]
+    val = json.loads(archive.read("tvr_val_submission.json"))
+    test = json.loads(archive.read("tvr_test_public_submission.json"))
+  assert val == json.loads((workdir / "moments" / "val_step3.json").read_text())
+  assert test == {k: v for k, v in json.loads(sub_path.read_text()).items() if k != "SVMR"}
+  assert json.loads((folder / "tvr_test_public_submission.json").read_text()) == test
 
 
 @pytest.mark.slow  # ~25 s; the import itself is tested by tests/test_weights_official_xml.py

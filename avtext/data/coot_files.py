@@ -54,6 +54,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from avtext import atomic
+from avtext import errors
 
 VIDEO_SOURCES = ("h5", "npz_activitynet")
 NPZ_ARRAY = "frame_scores"
@@ -96,39 +97,44 @@ def read_json(path: pathlib.Path, what: str):
   try:
     return json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
   except json.JSONDecodeError as e:
-    raise ValueError(f"{path}: not valid JSON ({e}); expected the {what}") from e
+    raise errors.BadInput(f"{path}: not valid JSON ({e}); expected the {what}") from e
 
 
 def check_meta_entry(meta_file, key: str, entry) -> None:
   """Raises ValueError naming the meta file, key and field when `entry` is malformed."""
   if not isinstance(entry, Mapping):
-    raise ValueError(f"{meta_file}: entry {key!r} is {type(entry).__name__}, expected an "
-                     f"object with {list(_META_FIELDS)}")
+    raise errors.BadInput(f"{meta_file}: entry {key!r} is {type(entry).__name__}, expected an "
+                          f"object with {list(_META_FIELDS)}")
   for field in _META_FIELDS:
     if field not in entry:
-      raise ValueError(f"{meta_file}: entry {key!r} has no field {field!r}; every entry needs "
-                       f"{list(_META_FIELDS)}")
+      raise errors.BadInput(f"{meta_file}: entry {key!r} has no field {field!r}; every entry needs "
+                            f"{list(_META_FIELDS)}")
   if not isinstance(entry["duration_sec"], (int, float)) or not entry["duration_sec"] > 0:
-    raise ValueError(f"{meta_file}: entry {key!r}: duration_sec={entry['duration_sec']!r}, "
-                     "expected a number > 0")
+    raise errors.BadInput(f"{meta_file}: entry {key!r}: duration_sec={entry['duration_sec']!r}, "
+                          "expected a number > 0")
   if not isinstance(entry["segments"], list) or not entry["segments"]:
-    raise ValueError(f"{meta_file}: entry {key!r}: 'segments' must be a non-empty list of "
-                     f"{{{', '.join(_SEGMENT_FIELDS)}}}")
+    raise errors.BadInput(f"{meta_file}: entry {key!r}: 'segments' must be a non-empty list of "
+                          f"{{{', '.join(_SEGMENT_FIELDS)}}}")
   for i, seg in enumerate(entry["segments"]):
     missing = [f for f in _SEGMENT_FIELDS if not isinstance(seg, Mapping) or f not in seg]
     if missing:
-      raise ValueError(f"{meta_file}: entry {key!r}, segment {i} has no field {missing[0]!r}; "
-                       f"every segment needs {list(_SEGMENT_FIELDS)}")
+      raise errors.BadInput(f"{meta_file}: entry {key!r}, segment {i} has no field {missing[0]!r}; "
+                            f"every segment needs {list(_SEGMENT_FIELDS)}")
 
 
 def npz_shape(file: pathlib.Path) -> tuple[int, ...]:
   """Shape of `frame_scores` in an .npz, from the array header only (no data read)."""
-  with zipfile.ZipFile(file) as archive:
+  try:
+    archive = zipfile.ZipFile(file)
+  except zipfile.BadZipFile as e:
+    raise errors.BadInput(f"{file}: not an .npz file ({e}); expected {NPZ_ARRAY} "
+                          "[T, 1, D, 1, 1] (COOT's ActivityNet features)") from e
+  with archive:
     member = f"{NPZ_ARRAY}.npy"
     if member not in archive.namelist():
-      raise KeyError(f"{file}: no array {NPZ_ARRAY!r} (arrays there: "
-                     f"{[n.removesuffix('.npy') for n in archive.namelist()]}); expected "
-                     f"{NPZ_ARRAY} [T, 1, D, 1, 1] (COOT's ActivityNet features)")
+      raise errors.BadInput(f"{file}: no array {NPZ_ARRAY!r} (arrays there: "
+                            f"{[n.removesuffix('.npy') for n in archive.namelist()]}); expected "
+                            f"{NPZ_ARRAY} [T, 1, D, 1, 1] (COOT's ActivityNet features)")
     with archive.open(member) as f:
       version = np.lib.format.read_magic(f)
       read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0) else
@@ -139,16 +145,16 @@ def npz_shape(file: pathlib.Path) -> tuple[int, ...]:
 
 def check_npz_shape(file: pathlib.Path, shape: Sequence[int]) -> None:
   if len(shape) != 5 or shape[1] != 1 or shape[3:] != (1, 1):
-    raise ValueError(f"{file}: {NPZ_ARRAY} has shape {list(shape)}; expected "
-                     f"[T, 1, D, 1, 1] (COOT's ActivityNet features)")
+    raise errors.BadInput(f"{file}: {NPZ_ARRAY} has shape {list(shape)}; expected "
+                          f"[T, 1, D, 1, 1] (COOT's ActivityNet features)")
 
 
 def read_npz_video(file: pathlib.Path) -> np.ndarray:
   """float32 [T, D] from an ActivityNet `v_<data_key>.npz` ([T, 1, D, 1, 1] frame_scores)."""
   with np.load(file) as npz:
     if NPZ_ARRAY not in npz:
-      raise KeyError(f"{file}: no array {NPZ_ARRAY!r} (arrays there: {list(npz)}); expected "
-                     f"{NPZ_ARRAY} [T, 1, D, 1, 1] (COOT's ActivityNet features)")
+      raise errors.BadInput(f"{file}: no array {NPZ_ARRAY!r} (arrays there: {list(npz)}); expected "
+                            f"{NPZ_ARRAY} [T, 1, D, 1, 1] (COOT's ActivityNet features)")
     scores = npz[NPZ_ARRAY]
   check_npz_shape(file, scores.shape)
   return np.asarray(scores[:, 0, :, 0, 0], np.float32)
@@ -180,7 +186,7 @@ def _as_videos(features: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   for key, value in features.items():
     value = np.asarray(value, np.float32)
     if value.ndim != 2 or not len(value):
-      raise ValueError(f"video features of {key!r}: shape {value.shape}, expected [T >= 1, D]")
+      raise errors.BadInput(f"video features of {key!r}: shape {value.shape}, expected [T >= 1, D]")
     out[key] = value
   return out
 
@@ -224,13 +230,13 @@ def write_text_features(dataset_dir, name: str, features: Mapping[str, np.ndarra
   """`<name>.h5` (float32 [tokens, Dt] per key) and `<name>_sentence_splits.json`."""
   if set(features) != set(sentence_lengths):
     odd = sorted(set(features) ^ set(sentence_lengths))
-    raise ValueError(f"text features {name!r}: features and sentence lengths cover different "
-                     f"keys, e.g. {odd[:3]}")
+    raise errors.BadInput(f"text features {name!r}: features and sentence lengths cover different "
+                          f"keys, e.g. {odd[:3]}")
   for key, value in features.items():
     if np.ndim(value) != 2 or sum(sentence_lengths[key]) != len(value):
-      raise ValueError(f"text features of {key!r}: shape {np.shape(value)} but the sentence "
-                       f"lengths {list(sentence_lengths[key])} sum to "
-                       f"{sum(sentence_lengths[key])}; expected [that many tokens, Dt]")
+      raise errors.BadInput(f"text features of {key!r}: shape {np.shape(value)} but the sentence "
+                            f"lengths {list(sentence_lengths[key])} sum to "
+                            f"{sum(sentence_lengths[key])}; expected [that many tokens, Dt]")
   write_json(sentence_splits_path(dataset_dir, name),
              {k: [int(n) for n in v] for k, v in sentence_lengths.items()})
   return write_h5(text_h5_path(dataset_dir, name), features)

@@ -21,6 +21,7 @@ finds it there.
 """
 import ml_collections
 
+from avtext import errors
 from avtext import registry as registry_lib
 
 _EVALUATORS = registry_lib.Registry("evaluator", "avtext.evals", "register_evaluator")
@@ -55,3 +56,26 @@ def build_evaluators(config: ml_collections.ConfigDict, task, workdir=None) -> d
     cls = get_evaluator(cfg.get("type"), where=f"config.evals.{name}.type")
     evaluators[name] = cls(name, cfg, config=config, task=task, cache=cache, workdir=workdir)
   return evaluators
+
+
+def check_splits(config: ml_collections.ConfigDict, evaluators: dict) -> None:
+  """Opens every evaluator's split, so its files are checked before training (each
+  source's errors name the file and line or key), and refuses a selection metric
+  (`config.eval.select`) whose evaluator reads a split without references (TVC's or
+  TVR's released test_public: the source's `missing_references`), which would select
+  nothing."""
+  select = (config.get("eval") or {}).get("select")
+  chosen = select[0].split("/")[0] if select else None
+  for name, evaluator in evaluators.items():
+    missing = getattr(evaluator.source, "missing_references", None)
+    if name == chosen and missing:
+      off = ["--config.eval.select=()"]
+      if config.eval.get("early_stopping_patience"):
+        off.append("--config.eval.early_stopping_patience=0")
+      if (config.eval.get("plateau") or {}).get("factor"):
+        off.append("--config.eval.plateau.factor=0")
+      raise errors.BadInput(
+          f"config.eval.select={select[0]!r}: evaluator {name!r} reads split "
+          f"{evaluator.cfg.get('split', 'test')!r}, but {missing}: nothing there to score; "
+          f"point config.evals.{name} at a split with references, or train without "
+          f"selection ({' '.join(off)})")

@@ -100,7 +100,8 @@ class CaptioningEvaluator(base.Evaluator):
     hyps = {ids[i]: hypotheses[i] for i in keep}
     if not any(refs.values()):  # e.g. TVC's released test_public: a submission file only
       self._write(step, hyps, ids, keep, host)
-      return {"num_videos": len(hyps), "num_empty": sum(not h.strip() for h in hyps.values())}
+      return {"num_videos": len(hyps), "num_empty": sum(not h.strip() for h in hyps.values()),
+              "upload": self.package_submission(step)}
     if not all(refs.values()):
       raise ValueError(f"config.evals.{self.name}: {sum(not r for r in refs.values())} of "
                        f"{len(refs)} items have no reference caption")
@@ -116,6 +117,7 @@ class CaptioningEvaluator(base.Evaluator):
       ref = truth.caption_scores([refs[ids[i]][0] for i in keep], [attrs[i] for i in keep])
       results.update({f"reference/{k}": v for k, v in ref.items()})
     self._write(step, hyps, ids, keep, host)
+    results["upload"] = self.package_submission(step)
     return results
 
   def _references(self, host: dict) -> tuple[list[str], dict, list[int]]:
@@ -223,7 +225,9 @@ class CaptioningEvaluator(base.Evaluator):
     rows = [("model", "")] + [(p.split("/")[0], p.split("/")[0] + "/")
                               for p in sorted({k.rsplit("/", 1)[0] for k in results
                                                if "/" in k})]
-    lines = [f"== {self.name}: captioning, step {step}, {results['num_videos']} videos "
+    # TVC captions moments (several per video): count them as such.
+    items = "moments" if self.cfg.get("output_format") == "tvc" else "videos"
+    lines = [f"== {self.name}: captioning, step {step}, {results['num_videos']} {items} "
              f"({results['num_empty']} empty) ==",
              f"{'':<28}" + "".join(f"{n.replace('attribute_precision', 'attr_prec').replace('attribute_recall', 'attr_rec'):>12}" for n in names)]
     for label, prefix in rows:
@@ -232,4 +236,6 @@ class CaptioningEvaluator(base.Evaluator):
       lines.append(f"{label:<28}" + "".join(
           f"{v * s:12.2f}" if v is not None else f"{'-':>12}" for v, s in zip(values, scale)))
     lines.append("(BLEU/METEOR/ROUGE-L/CIDEr-D x 100; attribute precision/recall in %)")
+    if results.get("upload"):
+      lines.append(f"to upload (TVC's evaluation server): {results['upload']}")
     print("\n".join(lines), flush=True)

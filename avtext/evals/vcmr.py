@@ -185,6 +185,7 @@ class VCMREvaluator(base.Evaluator):
     if not self.cfg.get("keep_corpus", True) or root is None:
       shutil.rmtree(corpus_dir, ignore_errors=True)
     summary["submission"] = str(path) if path else ""
+    summary["upload"] = self.package_submission(step)
     return summary
 
   def _write(self, sub: dict, step: int, suffix: str = "") -> pathlib.Path | None:
@@ -199,6 +200,8 @@ class VCMREvaluator(base.Evaluator):
   def report(self, results: dict, step: int) -> None:
     lines = [f"== {self.name}: moments, step {step}, {results['num_queries']} queries, "
              f"corpus of {results['num_videos']} videos =="]
+    if results.get("upload"):
+      lines.append(f"to upload (TVR's evaluation server): {results['upload']}")
     if "VCMR/0.5-r1" not in results:
       lines.append(f"(no ground truth: submission written to {results.get('submission')})")
       print("\n".join(lines), flush=True)

@@ -11,6 +11,7 @@ is compared; the exit status is 1 when any differs.
 """
 import json
 import math
+import pathlib
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from absl import flags
 
 from avtext import cli
 from avtext import errors
+from avtext.data.builders import tvc
 from avtext.metrics import vcmr
 
 
@@ -48,6 +50,30 @@ def differences(ours: dict, official: dict) -> list[str]:
   return out
 
 
+def score(submission: str, ground_truth: str) -> dict:
+  """`vcmr.evaluate_predictions` of the files, with one-line errors (errors.BadInput) for
+  a ground truth without moments (the released test_public) and a submission of another
+  shape."""
+  cli.check_input_file("submission", submission)
+  cli.check_input_file("ground_truth", ground_truth)
+  truth = tvc.read_jsonl(pathlib.Path(ground_truth), "ground truth")
+  hidden = [n for n, row in enumerate(truth, 1)
+            if not isinstance(row, dict) or "vid_name" not in row or "ts" not in row]
+  if hidden:
+    raise errors.BadInput(
+        f"--ground_truth={ground_truth}: cannot be scored: {len(hidden)} of its {len(truth)} "
+        f"lines (the first: line {hidden[0]}) have no 'vid_name' / 'ts', the moment a query "
+        "describes (TVR's released test_public hides them); upload the submission to TVR's "
+        "evaluation server (docs/tvr.md), or score the val split")
+  try:
+    return vcmr.evaluate_predictions(submission, truth)
+  except (ValueError, KeyError, TypeError, IndexError) as e:  # JSON of another shape
+    raise errors.BadInput(f"--submission={submission}: not a TVR submission "
+                          f"({cli.exception_message(e)}); expected {{\"video2idx\", \"VCMR\", "
+                          "\"SVMR\", \"VR\": [{\"desc_id\", \"predictions\"}, ...]} "
+                          "(TVRetrieval standalone_eval/README.md)") from e
+
+
 FLAGS = flags.FlagValues()
 _SUBMISSION = cli.DEFINE_path("submission", None, "the submission JSON (the moments "
                               "evaluator's export)", flag_values=FLAGS)
@@ -61,7 +87,7 @@ flags.mark_flags_as_required(["submission", "ground_truth"], flag_values=FLAGS)
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
-  ours = vcmr.evaluate_predictions(_SUBMISSION.value, _GROUND_TRUTH.value)
+  ours = score(_SUBMISSION.value, _GROUND_TRUTH.value)
   print(f"{_SUBMISSION.value}\n{table(ours)}")
   if not _OFFICIAL.value:
     return

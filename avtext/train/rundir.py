@@ -114,6 +114,26 @@ def has_checkpoint(workdir: str | pathlib.Path) -> bool:
              for d in (pathlib.Path(workdir) / sub).iterdir())
 
 
+def no_best_reason(workdir: str | pathlib.Path, config: ml_collections.ConfigDict) -> str | None:
+  """Why the run of `config` in `workdir` holds no best checkpoint (`--step=best`), or None
+  when it holds one; reads only the run's directory listing and results.json."""
+  workdir = pathlib.Path(workdir)
+  best = workdir / BEST_DIR
+  if best.is_dir() and any(d.name.isdigit() for d in best.iterdir()):
+    return None
+  select = (config.get("eval") or {}).get("select")
+  if not select:
+    return "it selects none (config.eval.select is unset)"
+  metric, evaluator = select[0], select[0].split("/")[0]
+  path = workdir / RESULTS_FILE
+  results = read_json(path, fix="delete it; evaluating writes it again") if path.is_file() else {}
+  if any(key.startswith(f"{evaluator}/") for step in results.values() if isinstance(step, dict)
+         for key in step):
+    return (f"its evaluator {evaluator!r} ran but never gave {metric!r}, the "
+            "config.eval.select metric (a split without references gives no score)")
+  return f"no evaluation of {metric!r} (config.eval.select) has finished yet"
+
+
 def check_free(workdir: str | pathlib.Path) -> None:
   """Raises RunLockedError, as `lock` would, when a live process holds `workdir`'s lock;
   creates nothing (`main` asks before it validates the rest; the trainer then takes the

@@ -73,9 +73,9 @@ def segment_frames(num_frames: int, duration_sec: float, segments, *, add_stop_f
     stop = min(int(math.ceil(fps * stop_s)) + add_stop_frame, num_frames)
     start, stop, _ = video_lib.expand_segment(num_frames, expand_segments, start, stop)
     if stop <= start:
-      raise ValueError(f"{where}segment {i} ({start_s} s to {stop_s} s) has no frames in a "
-                       f"video of {num_frames} frames over {duration_sec} s; raise "
-                       "config.dataset.expand_segments or fix the segment")
+      raise errors.BadInput(f"{where}segment {i} ({start_s} s to {stop_s} s) has no frames in a "
+                            f"video of {num_frames} frames over {duration_sec} s; raise "
+                            "config.dataset.expand_segments or fix the segment")
     out.append((start, stop - start))
   return np.asarray(out, np.int32).reshape(-1, 2)
 
@@ -103,8 +103,8 @@ class CootSource:
     self.text_dim = int(_required(cfg, "text_dim", "the text feature width Dt"))
     self.source = cfg.get("video_source", "h5")
     if self.source not in coot_files.VIDEO_SOURCES:
-      raise ValueError(f"config.dataset.video_source={self.source!r}; expected one of "
-                       f"{coot_files.VIDEO_SOURCES}")
+      raise errors.BadInput(f"config.dataset.video_source={self.source!r}; expected one of "
+                            f"{coot_files.VIDEO_SOURCES}")
     self.add_stop_frame = int(cfg.get("add_stop_frame", 1))
     self.expand_segments = int(cfg.get("expand_segments", 0))
     self._h5, self._pid = {}, os.getpid()
@@ -116,8 +116,8 @@ class CootSource:
     self.keys = [k for k, v in meta.items() if isinstance(v, dict) and v.get("split") == split]
     if not self.keys:
       splits = sorted({str(v.get("split")) for v in meta.values() if isinstance(v, dict)})
-      raise ValueError(f"{self.meta_file}: no videos in split {split!r}; its splits are "
-                       f"{splits}")
+      raise errors.BadInput(f"{self.meta_file}: no videos in split {split!r}; its splits are "
+                            f"{splits}")
     limit = cfg.get("max_datapoints", -1)
     if limit is not None and limit > -1:
       self.keys = self.keys[:limit]
@@ -148,7 +148,11 @@ class CootSource:
     if self._pid != os.getpid():
       self._h5, self._pid = {}, os.getpid()
     if file not in self._h5:
-      self._h5[file] = h5py.File(file, "r")
+      try:
+        self._h5[file] = h5py.File(file, "r")
+      except OSError as e:  # not HDF5, or cut short
+        raise errors.BadInput(f"{file}: not a readable HDF5 file ({e}); expected COOT's "
+                              "features (avtext/data/coot_files.py)") from e
     return self._h5[file]
 
   def _close(self) -> None:
@@ -174,12 +178,12 @@ class CootSource:
 
   def _check_width(self, data_key: str, shape) -> None:
     if len(shape) == 2 and shape[1] != self.video_dim:
-      raise ValueError(builders.width_mismatch("video_dim", self.video_dim,
-                                               self._video_where(data_key), shape[1],
-                                               model_reads_it=True))
+      raise errors.BadInput(builders.width_mismatch("video_dim", self.video_dim,
+                                                    self._video_where(data_key), shape[1],
+                                                    model_reads_it=True))
     if len(shape) != 2:
-      raise ValueError(f"{self._video_where(data_key)}: features of shape {list(shape)}; "
-                       f"expected [T, {self.video_dim}] (config.dataset.video_dim)")
+      raise errors.BadInput(f"{self._video_where(data_key)}: features of shape {list(shape)}; "
+                            f"expected [T, {self.video_dim}] (config.dataset.video_dim)")
 
   def _count_frames(self) -> dict[str, int]:
     """{data_key: T}; checks that every video is stored, with width video_dim."""
@@ -192,8 +196,8 @@ class CootSource:
       h5 = self._open(self._existing(self._video_h5, "video features"))
       for d in data_keys:
         if d not in h5:
-          raise KeyError(f"{self._video_h5}: no video {d!r} (the data_key of "
-                         f"{self._key_of(d)!r} in {self.meta_file}). {_PREPARE}")
+          raise errors.BadInput(f"{self._video_h5}: no video {d!r} (the data_key of "
+                                f"{self._key_of(d)!r} in {self.meta_file}). {_PREPARE}")
         self._check_width(d, h5[d].shape)
         if d in missing:
           counts[d] = int(h5[d].shape[0])
@@ -229,28 +233,28 @@ class CootSource:
       legacy = coot_files.legacy_text_key(key)
       name = key if key in h5 else legacy if legacy in h5 else None
       if name is None:
-        raise KeyError(f"{text_file}: no text features for {key!r} (nor {legacy!r}); rebuild "
-                       f"them for {self.meta_file} with `python -m "
-                       "avtext.features.coot_text`")
+        raise errors.BadInput(f"{text_file}: no text features for {key!r} (nor {legacy!r}); "
+                              f"rebuild them for {self.meta_file} with `python -m "
+                              "avtext.features.coot_text`")
       shape = h5[name].shape
       if len(shape) == 2 and shape[1] != self.text_dim:
-        raise ValueError(builders.width_mismatch("text_dim", self.text_dim,
-                                                 f"{text_file} ({name!r})", shape[1],
-                                                 model_reads_it=True))
+        raise errors.BadInput(builders.width_mismatch("text_dim", self.text_dim,
+                                                      f"{text_file} ({name!r})", shape[1],
+                                                      model_reads_it=True))
       if len(shape) != 2:
-        raise ValueError(f"{text_file}: {name!r} has shape {list(shape)}; expected [tokens, "
-                         f"{self.text_dim}] (config.dataset.text_dim)")
+        raise errors.BadInput(f"{text_file}: {name!r} has shape {list(shape)}; expected [tokens, "
+                              f"{self.text_dim}] (config.dataset.text_dim)")
       lengths = all_splits.get(key, all_splits.get(legacy))
       if lengths is None:
-        raise KeyError(f"{splits_file}: no sentence splits for {key!r} (nor {legacy!r})")
+        raise errors.BadInput(f"{splits_file}: no sentence splits for {key!r} (nor {legacy!r})")
       if sum(lengths) != shape[0]:
-        raise ValueError(f"{splits_file}: the sentence splits of {key!r}, {lengths}, sum to "
-                         f"{sum(lengths)} but {text_file} holds {shape[0]} tokens for it")
+        raise errors.BadInput(f"{splits_file}: the sentence splits of {key!r}, {lengths}, sum to "
+                              f"{sum(lengths)} but {text_file} holds {shape[0]} tokens for it")
       segments = len(self.meta[key]["segments"])
       if len(lengths) != segments:
-        raise ValueError(f"{key!r}: {segments} segments in {self.meta_file} but {len(lengths)} "
-                         f"sentences in {splits_file}; the text features were built from "
-                         "another meta file")
+        raise errors.BadInput(f"{key!r}: {segments} segments in {self.meta_file} but "
+                              f"{len(lengths)} sentences in {splits_file}; the text features "
+                              "were built from another meta file")
       stored[key], splits[key] = name, [int(n) for n in lengths]
     return stored, splits
 
@@ -266,9 +270,9 @@ class CootSource:
       video = coot_files.read_npz_video(self._npz(data_key))
     self._check_width(data_key, video.shape)
     if len(video) != self._num_frames[data_key]:
-      raise ValueError(f"{self._video_where(data_key)}: {len(video)} frames but "
-                       f"{self.num_frames_file} says {self._num_frames[data_key]}; delete that "
-                       "stale cache")
+      raise errors.BadInput(f"{self._video_where(data_key)}: {len(video)} frames but "
+                            f"{self.num_frames_file} says {self._num_frames[data_key]}; delete "
+                            "that stale cache")
     return video
 
   def describe(self, index: int) -> dict:

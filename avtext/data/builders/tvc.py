@@ -77,7 +77,7 @@ def read_jsonl(file: pathlib.Path, what: str) -> list[dict]:
       try:
         rows.append(json.loads(line))
       except ValueError as e:
-        raise ValueError(f"{file}, line {n}: not JSON ({e})") from e
+        raise errors.BadInput(f"{file}, line {n}: not JSON ({e})") from e
   return rows
 
 
@@ -96,18 +96,32 @@ class H5File:
   def get(self):
     import h5py  # pylint: disable=g-import-not-at-top
     if self._h5 is None or self._pid != os.getpid():
-      self._h5, self._pid = h5py.File(self.file, "r"), os.getpid()
+      try:
+        self._h5, self._pid = h5py.File(self.file, "r"), os.getpid()
+      except OSError as e:  # not HDF5, or cut short
+        raise errors.BadInput(f"{self.file}: not a readable HDF5 file ({e}); expected the "
+                              f"{self.what}") from e
     return self._h5
+
+  def _check_shape(self, key: str, shape, dim: int | None) -> None:
+    if len(shape) != 2 or shape[0] == 0 or (dim is not None and shape[1] != dim):
+      raise errors.BadInput(f"{self.file}, key {key!r}: expected float [n >= 1, "
+                            f"{dim or 'D'}] ({self.what}), got shape {list(shape)}")
 
   def read(self, key: str, dim: int | None = None) -> np.ndarray:
     h5 = self.get()
     if key not in h5:
-      raise KeyError(f"{self.file}: no key {key!r} ({self.what})")
+      raise errors.BadInput(f"{self.file}: no key {key!r} ({self.what})")
     x = np.asarray(h5[key], np.float32)
-    if x.ndim != 2 or x.shape[0] == 0 or (dim is not None and x.shape[1] != dim):
-      raise ValueError(f"{self.file}, key {key!r}: expected float [n >= 1, "
-                       f"{dim or 'D'}] ({self.what}), got shape {list(x.shape)}")
+    self._check_shape(key, x.shape, dim)
     return x
+
+  def check_shapes(self, keys, dim: int) -> None:
+    """Every key's array is [n >= 1, dim], from the headers (no data read), so a feature
+    file of the wrong shape stops a split when it opens, not a run when it is read."""
+    h5 = self.get()
+    for key in keys:
+      self._check_shape(key, h5[key].shape, dim)
 
   def missing(self, keys) -> list[str]:
     h5 = self.get()
@@ -122,17 +136,19 @@ class H5File:
 def _check_moment(file, n: int, row) -> None:
   where = f"{file}, line {n}"
   if not isinstance(row, dict):
-    raise ValueError(f"{where}: expected a JSON object per line")
+    raise errors.BadInput(f"{where}: expected a JSON object per line")
   for key, kind in (("vid_name", str), ("duration", (int, float)), ("ts", list),
                     ("clip_id", (int, str))):
     if not isinstance(row.get(key), kind):
-      raise ValueError(f"{where}: field {key!r} missing or not a {kind}: {row.get(key)!r}")
+      raise errors.BadInput(f"{where}: field {key!r} missing or not a {kind}: {row.get(key)!r}")
   ts = row["ts"]
-  if len(ts) != 2 or not all(isinstance(t, (int, float)) for t in ts):
-    raise ValueError(f"{where}: ts must be [start, end] in seconds, got {ts!r}")
+  if (len(ts) != 2 or not all(isinstance(t, (int, float)) for t in ts) or ts[0] > ts[1]
+      or ts[0] < 0):
+    raise errors.BadInput(f"{where}: ts must be [start, end] in seconds, 0 <= start <= end, "
+                          f"got {ts!r}")
   for j, d in enumerate(row.get("descs") or ()):
     if not isinstance(d, dict) or not isinstance(d.get("desc"), str):
-      raise ValueError(f"{where}: descs[{j}] must be {{\"desc\": str, ...}}, got {d!r}")
+      raise errors.BadInput(f"{where}: descs[{j}] must be {{\"desc\": str, ...}}, got {d!r}")
 
 
 class TvcSource:
@@ -141,7 +157,7 @@ class TvcSource:
 
   def __init__(self, cfg, split: str):
     if split not in SPLITS:
-      raise ValueError(f"tvc: unknown split {split!r}; expected one of {SPLITS}")
+      raise errors.BadInput(f"tvc: unknown split {split!r}; expected one of {SPLITS}")
     if not cfg.get("path"):
       raise errors.BadInput(f"config.dataset.path is not set: the TVC directory. {_PREPARE}")
     self.path = pathlib.Path(cfg.path)
@@ -158,36 +174,39 @@ class TvcSource:
     if limit >= 0:
       self.moments = self.moments[:limit]
     if not self.moments:
-      raise ValueError(f"{file}: no moments")
+      raise errors.BadInput(f"{file}: no moments")
     self.has_descs = all(row.get("descs") for row in self.moments)
+    # What a split without references lacks, for the checks of a selection metric.
+    self.missing_references = None if self.has_descs else f"{file} has no 'descs'"
     subs_file = self.path / (cfg.get("subtitles") or DEFAULT_SUBTITLES)
     wanted = {row["vid_name"] for row in self.moments}
     self.subtitles: dict[str, list[tuple[float, float, str]]] = {}
     for n, row in enumerate(read_jsonl(subs_file, "subtitles"), 1):
       if not isinstance(row, dict) or "vid_name" not in row or "sub" not in row:
-        raise ValueError(f"{subs_file}, line {n}: expected {{\"vid_name\", \"sub\": [...]}}")
+        raise errors.BadInput(f"{subs_file}, line {n}: expected {{\"vid_name\", \"sub\": [...]}}")
       if row["vid_name"] in wanted:
         try:
           self.subtitles[row["vid_name"]] = [(float(s["start"]), float(s["end"]),
                                               str(s["text"])) for s in row["sub"]]
         except (KeyError, TypeError, ValueError) as e:
-          raise ValueError(f"{subs_file}, line {n}: each sub needs start, end (seconds) and "
-                           f"text: {e}") from e
+          raise errors.BadInput(f"{subs_file}, line {n}: each sub needs start, end (seconds) and "
+                                f"text: {e}") from e
     missing = sorted(wanted - set(self.subtitles))
     if missing:
-      raise ValueError(f"{subs_file}: no subtitles for {len(missing)} videos of {file}, e.g. "
-                       f"{missing[:3]}")
+      raise errors.BadInput(f"{subs_file}: no subtitles for {len(missing)} videos of {file}, e.g. "
+                            f"{missing[:3]}")
     self.video_h5 = H5File(self.video_file, "video features")
     h5 = self.video_h5.get()
     absent = sorted(v for v in wanted if v not in h5)
     if absent:
-      raise ValueError(f"{self.video_file}: no features for {len(absent)} videos of {file}, "
-                       f"e.g. {absent[:3]}")
+      raise errors.BadInput(f"{self.video_file}: no features for {len(absent)} videos of {file}, "
+                            f"e.g. {absent[:3]}")
     width = h5[next(iter(wanted))].shape[-1]
     if self.video_dim and int(self.video_dim) != width:
-      raise ValueError(builders.width_mismatch("video_dim", self.video_dim, self.video_file,
-                                               width, model_reads_it=True))
+      raise errors.BadInput(builders.width_mismatch("video_dim", self.video_dim, self.video_file,
+                                                    width, model_reads_it=True))
     self.video_dim = int(width)
+    self.video_h5.check_shapes(sorted(wanted), self.video_dim)
     self.video_h5.close()
     meta = ground_truth.world_meta(self.path)
     self.ground_truth = None if meta is None else ground_truth.open_world(
@@ -216,8 +235,8 @@ class TvcSource:
     item = self.describe(i)
     video = np.asarray(self.video_h5.get()[item["vid_name"]], np.float32)
     if video.ndim != 2 or video.shape[0] == 0:
-      raise ValueError(f"{self.video_file}, video {item['vid_name']!r}: expected [n_clips, "
-                       f"{self.video_dim}] features, got shape {list(video.shape)}")
+      raise errors.BadInput(f"{self.video_file}, video {item['vid_name']!r}: expected [n_clips, "
+                            f"{self.video_dim}] features, got shape {list(video.shape)}")
     return {**item, "video": video}
 
 

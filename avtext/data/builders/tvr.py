@@ -83,28 +83,29 @@ def l2_normalize(x: np.ndarray, eps: float = 1e-5) -> np.ndarray:
 def _check_query(file, n: int, row, split: str) -> None:
   where = f"{file}, line {n}"
   if not isinstance(row, dict):
-    raise ValueError(f"{where}: expected a JSON object per line")
+    raise errors.BadInput(f"{where}: expected a JSON object per line")
   if not isinstance(row.get("desc_id"), int) or not isinstance(row.get("desc"), str):
-    raise ValueError(f"{where}: fields 'desc_id' (int) and 'desc' (str) are required, got "
-                     f"{row.get('desc_id')!r}, {row.get('desc')!r}")
+    raise errors.BadInput(f"{where}: fields 'desc_id' (int) and 'desc' (str) are required, got "
+                          f"{row.get('desc_id')!r}, {row.get('desc')!r}")
   if "vid_name" not in row and split == "test_public":
     return
   for key, kind in (("vid_name", str), ("duration", (int, float)), ("ts", list)):
     if not isinstance(row.get(key), kind):
-      raise ValueError(f"{where}: field {key!r} missing or not a {kind}: {row.get(key)!r}")
+      raise errors.BadInput(f"{where}: field {key!r} missing or not a {kind}: {row.get(key)!r}")
   ts = row["ts"]
   if (len(ts) != 2 or not all(isinstance(t, (int, float)) for t in ts) or ts[0] > ts[1]
       or ts[0] < 0):
-    raise ValueError(f"{where}: ts must be [start, end] seconds, 0 <= start <= end, got {ts!r}")
+    raise errors.BadInput(f"{where}: ts must be [start, end] seconds, 0 <= start <= end, got "
+                          f"{ts!r}")
   if row.get("type", "v") not in QUERY_TYPES:
-    raise ValueError(f"{where}: type must be one of {QUERY_TYPES}, got {row.get('type')!r}")
+    raise errors.BadInput(f"{where}: type must be one of {QUERY_TYPES}, got {row.get('type')!r}")
 
 
 def _dim(cfg, key: str, h5: tvc.H5File, sample: str) -> int:
   width = h5.read(sample).shape[1]
   if cfg.get(key) and int(cfg[key]) != width:
-    raise ValueError(builders.width_mismatch(key, cfg[key], h5.file, width,
-                                             model_reads_it=False))
+    raise errors.BadInput(builders.width_mismatch(key, cfg[key], h5.file, width,
+                                                  model_reads_it=False))
   return int(width)
 
 
@@ -115,7 +116,7 @@ class TvrSource:
 
   def __init__(self, cfg, split: str):
     if split not in SPLITS:
-      raise ValueError(f"tvr: unknown split {split!r}; expected one of {SPLITS}")
+      raise errors.BadInput(f"tvr: unknown split {split!r}; expected one of {SPLITS}")
     if not cfg.get("path"):
       raise errors.BadInput(f"config.dataset.path is not set: the TVR directory. {_PREPARE}")
     self.path = pathlib.Path(cfg.path)
@@ -130,18 +131,21 @@ class TvrSource:
     if limit >= 0:
       self.queries = self.queries[:limit]
     if not self.queries:
-      raise ValueError(f"{file}: no queries")
+      raise errors.BadInput(f"{file}: no queries")
     ids = [q["desc_id"] for q in self.queries]
     if len(set(ids)) != len(ids):
-      raise ValueError(f"{file}: desc_id values repeat")
+      raise errors.BadInput(f"{file}: desc_id values repeat")
     self.has_ground_truth = all("vid_name" in q for q in self.queries)
+    # What a split without references lacks, for the checks of a selection metric.
+    self.missing_references = (None if self.has_ground_truth else
+                               f"{file} has no 'vid_name' / 'ts' (the moments)")
     self.corpus = self._corpus(file)
     self.video2idx = dict(self.corpus)
     absent = sorted({q["vid_name"] for q in self.queries if "vid_name" in q}
                     - set(self.video2idx))
     if absent:
-      raise ValueError(f"{self.path / VIDEO2IDX}: {len(absent)} videos of {file} are not in "
-                       f"the {split} corpus, e.g. {absent[:3]}")
+      raise errors.BadInput(f"{self.path / VIDEO2IDX}: {len(absent)} videos of {file} are not in "
+                            f"the {split} corpus, e.g. {absent[:3]}")
 
     names = cfg.get("video_features") or DEFAULT_VIDEO_FEATURES
     names = (names,) if isinstance(names, str) else tuple(names)
@@ -157,19 +161,21 @@ class TvrSource:
     for h5 in self.video_h5 + ([self.sub_h5] if self.sub_h5 else []):
       missing = h5.missing(videos)
       if missing:
-        raise ValueError(f"{h5.file}: no {h5.what} for {len(missing)} videos of the {split} "
-                         f"corpus, e.g. {missing[:3]}")
+        raise errors.BadInput(f"{h5.file}: no {h5.what} for {len(missing)} videos of the {split} "
+                              f"corpus, e.g. {missing[:3]}")
     missing = self.query_h5.missing([str(i) for i in ids])
     if missing:
-      raise ValueError(f"{self.query_h5.file}: no features for {len(missing)} desc_ids of "
-                       f"{file}, e.g. {missing[:3]}")
+      raise errors.BadInput(f"{self.query_h5.file}: no features for {len(missing)} desc_ids of "
+                            f"{file}, e.g. {missing[:3]}")
     self.video_dim = sum(_dim({}, "video_dim", h5, videos[0]) for h5 in self.video_h5)
     if cfg.get("video_dim") and int(cfg.video_dim) != self.video_dim:
-      raise ValueError(builders.width_mismatch(
+      raise errors.BadInput(builders.width_mismatch(
           "video_dim", cfg.video_dim, ", ".join(str(h.file) for h in self.video_h5),
           self.video_dim, model_reads_it=False))
     self.sub_dim = _dim(cfg, "sub_dim", self.sub_h5, videos[0]) if self.sub_h5 else None
     self.query_dim = _dim(cfg, "query_dim", self.query_h5, str(ids[0]))
+    for h5 in self.video_h5 + ([self.sub_h5] if self.sub_h5 else []):
+      h5.check_shapes(videos, h5.read(videos[0]).shape[1])
     for h5 in self.video_h5 + [self.sub_h5, self.query_h5]:
       if h5 is not None:
         h5.close()
@@ -182,18 +188,18 @@ class TvrSource:
       try:
         table = json.loads(index_file.read_text())
       except ValueError as e:
-        raise ValueError(f"{index_file}: not JSON ({e})") from e
+        raise errors.BadInput(f"{index_file}: not JSON ({e})") from e
       if not isinstance(table, dict) or not isinstance(table.get(self.split), dict):
-        raise ValueError(f"{index_file}: expected {{split: {{vid_name: [duration, idx]}}}} "
-                         f"with a {self.split!r} entry")
+        raise errors.BadInput(f"{index_file}: expected {{split: {{vid_name: [duration, idx]}}}} "
+                              f"with a {self.split!r} entry")
       corpus = []
       for vid, value in table[self.split].items():
         if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], int)):
-          raise ValueError(f"{index_file}, {self.split}/{vid}: expected [duration, idx], "
-                           f"got {value!r}")
+          raise errors.BadInput(f"{index_file}, {self.split}/{vid}: expected [duration, idx], "
+                                f"got {value!r}")
         corpus.append((vid, value[1]))
       if not corpus:
-        raise ValueError(f"{index_file}: the {self.split} corpus is empty")
+        raise errors.BadInput(f"{index_file}: the {self.split} corpus is empty")
       return corpus
     if not self.has_ground_truth:
       raise FileNotFoundError(f"{index_file} not found: {file} does not name its videos, so "
@@ -225,17 +231,18 @@ class TvrSource:
     """{"video": float32 [n, Dv], "sub": [n, Ds] (with sub_features)} of a corpus video."""
     parts = [h5.read(vid_name) for h5 in self.video_h5]
     if len({p.shape[0] for p in parts}) > 1:
-      raise ValueError(f"video {vid_name!r}: the video feature files disagree on the clip count "
-                       f"({[p.shape[0] for p in parts]} in {[str(h.file) for h in self.video_h5]})")
+      raise errors.BadInput(f"video {vid_name!r}: the video feature files disagree on the clip "
+                            f"count ({[p.shape[0] for p in parts]} in "
+                            f"{[str(h.file) for h in self.video_h5]})")
     if self.normalize_video:
       parts = [l2_normalize(p) for p in parts]
     out = {"video": np.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]}
     if self.sub_h5 is not None:
       sub = self.sub_h5.read(vid_name, self.sub_dim)
       if sub.shape[0] != out["video"].shape[0]:
-        raise ValueError(f"{self.sub_h5.file}, key {vid_name!r}: {sub.shape[0]} clips but the "
-                         f"video features have {out['video'].shape[0]}; both must be on one "
-                         f"{self.clip_length} s clip grid")
+        raise errors.BadInput(f"{self.sub_h5.file}, key {vid_name!r}: {sub.shape[0]} clips but the "
+                              f"video features have {out['video'].shape[0]}; both must be on one "
+                              f"{self.clip_length} s clip grid")
       out["sub"] = l2_normalize(sub) if self.normalize_text else sub
     return out
 
