@@ -88,7 +88,8 @@ def synthetic_index(out: pathlib.Path, names: list[str], embedder) -> None:
 
 
 def build(root: pathlib.Path) -> dict:
-  """{runs, videos, index, other (an index of the captioning run), embedder, notes
+  """{avr, caption (the runs), videos, index, other (an index of the captioning run),
+  moment_videos (clip1.mp4, and clip5.mkv: a container shown as frames), embedder, notes
   (a text file), big (an mp4 of 100 kB)} under root."""
   from avtext import index as index_lib  # pylint: disable=g-import-not-at-top
   avr, caption = train_runs(root)
@@ -105,7 +106,38 @@ def build(root: pathlib.Path) -> dict:
   meta["run"] = {"workdir": str(caption), "step": 1,  # the captioning run's one step
                  "config_sha256": index_lib.config_hash(caption)}
   (other / "meta.json").write_text(json.dumps(meta))
+  moment_videos = root / "moment_videos"
+  moment_videos.mkdir()
+  shutil.copy(videos / "more" / "clip1.mp4", moment_videos / "clip1.mp4")
+  remux(videos / "clip2.mp4", moment_videos / "clip5.mkv")
   (root / "notes.mp4").write_text("not a video\n" * 10)
   (root / "big.mp4").write_bytes(b"\0" * 100_000)
   return dict(avr=avr, caption=caption, videos=videos, index=index, other=other,
+              moment_videos=moment_videos,
               embedder=embedder, notes=root / "notes.mp4", big=root / "big.mp4")
+
+
+def remux(src: pathlib.Path, dst: pathlib.Path) -> None:
+  """src's video stream, packet for packet, in the container dst's suffix names (.mkv):
+  a file the page shows as frames."""
+  import av  # pylint: disable=g-import-not-at-top
+  with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
+    stream = out.add_stream_from_template(inp.streams.video[0])
+    for packet in inp.demux(inp.streams.video[0]):
+      if packet.dts is not None:
+        packet.stream = stream
+        out.mux(packet)
+
+
+class Moments:
+  """A stand-in for `search_moments.Searcher` over a corpus of the world's videos by
+  stem (`MOMENT_VIDEOS`, 4 clips of 1 s each): every query finds MOMENTS, best first."""
+  FOUND = (("clip1", 1.0, 2.0, 0.9), ("clip5", 2.0, 3.0, 0.5), ("absent", 0.0, 1.0, 0.1))
+
+  def __init__(self):
+    import types  # pylint: disable=g-import-not-at-top
+    self.store = types.SimpleNamespace(videos=["clip1", "clip5", "absent"],
+                                       mask=np.ones((3, 4), np.uint8), clip_length=1.0)
+
+  def __call__(self, texts, top=10):
+    return [list(self.FOUND[:top]) for _ in texts]

@@ -32,8 +32,11 @@ def world(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(world):
-  return served_lib.Served(indexes=[str(world["index"]), str(world["other"])],
-                           caption_workdir=str(world["caption"]), max_upload_mb=0.05)
+  served = served_lib.Served(indexes=[str(world["index"]), str(world["other"])],
+                             caption_workdir=str(world["caption"]), max_upload_mb=0.05)
+  served.moments = serve_world.Moments()  # a stand-in for an XML run's Searcher
+  served.moment_videos = served_lib.moment_collection(world["moment_videos"])
+  return served
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +91,17 @@ def test_search_finds_the_known_top_hit_and_its_best_clip(client):
   assert gone["video"] == "gone.mp4" and "deleted" in gone["error"]
 
 
+def test_moments_come_with_their_span_and_how_they_play(client):
+  r = client.get("/api/moments", params={"q": "anything", "top": 3})
+  assert r.status_code == 200, r.text
+  clip1, clip5, absent = r.json()["moments"]
+  assert (clip1["video"], clip1["start"], clip1["end"], clip1["duration"]) == ("clip1", 1, 2, 4)
+  assert (clip1["collection"], clip1["kind"], clip5["kind"]) == ("moments", "video", "frames")
+  assert "no file absent.<ext>" in absent["error"]
+  frame = client.get("/frame/moments/clip5", params={"t": 2.5})
+  assert frame.status_code == 200 and frame.content[:2] == b"\xff\xd8"  # a JPEG
+
+
 @pytest.mark.parametrize("url,status,words", [
     ("/api/search?q=%20%20", 400, "empty query"),
     ("/api/search?q=x&index=other.index", 409, "built with another model"),
@@ -95,7 +109,7 @@ def test_search_finds_the_known_top_hit_and_its_best_clip(client):
     ("/api/search?q=x&top=many", 400, "not a whole number"),
     (f"/api/video?collection={INDEX}&video=nope.mp4", 404, "no such video"),
     (f"/api/video?collection={INDEX}&video=gone.mp4", 410, "deleted"),
-    ("/api/moments?q=x", 404, "no moment corpus is served"),
+    ("/api/moments?q=", 400, "empty query"),
     ("/run?name=nope", 404, "no such run"),
 ])
 def test_bad_requests_answer_one_line(client, url, status, words):
@@ -209,6 +223,27 @@ def test_page_shows_the_known_top_hit_first_and_plays_it_from_its_clip(page):
   page.wait_for_function(f"document.getElementById('player').currentTime > {CLIP_START + 0.3}",
                          timeout=20000)  # it plays on
   _shot(page, "serve_search.png")
+
+
+def test_page_shows_moments_on_the_timeline_and_plays_them(page):
+  page.goto("/")
+  page.fill("#query", "anything")
+  page.click("#moments")
+  page.wait_for_selector("#hits .hit")
+  first = page.locator("#hits .hit").first
+  assert first.get_attribute("data-video") == "clip1"
+  span = first.locator(".timeline span")
+  assert span.evaluate("s => [s.style.left, s.style.width]") == ["25%", "25%"]  # 1-2 s of 4
+  first.click()
+  page.wait_for_function("window.avtextSeeked === true", timeout=20000)
+  assert page.evaluate("document.getElementById('player').currentTime") == pytest.approx(
+      1.0, abs=0.3)
+  page.locator("#hits .hit").nth(1).click()  # clip5.mkv: shown as frames from 2 s
+  page.wait_for_function("(f => f.src.includes('t=2') && f.complete && f.naturalWidth > 0)"
+                         "(document.getElementById('frames'))", timeout=20000)
+  assert page.locator("#frames").is_visible() and not page.locator("#player").is_visible()
+  page.locator("#hits .hit").nth(2).click()
+  assert "no file absent.<ext>" in page.inner_text("#message")
 
 
 def test_page_captions_a_video_of_the_index(page, world):

@@ -98,8 +98,7 @@ async function search(moments){
   try{
     if(moments){
       const r=await getJSON('/api/moments?'+q({q:text,top:$('top').value}));
-      render(r.moments.map(m=>m.collection?m:Object.assign(m,{error:m.error||
-        (m.video+': no file for this video (start avtext.serve with --moment_videos=DIR)')})), true);
+      render(r.moments, true);
       $('took').textContent=r.moments.length+' moments in '+r.seconds.toFixed(3)+' s';
     }else{
       const r=await getJSON('/api/search?'+q({q:text,index:$('index').value,top:$('top').value}));

@@ -89,6 +89,14 @@ class Index:
   error: str = ""
 
 
+def moment_collection(folder) -> Collection:
+  """The videos under `folder` by stem: a corpus' vid_name is the file's name without
+  its suffix (`--moment_videos`)."""
+  root = pathlib.Path(folder)
+  by_stem = {pathlib.PurePosixPath(f).stem: f for f in index_lib.list_videos(root)}
+  return Collection(MOMENTS, root, by_stem, f"the moment videos' folder {root}")
+
+
 def _names(paths: Sequence[pathlib.Path]) -> list[str]:
   """A short, unique URL name per path: its folder name, numbered when repeated."""
   out, seen = [], {}
@@ -155,9 +163,7 @@ class Served:
       self.runs["moments"] = self.moments.run.workdir
       if moment_videos:
         cli.check_input_dir("moment_videos", moment_videos, "folder of the corpus' videos")
-        root = pathlib.Path(moment_videos)
-        by_stem = {pathlib.PurePosixPath(f).stem: f for f in index_lib.list_videos(root)}
-        self.moment_videos = Collection(MOMENTS, root, by_stem, "the moment videos' folder")
+        self.moment_videos = moment_collection(moment_videos)
 
   # ------------------------------------------------------------------ lookups
 
@@ -256,12 +262,16 @@ class Served:
       clips = int(store.mask[index_of[vid]].sum()) if vid in index_of else 0
       item = {"video": vid, "start": float(st), "end": float(ed), "score": float(score),
               "duration": max(float(ed), clips * store.clip_length)}
-      if self.moment_videos is not None and vid in self.moment_videos.files:
+      if self.moment_videos is None:
+        item["error"] = (f"{vid}: no video file to play (start avtext.serve with "
+                         "--moment_videos=DIR)")
+      else:
         try:
           shown = self.video(MOMENTS, vid)
           item.update(collection=MOMENTS, kind=shown["kind"])
         except RequestError as e:
-          item["error"] = e.message
+          item["error"] = (f"{vid}: no file {vid}.<ext> in {self.moment_videos.root}"
+                           if e.status == 404 else e.message)
       out.append(item)
     return {"query": query, "seconds": seconds, "moments": out}
 
