@@ -144,7 +144,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.train = ml_collections.ConfigDict()
   config.train.batch_size = 64  # train.batch_size
   config.train.num_epochs = 100  # train.num_epochs
-  config.train.num_steps = None
+  # None: the epochs count; --config.train.num_steps=N shortens the run (docs/scale.md)
+  config.train.num_steps = ml_collections.config_dict.placeholder(int)
   config.train.log_every_steps = 10
   config.train.checkpoint_every_steps = 1000
   config.train.keep_checkpoints = 1

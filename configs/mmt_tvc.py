@@ -90,8 +90,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       step=ml_collections.config_dict.placeholder(str), params=(("", ""),)))
 
   config.train = ml_collections.ConfigDict(dict(
-      batch_size=128, num_epochs=50, num_steps=None, log_every_steps=100,
+      batch_size=128, num_epochs=50, log_every_steps=100,
       checkpoint_every_steps=1000, keep_checkpoints=2, async_checkpointing=True))
+  # None: the epochs count; --config.train.num_steps=N shortens the run (docs/scale.md)
+  config.train.num_steps = ml_collections.config_dict.placeholder(int)
 
   config.evals = ml_collections.ConfigDict()
   config.evals.val = ml_collections.ConfigDict(dict(

@@ -71,14 +71,16 @@ def get_config(arg: str | None = None, caption: str = "language") -> ml_collecti
   config.dataset = ml_collections.ConfigDict()
   # The real S-MiT clips: DIR/{train,val,test}.csv of video_id, video, spoken_caption,
   # transcript (avtext/data/builders/smit.py); spoken=False opens no caption audio.
-  real = dict(name="smit", path=None, spoken=caption == "spoken")
+  def real():  # a path of its own each time (a placeholder: --config.<...>.path=DIR sets it)
+    return dict(name="smit", path=ml_collections.config_dict.placeholder(str),
+                spoken=caption == "spoken")
   if phase2:
-    config.dataset = ml_collections.ConfigDict(real)  # the clips (frames for the backbones)
+    config.dataset = ml_collections.ConfigDict(real())  # the clips (frames for the backbones)
   else:
     config.dataset.name = "smit_features"  # avtext/data/builders/smit.py
-    config.dataset.path = None
+    config.dataset.path = ml_collections.config_dict.placeholder(str)
   # The clips phase 1's features are computed from (avtext.features.smit).
-  config.features_source = ml_collections.ConfigDict(real)
+  config.features_source = ml_collections.ConfigDict(real())
 
   config.data = ml_collections.ConfigDict()
   config.data.fps = 25

@@ -170,7 +170,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   common.paper_scale(config, "v5e:4x4", remat="save_attention_kernel", attention="auto",
                      fsdp=False, scan_layers=True)
   config.train.num_epochs = 4  # §5.2: 4 pretraining epochs
-  config.train.num_steps = None
+  # None: the epochs count; --config.train.num_steps=N shortens the run (docs/scale.md)
+  config.train.num_steps = ml_collections.config_dict.placeholder(int)
   config.train.log_every_steps = 50
   config.train.checkpoint_every_steps = 1000
   config.train.keep_checkpoints = 3
@@ -182,7 +183,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # MSR-VTT 1k-A (layout: avtext/data/builders/msrvtt.py); set
       # --config.evals.msrvtt.dataset.path=<your MSR-VTT directory>.
       type="retrieval", every_steps=5000,
-      dataset=dict(name="msrvtt", path=None, data_dir=None),
+      dataset=dict(name="msrvtt", path=ml_collections.config_dict.placeholder(str), data_dir=ml_collections.config_dict.placeholder(str)),
       split="test",
       text_fn="embed_text", video_fn="embed_video"))
   config.eval = common.eval_config(batch_size=64)

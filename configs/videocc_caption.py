@@ -92,15 +92,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.evals = ml_collections.ConfigDict()
   config.evals.msrvtt = ml_collections.ConfigDict(dict(
-      type="captioning", every_steps=10_000, dataset=dict(name="msrvtt", path=None),
+      type="captioning", every_steps=10_000, dataset=dict(name="msrvtt", path=_str()),
       split="test", captions_fn="captions"))
   config.eval = common.eval_config(batch_size=64)
 
   if "finetune" in variants:
-    config.dataset = ml_collections.ConfigDict(dict(name="msrvtt", path=None))
+    config.dataset = ml_collections.ConfigDict(dict(name="msrvtt", path=_str()))
     config.train.num_steps = 1000  # §5.2: 1K finetuning iterations
     config.init_from.params = (("", ""),)  # everything, from the pretraining run
-    config.evals.msrvtt.dataset = ml_collections.ConfigDict(dict(name=None, path=None))
+    config.evals.msrvtt.dataset = ml_collections.ConfigDict(dict(name=None, path=_str()))
     config.evals.msrvtt.every_steps = 250
 
   # MBT + GPT-2 at batch 512, the decoder over all 3,541 video tokens + the caption

@@ -117,8 +117,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       step=ml_collections.config_dict.placeholder(str), params=(("", ""),)))
 
   config.train = ml_collections.ConfigDict(dict(
-      batch_size=128, num_epochs=100, num_steps=None, log_every_steps=100,
+      batch_size=128, num_epochs=100, log_every_steps=100,
       checkpoint_every_steps=1000, keep_checkpoints=2, async_checkpointing=True))
+  # None: the epochs count; --config.train.num_steps=N shortens the run (docs/scale.md)
+  config.train.num_steps = ml_collections.config_dict.placeholder(int)
 
   search = dict(top_n_videos=100, alpha=20.0, min_len=2, max_len=16, max_before_nms=200)
   config.evals = ml_collections.ConfigDict()

@@ -141,6 +141,44 @@ def test_every_tiny_variant_passes_the_checks_main_runs_before_training(variant,
       task.train_source  # pylint: disable=pointless-statement
 
 
+PAPER = ("videocc_avr.py", "videocc_caption.py", "smit_language_amm.py",
+         "smit_spoken_amm.py", "coot_activitynet.py", "coot_youcook2.py", "xml_tvr.py",
+         "mmt_tvc.py")
+
+
+def _smoke_commands() -> dict[str, list[str]]:
+  """{config file: the --config flags of its command} of docs/scale.md's CPU smoke runs."""
+  import shlex  # pylint: disable=g-import-not-at-top
+  text = (REPO / "docs" / "scale.md").read_text()
+  section = text[text.index("## CPU smoke runs of the paper configs"):]
+  block = section.split("```")[1].replace("\\\n", " ")
+  commands = [shlex.split(line) for line in block.splitlines() if line.startswith("python")]
+  return {next(a for a in c if a.startswith("--config="))[len("--config=configs/"):]:
+          [a for a in c if a.startswith("--config")] for c in commands}
+
+
+def test_every_paper_config_has_a_cpu_smoke_run_that_the_flags_shorten(monkeypatch):
+  """docs/scale.md's smoke run of each paper config parses (every data path it sets can be
+  set from the command line) and `--config.train.num_steps=N` sets the run's length,
+  whether the paper counts steps or epochs."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from avtext.train import trainer  # pylint: disable=g-import-not-at-top
+  commands = _smoke_commands()
+  assert sorted(commands) == sorted(PAPER)
+  monkeypatch.chdir(REPO)
+  monkeypatch.syspath_prepend(str(REPO))
+  for path, argv in commands.items():
+    argv = ["main", *argv]
+    monkeypatch.setattr(sys, "argv", argv)  # config_flags reads its overrides from sys.argv
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True)
+    values(argv)
+    # 2 steps whatever the split's size (10**6 examples: a paper run of thousands of steps)
+    assert trainer.total_train_steps(values.config, 10**6)[0] == 2, path
+    assert values.config.dataset.path.startswith("data/"), path
+
+
 def _main(args, tmp_path):
   """`python -m avtext.main` on 2 CPU devices, JAX_PLATFORMS unset as a user's is (main
   picks it: no libtpu noise may print)."""
