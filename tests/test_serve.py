@@ -263,7 +263,9 @@ def test_run_page_draws_the_loss_curve(page, world):
   curve = page.locator('svg.curve[data-tag="loss"] polyline')
   points = curve.get_attribute("points").split()
   assert len(points) == 3  # three logged steps
-  assert page.locator("#results").count() == 1
+  results = json.loads((world["avr"] / "results.json").read_text())["latest"]
+  row = page.locator("#results tr", has_text="test/t2v_R@1").first.inner_text().split()
+  assert row[0] == "test/t2v_R@1" and float(row[-1]) == pytest.approx(results["test/t2v_R@1"])
   _shot(page, "serve_run.png")
 
 

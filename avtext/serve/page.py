@@ -18,9 +18,9 @@ header b{margin-right:24px}main{padding:12px 16px;max-width:1200px}
 .strip img{height:54px;margin-right:3px}.strip img.best{outline:3px solid #e80}
 .timeline{position:relative;height:8px;background:#ddd;margin:4px 0}
 .timeline span{position:absolute;top:0;height:8px;background:#e80}
-table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
+select{max-width:32em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
 pre{background:#fff;border:1px solid #ccc;padding:8px;max-height:400px;overflow:auto}
-.curves{display:flex;flex-wrap:wrap;gap:8px}.curve{background:#fff;border:1px solid #ccc}
+.curves{display:flex;flex-wrap:wrap;gap:8px}#points{flex-basis:100%}.curve{background:#fff;border:1px solid #ccc}
 """
 
 COMMON_JS = r"""
@@ -154,10 +154,10 @@ def _frame(served, title: str, body: str, script: str = "") -> str:
 def search_page(served) -> str:
   options = "".join(
       f'<option value="{_e(i.name)}">{_e(i.name)}'
-      f'{" (cannot be searched: " + _e(i.error) + ")" if i.error else ""}</option>'
+      f'{" (built with another run)" if i.error else ""}</option>'
       for i in served.indexes.values())
   usable = [i for i in served.indexes.values() if not i.error]
-  notes = "".join(f'<div class="msg">{_e(i.name)}: {_e(i.error)}</div>'
+  notes = "".join(f'<div class="msg">{_e(i.error)}</div>'
                   for i in served.indexes.values() if i.error)
   moments = ('<button id="moments" type="button">Search moments</button>'
              if served.moments else "")
@@ -215,26 +215,37 @@ def curve_svg(tag: str, points, width: int = 300, height: int = 160) -> str:
           f'points="{line}" fill="none" stroke="#47a" stroke-width="1.5"/>{dots}</svg>')
 
 
-def _rows(tree, prefix: str = ""):
-  if isinstance(tree, dict):
-    for key, value in tree.items():
-      yield from _rows(value, f"{prefix}{key}." if isinstance(value, dict) else
-                       f"{prefix}{key}")
-  else:
-    yield prefix, tree
+def _fmt(value) -> str:
+  return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def metrics_table(results: dict) -> str:
+  """results.json as a table: a row per metric, a column per entry (a step, "latest",
+  "best", ...: each a {metric: value})."""
+  columns = [k for k, v in results.items() if isinstance(v, dict)]
+  metrics = sorted({m for c in columns for m in results[c]})
+  head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+  rows = "".join(f"<tr><td>{_e(m)}</td>" + "".join(
+      f"<td>{_e(_fmt(results[c][m])) if m in results[c] else ''}</td>" for c in columns)
+      + "</tr>" for m in metrics)
+  rest = "".join(f"<tr><td>{_e(k)}</td><td colspan={max(1, len(columns))}>{_e(_fmt(v))}"
+                 f"</td></tr>" for k, v in results.items() if not isinstance(v, dict))
+  return f'<table id="results"><tr><th>metric</th>{head}</tr>{rows}{rest}</table>'
 
 
 def run_page(served, view: dict) -> str:
   runs = "".join(f'<option value="{_e(n)}"{" selected" if n == view["name"] else ""}>'
                  f'{_e(n)}: {_e(w)}</option>' for n, w in served.runs.items())
-  curves = "".join(curve_svg(t, p) for t, p in view["curves"].items())
-  rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v if not isinstance(v, float) else f'{v:.5g}')}"
-                 f"</td></tr>" for k, v in _rows(view["results"]))
+  curves = "".join(curve_svg(t, p) for t, p in view["curves"].items() if len(p) > 1)
+  points = [f"{t} = {p[0][1]:.4g} (step {p[0][0]})" for t, p in view["curves"].items()
+            if len(p) == 1]  # evaluated once: a number, not a curve
+  if points:
+    curves += f'<p class="note" id="points">one point each: {_e("; ".join(points))}</p>'
   body = (f'<form><select name="name" onchange="this.form.submit()">{runs}</select></form>'
           f'<p class="note">{_e(view["workdir"])}</p><h3>Training curves</h3>'
           f'<div class="curves" id="curves">{curves or "<p>no TensorBoard scalars</p>"}</div>'
           f'<h3>Metrics (results.json)</h3>'
-          f'{"<table id=results>" + rows + "</table>" if rows else "<p>no results.json</p>"}'
+          f'{metrics_table(view["results"]) if view["results"] else "<p>no results.json</p>"}'
           f'<h3>Config</h3><pre id="config">{_e(view["config"])}</pre>')
   return _frame(served, f"Run: {view['name']}", body)
 

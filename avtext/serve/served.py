@@ -201,6 +201,8 @@ class Served:
     import io  # pylint: disable=g-import-not-at-top
     from PIL import Image  # pylint: disable=g-import-not-at-top
     path = self.collection(collection).path(video)
+    if not 16 <= height <= 720:
+      raise RequestError(400, f"height {height}: give 16 to 720 pixels")
     try:
       info = video_io.probe(path)
       h, w = video_io.fit_short_side(info.height, info.width, height)
