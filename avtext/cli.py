@@ -145,6 +145,23 @@ def check_output_dir(flag: str, path: str) -> None:
                           "give a directory you can write")
 
 
+def read_lines(flag: str, path: str, what: str, whats: str) -> list[str]:
+  """The non-empty lines of the text file --flag=path, stripped (checked first with
+  `check_input_file`); a file that is not UTF-8 text (a binary file, a video given by
+  mistake) or holds no line is one errors.BadInput naming the flag and what a line is
+  (`what`, plural `whats`)."""
+  check_input_file(flag, path)
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = [line.strip() for line in f if line.strip()]
+  except UnicodeDecodeError as e:
+    raise errors.BadInput(f"--{flag}={path}: not a text file (not UTF-8); "
+                          f"expected one {what} per line") from None
+  if not lines:
+    raise errors.BadInput(f"--{flag}={path}: no {whats} in it; expected one {what} per line")
+  return lines
+
+
 def check_range(flag: str, value, low=None, high=None, *, why: str = "") -> None:
   """--flag=value must lie in [low, high] (either bound None: open)."""
   if value is None:

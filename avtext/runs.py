@@ -91,8 +91,7 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
   path = pathlib.Path(workdir) / rundir.CONFIG_FILE
   if not path.exists():
     raise FileNotFoundError(f"{path}: not found; is {workdir} an avtext run directory?")
-  return ml_collections.ConfigDict(rundir.read_json(
-      path, fix=rundir.CONFIG_FIX))
+  return rundir.read_config(path)
 
 
 RUN_CACHE_ENV = "AVTEXT_RUN_CACHE"  # a directory, or "off"; default ~/.cache/avtext/runs

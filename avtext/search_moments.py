@@ -120,18 +120,15 @@ def main(argv: Sequence[str]) -> None:
   cli.check_input_dir("workdir", _WORKDIR.value, "XML run directory")
   if _BERT_DIR.value:
     cli.check_input_dir("bert_dir", _BERT_DIR.value, "HF BERT directory")
-  if _QUERIES.value != "-":
-    cli.check_input_file("queries", _QUERIES.value)
   if _QUERIES.value == "-":
     if sys.stdin.isatty():
       raise errors.BadInput("--queries=-: type the queries, one per line, then Ctrl-D; or "
                             "pipe them in, or pass --queries=FILE")
     texts = [line.strip() for line in sys.stdin if line.strip()]
+    if not texts:
+      raise errors.BadInput("--queries=-: no queries in it")
   else:
-    with open(_QUERIES.value, encoding="utf-8") as f:
-      texts = [line.strip() for line in f if line.strip()]
-  if not texts:
-    raise errors.BadInput(f"--queries={_QUERIES.value}: no queries in it")
+    texts = cli.read_lines("queries", _QUERIES.value, "query", "queries")
   step = cli.parse_step(_STEP.value)
   if isinstance(step, int) and os.path.isfile(os.path.join(_CORPUS.value, "meta.json")):
     # A corpus of another step is refused before the run is read (Searcher checks again).

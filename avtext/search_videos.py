@@ -100,11 +100,7 @@ def main(argv: Sequence[str]) -> None:
     if queries or not _CAPTIONS.value:
       raise errors.BadInput("--video ranks the lines of --captions=FILE; give no text queries")
     cli.check_input_file("video", _VIDEO.value, "video file")
-    cli.check_input_file("captions", _CAPTIONS.value)
-    with open(_CAPTIONS.value, encoding="utf-8") as f:
-      captions = [line.strip() for line in f if line.strip()]
-    if not captions:
-      raise errors.BadInput(f"--captions={_CAPTIONS.value}: no captions in it")
+    captions = cli.read_lines("captions", _CAPTIONS.value, "caption", "captions")
     found = IndexSearcher(_INDEX.value).video(_VIDEO.value, captions, _TOP.value)
     if _JSON.value:
       print(json.dumps({"video": _VIDEO.value, "captions": [

@@ -20,12 +20,15 @@ import shutil
 import h5py
 import ml_collections
 import numpy as np
+import pytest
 
 from avtext.data.builders import tvc
 from avtext.data.builders import tvr
 from avtext.data.synthetic import tvr_layout
 from avtext.text import vocab as vocab_lib
 from avtext.train import rundir
+from tests.test_cli_failsoft import _one_error_line
+from tests.test_cli_failsoft import _run
 from tests.test_cli_failsoft import run_processes
 from tests.test_cli_failsoft import user_env
 from tests.test_tasks_mmt import write_synthetic_tvc
@@ -165,3 +168,42 @@ def test_why_a_run_has_no_best_checkpoint(tmp_path):
       select=())))) == "it selects none (config.eval.select is unset)"
   (tmp_path / rundir.BEST_DIR / "3").mkdir(parents=True)
   assert rundir.no_best_reason(tmp_path, config) is None
+
+
+def test_files_of_the_wrong_kind_are_one_line(tmp_path, capsys):
+  """Item 12: a config.json of valid JSON but not a config, a binary --captions or
+  --queries file, an empty or garbage .npz checkpoint (never numpy's allow_pickle
+  advice: loading a pickle runs its code)."""
+  binary = tmp_path / "binary.txt"
+  binary.write_bytes(bytes(range(128, 256)))
+  (tmp_path / "empty.npz").write_bytes(b"")
+  (tmp_path / "garbage.npz").write_bytes(bytes(range(256)) * 4)
+  video = tmp_path / "clip.mp4"
+  video.write_bytes(b"\0")
+  for shape in ("[1, 2]", '{"task": 3}', '{"task": "avr", "model": [1]}'):
+    (tmp_path / "run" / rundir.CONFIG_FILE).parent.mkdir(exist_ok=True)
+    (tmp_path / "run" / rundir.CONFIG_FILE).write_text(shape)
+    with pytest.raises(rundir.RunFileError, match=r"config.json: valid JSON but not an "
+                       r"avtext config \((the whole file|'task'|'model') is not"):
+      rundir.read_config(tmp_path / "run" / rundir.CONFIG_FILE)
+  cases = [
+      ("avtext.main", ["--mode=eval", f"--workdir={tmp_path / 'run'}"],
+       ("config.json: valid JSON but not an avtext config", "'model'")),
+      ("avtext.search_videos", [f"--index={tmp_path}", f"--video={video}",
+                                f"--captions={binary}"],
+       ("--captions=", "not a text file", "one caption per line")),
+      ("avtext.search_moments", [f"--workdir={tmp_path / 'run'}", f"--corpus={tmp_path}",
+                                 f"--queries={binary}"],
+       ("--queries=", "not a text file", "one query per line")),
+      ("avtext.import_checkpoint", ["--system=xml", f"--checkpoint={tmp_path / 'empty.npz'}",
+                                    f"--out={tmp_path / 'imported'}"],
+       ("empty.npz: not an .npz of arrays (the file is empty)",)),
+      ("avtext.import_checkpoint", ["--system=xml", f"--checkpoint={tmp_path / 'garbage.npz'}",
+                                    f"--out={tmp_path / 'imported'}"],
+       ("garbage.npz: not an .npz of arrays", "numpy.savez")),
+  ]
+  for program, argv, words in cases:
+    code, err = _run(program, argv, capsys)
+    _one_error_line(f"{program} {argv}", code, err, words)
+    assert "allow_pickle" not in err and "pickle.load" not in err, err
+  assert not (tmp_path / "imported").exists()

@@ -228,6 +228,25 @@ def read_json(path: str | pathlib.Path, *, fix: str) -> Any:
 
 
 # ---- the run's identity: its config.json (`main` refuses a workdir of another run)
+# Sections of a config that are objects (ConfigDicts) whenever config.json has them.
+_CONFIG_SECTIONS = ("model", "dataset", "data", "train", "eval", "evals", "optimizer", "loss")
+
+
+def read_config(path: str | pathlib.Path) -> ml_collections.ConfigDict:
+  """A run's config.json as a ConfigDict; RunFileError naming the file, the first field of
+  the wrong shape and the fix when it is not a config."""
+  value = read_json(path, fix=CONFIG_FIX)
+  wrong = ("the whole file" if not isinstance(value, dict) else
+           "'task'" if not isinstance(value.get("task"), str) else
+           next((repr(k) for k in _CONFIG_SECTIONS if k in value
+                 and not isinstance(value[k], dict)), None))
+  if wrong:
+    raise RunFileError(f"{path}: valid JSON but not an avtext config ({wrong} is not what "
+                       "a config holds there: an object with a 'task' string and objects "
+                       f"for {', '.join(_CONFIG_SECTIONS)}); {CONFIG_FIX}")
+  return ml_collections.ConfigDict(value)
+
+
 def _flat(tree, prefix=""):
   if isinstance(tree, dict):
     out = {}
@@ -251,7 +270,7 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
   path = pathlib.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return
-  theirs = identity(ml_collections.ConfigDict(read_json(path, fix=CONFIG_FIX)))
+  theirs = identity(read_config(path))
   ours = identity(config)
   differ = [k for k in sorted(set(ours) & set(theirs)) if ours[k] != theirs[k]]
   if not differ:

@@ -29,6 +29,7 @@ import io
 import json
 import pathlib
 import pickle
+import zipfile
 from typing import Any, Iterable
 
 import jax
@@ -143,9 +144,19 @@ def read_checkpoint(path: str | pathlib.Path) -> Checkpoint:
   if not path.is_file():
     raise FileNotFoundError(f"--checkpoint={path}: no such file")
   if path.suffix == ".npz":
-    with np.load(path, allow_pickle=False) as data:
-      tensors = {k: data[k] for k in data.files if k != META_KEY}
-      meta = json.loads(str(data[META_KEY])) if META_KEY in data.files else {}
+    try:
+      with np.load(path, allow_pickle=False) as data:
+        tensors = {k: data[k] for k in data.files if k != META_KEY}
+        meta = json.loads(str(data[META_KEY])) if META_KEY in data.files else {}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+      # numpy's own words for a file that is no .npz (empty, cut short, a pickle) advise
+      # allow_pickle, which would run the file's code: never that.
+      what = ("the file is empty" if path.stat().st_size == 0 else
+              "its bytes are no zip archive of .npy arrays")
+      raise ImportCheckpointError(
+          f"{path}: not an .npz of arrays ({what}); expected the state dict saved with "
+          "numpy.savez (avtext.weights.official.save_npz), or the PyTorch checkpoint "
+          "itself") from None
     if not tensors:
       raise ImportCheckpointError(f"{path}: holds no arrays")
     return Checkpoint(tensors=tensors, meta=meta, path=path)
