@@ -333,8 +333,8 @@ def main(argv):
           "(run.json)")
   if info["approx_recall"] is not None:
     print(f"approximate index recall vs exact: {100 * info['approx_recall']:.1f} %")
+  check_result(_OUT.value, stats)  # before the result line: a run that mined nothing has none
   print(json.dumps({"csv": f"{_OUT.value}/videocc.csv", "dataset": f"{_OUT.value}/dataset.json"}))
-  check_result(_OUT.value, stats)
 
 
 if __name__ == "__main__":

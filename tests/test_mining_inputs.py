@@ -212,11 +212,12 @@ def test_a_run_that_mines_nothing_exits_non_zero_with_one_line(corpus, tmp_path,
       seeds.write_text("s0\tgrey.png\tgrey\n")
       from PIL import Image  # pylint: disable=g-import-not-at-top
       Image.fromarray(np.full((16, 16, 3), 128, np.uint8)).save(seeds.parent / "grey.png")
-  code, _, err = _mine_in_process(
+  code, stdout, err = _mine_in_process(
       [f"--seeds={seeds}", f"--videos={videos}", f"--embedder={HIST}",
        f"--out={tmp_path / 'o'}", "--clip_seconds=1", f"--tau={tau}", f"--tau_grid={tau}"],
       capsys)
   assert code == 1, err[-3000:]
+  assert '"csv"' not in stdout  # no result line: nothing was mined
   last = err.strip().splitlines()[-1]
   assert last.startswith("error: ") and "Traceback" not in err, err[-3000:]
   for word in words:
