@@ -453,6 +453,10 @@ def run(main: Callable[[list[str]], object], flag_values: flags.FlagValues,
     if debug:
       traceback.print_exc()
     print(f"{e.prefix}{e}", file=sys.stderr)
+    if getattr(e, "exit_now", False):  # no atexit handlers (errors.ProcessLost)
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(e.exit_code)  # pylint: disable=protected-access
     sys.exit(e.exit_code)
   except KeyboardInterrupt:
     if debug:

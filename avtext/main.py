@@ -58,6 +58,10 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "--distributed: this proc
 _LOCAL_DEVICES = flags.DEFINE_list(
     "local_device_ids", None, "--distributed: local accelerator ids this process drives "
     "(e.g. 0 when the scheduler shows each process a single GPU)", flag_values=FLAGS)
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout_seconds", None, "--distributed: a process silent this long is lost "
+    "(the others then exit in one line naming it; default: JAX's, 100)", lower_bound=1,
+    flag_values=FLAGS)
 _ALLOW_CPU = flags.DEFINE_bool(
     "allow_cpu", False, "--mode=train a config that targets an accelerator "
     "(config.target_topology) even when JAX finds only CPU devices", flag_values=FLAGS)
@@ -188,10 +192,10 @@ def main(argv):
   for flag in (_STEP, _EVAL_DIR):
     if flag.value is not None and _MODE.value != "eval":
       raise app.UsageError(f"--{flag.name} goes with --mode=eval")
-  cluster_flags = (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _LOCAL_DEVICES)
+  cluster_flags = (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _LOCAL_DEVICES, _HEARTBEAT)
   if not _DISTRIBUTED.value and any(f.present for f in cluster_flags):
     raise app.UsageError("--coordinator_address/--num_processes/--process_id/"
-                         "--local_device_ids need --distributed")
+                         "--local_device_ids/--heartbeat_timeout_seconds need --distributed")
   workdir = _WORKDIR.value
   if _MODE.value == "train":  # a file, or a place no directory can be made: before any work
     cli.check_output_dir("workdir", workdir)
@@ -219,15 +223,13 @@ def main(argv):
   # Imported here so --help answers without initializing JAX.
   import jax  # pylint: disable=g-import-not-at-top
   if _DISTRIBUTED.value:
-    # Cross-process collectives on the CPU backend (fake-device tests, CPU
-    # clusters); accelerator backends ignore this setting.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    # Flags left unset (None) are read from the cluster environment.
-    jax.distributed.initialize(
+    from avtext.train import hosts  # pylint: disable=g-import-not-at-top
+    hosts.initialize(  # flags left unset (None) are read from the cluster environment
         coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
         process_id=_PROCESS_ID.value,
         local_device_ids=None if _LOCAL_DEVICES.value is None else
-        [int(i) for i in _LOCAL_DEVICES.value])
+        [int(i) for i in _LOCAL_DEVICES.value],
+        heartbeat_timeout_s=_HEARTBEAT.value)
   cli.log_progress()
   sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
   _log_platform(jax)

@@ -24,6 +24,9 @@
 #SBATCH --gpus-per-task=1
 #SBATCH --cpus-per-task=8
 #SBATCH --time=24:00:00
+# SIGTERM to every task 2 min before the time limit: all stop at one step and save it
+# (docs/scale.md "Preemption"); re-submitting resumes there.
+#SBATCH --signal=TERM@120
 #SBATCH --output=%x-%j.out
 set -euo pipefail
 config=$1 workdir=$2; shift 2

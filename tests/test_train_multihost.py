@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -221,3 +222,171 @@ def test_two_processes_train_like_one_and_resume_in_one(five_steps, tmp_path):
 def test_inspect_loads_a_two_process_checkpoint(five_steps):
   two, one = five_steps
   assert _max_param_diff(two, one, 5) <= 1e-5
+
+
+# ---- preemption: every process stops at one agreed step -----------------------------
+
+STEPS = 8  # each preempted run: 8 steps, signalled once step 3 is logged
+EXIT_BOUND_S = 60  # first signal -> last exit (measured ~10-20 s, BENCHMARKS.md)
+
+
+class _Pair:
+  """Two `--distributed` processes of the tiny AVR config in one workdir, the persistent
+  compilation cache in `cache` (shared by every pair of these tests, so each relaunch
+  reads what an earlier, interrupted pair wrote)."""
+
+  def __init__(self, workdir: pathlib.Path, cache: pathlib.Path, *extra: str):
+    self.workdir = workdir
+    address = f"--coordinator_address=localhost:{_free_port()}"
+    self.logs = [workdir.parent / f"{workdir.name}_{i}.log" for i in range(2)]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", AVTEXT_COMPILATION_CACHE=str(cache),
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    self.procs = []
+    for i, log in enumerate(self.logs):
+      cmd = _main_cmd(workdir, STEPS, "--distributed", address, "--num_processes=2",
+                      f"--process_id={i}", "--heartbeat_timeout_seconds=10", *extra)
+      with open(log, "w") as out:
+        self.procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out,
+                                           stderr=subprocess.STDOUT))
+
+  def text(self, i: int) -> str:
+    return self.logs[i].read_text()
+
+  def wait_for_step(self, step: int, timeout_s: float = TIMEOUT_S) -> None:
+    """Until process 0 has logged the training metrics of `step`."""
+    deadline = time.monotonic() + timeout_s
+    while f"] [{step}] " not in self.text(0):
+      assert all(p.poll() is None for p in self.procs), self.text(0)[-4000:]
+      assert time.monotonic() < deadline, f"step {step} not reached: {self.text(0)[-4000:]}"
+      time.sleep(0.1)
+
+  def wait(self, timeout_s: float = TIMEOUT_S) -> list[int]:
+    """The exit statuses; kills both if either is still running after `timeout_s`."""
+    try:
+      for proc in self.procs:
+        proc.wait(timeout=max(1.0, timeout_s))
+    except subprocess.TimeoutExpired:
+      for proc in self.procs:
+        proc.kill()
+      raise AssertionError(f"still running after {timeout_s} s:\n" + "\n".join(
+          self.text(i)[-3000:] for i in range(2))) from None
+    return [proc.returncode for proc in self.procs]
+
+  def kill(self) -> None:
+    for proc in self.procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def preemption(tmp_path_factory):
+  """(tmp dir, the shared compilation cache, a 1-process 4-device run of STEPS steps:
+  the uninterrupted reference every resumed 2-process run must equal)."""
+  tmp = tmp_path_factory.mktemp("preemption")
+  reference = tmp / "reference"
+  _run_all([(_main_cmd(reference, STEPS), 4, tmp / "reference.log")])
+  return tmp, tmp / "jax_cache", reference
+
+
+def _stderr_last_line(text: str) -> str:
+  return text.strip().splitlines()[-1]
+
+
+def _assert_resumes_like_reference(tmp, cache, workdir, reference, stopped_at):
+  """A relaunch of the same 2-process command resumes from `stopped_at` and ends with
+  the reference's losses (every step) and parameters."""
+  relaunch = _Pair(workdir, cache)
+  try:
+    assert relaunch.wait() == [0, 0], relaunch.text(0)[-4000:]
+  finally:
+    relaunch.kill()
+  if stopped_at < STEPS:
+    assert f"at step {stopped_at}" in relaunch.text(0)  # "resumed from ... at step N"
+  losses, expected = _logged(workdir, "loss"), _logged(reference, "loss")
+  assert sorted(losses) == sorted(expected) == list(range(1, STEPS + 1))
+  assert max(abs(losses[s] - expected[s]) for s in expected) <= 1e-5, (losses, expected)
+  assert _max_param_diff(workdir, reference, STEPS) <= 1e-5
+
+
+def _checkpoints(workdir: pathlib.Path) -> list[int]:
+  folder = workdir / "checkpoints"
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("both", [False, True], ids=["one_process", "both_apart"])
+def test_sigterm_stops_every_process_at_one_step(preemption, both):
+  """SIGTERM to process 1 only, or to both 2 s apart: both save one agreed step and
+  exit 143 within EXIT_BOUND_S of the first signal; the relaunch resumes from it."""
+  tmp, cache, reference = preemption
+  workdir = tmp / ("both" if both else "one")
+  pair = _Pair(workdir, cache, "--config.train.checkpoint_every_steps=1000")
+  try:
+    pair.wait_for_step(3)
+    first = time.monotonic()
+    pair.procs[1].send_signal(signal.SIGTERM)
+    if both:
+      time.sleep(2)
+      pair.procs[0].send_signal(signal.SIGTERM)
+    statuses = pair.wait(EXIT_BOUND_S)
+    print(f"first signal -> last exit: {time.monotonic() - first:.1f} s")
+  finally:
+    pair.kill()
+  assert statuses == [143, 143], pair.text(0)[-4000:]
+  (stopped_at,) = _checkpoints(workdir)  # one step, saved by both together
+  assert 3 < stopped_at < STEPS
+  for i in range(2):
+    assert _stderr_last_line(pair.text(i)) == (
+        f"interrupted at step {stopped_at}; checkpoint {stopped_at} kept; re-run to resume")
+    assert "Traceback" not in pair.text(i)
+  _assert_resumes_like_reference(tmp, cache, workdir, reference, stopped_at)
+
+
+@pytest.mark.slow
+def test_sigint_during_the_final_evaluation_finishes_the_run(preemption):
+  """Ctrl-C to process 1 once the last step is logged (its evaluation takes seconds):
+  both finish the evaluation, write the results and exit 0; the relaunch finds the run
+  complete."""
+  tmp, cache, reference = preemption
+  workdir = tmp / "final_eval"
+  pair = _Pair(workdir, cache, "--config.train.checkpoint_every_steps=1000")
+  try:
+    pair.wait_for_step(STEPS)
+    first = time.monotonic()
+    pair.procs[1].send_signal(signal.SIGINT)
+    statuses = pair.wait(EXIT_BOUND_S)
+    print(f"signal -> last exit: {time.monotonic() - first:.1f} s")
+  finally:
+    pair.kill()
+  assert statuses == [0, 0], pair.text(1)[-4000:]
+  assert "SIGINT received during the final evaluation: the run finished" in pair.text(1)
+  assert _checkpoints(workdir) == [STEPS]
+  assert _final_eval(workdir) == pytest.approx(_final_eval(reference), rel=1e-6)
+  _assert_resumes_like_reference(tmp, cache, workdir, reference, STEPS)
+
+
+@pytest.mark.slow
+def test_a_killed_process_ends_the_other_in_one_line(preemption):
+  """SIGKILL to process 1 at step 3 (checkpoints every 2 steps): process 0 exits within
+  the heartbeat timeout (10 s) + EXIT_BOUND_S with one line naming process 1; the
+  relaunch (same compilation cache) resumes from checkpoint 2."""
+  tmp, cache, reference = preemption
+  workdir = tmp / "killed"
+  pair = _Pair(workdir, cache, "--config.train.checkpoint_every_steps=2")
+  try:
+    pair.wait_for_step(3)
+    first = time.monotonic()
+    pair.procs[1].kill()
+    statuses = pair.wait(10 + EXIT_BOUND_S)
+    print(f"SIGKILL -> exit of process 0: {time.monotonic() - first:.1f} s")
+  finally:
+    pair.kill()
+  assert statuses == [1, -signal.SIGKILL]
+  last = max(_checkpoints(workdir))
+  assert last >= 2
+  assert _stderr_last_line(pair.text(0)) == (
+      f"error: process 1 of 2 was lost (killed, or its machine went away); checkpoint "
+      f"{last} is the last on disk: relaunch the same command on every host to resume")
+  assert "Traceback" not in pair.text(0)
+  _assert_resumes_like_reference(tmp, cache, workdir, reference, last)

@@ -23,6 +23,7 @@ and replaces its small files atomically (`avtext.atomic`).
 import contextlib
 import math
 import pathlib
+import signal
 import time
 from typing import Any
 
@@ -40,6 +41,7 @@ from avtext import atomic
 from avtext import errors
 from avtext.train import checkpointing
 from avtext.train import control as control_lib
+from avtext.train import hosts
 from avtext.train import optimizers
 from avtext.train import partitioning
 from avtext.train import results as results_lib
@@ -283,10 +285,26 @@ class Trainer(results_lib.RunResults):
           stop_lib.StopRequest().catching() as stop):
       try:
         return self._train(stop)
-      except EvaluatorError as e:
+      except (jax.errors.JaxRuntimeError, EvaluatorError) as e:
+        self._raise_if_process_lost(e)
+        if not isinstance(e, EvaluatorError):
+          raise
         raise errors.EvaluationFailed(
             f"{e}; checkpoint {e.step} is on disk: fix it and re-run the same command, "
             "which evaluates that step again without training it again") from e
+
+  def _raise_if_process_lost(self, error: Exception) -> None:
+    """Several processes: `error` (a failed collective, or an evaluator that met one)
+    as errors.ProcessLost when the coordination service has lost a process."""
+    if jax.process_count() == 1:
+      return
+    latest = self.checkpointer.latest_step()
+    kept = (f"checkpoint {latest} is the last on disk" if latest is not None
+            else "no checkpoint was written yet")
+    lost = hosts.lost(error.__cause__ or error if isinstance(error, EvaluatorError)
+                      else error, kept=kept)
+    if lost is not None:
+      raise lost from error
 
   def _train(self, stop: stop_lib.StopRequest) -> TrainState:
     config = self.config
@@ -343,6 +361,8 @@ class Trainer(results_lib.RunResults):
     params_norm = jax.jit(optax.global_norm)
     window_start, window_steps, window_sum = time.perf_counter(), 0, None
     step = start
+    stop.at_boundary(step)  # a notice during the set-up stops before the first step
+    finished = False  # every step trained and the last one's evaluations run
     try:
       while step < self.total_steps and not stop.requested:
         with (jax.profiler.StepTraceAnnotation("train", step_num=step),
@@ -350,6 +370,7 @@ class Trainer(results_lib.RunResults):
           batch = partitioning.host_to_global(next(data_iter), self.mesh)
           state, metrics = train_step(state, batch)
         step += 1
+        stop.at_boundary(step)
         window_steps += 1
         window_sum = metrics if window_sum is None else jax.tree.map(jnp.add, window_sum, metrics)
         pending.append((step, metrics))
@@ -381,6 +402,7 @@ class Trainer(results_lib.RunResults):
             self.checkpointer.wait()
         if due and not stop.requested:
           state = evaluate(state, step, due)
+          finished = step == self.total_steps
         stopped = bool(state.control.stopped) if due else False
         if stopped and last_saved != step:
           self.checkpointer.save(step, state, data_iter.get_state())
@@ -396,15 +418,20 @@ class Trainer(results_lib.RunResults):
             self._run_or_fail(self._variables(state), step, writer, rest)
           break
       self._check_finite(pending, last_saved)
-      if stop.requested:
+      if finished and (stop.requested or stop.signum is not None):
+        # The signal came during the final evaluation, which completed.
+        logging.warning("%s received during the final evaluation: the run finished, its "
+                        "results are written", signal.Signals(stop.exit_signal()).name)
+      elif stop.requested:
         if last_saved != step and step > 0:
           self.checkpointer.save(step, state, data_iter.get_state())
           last_saved = step
         self.checkpointer.wait()
         kept = (f"checkpoint {step} kept; re-run to resume" if last_saved == step else
                 "no checkpoint yet; re-run to start again")
-        raise errors.Interrupted(f"interrupted at step {step}; {kept}", stop.signum)
+        raise errors.Interrupted(f"interrupted at step {step}; {kept}", stop.exit_signal())
     finally:
+      writer.flush()  # the steps logged so far, whatever stops the loop
       self.checkpointer.wait()
       if self.best_checkpointer is not None:
         self.best_checkpointer.wait()

@@ -1,0 +1,177 @@
+"""Stopping on a signal: one process alone, several by agreement; a lost process.
+
+In-process, against stand-ins for JAX's preemption sync manager and the coordination
+service's key-value store (the real ones run in the 2-process tests of
+tests/test_train_multihost.py). A tiny AVR run signalled during an evaluation: at a
+middle step it stops after that step with its checkpoint, at the last step it finishes.
+"""
+import signal
+
+from absl import flags
+import pytest
+
+from avtext import cli
+from avtext import errors
+from avtext.train import hosts
+from avtext.train import stop as stop_lib
+from tests.test_train_run_faults import _steps
+from tests.test_train_run_faults import _trainer
+from tests.test_train_trainer import tiny_config
+
+
+class _SyncManager:
+  """reached_preemption_sync_point as the runtime computes it: after a notice, the
+  furthest process's counter + 1 (here: the last counter seen + 1)."""
+
+  def __init__(self):
+    self.counters, self.sync_point = [], None
+
+  def notice(self):
+    self.sync_point = (self.counters[-1] if self.counters else 0) + 1
+
+  def __call__(self, counter):
+    self.counters.append(counter)
+    return counter == self.sync_point
+
+
+def test_one_process_stops_on_its_own_signal():
+  stop = stop_lib.StopRequest(shared=False)
+  with stop.catching():
+    assert not stop.at_boundary(0) and not stop.requested
+    signal.raise_signal(signal.SIGTERM)
+    assert stop.at_boundary(1) and stop.requested and stop.exit_signal() == signal.SIGTERM
+    with pytest.raises(KeyboardInterrupt):  # a second signal stops at once
+      signal.raise_signal(signal.SIGINT)
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+
+
+def test_several_processes_stop_at_the_agreed_boundary(monkeypatch):
+  """The counter passed to the runtime is the boundary's rank (1, 2, ...), equal on every
+  process whatever step training resumed from; the decision holds once taken."""
+  sync = _SyncManager()
+  monkeypatch.setattr(stop_lib.multihost_utils, "reached_preemption_sync_point", sync)
+  stop = stop_lib.StopRequest(shared=True)
+  assert [stop.at_boundary(step) for step in (40, 41, 42)] == [False] * 3
+  sync.notice()  # another process got SIGTERM: the stop is at the 4th boundary, step 43
+  assert not stop.requested
+  assert stop.at_boundary(43) and stop.requested and stop.at_boundary(44)
+  assert sync.counters == [1, 2, 3, 4]  # not called again once agreed
+  assert stop.signum is None and stop.exit_signal() == signal.SIGTERM
+
+
+def test_a_notice_before_the_first_boundary_stops_there(monkeypatch):
+  sync = _SyncManager()
+  monkeypatch.setattr(stop_lib.multihost_utils, "reached_preemption_sync_point", sync)
+  sync.notice()  # during the set-up, before any counter: sync point 1
+  assert stop_lib.StopRequest(shared=True).at_boundary(100)
+
+
+def test_sigint_to_one_of_several_processes_becomes_the_runtimes_notice(monkeypatch):
+  """SIGTERM stays with the runtime's handler; SIGINT is sent on to it as SIGTERM."""
+  sent = []
+  monkeypatch.setattr(stop_lib.os, "kill", lambda pid, signum: sent.append(signum))
+  stop = stop_lib.StopRequest(shared=True)
+  with stop.catching():
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # not taken from the runtime
+    signal.raise_signal(signal.SIGINT)
+    assert sent == [signal.SIGTERM] and stop.signum == signal.SIGINT
+    assert not stop.requested  # until the processes agree
+    assert stop.exit_signal() == signal.SIGINT
+
+
+class _KeyValueStore:
+  """The coordination service's key-value store, with the processes that answer."""
+
+  def __init__(self, answering=(), gone=False):
+    self.store = {f"avtext/alive/{p}": "1" for p in answering}
+    self.gone = gone
+
+  def key_value_set(self, key, value):
+    if self.gone:
+      raise RuntimeError("UNAVAILABLE: failed to connect to all addresses")
+    self.store[key] = value
+
+  def key_value_dir_get(self, prefix):
+    return [(k, v) for k, v in self.store.items() if k.startswith(prefix)]
+
+  def key_value_delete(self, key):
+    del self.store[key]
+
+
+@pytest.mark.parametrize("count,answering,gone,expected", [
+    (2, (), False, "process 1 of 2 was lost"),
+    (4, (1, 3), False, "process 2 of 4 was lost"),
+    (4, (3,), False, "process 1, process 2 of 4 were lost"),
+    (2, (), True, "process 0 (the coordinator) of 2 was lost"),
+    (2, (1,), False, None),  # everyone answers: another error, raised as it is
+])
+def test_a_failed_collective_names_the_processes_that_do_not_answer(
+    monkeypatch, count, answering, gone, expected):
+  client = _KeyValueStore(answering, gone)
+  monkeypatch.setattr(hosts, "_client", lambda: client)
+  monkeypatch.setattr(hosts.jax, "process_count", lambda: count)
+  monkeypatch.setattr(hosts.jax, "process_index", lambda: 0)
+  monkeypatch.setattr(hosts, "ANSWER_WAIT_S", 0.3)
+  lost = hosts.lost(RuntimeError("Gloo all-reduce failed: Connection closed by peer"),
+                    kept="checkpoint 4 is the last on disk")
+  assert hosts.lost(RuntimeError("RESOURCE_EXHAUSTED: out of memory"), kept="") is None
+  if expected is None:
+    assert lost is None and "avtext/alive/0" not in client.store  # its answer withdrawn
+    return
+  assert str(lost) == (f"{expected} (killed, or its machine went away); checkpoint 4 is "
+                       "the last on disk: relaunch the same command on every host to resume")
+
+
+def test_a_lost_process_exits_at_once_in_one_line(monkeypatch, capsys):
+  """No atexit handlers (JAX's shutdown barrier would wait for the dead process)."""
+  exits = []
+
+  def fake_exit(code):
+    exits.append(code)
+    raise SystemExit(code)
+  monkeypatch.setattr(cli.os, "_exit", fake_exit)
+
+  def main(argv):
+    del argv
+    raise errors.ProcessLost("process 1 of 2 was lost (killed, or its machine went away)")
+  with pytest.raises(SystemExit):
+    cli.run(main, flags.FlagValues(), ["prog"], doc="")
+  assert exits == [1]
+  assert capsys.readouterr().err == (
+      "error: process 1 of 2 was lost (killed, or its machine went away)\n")
+
+
+class _SignalAt:
+  """Scores the step and sends SIGINT to this process while evaluating `step`."""
+
+  def __init__(self, step):
+    self.step, self.calls = step, []
+
+  def every(self, steps_per_epoch):
+    del steps_per_epoch
+    return 2
+
+  def run(self, variables, *, mesh, step):
+    del variables, mesh
+    self.calls.append(step)
+    if step == self.step:
+      signal.raise_signal(signal.SIGINT)
+    return {"score": float(step)}
+
+
+def test_a_signal_during_an_evaluation(tmp_path, caplog):
+  """At step 2 of 4: the evaluation completes, then the run stops with step 2 on disk;
+  the re-run signalled during the last evaluation (step 4) finishes the run."""
+  config = tiny_config(**{"train.num_steps": 4, "train.checkpoint_every_steps": 2})
+  evaluator = _SignalAt(2)
+  with pytest.raises(errors.Interrupted) as stopped:
+    _trainer(config, tmp_path, {"score": evaluator}).train()
+  assert str(stopped.value) == "interrupted at step 2; checkpoint 2 kept; re-run to resume"
+  assert stopped.value.exit_code == 130 and evaluator.calls == [2]
+  assert _steps(tmp_path / "checkpoints") == [2]
+  evaluator = _SignalAt(4)
+  state = _trainer(config, tmp_path, {"score": evaluator}).train()
+  assert int(state.step) == 4 and evaluator.calls == [4]
+  assert _steps(tmp_path / "checkpoints") == [2, 4]
+  assert any("SIGINT received during the final evaluation: the run finished" in r.getMessage()
+             for r in caplog.records)
