@@ -40,7 +40,7 @@ _LONG_FILES = (
     "test_train_run_faults.py", "test_train_trainer.py", "test_train_fsdp_microbatches.py",
     "test_models_precision_families.py", "test_aot.py", "test_experiment.py",
     "test_inference_generate.py", "test_tasks_smit.py", "test_tasks_xml.py",
-    "test_train_rundir.py", "test_index.py", "test_models_scan_layers.py",
+    "test_train_rundir.py", "test_index.py", "test_serve.py", "test_models_scan_layers.py",
     "test_tasks_example_spec.py", "test_tasks_mmt.py", "test_tasks_coot.py",
     "test_models_gpt2.py", "test_models_coot.py", "test_weights_official_mmt.py",
     "test_data_files.py", "test_cli.py", "test_mining.py", "test_notebook.py")

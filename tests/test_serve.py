@@ -151,7 +151,8 @@ def test_the_program_refuses_bad_flags_in_one_line(tmp_path, capsys):
   from avtext import cli  # pylint: disable=g-import-not-at-top
   for argv, words in ((["--port=80000"], "--port"), ([], "nothing to serve"),
                       ([f"--index={tmp_path}"], "not an avtext index"),
-                      ([f"--index={tmp_path / 'x'}"], "no such directory")):
+                      ([f"--index={tmp_path / 'x'}"], "no such directory"),
+                      ([f"--corpus={tmp_path}"], "together")):
     with pytest.raises(SystemExit) as done:
       cli.run(serve_main.main, serve_main.FLAGS, ["avtext.serve", *argv])
     err = capsys.readouterr().err

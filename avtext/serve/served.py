@@ -122,6 +122,9 @@ class Served:
       raise errors.BadInput("nothing to serve: give --index=INDEX (search), "
                             "--caption_workdir=RUN (captions) and/or --corpus=DIR with "
                             "--moments_workdir=RUN (moments)")
+    if bool(corpus) != bool(moments_workdir) or (moment_videos and not corpus):
+      raise errors.BadInput("moments need --corpus=DIR and --moments_workdir=RUN (the XML run "
+                            "that encoded it) together; --moment_videos goes with them")
     self.max_upload_mb = max_upload_mb
     self.max_upload_bytes = int(max_upload_mb * (1 << 20))
     self.lock = threading.Lock()  # one model call at a time: the CPU is shared anyway
@@ -155,9 +158,6 @@ class Served:
     self.moments = self.moment_videos = None
     if corpus:
       from avtext import search_moments  # pylint: disable=g-import-not-at-top
-      if not moments_workdir:
-        raise errors.BadInput("--corpus needs --moments_workdir=RUN: the XML run that "
-                              "encoded it")
       cli.check_input_dir("corpus", corpus, "corpus store")
       self.moments = search_moments.Searcher(moments_workdir, corpus, step=moments_step)
       self.runs["moments"] = self.moments.run.workdir
