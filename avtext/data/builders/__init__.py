@@ -57,6 +57,10 @@ RandomAccessDataSource (`__len__`, `__getitem__`) with a `kind`:
   'features'  `avtext.data.array_store.FeatureSource`: a dict of numpy arrays (leading
               axes of variable length) plus host fields ('id', strings); batch them
               with `array_store.collate`.
+
+A source whose split can come without the references its evaluators score (TVR's and
+TVC's released test_public) says so in `missing_references`: None, or what is missing,
+naming the file and field (`avtext.evals.check_splits` refuses to select on it).
 """
 from typing import Any, Callable
 
