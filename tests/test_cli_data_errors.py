@@ -136,7 +136,7 @@ def test_data_errors_and_a_selection_without_references_are_one_line(tmp_path):
        [f"--submission={garbage}", f"--ground_truth={tvr.annotation_path(tvr_dir, 'val')}"],
        ("--submission=", "not a TVR submission", "video2idx")),
   ]
-  failed = run_processes(jobs, user_env(tmp_path))
+  failed = run_processes(jobs, user_env(tmp_path), one_line=True)
   assert not failed, "\n".join(failed)
   assert not (tmp_path / "runs").exists() and not (tmp_path / "v.json").exists()
 

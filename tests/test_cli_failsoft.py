@@ -19,6 +19,7 @@ noise may print); each answers before JAX embeds or loads anything, most in a se
 import concurrent.futures
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import types
@@ -263,11 +264,12 @@ def test_several_cpu_devices_get_the_in_order_collective_scheduler(monkeypatch, 
   assert os.environ["XLA_FLAGS"] == after
 
 
-def run_processes(jobs, env) -> list[str]:
+def run_processes(jobs, env, *, one_line: bool = False) -> list[str]:
   """Runs each (name, program, argv, words) as `python -m program argv` in the repository,
   2 at a time; returns, for each that did not exit 2 with at most 6 lines on stderr, no
   traceback, no libtpu noise and a last line `error: ...` holding every one of `words`,
-  what went wrong."""
+  what went wrong. `one_line`: the error is the only line on stderr but for the
+  program's own progress log lines (absl INFO: `I<mmdd> ...`, main's)."""
   def run(job):
     module, *kind = job[1].split()
     return subprocess.run([sys.executable, "-m", module, *kind, *map(str, job[2])], cwd=REPO,
@@ -280,8 +282,10 @@ def run_processes(jobs, env) -> list[str]:
     err = proc.stderr.strip()
     last = err.splitlines()[-1] if err else ""
     wrong = [w for w in words if w not in last]
+    others = [l for l in err.splitlines()[:-1] if not re.match(r"I\d{4} ", l)]
     if (proc.returncode != 2 or "Traceback" in err or "libtpu" in err or "TPU_" in err
-        or len(err.splitlines()) > 6 or not last.startswith("error: ") or wrong):
+        or len(err.splitlines()) > 6 or not last.startswith("error: ") or wrong
+        or (one_line and others)):
       failed.append(f"{name}: {program} {' '.join(map(str, argv))}\n  exit {proc.returncode}, "
                     f"missing {wrong}\n  {err[-1500:]}")
   return failed

@@ -47,12 +47,14 @@ flags.mark_flags_as_required(["config", "out"], flag_values=FLAGS)
 def word_vocab(config, out: str, num: int | None, min_count: int) -> None:
   source = builders.get_source(config.dataset, "train")
   n = len(source) if num is None else min(num, len(source))
-  texts = [d for i in tqdm.tqdm(range(n), desc="moments") for d in source.describe(i)["descs"]]
+  missing = getattr(source, "missing_references", None)  # known before any is read
+  texts = [] if missing else [d for i in tqdm.tqdm(range(n), desc="moments")
+                              for d in source.describe(i)["descs"]]
   if not texts:
-    missing = getattr(source, "missing_references", None) or "its moments' 'descs' are empty"
     raise errors.BadInput(f"config.dataset.path={config.dataset.path!r}: no descriptions in "
-                          f"the train split ({missing}); the vocabulary is built from the "
-                          "training descriptions: point it at TVC's files with them")
+                          f"the train split ({missing or 'every one is empty'}); the "
+                          "vocabulary is built from the training descriptions: point it at "
+                          "TVC's files with them")
   vocab = vocab_lib.WordVocab.build(texts, min_count=min_count)
   vocab.save(out)
   print(f"{out}: {len(vocab)} words (7 special) from {len(texts)} descriptions of {n} "
