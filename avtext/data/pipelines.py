@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import ml_collections
 import numpy as np
 
+from avtext import errors
 from avtext.data import audio as audio_lib
 from avtext.data import video
 from avtext.data import video_io
@@ -36,8 +37,9 @@ def train_batches(num_examples: int, example_fn: Callable[[int, np.random.Genera
   """
   global_size = batch_size * process_count
   if num_examples < global_size:
-    raise ValueError(f"{num_examples} training examples, fewer than one batch of "
-                     f"{global_size} ({process_count} process(es) x {batch_size})")
+    raise errors.BadInput(f"{num_examples} training examples, fewer than one batch of "
+                          f"{global_size} ({process_count} process(es) x {batch_size}); "
+                          "lower --config.train.batch_size or give more training data")
   import grain  # pylint: disable=g-import-not-at-top  (with orbax: a quarter second)
   ds = grain.MapDataset.range(num_examples).seed(seed).shuffle().repeat()
   # random_map seeds each example by its stream position, so the rows are
