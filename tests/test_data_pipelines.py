@@ -6,6 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from avtext import errors
 from avtext.data import audio
 from avtext.data import builders
 from avtext.data import pipelines
@@ -162,7 +163,8 @@ def test_train_batches_are_a_function_of_seed_and_position():
   h0 = pipelines.train_batches(10, fn, batch_size=5, seed=3, process_index=0, process_count=2)
   h1 = pipelines.train_batches(10, fn, batch_size=5, seed=3, process_index=1, process_count=2)
   assert not set(h0[0]["i"]) & set(h1[0]["i"])
-  with pytest.raises(ValueError, match="fewer than one batch"):
+  # A user error (one `error:` line from main), naming the flag to change.
+  with pytest.raises(errors.BadInput, match="fewer than one batch.*--config.train.batch_size"):
     pipelines.train_batches(3, fn, batch_size=4, seed=0)
 
 
