@@ -7,7 +7,9 @@ r"""Scores a TVR submission file: VCMR / SVMR / VR R@{1,5,10,100} at IoU 0.5 / 0
 The numbers are `avtext.metrics.vcmr.evaluate_predictions`'s (equal to the
 official standalone_eval/eval.py). With `--official_script`, that script (not part of
 avtext; a checkout of jayleicn/TVRetrieval) is run on the same files and every metric
-is compared; the exit status is 1 when any differs.
+is compared; the exit status is 1 when any differs. A ground truth without moments (TVR's
+released test_public hides each query's video and span) cannot be scored: one line says
+so; its submission goes to TVR's evaluation server (docs/tvr.md, "Submitting").
 """
 import json
 import math
