@@ -55,13 +55,14 @@ _MAX_UPLOAD_MB = flags.DEFINE_float("max_upload_mb", 64.0, "the largest video th
 
 
 def listen(host: str, port: int):
-  """A socket bound to host:port (port 0: a free one); a busy or foreign address is a
+  """A socket listening on host:port (port 0: a free one); a busy or foreign address is a
   one-line error."""
   import socket  # pylint: disable=g-import-not-at-top
   sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   try:
     sock.bind((host, port))
+    sock.listen(2048)  # from here on connections wait for the server, none is refused
   except OSError as e:
     sock.close()
     raise errors.BadInput(f"--host={host} --port={port}: cannot listen there ({e.strerror}); "
