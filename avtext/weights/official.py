@@ -148,7 +148,7 @@ def read_checkpoint(path: str | pathlib.Path) -> Checkpoint:
       with np.load(path, allow_pickle=False) as data:
         tensors = {k: data[k] for k in data.files if k != META_KEY}
         meta = json.loads(str(data[META_KEY])) if META_KEY in data.files else {}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile):
       # numpy's own words for a file that is no .npz (empty, cut short, a pickle) advise
       # allow_pickle, which would run the file's code: never that.
       what = ("the file is empty" if path.stat().st_size == 0 else
