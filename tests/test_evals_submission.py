@@ -34,3 +34,10 @@ def test_tvc_submission_named_and_zipped_as_the_readme_asks(tmp_path):
     assert archive.read("tvc_test_public_submission.jsonl").decode() == LINE.replace(
         "86603", "86604")
   assert (zipped.parent / "tvc_val_submission.jsonl").read_text() == LINE
+  # From an evaluator: only with both files written by this process (a val export left by
+  # an earlier evaluation of step 6 is not paired with a new test_public one).
+  config = _config()
+  assert submission.package(config, tmp_path, 6, "captioning",
+                            written=captions / "test_public_step6.jsonl") is None
+  assert submission.package(config, tmp_path, 6, "captioning",
+                            written=captions / "val_step6.jsonl") == zipped

@@ -144,14 +144,15 @@ class Evaluator:
   def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
     raise NotImplementedError
 
-  def package_submission(self, step: int) -> str:
-    """After this evaluator wrote its export of `step`: the zip to upload to the official
-    server once the run's val and test_public exports of that step are both written
-    (`avtext.evals.submission`), else ""."""
-    if (self.workdir is None or jax.process_index() != 0
+  def package_submission(self, step: int, export) -> str:
+    """After this evaluator wrote `export`, its file of `step`: the zip to upload to the
+    official server once this process wrote the run's val and test_public exports of that
+    step (`avtext.evals.submission`), else ""."""
+    if (export is None or jax.process_index() != 0
         or self.cfg.get("type") not in submission.KINDS):
       return ""
-    return str(submission.package(self.config, self.workdir, step, self.cfg.type) or "")
+    return str(submission.package(self.config, self.workdir, step, self.cfg.type,
+                                  written=export) or "")
 
   def report(self, results: dict, step: int) -> None:
     del step

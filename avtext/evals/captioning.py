@@ -99,9 +99,9 @@ class CaptioningEvaluator(base.Evaluator):
     ids, refs, keep = self._references(host)
     hyps = {ids[i]: hypotheses[i] for i in keep}
     if not any(refs.values()):  # e.g. TVC's released test_public: a submission file only
-      self._write(step, hyps, ids, keep, host)
+      export = self._write(step, hyps, ids, keep, host)
       return {"num_videos": len(hyps), "num_empty": sum(not h.strip() for h in hyps.values()),
-              "upload": self.package_submission(step)}
+              "upload": self.package_submission(step, export)}
     if not all(refs.values()):
       raise ValueError(f"config.evals.{self.name}: {sum(not r for r in refs.values())} of "
                        f"{len(refs)} items have no reference caption")
@@ -116,8 +116,8 @@ class CaptioningEvaluator(base.Evaluator):
     if attrs is not None:
       ref = truth.caption_scores([refs[ids[i]][0] for i in keep], [attrs[i] for i in keep])
       results.update({f"reference/{k}": v for k, v in ref.items()})
-    self._write(step, hyps, ids, keep, host)
-    results["upload"] = self.package_submission(step)
+    export = self._write(step, hyps, ids, keep, host)
+    results["upload"] = self.package_submission(step, export)
     return results
 
   def _references(self, host: dict) -> tuple[list[str], dict, list[int]]:
@@ -199,9 +199,11 @@ class CaptioningEvaluator(base.Evaluator):
     train_captions = pipelines.source_captions(train_source, n_train)
     return [train_captions[j] for j in nearest]
 
-  def _write(self, step: int, hyps: dict, ids: list[str], keep: list[int], host: dict) -> None:
+  def _write(self, step: int, hyps: dict, ids: list[str], keep: list[int], host: dict):
+    """The captions of `step` written (and the baselines'); returns their file, or None
+    when this process writes nothing."""
     if self.workdir is None or jax.process_index() != 0:
-      return
+      return None
     import pathlib  # pylint: disable=g-import-not-at-top
     folder = pathlib.Path(self.workdir) / "captions"
     folder.mkdir(parents=True, exist_ok=True)
@@ -213,10 +215,11 @@ class CaptioningEvaluator(base.Evaluator):
     else:
       raise ValueError(f"config.evals.{self.name}.output_format="
                        f"{self.cfg.output_format!r}; expected 'coco' or 'tvc'")
-    write(folder / f"{self.name}_step{step}{suffix}", [hyps[ids[i]] for i in keep],
-          [ids[i] for i in keep])
+    path = folder / f"{self.name}_step{step}{suffix}"
+    write(path, [hyps[ids[i]] for i in keep], [ids[i] for i in keep])
     for name, texts in (self._baselines or {}).items():
       write(folder / f"{self.name}_{name}{suffix}", texts, [ids[i] for i in keep])
+    return path
 
   def report(self, results: dict, step: int) -> None:
     names = ["BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "attribute_precision",

@@ -24,6 +24,9 @@ import zipfile
 from avtext import atomic
 
 SPLITS = ("val", "test_public")
+# The exports this process wrote: an evaluator's zip pairs two of them, never one left in
+# the run by an earlier evaluation of the same step.
+_WRITTEN: set[pathlib.Path] = set()
 # evaluator type -> (the official prefix, the export's folder and suffix)
 KINDS = {"moments": ("tvr", "moments", ".json"), "captioning": ("tvc", "captions", ".jsonl")}
 FOLDER = "submission"
@@ -51,11 +54,16 @@ def exports(config, workdir, step: int, kind: str) -> dict[str, pathlib.Path]:
   return out
 
 
-def package(config, workdir, step: int, kind: str) -> pathlib.Path | None:
+def package(config, workdir, step: int, kind: str,
+            written: pathlib.Path | None = None) -> pathlib.Path | None:
   """The zip to upload (and the two official files beside it) of step `step`, once both
-  splits' exports are there; None before."""
+  splits' exports are there; None before. `written`: the export an evaluator has just
+  written; then both must be this process's."""
   found = exports(config, workdir, step, kind)
-  if set(found) != set(SPLITS):
+  if written is not None:
+    _WRITTEN.add(pathlib.Path(written).absolute())
+  if set(found) != set(SPLITS) or (written is not None and any(
+      path.absolute() not in _WRITTEN for path in found.values())):
     return None
   folder = pathlib.Path(workdir) / FOLDER / f"step{step}"
   folder.mkdir(parents=True, exist_ok=True)

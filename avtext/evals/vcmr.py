@@ -185,7 +185,7 @@ class VCMREvaluator(base.Evaluator):
     if not self.cfg.get("keep_corpus", True) or root is None:
       shutil.rmtree(corpus_dir, ignore_errors=True)
     summary["submission"] = str(path) if path else ""
-    summary["upload"] = self.package_submission(step)
+    summary["upload"] = self.package_submission(step, path)
     return summary
 
   def _write(self, sub: dict, step: int, suffix: str = "") -> pathlib.Path | None:
