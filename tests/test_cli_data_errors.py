@@ -207,3 +207,24 @@ def test_files_of_the_wrong_kind_are_one_line(tmp_path, capsys):
     _one_error_line(f"{program} {argv}", code, err, words)
     assert "allow_pickle" not in err and "pickle.load" not in err, err
   assert not (tmp_path / "imported").exists()
+
+
+def test_a_split_without_references_says_what_it_lacks(tmp_path):
+  """TVR's released test_public (desc_id and desc only) and TVC's (no descs): the source's
+  `missing_references` names the file and the field; a split with them has None."""
+  from tests.test_tasks_mmt import _dataset_config as tvc_config  # pylint: disable=g-import-not-at-top
+  from tests.test_tasks_xml import _dataset_config as tvr_config  # pylint: disable=g-import-not-at-top
+  from avtext.data import builders  # pylint: disable=g-import-not-at-top
+  (tmp_path / "tvr").mkdir()
+  tvr_dir = write_synthetic_tvr(tmp_path / "tvr")
+  file = tvr.annotation_path(tvr_dir, "test_public")
+  file.write_text("".join(json.dumps({"desc_id": r["desc_id"], "desc": r["desc"]}) + "\n"
+                          for r in map(json.loads, file.read_text().splitlines())))
+  assert builders.get_source(tvr_config(tvr_dir), "val").missing_references is None
+  assert builders.get_source(tvr_config(tvr_dir), "test_public").missing_references == (
+      f"{file} has no 'vid_name' / 'ts' (the moments)")
+  tvc_dir = write_synthetic_tvc(tmp_path / "tvc")
+  _without_descs(tvc.annotation_path(tvc_dir, "test_public"))
+  assert builders.get_source(tvc_config(tvc_dir), "val").missing_references is None
+  assert builders.get_source(tvc_config(tvc_dir), "test_public").missing_references == (
+      f"{tvc.annotation_path(tvc_dir, 'test_public')} has no 'descs'")
