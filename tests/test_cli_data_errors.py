@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from avtext.data import builders
 from avtext.data.builders import tvc
 from avtext.data.builders import tvr
 from avtext.data.synthetic import tvr_layout
@@ -31,7 +32,9 @@ from tests.test_cli_failsoft import _one_error_line
 from tests.test_cli_failsoft import _run
 from tests.test_cli_failsoft import run_processes
 from tests.test_cli_failsoft import user_env
+from tests.test_tasks_mmt import _dataset_config as tvc_config
 from tests.test_tasks_mmt import write_synthetic_tvc
+from tests.test_tasks_xml import _dataset_config as tvr_config
 from tests.test_tasks_xml import write_synthetic_tvr
 from tests.test_train_trainer import REPO
 
@@ -212,9 +215,6 @@ def test_files_of_the_wrong_kind_are_one_line(tmp_path, capsys):
 def test_a_split_without_references_says_what_it_lacks(tmp_path):
   """TVR's released test_public (desc_id and desc only) and TVC's (no descs): the source's
   `missing_references` names the file and the field; a split with them has None."""
-  from tests.test_tasks_mmt import _dataset_config as tvc_config  # pylint: disable=g-import-not-at-top
-  from tests.test_tasks_xml import _dataset_config as tvr_config  # pylint: disable=g-import-not-at-top
-  from avtext.data import builders  # pylint: disable=g-import-not-at-top
   (tmp_path / "tvr").mkdir()
   tvr_dir = write_synthetic_tvr(tmp_path / "tvr")
   file = tvr.annotation_path(tvr_dir, "test_public")
