@@ -453,13 +453,27 @@ def run(main: Callable[[list[str]], object], flag_values: flags.FlagValues,
     if debug:
       traceback.print_exc()
     print(f"{e.prefix}{e}", file=sys.stderr)
-    if getattr(e, "exit_now", False):  # no atexit handlers (errors.ProcessLost)
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(e.exit_code)  # pylint: disable=protected-access
     sys.exit(e.exit_code)
   except KeyboardInterrupt:
     if debug:
       traceback.print_exc()
     print("interrupted", file=sys.stderr)
+    if _joined_a_job():  # a second Ctrl-C: the others will find this process lost
+      exit_now(130)
     sys.exit(130)
+
+
+def _joined_a_job() -> bool:
+  """Whether this process joined a multi-process job (jax.distributed.initialize)."""
+  if "jax" not in sys.modules:
+    return False
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  return distributed.global_state.client is not None
+
+
+def exit_now(code: int) -> None:
+  """Exits without atexit handlers (from any thread): JAX's shutdown barrier would wait
+  for a process that is gone (or leaving), then abort with a stack."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access

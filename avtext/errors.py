@@ -49,9 +49,3 @@ class Interrupted(RunStopped):
     super().__init__(message)
     self.exit_code = 128 + int(signum)
 
-
-class ProcessLost(RunStopped):
-  """Several processes: one died (killed, its machine lost); the message names it and the
-  checkpoint a relaunch resumes from. `avtext.cli.run` exits at once (`exit_now`): JAX's
-  shutdown barrier would wait for the dead process, then abort with a stack."""
-  exit_now = True

@@ -6,6 +6,7 @@ tests/test_train_multihost.py). A tiny AVR run signalled during an evaluation: a
 middle step it stops after that step with its checkpoint, at the last step it finishes.
 """
 import signal
+import time
 
 from absl import flags
 import pytest
@@ -80,50 +81,80 @@ def test_sigint_to_one_of_several_processes_becomes_the_runtimes_notice(monkeypa
 
 
 class _KeyValueStore:
-  """The coordination service's key-value store, with the processes that answer."""
+  """The coordination service's key-value store; `gone`: the service is."""
 
-  def __init__(self, answering=(), gone=False):
-    self.store = {f"avtext/alive/{p}": "1" for p in answering}
-    self.gone = gone
+  def __init__(self):
+    self.store, self.gone = {}, False
 
-  def key_value_set(self, key, value):
+  def key_value_set(self, key, value, allow_overwrite=False):
     if self.gone:
       raise RuntimeError("UNAVAILABLE: failed to connect to all addresses")
+    assert allow_overwrite or key not in self.store
     self.store[key] = value
 
   def key_value_dir_get(self, prefix):
+    if self.gone:
+      raise RuntimeError("UNAVAILABLE: failed to connect to all addresses")
     return [(k, v) for k, v in self.store.items() if k.startswith(prefix)]
 
-  def key_value_delete(self, key):
-    del self.store[key]
+
+def test_the_watchdog_names_a_process_whose_beat_stopped():
+  """4 processes, this one 0: 1 beats on, 2 stops beating, 3 left normally ("done")."""
+  kv = _KeyValueStore()
+  dog = hosts.Watchdog(kv, 0, 4, stale_s=10)
+  seen = {}
+  kv.store.update({"avtext/beat/1": "1", "avtext/beat/2": "1", "avtext/beat/3": "done"})
+  assert dog.look(1, seen, now=0.0) == []
+  kv.store["avtext/beat/1"] = "2"
+  assert dog.look(2, seen, now=9.0) == []  # 2 silent for 9 s: not yet
+  kv.store["avtext/beat/1"] = "3"
+  assert dog.look(3, seen, now=10.5) == [2]  # 2 silent for 10.5 s; 1 and 3 are fine
+  assert kv.store["avtext/beat/0"] == "3"  # its own beat
+  dog.last_checkpoint = lambda: 4
+  assert dog.message([2]) == ("process 2 of 4 was lost (killed, or its machine went "
+                              "away); checkpoint 4 is the last on disk: relaunch the same "
+                              "command on every host to resume")
+  kv.gone = True  # process 0, which runs the service, went away
+  assert dog.look(4, seen, now=11.0) == [0]
+  dog.last_checkpoint = lambda: None
+  assert dog.message([0, 1]).startswith(
+      "process 0 (the coordinator), process 1 of 4 were lost (killed, or its machine went "
+      "away); no checkpoint was written yet")
 
 
-@pytest.mark.parametrize("count,answering,gone,expected", [
-    (2, (), False, "process 1 of 2 was lost"),
-    (4, (1, 3), False, "process 2 of 4 was lost"),
-    (4, (3,), False, "process 1, process 2 of 4 were lost"),
-    (2, (), True, "process 0 (the coordinator) of 2 was lost"),
-    (2, (1,), False, None),  # everyone answers: another error, raised as it is
-])
-def test_a_failed_collective_names_the_processes_that_do_not_answer(
-    monkeypatch, count, answering, gone, expected):
-  client = _KeyValueStore(answering, gone)
-  monkeypatch.setattr(hosts, "_client", lambda: client)
-  monkeypatch.setattr(hosts.jax, "process_count", lambda: count)
-  monkeypatch.setattr(hosts.jax, "process_index", lambda: 0)
-  monkeypatch.setattr(hosts, "ANSWER_WAIT_S", 0.3)
-  lost = hosts.lost(RuntimeError("Gloo all-reduce failed: Connection closed by peer"),
-                    kept="checkpoint 4 is the last on disk")
-  assert hosts.lost(RuntimeError("RESOURCE_EXHAUSTED: out of memory"), kept="") is None
-  if expected is None:
-    assert lost is None and "avtext/alive/0" not in client.store  # its answer withdrawn
-    return
-  assert str(lost) == (f"{expected} (killed, or its machine went away); checkpoint 4 is "
-                       "the last on disk: relaunch the same command on every host to resume")
+def test_the_watchdog_thread_exits_the_process_on_a_silent_peer():
+  """Process 1 never beats: within stale_s + a beat or two, one line and the exit; a
+  watchdog stopped first (a normal exit) leaves "done" for its peers."""
+  kv, exits = _KeyValueStore(), []
+  dog = hosts.Watchdog(kv, 0, 2, stale_s=0.5, exit_fn=exits.append)
+  dog.start()
+  try:
+    deadline = time.monotonic() + 10
+    while not exits and time.monotonic() < deadline:
+      time.sleep(0.05)
+  finally:
+    dog.stop()
+    hosts.Watchdog.running = None
+  assert exits and exits[0].startswith("process 1 of 2 was lost")
+  assert kv.store["avtext/beat/0"] == "done"
 
 
-def test_a_lost_process_exits_at_once_in_one_line(monkeypatch, capsys):
-  """No atexit handlers (JAX's shutdown barrier would wait for the dead process)."""
+def test_a_failed_collective_waits_for_the_watchdog_only_on_a_peers_failure(monkeypatch):
+  slept = []
+  monkeypatch.setattr(hosts.time, "sleep", slept.append)
+  hosts.lost(RuntimeError("Gloo all-reduce failed: Connection closed by peer"))
+  assert slept == []  # one process: no watchdog
+  monkeypatch.setattr(hosts.Watchdog, "running",
+                      hosts.Watchdog(_KeyValueStore(), 0, 2, stale_s=10))
+  hosts.lost(RuntimeError("RESOURCE_EXHAUSTED: out of memory allocating 3 GiB"))
+  assert slept == []  # its own error: raised as it is
+  hosts.lost(RuntimeError("Gloo all-reduce failed: Connection closed by peer"))
+  assert slept == [13]  # the watchdog's verdict (it exits the process) comes first
+
+
+def test_a_second_ctrl_c_to_a_process_of_a_job_exits_at_once(monkeypatch, capsys):
+  """Without atexit handlers (JAX's shutdown barrier would wait for the others); a
+  process alone exits normally."""
   exits = []
 
   def fake_exit(code):
@@ -131,14 +162,16 @@ def test_a_lost_process_exits_at_once_in_one_line(monkeypatch, capsys):
     raise SystemExit(code)
   monkeypatch.setattr(cli.os, "_exit", fake_exit)
 
-  def main(argv):
+  def interrupted(argv):
     del argv
-    raise errors.ProcessLost("process 1 of 2 was lost (killed, or its machine went away)")
-  with pytest.raises(SystemExit):
-    cli.run(main, flags.FlagValues(), ["prog"], doc="")
-  assert exits == [1]
-  assert capsys.readouterr().err == (
-      "error: process 1 of 2 was lost (killed, or its machine went away)\n")
+    raise KeyboardInterrupt
+  for joined in (True, False):
+    monkeypatch.setattr(cli, "_joined_a_job", lambda joined=joined: joined)
+    with pytest.raises(SystemExit) as done:
+      cli.run(interrupted, flags.FlagValues(), ["prog"], doc="")
+    assert done.value.code == 130
+  assert exits == [130]  # os._exit only for the process of a job
+  assert capsys.readouterr().err == "interrupted\ninterrupted\n"
 
 
 class _SignalAt:

@@ -162,6 +162,16 @@ class Checkpointer:
       self._unsealed.append(step)
     return saved
 
+  def last_on_disk(self) -> int | None:
+    """The latest step whose directory is committed (a save still in flight is not:
+    orbax renames its temporary directory at the end); read from the directory, so any
+    thread may ask."""
+    try:
+      return max((int(p.name) for p in self.directory.iterdir() if p.name.isdigit()),
+                 default=None)
+    except OSError:
+      return None
+
   def step_dir(self, step: int) -> pathlib.Path:
     return self.directory / str(step)
 

@@ -62,6 +62,13 @@ class StopRequest:
                       "(SIGTERM or SIGINT to one of the processes)", step)
     return self._agreed
 
+  def note_finished(self) -> None:
+    """The run finished, its last evaluations included: if a signal came meanwhile
+    (during the final evaluation), says that it changed nothing."""
+    if self.requested or self.signum is not None:
+      logging.warning("%s received during the final evaluation: the run finished, its "
+                      "results are written", signal.Signals(self.exit_signal()).name)
+
   def exit_signal(self) -> int:
     """The signal the exit status reports: this process's, else SIGTERM (a notice that
     reached another process)."""

@@ -23,7 +23,6 @@ and replaces its small files atomically (`avtext.atomic`).
 import contextlib
 import math
 import pathlib
-import signal
 import time
 from typing import Any
 
@@ -276,35 +275,22 @@ class Trainer(results_lib.RunResults):
   def train(self) -> TrainState:
     """Trains (or resumes) to the end, holding the run's writer lock (`rundir.lock`).
 
-    SIGINT / SIGTERM stop it at the next step boundary with that step's checkpoint on
-    disk (`stop.py`, errors.Interrupted); an evaluator that raises stops it with the
-    step's checkpoint on disk (errors.EvaluationFailed): re-running the command
-    evaluates that step again without training it again.
-    """
+    SIGINT / SIGTERM stop it at a step boundary (every process at the same one) with
+    that step's checkpoint on disk (`stop.py`, errors.Interrupted); a lost process ends
+    the others in one line (`hosts.py`); an evaluator that raises stops it with
+    the step's checkpoint on disk (errors.EvaluationFailed), and a re-run evaluates it."""
     with (rundir.lock(self.workdir, process_index=jax.process_index()),
           stop_lib.StopRequest().catching() as stop):
+      hosts.watch_checkpoints(lambda: self.checkpointer and self.checkpointer.last_on_disk())
       try:
         return self._train(stop)
       except (jax.errors.JaxRuntimeError, EvaluatorError) as e:
-        self._raise_if_process_lost(e)
+        hosts.lost(e.__cause__ or e)  # a lost process: its watchdog exits in one line
         if not isinstance(e, EvaluatorError):
           raise
         raise errors.EvaluationFailed(
             f"{e}; checkpoint {e.step} is on disk: fix it and re-run the same command, "
             "which evaluates that step again without training it again") from e
-
-  def _raise_if_process_lost(self, error: Exception) -> None:
-    """Several processes: `error` (a failed collective, or an evaluator that met one)
-    as errors.ProcessLost when the coordination service has lost a process."""
-    if jax.process_count() == 1:
-      return
-    latest = self.checkpointer.latest_step()
-    kept = (f"checkpoint {latest} is the last on disk" if latest is not None
-            else "no checkpoint was written yet")
-    lost = hosts.lost(error.__cause__ or error if isinstance(error, EvaluatorError)
-                      else error, kept=kept)
-    if lost is not None:
-      raise lost from error
 
   def _train(self, stop: stop_lib.StopRequest) -> TrainState:
     config = self.config
@@ -418,10 +404,8 @@ class Trainer(results_lib.RunResults):
             self._run_or_fail(self._variables(state), step, writer, rest)
           break
       self._check_finite(pending, last_saved)
-      if finished and (stop.requested or stop.signum is not None):
-        # The signal came during the final evaluation, which completed.
-        logging.warning("%s received during the final evaluation: the run finished, its "
-                        "results are written", signal.Signals(stop.exit_signal()).name)
+      if finished:  # a signal during the final evaluation: it completed, so has the run
+        stop.note_finished()
       elif stop.requested:
         if last_saved != step and step > 0:
           self.checkpointer.save(step, state, data_iter.get_state())
