@@ -27,6 +27,23 @@ ifneq ($(words $(ACCEL)) $(filter $(ACCEL),$(ACCELS)),1 $(ACCEL))
 $(error ACCEL=$(ACCEL): expected cpu (the default), tpu (the same set) or cuda12)
 endif
 ACCEL_SET := $(if $(filter cuda12,$(ACCEL)),cuda12,cpu)
+
+# The one interpreter the pins are for. A .venv made by another Python (or whose Python is
+# gone) is rebuilt; PYTHON, which builds it, is checked first (one line, before anything).
+PYTHON_VERSION := 3.11
+python_version = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+VENV_PYTHON := $(if $(wildcard $(VENV)/bin),$(or $(call python_version,$(PY)),none))
+OTHER_VENV := $(filter-out $(PYTHON_VERSION),$(VENV_PYTHON))
+REBUILD_WHY = $(VENV) $(if $(filter none,$(OTHER_VENV)),has no Python that runs,was made by \
+  Python $(OTHER_VENV)); rebuilding it with Python $(PYTHON_VERSION) ($(PYTHON))
+ifneq ($(filter-out report clean browser,$(or $(MAKECMDGOALS),venv)),)
+ifneq ($(if $(VENV_PYTHON),$(OTHER_VENV),new),)
+FOUND_PYTHON := $(call python_version,$(PYTHON))
+ifneq ($(FOUND_PYTHON),$(PYTHON_VERSION))
+$(error PYTHON=$(PYTHON) is $(if $(FOUND_PYTHON),Python $(FOUND_PYTHON),no Python found here), not Python $(PYTHON_VERSION), which the pins need: name one, e.g. make venv PYTHON=python$(PYTHON_VERSION))
+endif
+endif
+endif
 ACCEL_REQS := requirements-tpu.txt $(if $(filter cuda12,$(ACCEL_SET)),requirements-cuda12.txt)
 
 .PHONY: venv browser bench-venv demo demo-coot demo-caption demo-tvc demo-xml demo-smit demo-mining test test-slow test-parity report clean FORCE
@@ -36,9 +53,10 @@ venv: $(STAMP)
 # Reinstall whenever a pin changes or another ACCEL set is asked for; the stamp
 # records the last good install and its set.
 $(STAMP): requirements.lock requirements-dev.txt requirements-assets.txt $(ACCEL_REQS) setup.py \
-    $(if $(filter $(ACCEL_SET),$(INSTALLED_ACCEL)),,FORCE)
+    $(if $(filter $(ACCEL_SET),$(INSTALLED_ACCEL)),,FORCE) $(if $(OTHER_VENV),FORCE)
+	$(if $(OTHER_VENV),@echo "$(REBUILD_WHY)" && rm -rf $(VENV))
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(if $(filter cuda12,$(INSTALLED_ACCEL)),$(if $(filter cpu,$(ACCEL_SET)),$(PY) -m pip uninstall $(PIP_FLAGS) -y -r requirements-cuda12.txt))
+	$(if $(OTHER_VENV),,$(if $(filter cuda12,$(INSTALLED_ACCEL)),$(if $(filter cpu,$(ACCEL_SET)),$(PY) -m pip uninstall $(PIP_FLAGS) -y -r requirements-cuda12.txt)))
 	$(call pip,-r requirements.lock -r requirements-dev.txt $(addprefix -r ,$(ACCEL_REQS)))
 	$(call pip,--no-deps -r requirements-assets.txt)
 	$(call pip,--no-deps --no-build-isolation -e .)

@@ -216,3 +216,36 @@ def test_make_venv_accel(tmp_path):
 
   rc, out = _make_n(venv, "ACCEL=rocm")
   assert rc != 0 and "ACCEL=rocm: expected cpu" in out, out
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_venv_checks_the_python_and_rebuilds_another_ones_venv(tmp_path):
+  """PYTHON is checked before a venv is made (one line naming PYTHON=, nothing created);
+  a venv whose python is another version, or runs no more, is removed and made again."""
+  py310 = tmp_path / "python3.10"  # answers the version question as Python 3.10 does
+  py310.write_text("#!/bin/sh\necho 3.10\n")
+  py310.chmod(0o755)
+  fresh = tmp_path / "fresh"
+  proc = subprocess.run(["make", "venv", f"VENV={fresh}", f"PYTHON={py310}"], cwd=REPO,
+                        capture_output=True, text=True, check=False, timeout=60)
+  assert proc.returncode != 0 and not fresh.exists(), proc
+  assert proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
+  assert (f"PYTHON={py310} is Python 3.10, not Python 3.11" in proc.stderr
+          and "make venv PYTHON=python3.11" in proc.stderr), proc.stderr
+  # A venv of Python 3.10, installed and up to date: rebuilt with this Python 3.11.
+  old = tmp_path / "old"
+  (old / "bin").mkdir(parents=True)
+  shutil.copy(py310, old / "bin" / "python")
+  (old / ".installed").write_text("cpu\n")
+  rc, out = _make_n(old, f"PYTHON={sys.executable}")
+  assert rc == 0, out
+  lines = out.splitlines()
+  assert lines[0] == (f'echo "{old} was made by Python 3.10; rebuilding it with Python 3.11 '
+                      f'({sys.executable})" && rm -rf {old}'), out
+  assert lines[1] == f"test -x {old}/bin/python || {sys.executable} -m venv {old}", out
+  (old / "bin" / "python").unlink()  # its interpreter gone
+  assert "has no Python that runs; rebuilding it" in _make_n(old)[1]
+  # A venv of this Python is left as it is, whatever PYTHON says.
+  (old / "bin" / "python").symlink_to(sys.executable)
+  rc, out = _make_n(old, f"PYTHON={py310}")
+  assert rc == 0 and "Nothing to be done" in out, out
