@@ -247,7 +247,9 @@ def list_videos(root: pathlib.Path) -> list[str]:
 
 
 class VideoIndex:
-  """INDEX/ on disk (module docstring): `vectors`, `ids`, `meta`, `search`."""
+  """INDEX/ on disk (module docstring): `vectors`, `ids`, `meta`, `search`. Every file is
+  read when it opens (index.faiss too, so a search fails before the run loads): one that
+  does not read is one errors.BadInput saying to delete the index and index again."""
 
   def __init__(self, path: str | pathlib.Path):
     self.path = pathlib.Path(path)
@@ -256,28 +258,54 @@ class VideoIndex:
       raise errors.InputNotFound(
           f"{self.path}: not an avtext index (no meta.json); build it with python -m "
           f"avtext.index --workdir=RUN --videos=DIR --out={self.path}")
-    self.meta = json.loads(meta_path.read_text())
-    if self.meta.get("format") != FORMAT:
-      raise errors.BadInput(f"{meta_path}: format {self.meta.get('format')!r}, expected {FORMAT!r}")
-    self.ids = json.loads((self.path / "ids.json").read_text())
-    self.vectors = np.load(self.path / "vectors.npy")
+    self.meta = self._read("meta.json", lambda p: json.loads(p.read_text()))
+    if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT:
+      what = self.meta.get("format") if isinstance(self.meta, dict) else None
+      raise errors.BadInput(f"{meta_path}: format {what!r}, expected {FORMAT!r}")
+    self.ids = self._read("ids.json", lambda p: json.loads(p.read_text()))
+    self.vectors = self._read("vectors.npy", lambda p: np.load(p, allow_pickle=False))
     stamps = self.path / "stamps.json"  # absent in indexes written before it was kept
-    self.stamps = (json.loads(stamps.read_text()) if stamps.exists()
-                   else [None] * len(self.ids))
-    if len(self.vectors) != len(self.ids):
-      raise errors.BadInput(f"{self.path}: {len(self.vectors)} vectors for {len(self.ids)} ids (an "
-                       "interrupted write); delete it and index again")
+    self.stamps = (self._read("stamps.json", lambda p: json.loads(p.read_text()))
+                   if stamps.exists() else [None] * len(self.ids))
+    if self.vectors.ndim != 2 or len(self.vectors) != len(self.ids):
+      self._corrupt(f"vectors.npy holds {len(self.vectors)} vectors for {len(self.ids)} ids")
     clips = self.path / "clips.npy"  # absent in indexes written before it was kept
-    self.clips = np.load(clips, mmap_mode="r") if clips.exists() else None
-    self._faiss = None
+    self.clips = (self._read("clips.npy", lambda p: np.load(p, mmap_mode="r",
+                                                            allow_pickle=False))
+                  if clips.exists() else None)
+    self._faiss = self._read("index.faiss", _read_faiss)
+    if self._faiss.ntotal != len(self.ids):
+      self._corrupt(f"index.faiss holds {self._faiss.ntotal} vectors for {len(self.ids)} ids")
+
+  def _read(self, name: str, read):
+    """read(INDEX/name), or `_corrupt` naming the file and why it does not read."""
+    try:
+      return read(self.path / name)
+    except FileNotFoundError:
+      self._corrupt(f"{name}: missing")
+    except (OSError, ValueError, EOFError, RuntimeError) as e:
+      why = ("not UTF-8 text" if isinstance(e, UnicodeDecodeError) else
+             "not JSON" if isinstance(e, json.JSONDecodeError) else
+             "not a FAISS index" if isinstance(e, RuntimeError) else
+             "not a numpy array file" if name.endswith(".npy") else cli.exception_message(e))
+      self._corrupt(f"{name}: {why}")
+
+  def _corrupt(self, what: str):
+    raise errors.BadInput(f"{self.path}: a corrupt index ({what}); delete it and index "
+                          "again (python -m avtext.index --workdir=RUN --videos=DIR "
+                          f"--out={self.path})")
 
   def search(self, queries: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
     """(scores [Q, k], rows [Q, k]) by inner product, best first."""
-    import faiss  # pylint: disable=g-import-not-at-top
-    if self._faiss is None:
-      self._faiss = faiss.read_index(str(self.path / "index.faiss"))
     return self._faiss.search(np.ascontiguousarray(queries, np.float32),
                               min(top, len(self.ids)))
+
+
+def _read_faiss(path: pathlib.Path):
+  import faiss  # pylint: disable=g-import-not-at-top
+  if not path.is_file():
+    raise FileNotFoundError(path)
+  return faiss.read_index(str(path))
 
 
 def stamp(path: pathlib.Path) -> list[int]:
