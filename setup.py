@@ -18,7 +18,7 @@ _DIRECT = (
     "clu", "grain", "tensorflow-cpu", "tensorboard", "tensorflow-datasets",
     "array_record", "h5py", "transformers", "tokenizers", "safetensors", "einops",
     "absl-py", "numpy", "scipy", "pillow", "importlib_resources", "pycocoevalcap",
-    "sacrebleu",
+    "sacrebleu", "starlette", "uvicorn",
 )
 
 
