@@ -233,7 +233,7 @@ def test_inspect_loads_a_two_process_checkpoint(five_steps):
 # ---- preemption: every process stops at one agreed step -----------------------------
 
 STEPS = 8  # each preempted run: 8 steps, signalled once step 3 is logged
-EXIT_BOUND_S = 60  # first signal -> last exit (measured ~10-20 s, BENCHMARKS.md)
+EXIT_BOUND_S = 60  # first signal -> last exit (4-6 s on a quiet machine, BENCHMARKS.md)
 # A lost process is named by the survivors' watchdogs after a third of the heartbeat
 # timeout (10 s), before the timeout itself aborts them with JAX's fatal error.
 HEARTBEAT_S = 30
@@ -262,13 +262,35 @@ class _Pair:
   def text(self, i: int) -> str:
     return self.logs[i].read_text()
 
-  def wait_for_step(self, step: int, timeout_s: float = TIMEOUT_S) -> None:
-    """Until process 0 has logged the training metrics of `step`."""
+  def wait_for(self, done, what: str, timeout_s: float = TIMEOUT_S) -> None:
+    """Until done() (both processes running meanwhile); kills both if not."""
     deadline = time.monotonic() + timeout_s
-    while f"] [{step}] " not in self.text(0):
-      assert all(p.poll() is None for p in self.procs), self.text(0)[-4000:]
-      assert time.monotonic() < deadline, f"step {step} not reached: {self.text(0)[-4000:]}"
-      time.sleep(0.1)
+    try:
+      while not done():
+        assert all(p.poll() is None for p in self.procs), self.text(0)[-4000:]
+        assert time.monotonic() < deadline, f"{what} not reached: {self.text(0)[-4000:]}"
+        time.sleep(0.05)
+    except AssertionError:
+      self.kill()
+      raise
+
+  def wait_for_step(self, step: int) -> None:
+    """Until process 0 has logged the training metrics of `step`."""
+    self.wait_for(lambda: f"] [{step}] " in self.text(0), f"step {step}")
+
+  def stopped_by(self, *signals: tuple[int, int], apart_s: float = 2) -> list[int]:
+    """Sends each (process, signal), `apart_s` apart; the exit statuses, all within
+    EXIT_BOUND_S of the first signal (the time to the last exit printed)."""
+    try:
+      first = time.monotonic()
+      for k, (process, signum) in enumerate(signals):
+        time.sleep(apart_s if k else 0)
+        self.procs[process].send_signal(signum)
+      statuses = self.wait(EXIT_BOUND_S)
+      print(f"first signal -> last exit: {time.monotonic() - first:.1f} s")
+      return statuses
+    finally:
+      self.kill()
 
   def wait(self, timeout_s: float = TIMEOUT_S) -> list[int]:
     """The exit statuses; kills both if either is still running after `timeout_s`."""
@@ -332,17 +354,8 @@ def test_sigterm_stops_every_process_at_one_step(preemption, both):
   tmp, cache, reference = preemption
   workdir = tmp / ("both" if both else "one")
   pair = _Pair(workdir, cache, "--config.train.checkpoint_every_steps=1000")
-  try:
-    pair.wait_for_step(3)
-    first = time.monotonic()
-    pair.procs[1].send_signal(signal.SIGTERM)
-    if both:
-      time.sleep(2)
-      pair.procs[0].send_signal(signal.SIGTERM)
-    statuses = pair.wait(EXIT_BOUND_S)
-    print(f"first signal -> last exit: {time.monotonic() - first:.1f} s")
-  finally:
-    pair.kill()
+  pair.wait_for_step(3)
+  statuses = pair.stopped_by((1, signal.SIGTERM), *[(0, signal.SIGTERM)] * both)
   assert statuses == [143, 143], pair.text(0)[-4000:]
   (stopped_at,) = _checkpoints(workdir)  # one step, saved by both together
   assert 3 < stopped_at < STEPS
@@ -361,14 +374,8 @@ def test_sigint_during_the_final_evaluation_finishes_the_run(preemption):
   tmp, cache, reference = preemption
   workdir = tmp / "final_eval"
   pair = _Pair(workdir, cache, "--config.train.checkpoint_every_steps=1000")
-  try:
-    pair.wait_for_step(STEPS)
-    first = time.monotonic()
-    pair.procs[1].send_signal(signal.SIGINT)
-    statuses = pair.wait(EXIT_BOUND_S)
-    print(f"signal -> last exit: {time.monotonic() - first:.1f} s")
-  finally:
-    pair.kill()
+  pair.wait_for_step(STEPS)
+  statuses = pair.stopped_by((1, signal.SIGINT))
   assert statuses == [0, 0], pair.text(1)[-4000:]
   assert "SIGINT received during the final evaluation: the run finished" in pair.text(1)
   assert _checkpoints(workdir) == [STEPS]
@@ -384,18 +391,9 @@ def test_a_killed_process_ends_the_other_in_one_line(preemption):
   tmp, cache, reference = preemption
   workdir = tmp / "killed"
   pair = _Pair(workdir, cache, "--config.train.checkpoint_every_steps=2")
-  try:
-    pair.wait_for_step(3)
-    deadline = time.monotonic() + TIMEOUT_S
-    while not (workdir / "checkpoints" / "2").is_dir():  # committed: renamed from tmp
-      assert time.monotonic() < deadline and pair.procs[1].poll() is None
-      time.sleep(0.05)
-    first = time.monotonic()
-    pair.procs[1].kill()
-    statuses = pair.wait(EXIT_BOUND_S)
-    print(f"SIGKILL -> exit of process 0: {time.monotonic() - first:.1f} s")
-  finally:
-    pair.kill()
+  pair.wait_for_step(3)  # then checkpoint 2 committed (renamed from its tmp directory)
+  pair.wait_for(lambda: (workdir / "checkpoints" / "2").is_dir(), "checkpoint 2")
+  statuses = pair.stopped_by((1, signal.SIGKILL))
   assert statuses == [1, -signal.SIGKILL]
   last = max(_checkpoints(workdir))
   assert last >= 2

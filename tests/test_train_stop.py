@@ -15,6 +15,7 @@ from avtext import cli
 from avtext import errors
 from avtext.train import hosts
 from avtext.train import stop as stop_lib
+from tests.test_train_failsoft import _FailingAt
 from tests.test_train_run_faults import _steps
 from tests.test_train_run_faults import _trainer
 from tests.test_train_trainer import tiny_config
@@ -174,22 +175,18 @@ def test_a_second_ctrl_c_to_a_process_of_a_job_exits_at_once(monkeypatch, capsys
   assert capsys.readouterr().err == "interrupted\ninterrupted\n"
 
 
-class _SignalAt:
-  """Scores the step and sends SIGINT to this process while evaluating `step`."""
+class _SignalAt(_FailingAt):
+  """Scores the step (every 2 steps) and sends SIGINT to this process while evaluating
+  `step`."""
 
   def __init__(self, step):
-    self.step, self.calls = step, []
-
-  def every(self, steps_per_epoch):
-    del steps_per_epoch
-    return 2
+    super().__init__(step)
+    self.broken = False
 
   def run(self, variables, *, mesh, step):
-    del variables, mesh
-    self.calls.append(step)
     if step == self.step:
       signal.raise_signal(signal.SIGINT)
-    return {"score": float(step)}
+    return super().run(variables, mesh=mesh, step=step)
 
 
 def test_a_signal_during_an_evaluation(tmp_path, caplog):
