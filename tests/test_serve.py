@@ -224,6 +224,9 @@ def test_page_shows_the_known_top_hit_first_and_plays_it_from_its_clip(page):
   page.wait_for_function(f"document.getElementById('player').currentTime > {CLIP_START + 0.3}",
                          timeout=20000)  # it plays on
   _shot(page, "serve_search.png")
+  page.wait_for_function("document.getElementById('player').paused", timeout=20000)
+  assert page.evaluate("document.getElementById('player').currentTime") == pytest.approx(
+      CLIP_END, abs=0.3)  # and stops at the clip's end
 
 
 def test_page_shows_moments_on_the_timeline_and_plays_them(page):
