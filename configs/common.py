@@ -47,8 +47,9 @@ def paper_scale(config: ml_collections.ConfigDict, topology: str | None, *,
   config.target_topology = topology or ml_collections.config_dict.placeholder(str)
   config.model.dtype, config.model.remat, config.model.attention = dtype, remat, attention
   config.model.scan_layers = scan_layers
+  # fsdp_min_size unset: avtext.train.partitioning.FSDP_MIN_SIZE.
   config.partitioning = ml_collections.ConfigDict(dict(
-      rules=(), fsdp=fsdp, fsdp_min_size=2 ** 16))
+      rules=(), fsdp=fsdp, fsdp_min_size=ml_collections.config_dict.placeholder(int)))
   config.train.microbatches = config.train.get("microbatches") or 1
 
 

@@ -46,6 +46,7 @@ Variants:
 
 import ml_collections
 
+from avtext.data.builders import tvc
 from configs import common
 
 DEMO_DATA = "workdirs/demo/tvr_data"
@@ -61,8 +62,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.dataset = ml_collections.ConfigDict(dict(
       name="tvc", path=ml_collections.config_dict.placeholder(str),
-      video_features="tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5", video_dim=3072,
-      subtitles="tvqa_preprocessed_subtitles.jsonl", clip_length=1.5, max_moments=-1))
+      video_features=tvc.DEFAULT_VIDEO_FEATURES, video_dim=3072,
+      subtitles="tvqa_preprocessed_subtitles.jsonl", clip_length=tvc.CLIP_LENGTH, max_moments=-1))
 
   config.data = ml_collections.ConfigDict(dict(
       context="video_sub", max_v_len=20, max_sub_len=30, max_cap_len=20))
@@ -124,7 +125,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   config.dataset.path = DEMO_DATA
-  config.dataset.video_features = "synthetic_tower_cl-1.5"
+  config.dataset.video_features = f"synthetic_tower_cl-{tvc.CLIP_LENGTH}"
   config.dataset.video_dim = config.model.video_dim = 128  # the RGB tower's width
   m = config.model
   # CPU budget: a quarter of the width (the synthetic captions use ~200 words).

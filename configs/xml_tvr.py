@@ -65,6 +65,8 @@ Variants:
 
 import ml_collections
 
+from avtext.data.builders import tvc
+from avtext.data.builders import tvr
 from configs import common
 
 DEMO_DATA = "workdirs/demo/tvr_data"
@@ -81,13 +83,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.dataset = ml_collections.ConfigDict(dict(
       name="tvr", path=ml_collections.config_dict.placeholder(str),
-      video_features=("tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5",),
+      video_features=tvr.DEFAULT_VIDEO_FEATURES,
       normalize_video=False,  # each half of the cat file is already L2-normalized
       video_dim=3072,
-      sub_features="bert_feature/sub_query/tvr_sub_pretrained_w_sub_query_max_cl-1.5.h5",
+      sub_features=tvr.DEFAULT_SUB_FEATURES,
       sub_dim=768,
       query_features="bert_feature/sub_query/tvr_query_pretrained_w_sub_query.h5",
-      query_dim=768, normalize_text=True, clip_length=1.5, max_queries=-1,
+      query_dim=768, normalize_text=True, clip_length=tvc.CLIP_LENGTH, max_queries=-1,
       # How `python -m avtext.search_moments` encodes new queries: it must match query_features
       # (official: a RoBERTa fine-tuned on TVR, layer -2; pass its local directory).
       query_encoder=dict(bert_dir=ml_collections.config_dict.placeholder(str), layer=-2)))
@@ -160,7 +162,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def _synthetic(config: ml_collections.ConfigDict, tiny: bool) -> None:
   d = config.dataset
   d.path = DEMO_DATA
-  d.video_features = ("synthetic_tower_cl-1.5",)
+  d.video_features = (f"synthetic_tower_cl-{tvc.CLIP_LENGTH}",)
   d.video_dim, d.sub_dim, d.query_dim = 128, 384, 384  # RGB tower; MiniLM-L6 layer -2
   config.model.max_ctx_len = 40  # the longest synthetic video: 8 scenes x 7.5 s = 40 clips
   config.model.hidden_size = 128  # CPU budget: a 256-wide step takes 0.9 s here, 128 ~0.3 s

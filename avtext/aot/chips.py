@@ -12,7 +12,8 @@ collective here sends as much as it receives).
     capacity / bandwidth", "bidirectional inter-chip interconnect (ICI) bandwidth per
     chip"; v5e's 15.75 GiB is what its runtime leaves usable.
   H100 SXM5: NVIDIA's H100 datasheet: 989 TFLOP/s dense bf16, 80 GB HBM3 at 3.35 TB/s,
-    NVLink 4 at 900 GB/s bidirectional per GPU.
+    NVLink 4 at 900 GB/s bidirectional per GPU, 132 SMs (boost clock 1.98 GHz), 50 MB L2;
+    `H100_TARGET` describes the same chip to XLA's GPU compiler.
 
 Per-kernel figures:
   matmul_tile      (M, N, K): the granularity of the matmul unit. A product's rows,
@@ -68,6 +69,8 @@ class Chip:
   launch_s: float = 0.0  # per kernel run
 
 
+H100_SMS = 132
+
 CHIPS = {
     "v4": Chip("TPU v4", 32.0, 275e12, 1228e9, 300e9),
     "v5e": Chip("TPU v5 lite", 15.75, 197e12, 819e9, 200e9),
@@ -75,8 +78,27 @@ CHIPS = {
     "v6e": Chip("TPU v6 lite", 31.25, 918e12, 1640e9, 400e9, matmul_tile=(8, 256, 256)),
     "h100": Chip("NVIDIA H100 80GB HBM3", 80e9 / GIB, 989e12, 3350e9, 450e9, "cuda",
                  matmul_tile=(64, 8, 16), matmul_fraction=0.75, hbm_fraction=0.84,
-                 transcendentals_per_s=16 * 132 * 1.83e9, launch_s=1e-6),
+                 transcendentals_per_s=16 * H100_SMS * 1.83e9, launch_s=1e-6),
 }
+
+
+# The H100 SXM5 as XLA's GPU compiler models it (a `stream_executor.GpuTargetConfigProto`
+# text, what `avtext.aot.programs.gpu_topology_devices` hands the CUDA plugin): the
+# figures of `CHIPS["h100"]` (HBM, its bandwidth, the SMs) beside the boost clock, the L2
+# and compute capability 9.0 of the datasheet and the CUDA limits of that architecture.
+H100_TARGET = f"""gpu_device_info {{
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: {H100_SMS}
+  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: {int(CHIPS["h100"].hbm_bytes_per_s)}
+  l2_cache_size: 52428800 clock_rate_ghz: 1.98
+  device_memory_size: {round(CHIPS["h100"].hbm_gib * GIB)}
+  shared_memory_per_block_optin: 232448 cuda_compute_capability {{ major: 9 }}
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+device_description_str: "{CHIPS["h100"].name}"
+"""
 
 
 def chip_of(topology: str) -> Chip:

@@ -22,9 +22,6 @@ from avtext.aot import chips as chips_lib
 from avtext.aot import cost_model
 from avtext.aot import hlo_cost
 
-GIB = 2 ** 30
-
-
 Chip = chips_lib.Chip
 BuildTask = Callable[[Any], Any]  # config -> task (the caller's task registry)
 
@@ -44,26 +41,9 @@ def _quiet_stderr():
     os.close(saved)
 
 
-# The H100 SXM5 as XLA's GPU compiler models it (a `stream_executor.GpuTargetConfigProto`
-# text): NVIDIA's datasheet figures (132 SMs at 1.98 GHz, 80 GB HBM3 at 3.35 TB/s, 50 MB
-# L2, compute capability 9.0) and the CUDA limits of that architecture.
-H100_TARGET = """gpu_device_info {
-  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
-  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
-  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
-  block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
-  clock_rate_ghz: 1.98 device_memory_size: 84978434048
-  shared_memory_per_block_optin: 232448 cuda_compute_capability { major: 9 }
-  registers_per_core_limit: 65536 registers_per_block_limit: 65536
-}
-platform_name: "CUDA"
-device_description_str: "NVIDIA H100 80GB HBM3"
-"""
-
-
 def gpu_topology_devices(topology: str) -> list:
   """The GPUs of `topology` ("h100:HOSTSxGPUS", e.g. h100:1x1, h100:1x8) described by
-  the CUDA PJRT plugin of requirements-cuda12.txt from `H100_TARGET`, no GPU needed."""
+  the CUDA PJRT plugin of requirements-cuda12.txt from `chips.H100_TARGET`, no GPU needed."""
   dims = topology.split(":")[1].split("x") if ":" in topology else []
   if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
     raise ValueError(f"topology {topology!r}: a GPU topology is h100:HOSTSxGPUS "
@@ -72,7 +52,7 @@ def gpu_topology_devices(topology: str) -> list:
   try:
     desc = topologies.get_topology_desc(
         topology_name=topology, platform="cuda", topology=f"1x{dims[0]}x{dims[1]}",
-        target_config=H100_TARGET)
+        target_config=chips_lib.H100_TARGET)
   except Exception as e:  # pylint: disable=broad-except
     raise RuntimeError(
         f"the CUDA plugin could not describe {topology!r} ({type(e).__name__}: "
@@ -297,20 +277,20 @@ def analyze(config, topology: str | None = None, *, build_task: BuildTask,
   roof = cost_model.bound(cost, chip, model_flops)
   predicted = cost_model.predict(cost, chip, model_flops)
   needed = hbm_needed(mem)
+  from avtext.models import registry as models_registry  # pylint: disable=g-import-not-at-top
+  compute = models_registry.compute_from_config(config.model)
   report = {
       "config": config.get("task"), "topology": topology, "chip": chip.name,
       "chips": chips, "mesh": dict(run.mesh.shape),
       "global_batch": int(config.train.batch_size),
       "microbatches": int(config.train.get("microbatches") or 1),
-      "dtype": config.model.get("dtype") or "float32",
-      "remat": config.model.get("remat") or "none",
-      "attention": config.model.get("attention") or "xla",
+      "dtype": compute.dtype_name, "remat": compute.remat, "attention": compute.attention,
       "scan_layers": scans_layers(config),
       "fsdp": bool((config.get("partitioning") or {}).get("fsdp", False)),
-      "hbm_needed_gib": needed / GIB, "hbm_per_chip_gib": chip.hbm_gib,
-      "headroom": 1.0 - needed / GIB / chip.hbm_gib,
-      "fits": needed / GIB <= chip.hbm_gib,
-      "memory_gib": {k: v / GIB for k, v in mem.items()},
+      "hbm_needed_gib": needed / chips_lib.GIB, "hbm_per_chip_gib": chip.hbm_gib,
+      "headroom": 1.0 - needed / chips_lib.GIB / chip.hbm_gib,
+      "fits": needed / chips_lib.GIB <= chip.hbm_gib,
+      "memory_gib": {k: v / chips_lib.GIB for k, v in mem.items()},
       "flops_per_chip": cost.flops, "model_flops_per_chip": model_flops,
       "bytes_per_chip": cost.bytes, "comm_bytes_per_chip": cost.comm_bytes,
       # XLA's own cost analysis, for comparison: a loop body counted once, no FLOPs
@@ -331,7 +311,8 @@ def analyze(config, topology: str | None = None, *, build_task: BuildTask,
       c = fn.compile()
       m = memory(c)
       report["predict"][name] = {
-          "hbm_needed_gib": hbm_needed(m) / GIB, "fits": hbm_needed(m) / GIB <= chip.hbm_gib,
+          "hbm_needed_gib": hbm_needed(m) / chips_lib.GIB,
+          "fits": hbm_needed(m) / chips_lib.GIB <= chip.hbm_gib,
           "compile_s": time.perf_counter() - t0,
           # One batch of config.eval.batch_size (padded to the data shards), predicted.
           "batch": lowered_batch_size(config, run),
@@ -472,7 +453,7 @@ def extrapolate(config, topology: str | None = None, *, build_task: BuildTask,
     rows = cost.by_class()
     programs.append({"depths": depths, "flops": cost.flops, "bytes": cost.bytes,
                      "comm_bytes": cost.comm_bytes, "unreadable_loops": cost.unreadable_loops,
-                     "hbm_needed_gib": hbm_needed(memory(compiled)) / GIB,
+                     "hbm_needed_gib": hbm_needed(memory(compiled)) / chips_lib.GIB,
                      "compile_s": time.perf_counter() - t0})
     if totals is None:
       base_rows, totals = rows, {c: dict(r) for c, r in rows.items()}

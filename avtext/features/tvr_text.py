@@ -63,7 +63,8 @@ def pool_subtitles(lines: Sequence[tuple[float, float, np.ndarray]], num_clips: 
 
 
 def write(data_dir, *, bert_dir=None, layer: int = -2, subtitles: str = tvc.DEFAULT_SUBTITLES,
-          video_features: str = tvr.DEFAULT_VIDEO_FEATURES[0], clip_length: float = 1.5,
+          video_features: str = tvr.DEFAULT_VIDEO_FEATURES[0],
+          clip_length: float = tvc.CLIP_LENGTH,
           batch_size: int = 64, force: bool = False) -> tuple[pathlib.Path, pathlib.Path]:
   """Writes both files (module docstring); returns (query h5, subtitle h5)."""
   import h5py  # pylint: disable=g-import-not-at-top
@@ -140,7 +141,7 @@ _SUBTITLES = flags.DEFINE_string("subtitles", tvc.DEFAULT_SUBTITLES, "the subtit
 _VIDEO_FEATURES = flags.DEFINE_string(
     "video_features", tvr.DEFAULT_VIDEO_FEATURES[0], "the video feature h5 under --data "
     "that gives each video's clip count", flag_values=FLAGS)
-_CLIP_LENGTH = flags.DEFINE_float("clip_length", 1.5, "seconds per clip (TVR: 1.5)",
+_CLIP_LENGTH = flags.DEFINE_float("clip_length", tvc.CLIP_LENGTH, "seconds per clip (TVR: 1.5)",
                                   flag_values=FLAGS)
 _FORCE = flags.DEFINE_bool("force", False, "overwrite existing features", flag_values=FLAGS)
 flags.mark_flag_as_required("data", flag_values=FLAGS)

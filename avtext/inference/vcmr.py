@@ -44,6 +44,7 @@ import ml_dtypes
 import numpy as np
 
 from avtext import atomic
+from avtext.data.builders import tvc
 from avtext.inference import spans
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "int8": np.int8}
@@ -71,7 +72,7 @@ class CorpusWriter:
   """Writes a corpus store chunk by chunk (memory stays one chunk); `close` writes meta.json."""
 
   def __init__(self, directory, *, num_videos: int, streams: Sequence[str], dim: int,
-               max_len: int, dtype: str = "float32", clip_length: float = 1.5,
+               max_len: int, dtype: str = "float32", clip_length: float = tvc.CLIP_LENGTH,
                keep_padded_h1: bool = False, encoded_by: dict | None = None):
     if dtype not in DTYPES:
       raise ValueError(f"corpus dtype {dtype!r}; expected one of {sorted(DTYPES)}")

@@ -99,7 +99,8 @@ class Compute:
   """How a model computes: dtype, rematerialization, attention (module docstring).
 
   Built from `config.model` by `avtext.models.registry.compute_from_config`; models
-  hand it to their blocks (`block_kwargs`). The default is today's float32 path.
+  hand it to their blocks (`block_kwargs`). Its defaults are a config's that leaves the
+  fields unset (float32, no remat, the materialized attention, unrolled layers).
   """
   dtype: Any = jnp.float32
   remat: str = "none"
@@ -111,6 +112,10 @@ class Compute:
     if self.attention not in attn.ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"config.model.attention={self.attention!r}: expected one of "
                        f"{attn.ATTENTION_IMPLEMENTATIONS}")
+
+  @property
+  def dtype_name(self) -> str:
+    return jnp.dtype(self.dtype).name
 
   def block_kwargs(self) -> dict[str, Any]:
     """Keyword arguments of `EncoderBlock` that carry these choices."""

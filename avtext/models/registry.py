@@ -56,11 +56,14 @@ def build_model(cfg: ml_collections.ConfigDict, *, where: str = "config.model",
 
 
 def compute_from_config(cfg: ml_collections.ConfigDict) -> layers.Compute:
-  """`layers.Compute` from a model node's dtype / remat / attention / scan_layers
-  (defaults: today's float32, no remat, "xla" attention, unscanned layers)."""
-  dtype = cfg.get("dtype") or "float32"
-  if dtype not in layers.DTYPES:
-    raise ValueError(f"config.model.dtype={dtype!r}: expected one of {sorted(layers.DTYPES)}")
-  return layers.Compute(dtype=layers.DTYPES[dtype], remat=cfg.get("remat") or "none",
-                        attention=cfg.get("attention") or "xla",
-                        scan_layers=bool(cfg.get("scan_layers") or False))
+  """`layers.Compute` from a model node's dtype / remat / attention / scan_layers; a field
+  the node leaves unset keeps `layers.Compute`'s default (the one home of the defaults)."""
+  given = {k: cfg.get(k) for k in COMPUTE_FIELDS if cfg.get(k) not in (None, "")}
+  if "dtype" in given:
+    if given["dtype"] not in layers.DTYPES:
+      raise ValueError(f"config.model.dtype={given['dtype']!r}: expected one of "
+                       f"{sorted(layers.DTYPES)}")
+    given["dtype"] = layers.DTYPES[given["dtype"]]
+  if "scan_layers" in given:
+    given["scan_layers"] = bool(given["scan_layers"])
+  return layers.Compute(**given)

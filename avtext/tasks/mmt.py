@@ -16,6 +16,7 @@ import numpy as np
 
 from avtext import errors
 from avtext.data import pipelines
+from avtext.data.builders import tvc
 from avtext.inference import generate
 from avtext.losses import captioning as caption_losses
 from avtext.models import mmt as mmt_lib
@@ -25,7 +26,7 @@ from avtext.text import vocab as vocab_lib
 CONTEXTS = ("video_sub", "video", "sub")
 
 
-def moment_clips(ts, num_clips: int, clip_length: float = 1.5) -> tuple[int, int]:
+def moment_clips(ts, num_clips: int, clip_length: float = tvc.CLIP_LENGTH) -> tuple[int, int]:
   """(st, ed) clip indices of a moment, ed inclusive: floor(ts0 / cl), ceil(ts1 / cl)."""
   return int(np.floor(ts[0] / clip_length)), int(np.ceil(ts[1] / clip_length))
 
@@ -44,7 +45,8 @@ def video_rows(st: int, ed: int, num_clips: int, max_clips: int) -> np.ndarray:
   return np.arange(st, ed + 1)
 
 
-def moment_subtitle(subtitles, st: int, ed: int, clip_length: float = 1.5) -> str:
+def moment_subtitle(subtitles, st: int, ed: int,
+                    clip_length: float = tvc.CLIP_LENGTH) -> str:
   """The lines touching clips st..ed (a line covers clips floor(start / cl) .. ceil(end / cl)
   exclusive, TVCaption `process_single_vid_sub`), joined with spaces in file order."""
   picked = []

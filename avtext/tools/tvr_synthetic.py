@@ -18,6 +18,7 @@ from absl import logging
 
 from avtext import cli
 from avtext import errors
+from avtext.data.builders import tvc
 from avtext.data.synthetic import tvr_layout
 from avtext.data.synthetic import world
 from avtext.features import done
@@ -38,7 +39,7 @@ def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, num_t
   video_features, frames = tower.tower_encoder(tower_workdir)
   spec = world.WorldSpec(**frames)  # the frames the tower was trained on
   text_features = functools.partial(tvr_text.write, video_features=tvr_layout.VIDEO_FEATURES,
-                                    clip_length=tvr_layout.CLIP_LENGTH, force=True)
+                                    clip_length=tvc.CLIP_LENGTH, force=True)
   n = tvr_layout.write(out, num_train=num_train, num_val=num_val, num_test=num_test,
                        spec=spec, seed=seed, video_features=video_features,
                        text_features=text_features)

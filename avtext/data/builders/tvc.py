@@ -21,7 +21,7 @@ config.dataset fields:
   video_features   h5 name without .h5 (default the official resnet_i3d file)
   video_dim        D, checked against the file
   subtitles        subtitle file name (default tvqa_preprocessed_subtitles.jsonl)
-  clip_length      seconds per feature row (1.5)
+  clip_length      seconds per feature row (`CLIP_LENGTH`, 1.5)
   max_moments      -1: every moment of the split, else the first N
 
 Example i of a split is moment i (file order): {"id": clip_id, "vid_name",
@@ -49,7 +49,10 @@ from avtext import errors
 from avtext.data import builders
 from avtext.data import ground_truth
 
-DEFAULT_VIDEO_FEATURES = "tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5"
+# TVR's clip: every TVR / TVC feature row, moment label and subtitle span is on this grid
+# of seconds (the released features' "cl-1.5"; TVR s3.1). The one home of the figure.
+CLIP_LENGTH = 1.5
+DEFAULT_VIDEO_FEATURES = f"tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-{CLIP_LENGTH}"
 DEFAULT_SUBTITLES = "tvqa_preprocessed_subtitles.jsonl"
 SPLITS = ("train", "val", "test_public")
 _PREPARE = ("Download the TVC annotations (github.com/jayleicn/TVCaption, data/), the TVQA "
@@ -162,7 +165,7 @@ class TvcSource:
       raise errors.BadInput(f"config.dataset.path is not set: the TVC directory. {_PREPARE}")
     self.path = pathlib.Path(cfg.path)
     self.split = split
-    self.clip_length = float(cfg.get("clip_length") or 1.5)
+    self.clip_length = float(cfg.get("clip_length") or CLIP_LENGTH)
     self.video_file = video_features_path(self.path, cfg.get("video_features")
                                           or DEFAULT_VIDEO_FEATURES)
     self.video_dim = cfg.get("video_dim")

@@ -56,8 +56,9 @@ from avtext import errors
 from avtext.data import builders
 from avtext.data.builders import tvc
 
-DEFAULT_VIDEO_FEATURES = ("tvr_resnet152_rgb_max_i3d_rgb600_avg_cat_cl-1.5",)
-DEFAULT_SUB_FEATURES = "bert_feature/sub_query/tvr_sub_pretrained_w_sub_query_max_cl-1.5.h5"
+DEFAULT_VIDEO_FEATURES = (tvc.DEFAULT_VIDEO_FEATURES,)
+DEFAULT_SUB_FEATURES = ("bert_feature/sub_query/tvr_sub_pretrained_w_sub_query_max_"
+                        f"cl-{tvc.CLIP_LENGTH}.h5")
 DEFAULT_QUERY_FEATURES = "bert_feature/sub_query/tvr_query_pretrained_w_sub_query.h5"
 # A query's token features are "[CLS] desc [SEP]" cut to this many tokens (the official
 # tokenizer max_length, with <s> </s>), [CLS] and [SEP] removed.
@@ -121,7 +122,7 @@ class TvrSource:
       raise errors.BadInput(f"config.dataset.path is not set: the TVR directory. {_PREPARE}")
     self.path = pathlib.Path(cfg.path)
     self.split = split
-    self.clip_length = float(cfg.get("clip_length") or 1.5)
+    self.clip_length = float(cfg.get("clip_length") or tvc.CLIP_LENGTH)
     self.normalize_text = bool(cfg.get("normalize_text", True))
     file = annotation_path(self.path, split)
     self.queries = tvc.read_jsonl(file, f"TVR {split} annotations")

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from avtext.data.builders import tvc
 from avtext.data.synthetic import captions
 from avtext.data.synthetic import multiscene
 from avtext.data.synthetic import world
@@ -141,7 +142,7 @@ class LongVideoSource(multiscene.MultiSceneSource):
                num_scenes: tuple[int, int] = (4, 8),
                scene_duration_s: tuple[float, float] = (3.0, 7.5),
                moments_per_video: int = 3, descs_per_moment: int | None = None,
-               seen_line_rate: float = 0.5, clip_length_s: float = 1.5):
+               seen_line_rate: float = 0.5, clip_length_s: float = tvc.CLIP_LENGTH):
     super().__init__(split, seed=seed, num_examples=num_examples, spec=spec,
                      num_scenes=num_scenes, scene_duration_s=scene_duration_s)
     if num_examples is None:

@@ -46,8 +46,7 @@ from avtext.data.synthetic import longvideo
 from avtext.data.synthetic import truth
 from avtext.data.synthetic import world
 
-VIDEO_FEATURES = "synthetic_tower_cl-1.5"
-CLIP_LENGTH = 1.5
+VIDEO_FEATURES = f"synthetic_tower_cl-{tvc.CLIP_LENGTH}"
 SPLITS = (("train", "train"), ("val", "val"), ("test_public", "test"))  # file name, world split
 
 
@@ -93,8 +92,8 @@ def write(out_dir, *, num_train: int, num_val: int, num_test: int, spec: world.W
   for name, split in SPLITS:
     n = {"train": num_train, "val": num_val, "test": num_test}[split]
     source = longvideo.LongVideoSource(split, seed=seed, num_examples=n, spec=spec,
-                                       clip_length_s=CLIP_LENGTH)
-    feats = video_features(source, range(n), feature_fps=1.0 / CLIP_LENGTH,
+                                       clip_length_s=tvc.CLIP_LENGTH)
+    feats = video_features(source, range(n), feature_fps=1.0 / tvc.CLIP_LENGTH,
                            num_steps=source.num_clips)
     videos.update({k: l2_normalize(v) for k, v in feats.items()})
     tvc_rows, tvr_rows, subs = annotations(source, range(n), clip_ids, desc_ids,
