@@ -218,7 +218,10 @@ def _has_tpu_chips() -> bool:
 
 
 def quiet_tpu_probe() -> None:
-  """With libtpu installed and no TPU chips here, JAX_PLATFORMS without "tpu"."""
+  """With libtpu installed and no TPU chips here, JAX_PLATFORMS without "tpu" (and
+  without "cuda" when no NVIDIA driver is here either). Programs call it at start-up
+  (`run`), `avtext.runs.load_run` for notebooks; a jax imported already is told too,
+  unless its backends have started."""
   if os.environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None:
     return
   if _has_tpu_chips():
@@ -227,6 +230,10 @@ def quiet_tpu_probe() -> None:
          and os.path.exists("/dev/nvidiactl"))
   os.environ["JAX_PLATFORMS"] = "cuda,cpu" if gpu else "cpu"
   os.environ[AUTO_PLATFORMS_ENV] = "1"
+  if "jax" in sys.modules:  # read when jax was imported: set it directly
+    from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+    if not xla_bridge.backends_are_initialized():
+      sys.modules["jax"].config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
 
 
 # XLA:CPU's default scheduler lets one device start a collective of a program while

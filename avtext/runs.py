@@ -189,6 +189,7 @@ def read_variables(workdir: pathlib.Path, step: int | str | None = None) -> tupl
 
 def load_run(workdir: str | pathlib.Path, step: int | str | None = None) -> Run:
   """(config, model, params) of the run in `workdir` at `step` (None: latest, "best", N)."""
+  cli.quiet_tpu_probe()  # a notebook's first JAX work: no libtpu lines on a CPU
   workdir = resolve_workdir(workdir)
   config = load_config(workdir)
   variables, step = read_variables(workdir, step)

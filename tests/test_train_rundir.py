@@ -114,18 +114,28 @@ def test_a_second_launch_exits_at_once_and_the_first_ends_as_a_solo_run(tmp_path
 
 def test_a_failed_save_raises_one_line_naming_the_directory_and_the_cause(tmp_path,
                                                                           monkeypatch):
+  """A full disk while step 2 is written: the one line names the directory, the cause and
+  step 2's partial directory, which is removed; step 1 stays as it was."""
   async def full_disk(self, x, directory):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", full_disk)
   ckpt = checkpointing.Checkpointer(tmp_path / "checkpoints")
+  ckpt.save(1, {"w": np.ones(3, np.float32)}, {"position": 1})
+  ckpt.wait()
+  step1 = {p: p.read_bytes() for p in (tmp_path / "checkpoints" / "1").rglob("*") if p.is_file()}
+  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", full_disk)
   with pytest.raises(checkpointing.CheckpointSaveError) as e:
-    ckpt.save(1, {"w": np.ones(3, np.float32)}, {"position": 1})
+    ckpt.save(2, {"w": np.full(3, 2, np.float32)}, {"position": 2})
     ckpt.wait()  # the write runs in orbax's background threads; its error surfaces here
+  partial = tmp_path / "checkpoints" / "2.orbax-checkpoint-tmp"
   assert str(e.value) == (f"{tmp_path / 'checkpoints'}: writing a checkpoint failed: No space "
-                          "left on device; the checkpoints already there are intact and "
-                          "re-running resumes from the latest")
-  assert ckpt.all_steps() == []
+                          f"left on device; the partial checkpoint {partial} is removed; the "
+                          "checkpoints already there are intact and re-running resumes from "
+                          "the latest")
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]
+  assert {p: p.read_bytes() for p in (tmp_path / "checkpoints" / "1").rglob("*")
+          if p.is_file()} == step1
+  assert ckpt.all_steps() == [1]
 
 
 @pytest.mark.slow  # ~40 s: a tiny run in a subprocess
@@ -135,7 +145,9 @@ def test_a_full_disk_is_one_line_and_a_non_zero_exit(tmp_path):
     pytest.skip("needs root with mount namespaces to mount a small tmpfs")
   workdir = tmp_path / "disk" / "run"
   workdir.parent.mkdir()
-  cmd = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=7M tmpfs "$0" && exec "$@"',
+  # The tmpfs lives as long as the namespace: its checkpoints are listed inside it.
+  cmd = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=7M tmpfs "$0" || exit 9; "$@"; '
+         'rc=$?; echo listing: $(ls "$0/run/checkpoints"); exit $rc',
          str(workdir.parent), sys.executable, "-m", "avtext.main",
          "--config=configs/videocc_avr.py:tiny", f"--workdir={workdir}",
          "--config.train.num_steps=4", "--config.train.checkpoint_every_steps=1",
@@ -147,9 +159,11 @@ def test_a_full_disk_is_one_line_and_a_non_zero_exit(tmp_path):
   for noise in ("Traceback", "Event loop is closed", "never retrieved"):
     assert noise not in out, out
   failed = [line for line in out.splitlines() if "No space left on device" in line]
+  partial = workdir / "checkpoints" / "2.orbax-checkpoint-tmp"
   assert failed == [f"error: {workdir / 'checkpoints'}: writing a checkpoint failed: No space left "
-                    "on device; the checkpoints already there are intact and re-running "
-                    "resumes from the latest"], out
+                    f"on device; the partial checkpoint {partial} is removed; the checkpoints "
+                    "already there are intact and re-running resumes from the latest"], out
+  assert "listing: 1\n" in done.stdout, out  # step 1 kept, step 2's partial directory gone
 
 
 def test_the_newest_checkpoint_pruned_while_it_is_read_is_read_again(tmp_path, monkeypatch):

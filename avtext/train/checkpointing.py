@@ -28,9 +28,11 @@ background threads report it.
 """
 import functools
 import json
+import logging as std_logging
 import os
 import pathlib
 import re
+import shutil
 from typing import Any
 import zlib
 
@@ -41,6 +43,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from avtext import atomic
+from avtext import errors
 from avtext.train import rundir
 
 
@@ -53,13 +56,26 @@ _DATA_FILE = "data/metadata"  # where ocp.JsonCheckpointHandler puts the iterato
 # dispatch than it saves in writing: a tiny model's save on 8 CPU devices took 5,500
 # slices and 10 s; with this floor only arrays of 8 MiB and up (on 8 replicas) split.
 MIN_REPLICA_SLICE_BYTES = 1 << 20
+_PARTIAL = ".orbax-checkpoint-tmp"  # a step directory orbax has not renamed yet
 _PRUNED_RETRIES = 3  # re-reads of the newest checkpoint when a running trainer pruned it
 
 
 def _use_array_handler_floor():
-  ocp.type_handlers.register_type_handler(
-      jax.Array, ocp.type_handlers.ArrayHandler(
-          min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES), override=True)
+  """jax.Array's handler with MIN_REPLICA_SLICE_BYTES, without the warning orbax logs
+  for an override (once per Checkpointer: every program, the notebook): it is this one."""
+  absl_logger = std_logging.getLogger("absl")
+  absl_logger.addFilter(_our_override)
+  try:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(
+            min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES), override=True)
+  finally:
+    absl_logger.removeFilter(_our_override)
+
+
+def _our_override(record) -> bool:
+  return not (record.msg.startswith("Type handler registry type") and record.args
+              and record.args[-1] == "jax.Array")
 
 
 class CorruptCheckpointError(ValueError):
@@ -80,9 +96,13 @@ def _save_errors(method):
     except CheckpointSaveError:
       raise
     except Exception as e:  # pylint: disable=broad-except
+      partial = self._remove_partial()
+      named = (f"; the partial checkpoint {', '.join(partial)} is removed" if partial
+               else "")
       raise CheckpointSaveError(
-          f"{self.directory}: writing a checkpoint failed: {_cause(e)}; the checkpoints "
-          "already there are intact and re-running resumes from the latest") from e
+          f"{self.directory}: writing a checkpoint failed: {_cause(e)}{named}; the "
+          "checkpoints already there are intact and re-running resumes from the "
+          "latest") from e
   return wrapper
 
 
@@ -172,6 +192,17 @@ class Checkpointer:
     except OSError:
       return None
 
+  def _remove_partial(self) -> list[str]:
+    """Removes the directories of saves that did not finish (orbax writes a step into
+    `<step>.orbax-checkpoint-tmp*` and renames it when whole); their names. Process 0's
+    to do, as it commits them."""
+    if jax.process_index() != 0:
+      return []
+    partial = sorted(p for p in self.directory.glob(f"*{_PARTIAL}*") if p.is_dir())
+    for path in partial:
+      shutil.rmtree(path, ignore_errors=True)
+    return [str(p) for p in partial]
+
   def step_dir(self, step: int) -> pathlib.Path:
     return self.directory / str(step)
 
@@ -231,11 +262,19 @@ class Checkpointer:
     else:
       self._log_skipped(skipped, step, "restoring")
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-    restored = self._manager.restore(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract),
-            data=ocp.args.JsonRestore()))
+    try:
+      restored = self._manager.restore(
+          step,
+          args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(abstract),
+              data=ocp.args.JsonRestore()))
+    except Exception as e:  # pylint: disable=broad-except
+      if differs := _first_difference(abstract, self._manager.item_metadata(step)["state"]):
+        raise errors.BadInput(
+            f"{self.step_dir(step)}: the checkpoint was not written by a model of this "
+            f"config: {differs}; resume with the config (and --config overrides) it was "
+            "trained with, or pick another --workdir") from e
+      raise
     return restored.state, dict(restored.data or {}), step
 
   def restore_raw(self, step: int | None = None) -> tuple[Any, int]:
@@ -378,6 +417,28 @@ def restore_raw(workdir: str | pathlib.Path, step: int | str | None = None
     return ckpt.restore_raw(step)
   finally:
     ckpt.close()
+
+
+def _leaves(tree) -> dict[str, tuple | None]:
+  """{"params/text/embed/kernel": shape} of a state or of its checkpoint's metadata."""
+  def name(key):
+    return str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
+  return {"/".join(map(name, path)): tuple(getattr(leaf, "shape", ()) or ())
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _first_difference(template, saved) -> str | None:
+  """The first parameter (in the template's order) whose shape differs between the state
+  a config builds and a checkpoint's, or that only one of them has; None when they agree."""
+  ours, theirs = _leaves(template), _leaves(saved)
+  show = lambda shape: f"[{', '.join(map(str, shape))}]"  # pylint: disable=unnecessary-lambda-assignment
+  for path, shape in ours.items():
+    if path not in theirs:
+      return f"{path} {show(shape)} is not in the checkpoint"
+    if theirs[path] != shape:
+      return f"{path} has shape {show(theirs[path])} there, {show(shape)} in this config"
+  extra = next((p for p in theirs if p not in ours), None)
+  return None if extra is None else f"{extra} {show(theirs[extra])} is not in this config"
 
 
 def _crc32(path: pathlib.Path) -> int:

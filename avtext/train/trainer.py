@@ -41,6 +41,8 @@ from avtext import errors
 from avtext.train import checkpointing
 from avtext.train import control as control_lib
 from avtext.train import hosts
+from avtext.train import nonfinite
+from avtext.train.nonfinite import NonFiniteError
 from avtext.train import optimizers
 from avtext.train import partitioning
 from avtext.train import results as results_lib
@@ -49,10 +51,6 @@ from avtext.train import stop as stop_lib
 from avtext.train import step as step_lib
 from avtext.train.step import TrainState
 from avtext.train import warm_start
-
-
-class NonFiniteError(FloatingPointError):
-  """A training loss, or the parameters about to be evaluated or saved, are not finite."""
 
 
 class EvaluatorError(RuntimeError):
@@ -449,18 +447,19 @@ class Trainer(results_lib.RunResults):
     else if `params_norm`, the global norm of the params after pending's last step, is
     not finite (float32: it overflows once entries reach ~1e19, which no trained model
     has and which the next step turns into NaN)."""
-    problem = next((f"loss is {float(m['loss'])} at step {step}" for step, m in pending
-                    if not np.isfinite(float(m["loss"]))), None)
+    problem, at = next(((f"loss is {float(m['loss'])} at step {step}", step)
+                        for step, m in pending if not np.isfinite(float(m["loss"]))),
+                       (None, None))
     if problem is None and params_norm is not None and not np.isfinite(float(params_norm)):
-      problem = (f"the parameters after step {pending[-1][0]} have a non-finite global "
-                 f"norm ({float(params_norm)})")
+      problem, at = (f"the parameters after step {pending[-1][0]} have a non-finite global "
+                     f"norm ({float(params_norm)})"), pending[-1][0]
     if problem is None:
       return
     kept = (f"the last finite checkpoint, {self.checkpointer.step_dir(last_saved)}, is kept "
             "and re-running resumes from it" if last_saved is not None
             else "no checkpoint was written yet")
-    raise NonFiniteError(f"{problem}; training stopped, {kept}. Lower "
-                         "optimizer.learning_rate or set optimizer.grad_clip_norm.")
+    raise NonFiniteError(f"{problem}; training stopped, {kept}. "
+                         f"{nonfinite.advice(self.config, at)}")
 
   def _train_skips(self) -> dict[str, int]:
     """{reason: count} of the train split's entries put aside (files that are missing or
