@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import threading
 
@@ -107,12 +108,15 @@ _WORKER_NOISE = re.compile(rb"^(INFO:(?!avtext)|WARNING:__main__:No semi_persist
 
 
 @contextlib.contextmanager
-def quiet_workers(verbose: bool):
-  """Unless `verbose`: this process' stderr (file descriptor 2, which Beam's worker
-  processes inherit) goes through a filter that drops the workers' start-up lines."""
-  if verbose:
-    yield
-    return
+def quiet_workers(verbose: bool, out: str):
+  """This process' stderr (file descriptor 2, which Beam's worker processes inherit)
+  goes through a filter that drops the workers' start-up lines (unless `verbose`).
+
+  Ctrl-C (SIGINT to the whole process group: the workers too) or SIGTERM stops the run
+  as one line, errors.Interrupted (130 / 143): from the signal on, every line the dying
+  workers, Beam's threads and its loggers write is dropped (a wall of tracebacks, even
+  with `verbose`), and `out` is as it was (`pipeline.build_and_run` writes it last)."""
+  stopping = threading.Event()
   sys.stderr.flush()
   read, write = os.pipe()
   saved = os.dup(2)
@@ -122,19 +126,37 @@ def quiet_workers(verbose: bool):
   def pump():
     with os.fdopen(read, "rb") as src, os.fdopen(os.dup(saved), "wb") as dst:
       for line in src:
-        if not _WORKER_NOISE.match(line):
+        if not stopping.is_set() and (verbose or not _WORKER_NOISE.match(line)):
           dst.write(line)
           dst.flush()
 
+  def stop(signum, frame):
+    del frame
+    stopping.set()
+    raise errors.Interrupted(
+        f"{'interrupted' if signum == signal.SIGINT else 'terminated'} "
+        f"({signal.Signals(signum).name}): mining stopped; nothing was written to "
+        f"--out={out} (what it held is as it was); re-run the same command to mine again",
+        signum)
+
   thread = threading.Thread(target=pump, daemon=True)
   thread.start()
+  handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
   try:
     yield
+  except BaseException:
+    if stopping.is_set():  # Beam's threads and loggers report the workers' end: not here
+      logging.disable(logging.CRITICAL)
+      threading.excepthook = lambda args: None
+    raise
   finally:
+    for s, handler in handlers.items():
+      signal.signal(s, handler)
     sys.stderr.flush()
     os.dup2(saved, 2)  # the pipe closes once the (finished) workers let go of it
     os.close(saved)
-    thread.join(timeout=5)
+    if not stopping.is_set():
+      thread.join(timeout=5)
 
 
 def beam_options(args: list[str], program: str) -> list[str]:
@@ -305,7 +327,7 @@ def main(argv):
   # One process writes --out at a time (a remote one is the cluster's to guard).
   lock = (contextlib.nullcontext() if files.is_remote(_OUT.value)
           else rundir.output_lock(_OUT.value, "out"))
-  with lock, quiet_workers(_VERBOSE.value), runners.beam_args_for(beam_args, dask_address=_DASK_ADDRESS.value,
+  with lock, quiet_workers(_VERBOSE.value, _OUT.value), runners.beam_args_for(beam_args, dask_address=_DASK_ADDRESS.value,
                                    dask_local_workers=_DASK_LOCAL.value) as beam_args:
     info = pipeline.build_and_run(_SEEDS.value, _VIDEOS.value, embedder, _OUT.value, cfg,
                                   beam_args, seed_features=_SEED_FEATURES.value,

@@ -1,6 +1,8 @@
 """The last tracebacks of the command-line family, each now one line (issue 56, items 8-11,
 14, 15), run as a user runs them (a process each) where the process is the point:
 
+- Ctrl-C during `avtext.mine` (SIGINT to its process group: Beam's workers too) or
+  SIGTERM to it: one line, exit 130 / 143, the --out of an earlier run as it was;
 - a corrupt index (meta.json, vectors.npy, index.faiss) to `avtext.search_videos` and to
   `avtext.index`: which file, and to delete the index and index again; the index is
   left as it was;
@@ -16,8 +18,10 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import ml_collections
 import numpy as np
@@ -26,8 +30,10 @@ import pytest
 from avtext import index as index_lib
 from avtext.train import checkpointing
 from avtext.train import nonfinite
+from avtext.data.synthetic import mining_corpus
 from tests.test_cli_failsoft import run_processes
 from tests.test_cli_failsoft import user_env
+from tests.test_mining import TINY
 from tests.test_train_trainer import REPO
 
 # What a program on a CPU must not print (item 15): orbax's note on our jax.Array handler,
@@ -176,3 +182,52 @@ def test_the_programs_are_quiet_on_a_cpu(blown_up):
 def _digests_under(directory: pathlib.Path) -> dict:
   return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
           for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+# An embedder that says when the pipeline is under way (its first call, in a worker) and
+# is slow enough that the run is still mining when the signal comes.
+_SLOW_EMBEDDER = """import os, pathlib, time
+from avtext.mining import embed
+def histogram(frames):
+  pathlib.Path(os.environ["MINE_STARTED"]).touch()
+  time.sleep(1.0)
+  return embed.colour_histogram(frames)
+"""
+
+
+def test_ctrl_c_or_sigterm_during_mining_is_one_line_and_keeps_the_out(tmp_path):
+  corpus = tmp_path / "corpus"
+  mining_corpus.write(corpus, TINY)
+  (tmp_path / "slow_embedder.py").write_text(_SLOW_EMBEDDER)
+  runs = {}
+  for name, sig, to_group in (("ctrl_c", signal.SIGINT, True),
+                              ("sigterm", signal.SIGTERM, False)):
+    out = tmp_path / name
+    out.mkdir()
+    (out / "videocc.csv").write_text("v0,0,10000000,a red ball\n")  # an earlier run's
+    (out / "dataset.json").write_text('{"csv": "videocc.csv"}\n')
+    started = tmp_path / f"{name}.started"
+    env = dict(user_env(tmp_path), PYTHONPATH=str(tmp_path), MINE_STARTED=str(started))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "avtext.mine", f"--seeds={corpus / 'seeds' / 'seeds.tsv'}",
+         f"--videos={corpus / 'videos'}", "--embedder=callable:slow_embedder:histogram",
+         f"--out={out}"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    runs[name] = (proc, sig, to_group, out, started, _digests(out))
+  for name, (proc, sig, to_group, out, started, before) in runs.items():
+    deadline = time.monotonic() + 120
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert started.exists(), proc.communicate()
+    if to_group:  # what a terminal's Ctrl-C does
+      os.killpg(proc.pid, sig)
+    else:
+      proc.send_signal(sig)
+  for name, (proc, sig, to_group, out, started, before) in runs.items():
+    stdout, stderr = proc.communicate(timeout=120)
+    word = "interrupted" if sig == signal.SIGINT else "terminated"
+    assert proc.returncode == 128 + sig and stdout == "", (name, proc.returncode, stderr)
+    assert stderr.splitlines() == [
+        f"{word} ({sig.name}): mining stopped; nothing was written to --out={out} (what it "
+        "held is as it was); re-run the same command to mine again"], (name, stderr[-3000:])
+    assert _digests(out) == before, name  # the staging files under _beam/ gone too

@@ -5,8 +5,10 @@ Layouts: `avtext.mining.pipeline`'s docstring.
 """
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import re
+import shutil
 
 import numpy as np
 
@@ -69,8 +71,15 @@ def match(pattern: str) -> list[str]:
   return sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
 
 
-def delete_tree(root: str) -> None:
-  """Delete every file under root (the run's staging files), then root itself if local."""
+def delete_tree(root: str, *, missing_ok: bool = False) -> None:
+  """Delete every file under root (the run's staging files), then root itself if local,
+  and its parent too when that is left empty (OUT/_beam). `missing_ok`: a run stopped
+  early, whose workers may still add or remove files: whatever is there goes."""
+  if missing_ok and not is_remote(root):
+    shutil.rmtree(root, ignore_errors=True)
+    with contextlib.suppress(OSError):
+      pathlib.Path(root).parent.rmdir()
+    return
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
   found = match(f"{str(root).rstrip('/')}/**") if is_remote(root) else [
       str(p) for p in pathlib.Path(root).rglob('*') if p.is_file()]
@@ -80,6 +89,8 @@ def delete_tree(root: str) -> None:
     for d in sorted(pathlib.Path(root).rglob('*'), reverse=True) + [pathlib.Path(root)]:
       if d.is_dir():
         d.rmdir()
+    with contextlib.suppress(OSError):
+      pathlib.Path(root).parent.rmdir()
 
 
 # First fields of a header line that names the columns instead of holding a seed.

@@ -281,7 +281,11 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
        | 'AllResults' >> beam.GroupByKey()
        | 'Summary' >> beam.MapTuple(summary))
   t0 = time.perf_counter()
-  runners.run(p)
+  try:
+    runners.run(p)
+  except BaseException:  # failed or interrupted: the hand-over files go, OUT is as it was
+    files.delete_tree(staging, missing_ok=True)
+    raise
   seconds = time.perf_counter() - t0
 
   done = json.loads(files.read_bytes(files.join(staging, 'summary.json')))
