@@ -132,7 +132,9 @@ class Evaluator:
     source = self.source
     return map_examples(lambda batch: fn(variables, batch), self.task.eval_examples(source),
                         len(source), mesh=mesh, global_batch_size=self.batch_size,
-                        collate=getattr(self.task, "collate", None))
+                        collate=getattr(self.task, "collate", None),
+                        batch_field=(f"evals.{self.name}.batch_size" if self.cfg.get("batch_size")
+                                     else "eval.batch_size"))
 
   def run(self, variables, *, mesh, step: int) -> dict[str, Any]:
     """Evaluates, prints the evaluator's table on process 0, returns its metrics."""
@@ -174,8 +176,8 @@ def stack_examples(examples: list[dict]) -> dict:
 
 def map_examples(fn: Callable[[dict], Any], examples: Callable[[int], dict], n: int, *,
                  mesh, global_batch_size: int,
-                 collate: Callable[[list[dict]], dict] | None = None
-                 ) -> tuple[Any, dict[str, list]]:
+                 collate: Callable[[list[dict]], dict] | None = None,
+                 batch_field: str = "eval.batch_size") -> tuple[Any, dict[str, list]]:
   """`fn` (jitted, on global batches) over examples 0..n-1, gathered on every host.
 
   A process's batch is `collate` (default `stack_examples`) of its examples'
@@ -187,7 +189,7 @@ def map_examples(fn: Callable[[dict], Any], examples: Callable[[int], dict], n: 
   """
   if n == 0:
     raise ValueError("nothing to evaluate: the source is empty")
-  local_bs = partitioning.per_process_batch_size(global_batch_size, mesh)
+  local_bs = partitioning.per_process_batch_size(global_batch_size, mesh, batch_field)
   first = jax.process_index() * local_bs
   outputs, host_rows = [], []
   for start in range(0, n, global_batch_size):

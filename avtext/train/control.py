@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from avtext.train import config_rules
+
 
 @flax.struct.dataclass
 class EvalControl:
@@ -48,15 +50,7 @@ class EvalControl:
   stopped: jax.Array  # bool: early stopping fired
 
 
-def selection(config: ml_collections.ConfigDict) -> tuple[str, str] | None:
-  """(metric key, "max"|"min") of `config.eval.select`, or None."""
-  select = config.get("eval", {}).get("select")
-  if not select:
-    return None
-  if len(select) != 2 or select[1] not in ("max", "min") or "/" not in select[0]:
-    raise ValueError(f"config.eval.select={tuple(select)!r}; expected "
-                     "('<evaluator>/<metric>', 'max' | 'min')")
-  return str(select[0]), str(select[1])
+selection = config_rules.selection  # (metric key, "max"|"min") of config.eval.select, or None
 
 
 def plateau_enabled(config: ml_collections.ConfigDict) -> bool:

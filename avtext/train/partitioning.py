@@ -20,6 +20,8 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
 
+from avtext.train import config_rules
+
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
 # FSDP leaves tensors below this many elements replicated: gathering them costs a
@@ -90,13 +92,11 @@ def num_data_shards(mesh: Mesh) -> int:
   return mesh.shape[DATA_AXIS]
 
 
-def per_process_batch_size(global_batch_size: int, mesh: Mesh) -> int:
-  """The slice of the global batch each host's input pipeline produces."""
-  shards = num_data_shards(mesh)
-  if global_batch_size % shards:
-    raise ValueError(
-        f"batch size {global_batch_size} is not divisible by the {shards} "
-        "devices on the 'data' mesh axis")
+def per_process_batch_size(global_batch_size: int, mesh: Mesh,
+                           field: str = "train.batch_size") -> int:
+  """The slice of the global batch each host's input pipeline produces; `field`: the
+  config path of the batch size, for the error when it does not split."""
+  config_rules.check_batch_split(field, global_batch_size, num_data_shards(mesh))
   return global_batch_size // jax.process_count()
 
 

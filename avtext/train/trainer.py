@@ -39,6 +39,7 @@ import optax
 from avtext import atomic
 from avtext import errors
 from avtext.train import checkpointing
+from avtext.train import config_rules
 from avtext.train import control as control_lib
 from avtext.train import hosts
 from avtext.train import nonfinite
@@ -66,19 +67,12 @@ class EvaluatorError(RuntimeError):
 
 def total_train_steps(config: ml_collections.ConfigDict, num_examples: int) -> tuple[int, int]:
   """(total steps, steps per epoch) from train.num_steps or train.num_epochs."""
-  if config.train.batch_size < 1:
-    raise ValueError(f"config.train.batch_size={config.train.batch_size}: must be at least 1")
+  config_rules.check_count("train.batch_size", config.train.batch_size)
+  config_rules.check_steps(config)
   steps_per_epoch = max(1, num_examples // config.train.batch_size)
   if config.train.get("num_steps") is not None:
-    total = int(config.train.num_steps)
-  elif config.train.get("num_epochs") is not None:
-    total = int(math.ceil(config.train.num_epochs * steps_per_epoch))
-  else:
-    raise ValueError("config.train.num_steps: set it or config.train.num_epochs")
-  if total < 1:  # a run that trains nothing is no run
-    raise ValueError(f"config.train.num_steps / num_epochs give {total} steps; set them to "
-                     "train at least one")
-  return total, steps_per_epoch
+    return int(config.train.num_steps), steps_per_epoch
+  return int(math.ceil(config.train.num_epochs * steps_per_epoch)), steps_per_epoch
 
 
 def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
@@ -110,9 +104,7 @@ class Trainer(results_lib.RunResults):
     self.task = task
     self.evaluators = evaluators
     self.select = control_lib.selection(config)
-    if self.select and self.select[0].split("/")[0] not in evaluators:
-      raise ValueError(f"config.eval.select names evaluator {self.select[0].split('/')[0]!r}; "
-                       f"config.evals has {sorted(evaluators)}")
+    config_rules.check_selected_evaluator(config, evaluators)
     # Training creates these (and the workdir); --mode=eval only reads checkpoints.
     self.checkpointer = self.best_checkpointer = None
     # Where results.json and TensorBoard events go (None: nowhere; see `evaluate`).
@@ -208,13 +200,9 @@ class Trainer(results_lib.RunResults):
 
   def _microbatches(self) -> int:
     """`config.train.microbatches` (k), checked: the global batch in k sequential parts."""
-    k = int(self.config.train.get("microbatches") or 1)
+    k = config_rules.check_microbatches(self.config, partitioning.num_data_shards(self.mesh))
     if k == 1:
       return 1
-    batch, shards = self.config.train.batch_size, partitioning.num_data_shards(self.mesh)
-    if k < 1 or batch % (k * shards):
-      raise ValueError(f"config.train.microbatches={k}: the batch of {batch} must split into "
-                       f"{k} micro-batches that each divide over the {shards} data shards")
     if self.task.encode is None or self.task.combine is None:
       raise ValueError(f"config.train.microbatches={k}: task {self.config.task!r} has no "
                        "encode/combine split (avtext/tasks/registry.py, Task.encode), so its "
