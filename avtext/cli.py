@@ -31,6 +31,7 @@ import re
 import sys
 import traceback
 from typing import Callable
+import warnings
 
 from absl import app
 from absl import flags
@@ -199,9 +200,22 @@ def compilation_cache_dir() -> str | None:
 
 def enable_compilation_cache() -> None:
   """Points JAX at the cache through its environment (read when jax is imported);
-  entries for every compilation over 0.2 s. A JAX_COMPILATION_CACHE_DIR already set wins."""
+  entries for every compilation over 0.2 s. A JAX_COMPILATION_CACHE_DIR already set wins.
+
+  A cache only saves time, so one that cannot be used is no cache rather than a warning
+  at every compilation: a directory that cannot be made or written is left out, and
+  JAX's "Error reading / writing persistent compilation cache entry" warning (one entry
+  a full disk or another process broke) is dropped."""
+  warnings.filterwarnings("ignore", message=_CACHE_ENTRY_ERROR, category=UserWarning,
+                          module=r"jax\._src\.compiler")
   path = compilation_cache_dir()
   if path is None or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError:
+    return
+  if not os.access(path, os.W_OK | os.X_OK):
     return
   os.environ["JAX_COMPILATION_CACHE_DIR"] = path
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
@@ -210,6 +224,9 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs",
                       float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+_CACHE_ENTRY_ERROR = r"Error (reading|writing) persistent compilation cache entry"
 
 
 def _has_tpu_chips() -> bool:

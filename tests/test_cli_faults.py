@@ -22,11 +22,13 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import ml_collections
 import numpy as np
 import pytest
 
+from avtext import cli
 from avtext import index as index_lib
 from avtext.train import checkpointing
 from avtext.train import nonfinite
@@ -92,8 +94,9 @@ def blown_up(tmp_path_factory):
   clipping, a checkpoint every step; its warmup (2 steps) moves nothing at step 1 and
   everything by ~1e29 at step 2, whose parameters' norm overflows."""
   root = tmp_path_factory.mktemp("blown_up")
+  (root / "a_file").write_text("")  # a compilation cache no directory can be made for
   env = dict(user_env(root), XLA_FLAGS="--xla_force_host_platform_device_count=1",
-             AVTEXT_COMPILATION_CACHE=os.environ["AVTEXT_COMPILATION_CACHE"])
+             AVTEXT_COMPILATION_CACHE=str(root / "a_file" / "jax"))
   proc = subprocess.run(
       [sys.executable, "-m", "avtext.main", "--config=configs/videocc_avr.py:tiny",
        f"--workdir={root / 'run'}", "--config.optimizer.learning_rate=1e30",
@@ -175,8 +178,21 @@ def test_resuming_with_another_model_names_the_first_parameter_that_differs(blow
   assert notebook.returncode == 0 and out == "1\n" and not NOISE.search(err), err
 
 
-def test_the_programs_are_quiet_on_a_cpu(blown_up):
+def test_the_programs_are_quiet_on_a_cpu(blown_up, monkeypatch):
+  """The blown-up run (its cache directory cannot be made) printed none of the noise; a
+  cache entry JAX fails to read or write (a full disk) is no warning either, others are."""
   assert not NOISE.search(blown_up[1].stderr), blown_up[1].stderr[-3000:]
+  monkeypatch.setenv("AVTEXT_COMPILATION_CACHE", str(blown_up[0].parent / "a_file" / "jax"))
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    cli.enable_compilation_cache()
+    for text in ("Error writing persistent compilation cache entry for 'jit_f': OSError",
+                 "Error reading persistent compilation cache entry for 'jit_f': OSError",
+                 "something else"):
+      warnings.warn_explicit(text, UserWarning, "compiler.py", 1, module="jax._src.compiler")
+  assert [str(w.message) for w in seen] == ["something else"]
+  assert "JAX_COMPILATION_CACHE_DIR" not in os.environ  # no cache where none can be
 
 
 def _digests_under(directory: pathlib.Path) -> dict:
