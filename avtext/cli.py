@@ -10,9 +10,10 @@ behaviour:
   `avtext.errors.UserError`, a missing file) prints `error: <what is wrong and what to
   do>` on stderr, at most a few lines, and exits 2. `--debug` or AVTEXT_DEBUG=1 shows
   the traceback as well. Any other exception is a bug and keeps its traceback.
-- A run that stopped short (`avtext.errors.RunStopped`: an evaluator failed, SIGINT or
-  SIGTERM during training) prints its one line and exits with its own status (1; 130 /
-  143); Ctrl-C anywhere else prints `interrupted` and exits 130.
+- A run that stopped short (`avtext.errors.RunStopped`: an evaluator failed, a loss
+  went non-finite, SIGINT or SIGTERM during training or mining) prints its one line and
+  exits with its own status (1; 130 / 143); Ctrl-C anywhere else prints `interrupted`
+  and exits 130.
 - JAX's persistent compilation cache is on (see `compilation_cache_dir`), so running a
   program again does not recompile what it compiled last time.
 - With libtpu installed (the default venv: it AOT-compiles for TPUs) on a machine

@@ -228,7 +228,7 @@ def test_ctrl_c_or_sigterm_during_mining_is_one_line_and_keeps_the_out(tmp_path)
         [sys.executable, "-m", "avtext.mine", f"--seeds={corpus / 'seeds' / 'seeds.tsv'}",
          f"--videos={corpus / 'videos'}", "--embedder=callable:slow_embedder:histogram",
          f"--out={out}"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
     runs[name] = (proc, sig, to_group, out, started, _digests(out))
   for name, (proc, sig, to_group, out, started, before) in runs.items():
     deadline = time.monotonic() + 120
