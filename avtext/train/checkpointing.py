@@ -74,7 +74,7 @@ def _use_array_handler_floor():
 
 
 def _our_override(record) -> bool:
-  return not (record.msg.startswith("Type handler registry type") and record.args
+  return not (str(record.msg).startswith("Type handler registry type") and record.args
               and record.args[-1] == "jax.Array")
 
 
@@ -269,7 +269,11 @@ class Checkpointer:
               state=ocp.args.StandardRestore(abstract),
               data=ocp.args.JsonRestore()))
     except Exception as e:  # pylint: disable=broad-except
-      if differs := _first_difference(abstract, self._manager.item_metadata(step)["state"]):
+      try:
+        differs = _first_difference(abstract, self._manager.item_metadata(step)["state"])
+      except Exception:  # pylint: disable=broad-except
+        differs = None  # no metadata to compare with: the restore's own error stands
+      if differs:
         raise errors.BadInput(
             f"{self.step_dir(step)}: the checkpoint was not written by a model of this "
             f"config: {differs}; resume with the config (and --config overrides) it was "
