@@ -1,8 +1,6 @@
 """Small array ops shared by models and losses (pure jnp)."""
-import contextlib
 import functools
 import math
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -53,49 +51,33 @@ def hash_bernoulli(key: jax.Array, p: float, shape) -> jax.Array:
   return (x >> 8) < threshold
 
 
-_LOWERING = threading.local()
+PLATFORMS = ("cpu", "gpu", "tpu")
 
 
-@contextlib.contextmanager
-def lowering_for(platform: str):
-  """Trace for `platform` ("cpu", "tpu", "gpu") whatever JAX's default backend: the
-  CPU-only rewrites below (`dense_matmul`, `broadcast_leading`) follow it. `avtext.aot`
-  compiles TPU programs on a host whose default backend is the CPU; without this they
-  would carry the CPU's rewrites. Nests; restores the previous choice on exit."""
-  previous = getattr(_LOWERING, "platform", None)
-  _LOWERING.platform = platform
-  try:
-    yield
-  finally:
-    _LOWERING.platform = previous
-
-
-def lowering_platform() -> str:
-  """The platform the traced program is for: `lowering_for`'s, else JAX's default
-  backend ("cpu", "tpu", "gpu"; CUDA and ROCm are "gpu")."""
-  platform = getattr(_LOWERING, "platform", None) or jax.default_backend()
-  return "gpu" if platform in ("cuda", "rocm") else platform
-
-
-def _cpu_rewrites() -> bool:
-  """Whether the traced program is for the CPU (`lowering_for`, else the default backend)."""
-  return lowering_platform() == "cpu"
+def platform(backend: str | None = None) -> str:
+  """The platform a program is traced for: `backend` (a model's `config.model.backend`,
+  passed down by its builder), else JAX's default backend; "cpu", "gpu" or "tpu" (CUDA
+  and ROCm are "gpu"). `avtext.aot` compiles TPU and GPU programs on a CPU host by
+  building the model with its target's backend."""
+  name = backend or jax.default_backend()
+  return "gpu" if name in ("cuda", "rocm") else name
 
 
 def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
-                      preferred_element_type=None) -> jax.Array:
-  """`jax.lax.dot_general` for `nn.Dense(dot_general=...)`: `dense_matmul` for the
-  Dense's contraction (last axis of the input by a 2-D kernel's first), plain
-  `lax.dot_general` for anything else."""
+                      preferred_element_type=None, *, backend: str | None = None) -> jax.Array:
+  """`jax.lax.dot_general` for `nn.Dense(dot_general=functools.partial(...,
+  backend=...))`: `dense_matmul` for the Dense's contraction (last axis of the input by a
+  2-D kernel's first), plain `lax.dot_general` for anything else."""
   if (rhs.ndim != 2 or preferred_element_type is not None
       or tuple(map(tuple, dimension_numbers[0])) != ((lhs.ndim - 1,), (0,))
       or any(map(tuple, dimension_numbers[1]))):
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type)
-  return dense_matmul(lhs, rhs, precision)
+  return dense_matmul(lhs, rhs, precision, backend=backend)
 
 
-def dense_matmul(x: jax.Array, kernel: jax.Array, precision=None) -> jax.Array:
+def dense_matmul(x: jax.Array, kernel: jax.Array, precision=None, *,
+                 backend: str | None = None) -> jax.Array:
   """x [..., D_in] @ kernel [D_in, D_out], whose kernel gradient (a contraction over all
   N rows of x) is computed in the orientation with the smaller kernel dimension as the
   output's rows: (dy^T x)^T where D_in > D_out, x^T dy otherwise, the choice kept from
@@ -105,10 +87,10 @@ def dense_matmul(x: jax.Array, kernel: jax.Array, precision=None) -> jax.Array:
   3072 -> 256 (XML's video projection) (dy^T x)^T took 255 ms against 417 ms for x^T dy,
   the one XLA picked on its own, and for 256 -> 768 (a fused query / key / value
   projection) x^T dy 76 ms against 110 ms (2-core dev VM, shared with other jobs;
-  BENCHMARKS.md, XML train step). Only where JAX's default backend is the CPU: elsewhere
-  (measured nowhere else, and remat policies on TPU / GPU configs see plain dots) the
-  plain product (`lowering_for` names the target when it is not the default backend)."""
-  if not _cpu_rewrites():
+  BENCHMARKS.md, XML train step). Only where the program is traced for the CPU
+  (`platform(backend)`): elsewhere (measured nowhere else, and remat policies on TPU / GPU
+  configs see plain dots) the plain product."""
+  if platform(backend) != "cpu":
     return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
                                precision=precision)
   return _dense_matmul(x, kernel, precision)
@@ -140,14 +122,16 @@ def _dense_matmul_bwd(precision, residuals, dy):
 _dense_matmul.defvjp(_dense_matmul_fwd, _dense_matmul_bwd)
 
 
-def broadcast_leading(x: jax.Array, lead: tuple[int, ...]) -> jax.Array:
+def broadcast_leading(x: jax.Array, lead: tuple[int, ...], *,
+                      backend: str | None = None) -> jax.Array:
   """`jnp.broadcast_to(x, lead + x.shape)` whose gradient, the sum over the leading axes,
   is a matrix product with ones: XLA's CPU reduce over a major axis ran ~10x slower than
   that product for [128, 100, 256] -> [100, 256] (a position table added to every item of
-  the batch; 2-core dev VM, shared with other jobs). The same sums. Only where JAX's default
-  backend is the CPU (as `dense_matmul`); elsewhere `jnp.broadcast_to`."""
+  the batch; 2-core dev VM, shared with other jobs). The same sums. Only where the program
+  is traced for the CPU (`platform(backend)`, as `dense_matmul`); elsewhere
+  `jnp.broadcast_to`."""
   lead = tuple(int(n) for n in lead)
-  if not _cpu_rewrites():
+  if platform(backend) != "cpu":
     return jnp.broadcast_to(x, lead + x.shape)
   return _broadcast_leading(x, lead)
 

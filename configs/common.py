@@ -47,6 +47,9 @@ def paper_scale(config: ml_collections.ConfigDict, topology: str | None, *,
   config.target_topology = topology or ml_collections.config_dict.placeholder(str)
   config.model.dtype, config.model.remat, config.model.attention = dtype, remat, attention
   config.model.scan_layers = scan_layers
+  # The platform the model is traced for (cpu | gpu | tpu: avtext.ops' CPU-only rewrites,
+  # "auto" attention's kernel); unset: JAX's default backend, written into config.json.
+  config.model.backend = ml_collections.config_dict.placeholder(str)
   # fsdp_min_size unset: avtext.train.partitioning.FSDP_MIN_SIZE.
   config.partitioning = ml_collections.ConfigDict(dict(
       rules=(), fsdp=fsdp, fsdp_min_size=ml_collections.config_dict.placeholder(int)))

@@ -11,6 +11,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 import scipy.special
@@ -437,28 +438,60 @@ def test_broadcast_leading_gradient_is_the_sum_over_the_leading_axes():
   np.testing.assert_array_equal(ops.broadcast_leading(table, ()), table)
 
 
-def test_cpu_rewrites_follow_the_platform_traced_for():
-  """`ops.lowering_for("tpu")` (as `avtext.aot` traces TPU programs on a CPU host) drops
-  both CPU-only rewrites: the gradients' jaxprs have no barrier, as plain jnp's; on the
-  CPU they have one each; the previous choice comes back on exit."""
+def test_cpu_rewrites_follow_the_backend_passed():
+  """A TPU or GPU backend (as `avtext.aot` builds a model for its target on a CPU host)
+  drops both CPU-only rewrites: the gradients' jaxprs have no barrier, as plain jnp's;
+  traced for the CPU, named or the default backend (None, this CPU), one each."""
   from avtext import ops  # pylint: disable=g-import-not-at-top
   x, k = jnp.ones((3, 8), jnp.float32), jnp.ones((8, 4), jnp.float32)
   table = jnp.ones((5, 3), jnp.float32)
 
-  def barriers():
-    jaxprs = [jax.make_jaxpr(jax.grad(lambda k: jnp.sum(ops.dense_matmul(x, k))))(k),
-              jax.make_jaxpr(jax.grad(lambda t: jnp.sum(ops.broadcast_leading(t, (2,)))))(table)]
+  def barriers(backend):
+    jaxprs = [jax.make_jaxpr(jax.grad(lambda k: jnp.sum(
+                  ops.dense_matmul(x, k, backend=backend))))(k),
+              jax.make_jaxpr(jax.grad(lambda t: jnp.sum(
+                  ops.broadcast_leading(t, (2,), backend=backend))))(table)]
     return [sum(e.primitive.name == "optimization_barrier" for e in j.jaxpr.eqns)
             for j in jaxprs]
 
   assert jax.default_backend() == "cpu"
-  assert barriers() == [1, 1]
-  with ops.lowering_for("tpu"):
-    assert barriers() == [0, 0]
-    with ops.lowering_for("cpu"):
-      assert barriers() == [1, 1]
-    assert barriers() == [0, 0]
-  assert barriers() == [1, 1]
+  assert barriers(None) == barriers("cpu") == [1, 1]
+  assert barriers("tpu") == barriers("gpu") == [0, 0]
+  assert not any(hasattr(ops, name) for name in ("lowering_for", "lowering_platform"))
+
+
+def test_the_backend_comes_from_the_config_and_is_written_into_it(tmp_path):
+  """`config.model.backend` reaches every attention of the model the registry builds (the
+  fused projections' CPU gradient goes with it); unset, the task writes JAX's default
+  backend into the config, so the run's config.json says what the program was traced
+  for; `avtext.aot` builds for its target's platform without a wrapper."""
+  from avtext.aot import programs  # pylint: disable=g-import-not-at-top
+  from avtext.models import registry  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
+  from tests.test_train_trainer import tiny_config  # pylint: disable=g-import-not-at-top
+  config = tiny_config()
+  assert config.model.get("backend") is None
+  x = jnp.ones((2, 4, 8), jnp.float32)
+
+  def barriers(backend):
+    block = layers.EncoderBlock(num_heads=2, mlp_dim=8, backend=backend)
+    params = block.init(jax.random.PRNGKey(0), x, deterministic=True)
+    grad = jax.make_jaxpr(jax.grad(lambda p: jnp.sum(block.apply(p, x, deterministic=True))))
+    return sum(e.primitive.name == "optimization_barrier" for e in grad(params).jaxpr.eqns)
+  assert barriers("cpu") > 0 and barriers("tpu") == 0
+  on_tpu = ml_collections.ConfigDict(config.model.to_dict())
+  on_tpu.backend = "tpu"
+  assert registry.compute_from_config(on_tpu).backend == "tpu"
+  model = registry.build_model(on_tpu)
+  assert model.video.backend == model.text.backend == "tpu"  # inherited by the towers
+  task = tasks_registry.build_task(config)
+  assert config.model.backend == "cpu" and task.model.video.backend == "cpu"
+  assert '"backend": "cpu"' in config.to_json_best_effort()
+  from avtext.train import rundir  # pylint: disable=g-import-not-at-top
+  assert "model.backend" not in rundir.identity(config)  # the run resumes on a GPU too
+  devices = programs.topology_devices("v5e:2x2")
+  assert programs.for_target(config, devices).model.backend == "tpu"
+  assert config.model.backend == "cpu"  # the caller's config is left as it was
 
 
 # ---- hash dropout masks (ops.hash_bernoulli, dropout_masks="hash") ----------

@@ -15,7 +15,6 @@ import ml_collections
 import numpy as np
 import pytest
 
-from avtext import ops
 from avtext.models import attention
 from avtext.models import fused_attention
 from avtext.models import layers
@@ -133,14 +132,16 @@ def test_named_remat_policies_keep_their_products():
 
 
 class _FlashStack(nn.Module):
-  """A block on the TPU path: the Pallas flash kernel (interpret mode on a CPU)."""
+  """A block on the TPU path, traced for a TPU: the Pallas flash kernel (interpret mode
+  on a CPU)."""
   remat: str
   attention: str = "flash_tpu"
 
   @nn.compact
   def __call__(self, x, padding_mask):
     return layers.EncoderBlock(num_heads=2, mlp_dim=32, remat=self.remat,
-                               attention_impl=self.attention, name="encoderblock_0")(
+                               attention_impl=self.attention, backend="tpu",
+                               name="encoderblock_0")(
                                    x, padding_mask, deterministic=True)
 
 
@@ -170,8 +171,7 @@ def test_save_attention_kernel_keeps_the_flash_forward_and_the_gradients():
     on_tpu = jax.sharding.SingleDeviceSharding(device)
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_tpu),
                             variables)
-    with ops.lowering_for("tpu"):
-      compiled = jax.jit(jax.grad(loss(remat))).lower(abstract).compile()
+    compiled = jax.jit(jax.grad(loss(remat))).lower(abstract).compile()
     return compiled.as_text().count('custom_call_target="tpu_custom_call"')
 
   # The forward, the dK/dV and the dQ kernels; "full" adds the forward again.
@@ -182,7 +182,7 @@ def test_save_attention_kernel_keeps_the_flash_forward_and_the_gradients():
         q, k, v, segment_ids=pallas_flash.SegmentIds(q=q_ids, kv=kv_ids),
         sm_scale=sm_scale, block_sizes=blocks)
 
-  with pltpu.force_tpu_interpret_mode(), ops.lowering_for("tpu"):
+  with pltpu.force_tpu_interpret_mode():
     named = jax.grad(loss("none"))(variables)
     kept = fused_attention._pallas_flash  # pylint: disable=protected-access
     fused_attention._pallas_flash = previous  # pylint: disable=protected-access
@@ -204,12 +204,13 @@ def test_heads_first_projections_equal_the_sliced_and_transposed_path():
   x = jnp.asarray(rng.normal(size=(2, 11, 16)), jnp.float32)
   y = jnp.asarray(rng.normal(size=(2, 19, 16)), jnp.float32)
   keys = attention.make_padding_mask(jnp.asarray([[1] * 11, [1] * 7 + [0] * 4]))
-  cases = [(attention.Attention(num_heads=2, implementation="splash_tpu"), (x,), keys),
-           (attention.Attention(num_heads=2, implementation="splash_tpu",
+  cases = [(attention.Attention(num_heads=2, implementation="splash_tpu", backend="tpu"),
+            (x,), keys),
+           (attention.Attention(num_heads=2, implementation="splash_tpu", backend="tpu",
                                 output_projection=False), (x, y), None)]
   for module, inputs, mask in cases:
     # The same parameters on every path: initialized on the CPU's.
-    variables = module.clone(implementation="xla").init(
+    variables = module.clone(implementation="xla", backend=None).init(
         jax.random.PRNGKey(0), *inputs, mask=mask, deterministic=True)
 
     def run(v, *inputs, module=module, mask=mask):
@@ -239,11 +240,11 @@ def test_heads_first_projections_equal_the_sliced_and_transposed_path():
 
 @contextlib.contextmanager
 def _splash_interpreted():
-  """Traced for a TPU with the splash kernel in Pallas' interpreter (this CPU)."""
+  """The splash kernel in Pallas' interpreter (this CPU), for programs traced for a TPU
+  (`backend="tpu"`)."""
   fused_attention.SPLASH_INTERPRET = True
   try:
-    with ops.lowering_for("tpu"):
-      yield
+    yield
   finally:
     fused_attention.SPLASH_INTERPRET = False
 
@@ -262,7 +263,8 @@ def test_splash_kernel_equals_the_materialized_softmax():
 
   def run(impl):
     core = lambda q, k, v: attention.attention_core(q, k, v, mask, implementation=impl)
-    block = lambda v, x: module.clone(implementation=impl).apply(
+    backend = "tpu" if impl == "splash_tpu" else None
+    block = lambda v, x: module.clone(implementation=impl, backend=backend).apply(
         v, x, mask=mask, deterministic=True)
     return (core(q, k, v), jax.grad(lambda *a: jnp.sum(jnp.sin(core(*a))), (0, 1, 2))(q, k, v),
             block(variables, x), jax.grad(lambda *a: jnp.sum(jnp.sin(block(*a))), (0, 1))(
@@ -343,9 +345,9 @@ def test_cudnn_path_pads_and_masks_to_the_same_function(monkeypatch, mask_kind):
     ("gpu", jnp.bfloat16, "cudnn"), ("gpu", jnp.float32, "xla"),
     ("cpu", jnp.bfloat16, "xla"), ("cpu", jnp.float32, "xla")])
 def test_auto_attention_resolves_to_the_platform_kernel(platform, dtype, want):
-  with ops.lowering_for(platform):
-    assert attention.resolve_implementation("auto", dtype) == want
   assert attention.resolve_implementation("auto", dtype, platform) == want
+  # None: JAX's default backend, this CPU
+  assert attention.resolve_implementation("auto", dtype) == "xla"
   assert attention.resolve_implementation("blocked", dtype, platform) == "blocked"
 
 
@@ -360,8 +362,8 @@ def test_auto_attention_on_a_gpu_target_calls_cudnn(monkeypatch):
     return xla_dpa(*args, implementation=None, **kwargs)
   monkeypatch.setattr(attention.jax.nn, "dot_product_attention", on_cpu)
   q = jnp.ones((1, 5, 2, 8), jnp.bfloat16)
-  with ops.lowering_for("gpu"):
-    attention.attention_core(q, q, q, None, implementation="auto", dtype=jnp.bfloat16)
+  attention.attention_core(q, q, q, None, implementation="auto", dtype=jnp.bfloat16,
+                           backend="gpu")
   assert calls == ["cudnn"]
 
 
@@ -377,12 +379,14 @@ def test_tpu_kernel_with_padding_and_segment_ids_equals_reference():
   mask = attention.make_padding_mask(jnp.asarray([[1] * 11, [1] * 7 + [0] * 4]))
 
   def loss(impl, q, k, v):
-    return jnp.sum(jnp.sin(attention.attention_core(q, k, v, mask, implementation=impl)))
+    return jnp.sum(jnp.sin(attention.attention_core(q, k, v, mask, implementation=impl,
+                                                    backend="tpu")))
   runs = {}
   with _splash_interpreted():
-    runs["auto"] = (attention.attention_core(q, k, v, mask, implementation="auto"),
+    runs["auto"] = (attention.attention_core(q, k, v, mask, implementation="auto",
+                                             backend="tpu"),
                     jax.grad(functools.partial(loss, "auto"), argnums=(0, 1, 2))(q, k, v))
-  with pltpu.force_tpu_interpret_mode(), ops.lowering_for("tpu"):
+  with pltpu.force_tpu_interpret_mode():
     runs["flash_tpu"] = (
         attention.attention_core(q, k, v, mask, implementation="flash_tpu"),
         jax.grad(functools.partial(loss, "flash_tpu"), argnums=(0, 1, 2))(q, k, v))
@@ -407,7 +411,7 @@ def test_prefix_lm_takes_the_tpu_kernel_for_the_prefix_and_equals_the_mask():
 
   def loss(impl, mask, prefix_lm, q, k, v):
     return jnp.sum(jnp.sin(attention.attention_core(
-        q, k, v, mask, implementation=impl, prefix_lm=prefix_lm)))
+        q, k, v, mask, implementation=impl, prefix_lm=prefix_lm, backend="tpu")))
   kernels = []
   original = fused_attention.fused_attention
   def spy(implementation, query, *args):
@@ -416,7 +420,8 @@ def test_prefix_lm_takes_the_tpu_kernel_for_the_prefix_and_equals_the_mask():
   with _splash_interpreted():
     fused_attention.fused_attention = spy
     try:
-      got = attention.attention_core(q, k, v, keys, implementation="auto", prefix_lm=p)
+      got = attention.attention_core(q, k, v, keys, implementation="auto", prefix_lm=p,
+                                     backend="tpu")
       grads = jax.grad(functools.partial(loss, "auto", keys, p), argnums=(0, 1, 2))(q, k, v)
     finally:
       fused_attention.fused_attention = original

@@ -7,10 +7,12 @@ same scan over the sources with a copy planted in one more file finds two, so a 
 cannot slip back in.
 """
 import ast
+import dataclasses
 import functools
 import pathlib
 
 import ml_collections
+import numpy as np
 import pytest
 
 from avtext import errors
@@ -233,9 +235,10 @@ def test_the_homes_hold_the_values_their_readers_get():
   assert "memory_bandwidth: 3350000000000" in chips.H100_TARGET
   assert partitioning.FSDP_MIN_SIZE == 65536
   compute = registry.compute_from_config(ml_collections.ConfigDict({}))
-  assert (compute.dtype_name, compute.remat, compute.attention, compute.scan_layers) == (
+  assert (np.dtype(compute.dtype).name, compute.remat, compute.attention, compute.scan_layers) == (
       "float32", "none", "xla", False)
-  assert compute == layers.Compute()
+  assert compute.backend == "cpu"  # named: the platform the tests run on
+  assert dataclasses.replace(compute, backend=None) == layers.Compute()
 
 
 # ---- the config rules: each message raised from one place

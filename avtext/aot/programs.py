@@ -166,15 +166,26 @@ def _abstract_run(config, devices, build_task: BuildTask):
 
 def train_step(config, devices, build_task: BuildTask):
   """(trainer, task, abstract state, lowered train step) on `devices` from abstract
-  inputs; `build_task(config)` gives the task (train/ imports no task)."""
-  from avtext import ops  # pylint: disable=g-import-not-at-top
+  inputs; `build_task(config)` gives the task (train/ imports no task). The model is
+  built for the devices' platform (`for_target`): the TPU program, also when counting its
+  FLOPs on a CPU device."""
   from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
+  config = for_target(config, devices)
   run, task, batch, state, tx, schedule = _abstract_run(config, devices, build_task)
   step = run.make_train_step(tx, schedule, jax.tree.map(lambda x: x.sharding, state))
-  # Traced as the TPU program, also when counting its FLOPs on a CPU device.
-  with partitioning.mesh_context(run.mesh, config), ops.lowering_for(_target(devices)):
+  with partitioning.mesh_context(run.mesh, config):
     return run, task, state, step.lower(state, batch)
+
+
+def for_target(config, devices):
+  """`config` with `model.backend` the platform a program for `devices` is traced for
+  (`_target`), so the model its task builds carries that platform's ops (`avtext.ops`)
+  and "auto" attention's kernel."""
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.model.backend = _target(devices)
+  return config
 
 
 def _target(devices) -> str:
@@ -203,9 +214,9 @@ def lowered_batch_size(config, run) -> int:
 
 def lower_predict_fns(config, run, task, state, names: Sequence[str]) -> dict:
   """{name: lowered predict function} for the task's predict functions `names` (those
-  the evaluators call) at config.eval.batch_size on the run's mesh."""
+  the evaluators call) at config.eval.batch_size on the run's mesh, with the task
+  `train_step` built (for the mesh's platform)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from avtext import ops  # pylint: disable=g-import-not-at-top
   from avtext.train import partitioning  # pylint: disable=g-import-not-at-top
   fns = task.predict_fns()
   variables = {"params": state.params, **state.model_state}
@@ -216,8 +227,7 @@ def lower_predict_fns(config, run, task, state, names: Sequence[str]) -> dict:
       continue
     batch = _sharded(task.batch_spec(batch_size, train=False, predict_fn=name),
                      partitioning.data_sharding(run.mesh))
-    with partitioning.mesh_context(run.mesh, config), ops.lowering_for(
-        _target(run.mesh.devices.flat)):
+    with partitioning.mesh_context(run.mesh, config):
       lowered[name] = jax.jit(fns[name]).lower(variables, batch)
   return lowered
 
@@ -284,7 +294,7 @@ def analyze(config, topology: str | None = None, *, build_task: BuildTask,
       "chips": chips, "mesh": dict(run.mesh.shape),
       "global_batch": int(config.train.batch_size),
       "microbatches": int(config.train.get("microbatches") or 1),
-      "dtype": compute.dtype_name, "remat": compute.remat, "attention": compute.attention,
+      "dtype": np.dtype(compute.dtype).name, "remat": compute.remat, "attention": compute.attention,
       "scan_layers": scans_layers(config),
       "fsdp": bool((config.get("partitioning") or {}).get("fsdp", False)),
       "hbm_needed_gib": needed / chips_lib.GIB, "hbm_per_chip_gib": chip.hbm_gib,

@@ -70,7 +70,8 @@ Initializer = Callable[..., Array]
 # Both pad the sequences to a multiple of `fused_attention.FUSED_PAD` and mask the
 #   padded keys (`fused_attention`).
 # "auto": the fused kernel of the platform the program is traced for
-#   (`ops.lowering_platform`, so `avtext.aot` picks its target's): "splash_tpu" on a TPU
+#   (`ops.platform` of the module's `backend`, so `avtext.aot` picks its target's):
+#   "splash_tpu" on a TPU
 #   (its fused backward: 5 products where the flash kernel's two backward kernels run 7),
 #   "cudnn" on a GPU (bfloat16 / float16 compute; "xla" for float32, which cuDNN's
 #   kernel does not take), "xla" on a CPU (`resolve_implementation`).
@@ -220,6 +221,8 @@ class Attention(nn.Module):
     output_projection: False returns the heads concatenated [B, L_q, D] without
       the output Linear ("out" has no parameters then): the official TVR
       cross-encoder's and TVC decoder's attentions (BertSelfAttention alone).
+    backend: the platform the program is traced for (`ops.platform`; None: JAX's
+      default backend): what "auto" stands for, and the CPU's projection gradient.
   """
   num_heads: int
   dropout_rate: float = 0.0
@@ -228,6 +231,7 @@ class Attention(nn.Module):
   dtype: Any = jnp.float32
   implementation: str = "xla"
   output_projection: bool = True
+  backend: str | None = None
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array | None = None, *,
@@ -279,12 +283,14 @@ class Attention(nn.Module):
     if (FLASH_HEADS_FIRST and not (self.is_initializing() or decode or causal or prefix_lm
                                    or sow_weights or bias is not None)
         and (deterministic or self.dropout_rate == 0)
-        and resolve_implementation(self.implementation, self.dtype) in TPU_KERNELS
+        and resolve_implementation(self.implementation, self.dtype, self.backend)
+        in TPU_KERNELS
         and (mask is None or _as_4d(mask).shape[1:3] == (1, 1))):
       out = nn.DenseGeneral(features, axis=(-2, -1), kernel_init=self.kernel_init,
                             dtype=self.dtype, name="out") if self.output_projection else None
       return _flash_heads_first(projections, out, inputs_q, inputs_kv, mask, self.dtype,
-                                resolve_implementation(self.implementation, self.dtype))
+                                resolve_implementation(self.implementation, self.dtype,
+                                                       self.backend))
     if self.is_initializing() or decode:
       # Initialization creates the parameters, as flax's attention does. Decoding reads
       # each kernel once per call anyway; the fused projection's stacked [D, 3, H, D/H]
@@ -294,10 +300,10 @@ class Attention(nn.Module):
       key = projections[1](inputs_kv)  # [B, L_kv, H, D/H]
       value = projections[2](inputs_kv)
     elif is_self:
-      query, key, value = _fused_projection(projections, inputs_q, self.dtype)
+      query, key, value = _fused_projection(projections, inputs_q, self.dtype, self.backend)
     else:
-      query, = _fused_projection(projections[:1], inputs_q, self.dtype)
-      key, value = _fused_projection(projections[1:], inputs_kv, self.dtype)
+      query, = _fused_projection(projections[:1], inputs_q, self.dtype, self.backend)
+      key, value = _fused_projection(projections[1:], inputs_kv, self.dtype, self.backend)
 
     start = None
     if decode:
@@ -325,7 +331,8 @@ class Attention(nn.Module):
       dropout_rng = None
       if not deterministic and self.dropout_rate > 0:
         dropout_rng = self.make_rng("dropout")
-      implementation = "xla" if sow_weights else self.implementation
+      implementation = "xla" if sow_weights else resolve_implementation(
+          self.implementation, self.dtype, self.backend)
       x = attention_core(query, key, value, mask, implementation=implementation,
                          dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
                          dtype=self.dtype, module=self if sow_weights else None,
@@ -372,7 +379,8 @@ class Attention(nn.Module):
     return heads_first(cached_key.value), heads_first(cached_value.value), start
 
 
-def _fused_projection(projections: list[nn.Module], x: Array, dtype: Any) -> list[Array]:
+def _fused_projection(projections: list[nn.Module], x: Array, dtype: Any,
+                      backend: str | None = None) -> list[Array]:
   """The `nn.DenseGeneral` projections [D, H, D/H] of the same input `x` [.., D] as one
   matmul over their kernels side by side (one [D, n H D/H] GEMM instead of n narrow ones,
   and one for each gradient; `ops.dense_matmul`, whose kernel gradient takes the faster
@@ -382,7 +390,7 @@ def _fused_projection(projections: list[nn.Module], x: Array, dtype: Any) -> lis
   kernel = jnp.stack([p["kernel"] for p in params], axis=1)  # [D, n, H, D/H]
   bias = jnp.stack([p["bias"] for p in params])  # [n, H, D/H]
   x, kernel, bias = promote_dtype(x, kernel, bias, dtype=dtype)
-  y = ops.dense_matmul(x, kernel.reshape(kernel.shape[0], -1)).reshape(
+  y = ops.dense_matmul(x, kernel.reshape(kernel.shape[0], -1), backend=backend).reshape(
       *x.shape[:-1], *kernel.shape[1:]) + bias
   # Named for the remat policies that keep the projections (`layers.REMAT_POLICIES`).
   y = checkpoint_name(y, "qkv")
@@ -450,11 +458,11 @@ def _attention_normalized_last(query: Array, key: Array, value: Array, mask: Arr
 
 def resolve_implementation(implementation: str, dtype: Any = jnp.float32,
                            platform: str | None = None) -> str:
-  """The implementation "auto" stands for on `platform` (default: the one being traced
-  for, `ops.lowering_platform`); any other name as it is."""
+  """The implementation "auto" stands for on `platform` (`ops.platform`: a backend name,
+  None for JAX's default backend); any other name as it is."""
   if implementation != "auto":
     return implementation
-  platform = platform or ops.lowering_platform()
+  platform = ops.platform(platform)
   if platform == "tpu":
     return "splash_tpu"
   if platform == "gpu":
@@ -466,14 +474,15 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
                    implementation: str = "xla", dropout_rng: Array | None = None,
                    dropout_rate: float = 0.0, dtype: Any = jnp.float32,
                    module: nn.Module | None = None, bias: Array | None = None,
-                   prefix_lm: int = 0) -> Array:
+                   prefix_lm: int = 0, backend: str | None = None) -> Array:
   """softmax(q k^T / sqrt(d) + mask) v per head, by `implementation`.
 
   Args:
     query: [B, L_q, H, d]; key, value: [B, L_kv, H, d].
     mask: bool broadcastable to [B, H, L_q, L_kv], True = may attend; None: all.
     implementation: `ATTENTION_IMPLEMENTATIONS`; the fused kernels fall back to
-      "blocked" for dropout and for masks they cannot take.
+      "blocked" for dropout and for masks they cannot take; "auto" is `backend`'s
+      (`resolve_implementation`).
     dropout_rng: drops probabilities with `dropout_rate` when given.
     module: sow the probabilities there (the "xla" path only).
     bias: float, broadcastable to [B, H, L_q, L_kv], added to the logits before the
@@ -492,7 +501,7 @@ def attention_core(query: Array, key: Array, value: Array, mask: Array | None, *
   if implementation not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f"attention implementation {implementation!r}: expected one of "
                      f"{ATTENTION_IMPLEMENTATIONS}")
-  implementation = resolve_implementation(implementation, dtype)
+  implementation = resolve_implementation(implementation, dtype, backend)
   if prefix_lm:
     mask = _as_4d(mask)
     length = query.shape[1]

@@ -120,6 +120,7 @@ class Bert(nn.Module):
   dtype: Any = jnp.float32
   remat: str = "none"
   attention: str = "xla"
+  backend: str | None = None  # config.model.backend (`layers.Compute`)
   scan_layers: bool = False
 
   @nn.compact
@@ -175,7 +176,8 @@ class Bert(nn.Module):
         kernel_init=init,
         dtype=self.dtype,
         remat=self.remat,
-        attention_impl=self.attention)
+        attention_impl=self.attention,
+        backend=self.backend)
     names = [f"encoderblock_{i}" for i in range(self.num_layers)]
     # Dropout masks are drawn by shape, so a dropping layer computes all positions (the
     # same random draws with and without cls_only); so does the scanned stack.
@@ -236,4 +238,4 @@ def bert_from_config(cfg) -> Bert:
   kwargs["dropout_rate"] = kwargs["attention_dropout_rate"] = cfg.dropout_rate
   compute = registry.compute_from_config(cfg)
   return Bert(**kwargs, dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
-              scan_layers=compute.scan_layers)
+              scan_layers=compute.scan_layers, backend=compute.backend)

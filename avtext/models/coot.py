@@ -204,6 +204,7 @@ class TTransformer(nn.Module):
   dtype: Any = jnp.float32
   remat: str = "none"
   attention: str = "xla"
+  backend: str | None = None  # config.model.backend (`layers.Compute`)
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, context: Array | None = None, *,
@@ -242,7 +243,7 @@ class TTransformer(nn.Module):
         layer_norm="coot", layer_norm_eps=1e-6, dropout_rate=self.dropout,
         attention_dropout_rate=self.dropout, dropout_masks=self.dropout_masks,
         kernel_init=init, dtype=self.dtype, remat=self.remat, attention_impl=self.attention,
-        name=name, **kw)
+        backend=self.backend, name=name, **kw)
     for i in range(self.num_layers):
       x = block(f"encoderblock_{i}")(x, mask, mask=attention_mask,
                                      deterministic=deterministic)
@@ -295,6 +296,7 @@ class COOT(nn.Module):
   dtype: Any = jnp.float32  # computation dtype; remat, attention: see `layers.Compute`
   remat: str = "none"
   attention: str = "xla"
+  backend: str | None = None  # config.model.backend (`layers.Compute`)
 
   def _net(self, name: str, *, local: bool) -> TTransformer:
     return TTransformer(
@@ -305,7 +307,7 @@ class COOT(nn.Module):
         use_context=self.use_context and not local,
         init_std=self.init_std, max_positions=self.max_positions,
         dropout_masks=self.dropout_masks, dtype=self.dtype, remat=self.remat,
-        attention=self.attention, name=name)
+        attention=self.attention, backend=self.backend, name=name)
 
   def setup(self):
     self.video_local = self._net("video_local", local=True)
@@ -371,4 +373,4 @@ def coot_from_config(cfg) -> COOT:
               use_context=cfg.use_context, init_std=cfg.init_std,
               max_positions=cfg.get("max_positions", 1000),
               dropout_masks=cfg.get("dropout_masks", "jax"), dtype=compute.dtype,
-              remat=compute.remat, attention=compute.attention)
+              remat=compute.remat, attention=compute.attention, backend=compute.backend)

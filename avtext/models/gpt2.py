@@ -80,6 +80,7 @@ class GPT2(nn.Module):
   dtype: Any = jnp.float32
   remat: str = "none"
   attention: str = "xla"
+  backend: str | None = None  # config.model.backend (`layers.Compute`)
   scan_layers: bool = False
 
   def setup(self):
@@ -103,7 +104,8 @@ class GPT2(nn.Module):
         dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate,
         dropout_masks=self.dropout_masks, kernel_init=nn.initializers.normal(0.02),
-        dtype=self.dtype, remat=self.remat, attention_impl=self.attention)
+        dtype=self.dtype, remat=self.remat, attention_impl=self.attention,
+        backend=self.backend)
 
   def __call__(self, input_ids: Array, *, positions: Array | None = None,
                prefix: Array | None = None, mask: Array | None = None,
@@ -285,7 +287,7 @@ def gpt2_from_config(cfg) -> GPT2:
 def _compute_kwargs(cfg) -> dict:
   compute = registry.compute_from_config(cfg)
   return dict(dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
-              scan_layers=compute.scan_layers)
+              scan_layers=compute.scan_layers, backend=compute.backend)
 
 
 registry.register_model("gpt2")(gpt2_from_config)

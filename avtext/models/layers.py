@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from avtext import ops
 from avtext.models import attention as attn
 from avtext.models import fused_attention
 
@@ -99,27 +100,28 @@ class Compute:
   """How a model computes: dtype, rematerialization, attention (module docstring).
 
   Built from `config.model` by `avtext.models.registry.compute_from_config`; models
-  hand it to their blocks (`block_kwargs`). Its defaults are a config's that leaves the
-  fields unset (float32, no remat, the materialized attention, unrolled layers).
+  hand it to their blocks (`block_kwargs`). Its defaults: a config's that leaves them unset.
   """
   dtype: Any = jnp.float32
   remat: str = "none"
   attention: str = "xla"
   scan_layers: bool = False
+  # The platform traced for (`config.model.backend`): `avtext.ops`' CPU-only rewrites and
+  # what "auto" attention stands for. None: JAX's default backend (`ops.platform`).
+  backend: str | None = None
 
   def __post_init__(self):
     remat_policy(self.remat)
     if self.attention not in attn.ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"config.model.attention={self.attention!r}: expected one of "
                        f"{attn.ATTENTION_IMPLEMENTATIONS}")
-
-  @property
-  def dtype_name(self) -> str:
-    return jnp.dtype(self.dtype).name
+    if self.backend not in (None, *ops.PLATFORMS):
+      raise ValueError(f"config.model.backend={self.backend!r}: expected one of {ops.PLATFORMS}")
 
   def block_kwargs(self) -> dict[str, Any]:
     """Keyword arguments of `EncoderBlock` that carry these choices."""
-    return dict(dtype=self.dtype, remat=self.remat, attention_impl=self.attention)
+    return dict(dtype=self.dtype, remat=self.remat, attention_impl=self.attention,
+                backend=self.backend)
 
 
 def remat(fn: Callable, name: str, static_argnums: tuple[int, ...] = ()) -> Callable:
@@ -396,6 +398,7 @@ class EncoderBlock(nn.Module):
   dtype: Any = jnp.float32
   remat: str = "none"
   attention_impl: str = "xla"
+  backend: str | None = None  # `Compute.backend`
   query_positions: int = 0
 
   @nn.compact
@@ -477,7 +480,8 @@ class EncoderBlock(nn.Module):
         dropout_rate=self.attention_dropout_rate,
         dropout_masks=self.dropout_masks,
         kernel_init=self.kernel_init, dtype=self.dtype,
-        implementation=self.attention_impl, output_projection=projected)
+        implementation=self.attention_impl, output_projection=projected,
+        backend=self.backend)
     branches = []
     n = self.query_positions
     if self.self_attention and n:

@@ -58,7 +58,8 @@ def _block_kwargs(module: nn.Module, index: int) -> dict[str, Any]:
       attention_dropout_rate=module.attention_dropout_rate,
       stochastic_depth=module.stochastic_depth * index / max(module.num_layers - 1, 1),
       layer_scale=module.layer_scale,
-      dtype=module.dtype, remat=module.remat, attention_impl=module.attention)
+      dtype=module.dtype, remat=module.remat, attention_impl=module.attention,
+      backend=module.backend)
 
 
 RGB_POOLS = ("cls", "max")  # config.model.video.rgb_pool: the RGB embedding's pooling
@@ -86,6 +87,7 @@ class ModalityTower(nn.Module):
   layer_scale: float = 0.0
   remat: str = "none"
   attention: str = "xla"
+  backend: str | None = None  # config.model.backend (`layers.Compute`)
   patch_embed: str = "conv"
   stem_features: Sequence[int] = ()
 
@@ -197,6 +199,7 @@ class MBT(nn.Module):
   dtype: Any = jnp.float32
   remat: str = "none"
   attention: str = "xla"
+  backend: str | None = None  # config.model.backend (`layers.Compute`)
   patch_embed: str = "conv"
   rgb_stem: Sequence[int] = ()
   rgb_pool: str = "cls"
@@ -253,6 +256,7 @@ class MBT(nn.Module):
             layer_scale=self.layer_scale,
             remat=self.remat,
             attention=self.attention,
+            backend=self.backend,
             patch_embed=self.patch_embed,
             stem_features=tuple(self.rgb_stem) if m == "rgb" else (),
             name=m) for m in modalities
@@ -367,4 +371,4 @@ def mbt_from_config(cfg) -> MBT:
 def _compute_kwargs(cfg) -> dict:
   compute = registry.compute_from_config(cfg)
   return dict(dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
-              scan_layers=compute.scan_layers)
+              scan_layers=compute.scan_layers, backend=compute.backend)

@@ -135,6 +135,7 @@ class MMT(nn.Module):
   dtype: Any = jnp.float32  # computation dtype; remat, attention: see `layers.Compute`
   remat: str = "none"
   attention: str = "xla"
+  backend: str | None = None  # config.model.backend (`layers.Compute`)
 
   def setup(self):
     init = nn.initializers.normal(0.02)
@@ -153,7 +154,8 @@ class MMT(nn.Module):
                  activation="gelu", layer_norm_eps=self.layer_norm_eps,
                  dropout_rate=self.dropout_rate,
                  attention_dropout_rate=self.attention_dropout_rate, kernel_init=init,
-                 dtype=dtype, remat=self.remat, attention_impl=self.attention)
+                 dtype=dtype, remat=self.remat, attention_impl=self.attention,
+                 backend=self.backend)
     self.encoder = [layers.EncoderBlock(**block, name=f"encoder_{i}")
                     for i in range(self.num_layers)]
     if self.decoder_layer not in DECODER_LAYERS:
@@ -259,7 +261,7 @@ def mmt_from_config(cfg) -> MMT:
              layer_norm_eps=cfg.get("layer_norm_eps", 1e-12),
              # Absent: a run from before the option, trained with the standard layer.
              decoder_layer=cfg.get("decoder_layer", "standard"), dtype=compute.dtype,
-             remat=compute.remat, attention=compute.attention)
+             remat=compute.remat, attention=compute.attention, backend=compute.backend)
 
 
 def captioner_decoding_fns(model: MMT, variables: Any, ctx: dict[str, Array],

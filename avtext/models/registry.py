@@ -16,8 +16,9 @@ imported on first lookup (the list in `_MODELS`), so `config.model.name` alone s
 model. Adding a model: write the module, decorate a factory, add its module to
 the list in `_MODELS`.
 
-Precision and memory (`config.model.dtype`, `.remat`, `.attention`, `.scan_layers`; see
-`avtext.models.layers.Compute`) are read by `compute_from_config`. A sub-node
+Precision, memory and the backend traced for (`config.model.dtype`, `.remat`, `.attention`,
+`.scan_layers`, `.backend`; see `avtext.models.layers.Compute`) are read by
+`compute_from_config`. A sub-node
 inherits the fields it does not set from the node that builds it
 (`build_model(cfg.video, parent=cfg)`), so one `config.model.dtype` sets every tower.
 """
@@ -26,6 +27,7 @@ from typing import Callable
 import flax.linen as nn
 import ml_collections
 
+from avtext import ops
 from avtext import registry as registry_lib
 from avtext.models import layers
 
@@ -36,7 +38,7 @@ register_model = _MODELS.register
 registered = _MODELS.names
 
 
-COMPUTE_FIELDS = ("dtype", "remat", "attention", "scan_layers")
+COMPUTE_FIELDS = ("dtype", "remat", "attention", "scan_layers", "backend")
 
 
 def build_model(cfg: ml_collections.ConfigDict, *, where: str = "config.model",
@@ -56,8 +58,9 @@ def build_model(cfg: ml_collections.ConfigDict, *, where: str = "config.model",
 
 
 def compute_from_config(cfg: ml_collections.ConfigDict) -> layers.Compute:
-  """`layers.Compute` from a model node's dtype / remat / attention / scan_layers; a field
-  the node leaves unset keeps `layers.Compute`'s default (the one home of the defaults)."""
+  """`layers.Compute` from a model node's dtype / remat / attention / scan_layers / backend;
+  a field the node leaves unset keeps `layers.Compute`'s default (the one home of the
+  defaults), but the backend, which is JAX's default backend's platform (`ops.platform`)."""
   given = {k: cfg.get(k) for k in COMPUTE_FIELDS if cfg.get(k) not in (None, "")}
   if "dtype" in given:
     if given["dtype"] not in layers.DTYPES:
@@ -66,4 +69,6 @@ def compute_from_config(cfg: ml_collections.ConfigDict) -> layers.Compute:
     given["dtype"] = layers.DTYPES[given["dtype"]]
   if "scan_layers" in given:
     given["scan_layers"] = bool(given["scan_layers"])
+  # The model is built for a named platform: unset, JAX's default backend, named here.
+  given["backend"] = ops.platform(given.get("backend"))
   return layers.Compute(**given)

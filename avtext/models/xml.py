@@ -81,6 +81,7 @@ float32 accumulation); parameters stay float32, LayerNorm statistics and every s
 run in float32, and what the methods return (q, H_0, H_1, scores, logits) is float32.
 ConvSE (two one-channel filters) stays float32. `remat` rematerializes each encoder layer.
 """
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -120,11 +121,12 @@ def tef(mask: Array) -> Array:
 
 class _Sublayer(nn.Module):
   """What the input projection and the position table share: dropout and its masks,
-  the LayerNorm epsilon, the compute dtype."""
+  the LayerNorm epsilon, the compute dtype, the backend traced for (`ops.platform`)."""
   dropout_rate: float
   layer_norm_eps: float
   dropout_masks: str = "jax"
   dtype: Any = jnp.float32
+  backend: str | None = None
 
   def norm(self, x: Array) -> Array:
     return nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm")(x)
@@ -143,7 +145,9 @@ class _InputProjection(_Sublayer, kw_only=True):
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
     x = self.drop(self.norm(x), deterministic)
     return nn.relu(nn.Dense(self.features, kernel_init=nn.initializers.normal(0.02),
-                            dtype=self.dtype, dot_general=ops.dense_dot_general,
+                            dtype=self.dtype,
+                            dot_general=functools.partial(ops.dense_dot_general,
+                                                          backend=self.backend),
                             name="dense")(x))
 
 
@@ -159,7 +163,8 @@ class _Positions(_Sublayer, kw_only=True):
                        "(config.model.max_ctx_len / max_query_len)")
     table = self.param("embedding", nn.initializers.normal(0.02),
                        (self.max_len, x.shape[-1]), jnp.float32)
-    rows = ops.broadcast_leading(table[:x.shape[-2]].astype(x.dtype), x.shape[:-2])
+    rows = ops.broadcast_leading(table[:x.shape[-2]].astype(x.dtype), x.shape[:-2],
+                                backend=self.backend)
     return self.drop(self.norm(x + rows), deterministic)
 
 
@@ -211,6 +216,7 @@ class XML(nn.Module):
   dtype: Any = jnp.float32  # computation dtype; remat, attention: see `layers.Compute`
   remat: str = "none"
   attention: str = "xla"
+  backend: str | None = None  # config.model.backend (`layers.Compute`)
 
   def setup(self):
     self.streams = modalities(self.context)
@@ -218,13 +224,14 @@ class XML(nn.Module):
     dtype = self.dtype
     proj = dict(features=self.hidden_size, dropout_rate=self.input_dropout_rate,
                 layer_norm_eps=self.layer_norm_eps, dropout_masks=self.dropout_masks,
-                dtype=dtype)
+                dtype=dtype, backend=self.backend)
     pos = dict(dropout_rate=self.input_dropout_rate, layer_norm_eps=self.layer_norm_eps,
-               dropout_masks=self.dropout_masks, dtype=dtype)
+               dropout_masks=self.dropout_masks, dtype=dtype, backend=self.backend)
     block = dict(num_heads=self.num_heads, mlp_dim=0, pre_norm=False, feed_forward=False,
                  layer_norm_eps=self.layer_norm_eps, dropout_rate=self.dropout_rate,
                  attention_dropout_rate=self.dropout_rate, dropout_masks=self.dropout_masks,
-                 kernel_init=init, dtype=dtype, remat=self.remat, attention_impl=self.attention)
+                 kernel_init=init, dtype=dtype, remat=self.remat, attention_impl=self.attention,
+                 backend=self.backend)
     self.query_proj = _InputProjection(**proj)
     self.query_pos = _Positions(max_len=self.max_query_len, **pos)
     self.query_encoder = layers.EncoderBlock(**block)
@@ -338,4 +345,5 @@ def xml_from_config(cfg: ml_collections.ConfigDict) -> XML:
   kwargs: dict[str, Any] = {k: cfg[k] for k in fields if cfg.get(k) is not None}
   modalities(kwargs.get("context", "video_sub"))
   compute = registry.compute_from_config(cfg)
-  return XML(**kwargs, dtype=compute.dtype, remat=compute.remat, attention=compute.attention)
+  return XML(**kwargs, dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
+             backend=compute.backend)

@@ -11,6 +11,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from avtext import ops
 from avtext import registry as registry_lib
 from avtext.data import builders
 from avtext.data import pipelines
@@ -30,6 +31,16 @@ def build_task(config: ml_collections.ConfigDict) -> Any:
   return get_task(config.task)(config)
 
 
+def record_backend(config: ml_collections.ConfigDict) -> None:
+  """`config.model.backend` (the platform the model is traced for: `avtext.ops`' CPU-only
+  rewrites, what "auto" attention stands for), when unset, set to JAX's default backend:
+  the model is built for it and the config the run writes (config.json) says which.
+  `avtext.aot` sets its target's instead."""
+  if config.model.get("backend") is None:
+    with config.unlocked():
+      config.model.backend = ops.platform()
+
+
 class Task:
   """What the trainer and the evaluators call.
 
@@ -43,6 +54,7 @@ class Task:
 
   def __init__(self, config: ml_collections.ConfigDict):
     self.config = config
+    record_backend(config)
     self.model = models_registry.build_model(config.model)
     self._train_source = None
 

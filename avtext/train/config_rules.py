@@ -177,8 +177,10 @@ def _choices() -> dict:
   from avtext.models import coot  # pylint: disable=g-import-not-at-top
   from avtext.models import gpt2  # pylint: disable=g-import-not-at-top
   from avtext.models import mbt  # pylint: disable=g-import-not-at-top
+  from avtext import ops  # pylint: disable=g-import-not-at-top
   from avtext.train import optimizers  # pylint: disable=g-import-not-at-top
   return {"model.**.attention": attention.ATTENTION_IMPLEMENTATIONS,
+          "model.**.backend": ops.PLATFORMS,
           "model.**.context_pool": gpt2.CONTEXT_POOLS, "model.**.rgb_pool": mbt.RGB_POOLS,
           "model.**.local_pooler": coot.POOLERS, "optimizer.name": optimizers.OPTIMIZERS,
           "optimizer.schedule": optimizers.SCHEDULES}

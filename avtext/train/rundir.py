@@ -256,11 +256,17 @@ def _flat(tree, prefix=""):
   return {prefix[:-1]: tree}
 
 
+# Model fields that say where a run was traced, not what it trains: a run resumes on
+# another backend (`config.model.backend`, recorded when the task is built).
+_NOT_IDENTITY = ("model.backend",)
+
+
 def identity(config: ml_collections.ConfigDict) -> dict:
   """What makes a run directory's checkpoints this config's: the task and every
-  `config.model` field, as config.json stores them."""
+  `config.model` field but `_NOT_IDENTITY`, as config.json stores them."""
   as_json = json.loads(config.to_json_best_effort())
-  return {"task": as_json.get("task"), **_flat(as_json.get("model") or {}, "model.")}
+  fields = {"task": as_json.get("task"), **_flat(as_json.get("model") or {}, "model.")}
+  return {k: v for k, v in fields.items() if k not in _NOT_IDENTITY}
 
 
 def check_workdir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,

@@ -15,10 +15,11 @@ from benchmarks import common
 
 def build(setting: dict, abstract=False):
   """(init, tx, batch, step) of the paper model at `setting` (batch, dtype, remat,
-  attention)."""
+  attention; optionally the backend it is traced for)."""
   config = common.load_config("configs/videocc_avr.py")
   config.model.dtype, config.model.remat, config.model.attention = (
       setting["dtype"], setting["remat"], setting["attention"])
+  config.model.backend = setting.get("backend")
   model = registry.build_model(config.model)
   d = config.data
   b = setting["batch"]

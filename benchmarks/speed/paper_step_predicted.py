@@ -64,14 +64,14 @@ def measured() -> dict[str, float | str]:
 def compile_one(setting: str, hlo_path: str | None) -> dict:
   """One setting compiled for one H100 and read: its costs, memory and prediction."""
   import jax  # pylint: disable=g-import-not-at-top
-  from avtext import ops  # pylint: disable=g-import-not-at-top
   from avtext.aot import chips  # pylint: disable=g-import-not-at-top
   from avtext.aot import cost_model  # pylint: disable=g-import-not-at-top
   from avtext.aot import hlo_cost  # pylint: disable=g-import-not-at-top
   from avtext.aot import programs  # pylint: disable=g-import-not-at-top
   from benchmarks.common import avr_step  # pylint: disable=g-import-not-at-top
   batch, remat, attention = setting.split(":")
-  s = {"batch": int(batch), "dtype": "bfloat16", "remat": remat, "attention": attention}
+  s = {"batch": int(batch), "dtype": "bfloat16", "remat": remat, "attention": attention,
+       "backend": "gpu"}
   [device] = programs.topology_devices("h100:1x1")
   init, tx, inputs, step = avr_step.build(s, abstract=True)
   sharding = jax.sharding.SingleDeviceSharding(device)
@@ -80,8 +80,7 @@ def compile_one(setting: str, hlo_path: str | None) -> dict:
   params = jax.eval_shape(init, jax.random.PRNGKey(0))
   args = (placed(params), placed(jax.eval_shape(tx.init, params)), placed(inputs),
           placed(jax.eval_shape(lambda: jax.random.PRNGKey(1))))
-  with ops.lowering_for("gpu"):
-    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(*args).compile()
+  compiled = jax.jit(step, donate_argnums=(0, 1)).lower(*args).compile()
   text = compiled.as_text()
   if hlo_path:
     with open(hlo_path, "w") as f:

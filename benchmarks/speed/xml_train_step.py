@@ -35,8 +35,8 @@ then `--block` timed steps, the processes alternating until each side has `--ste
 median and IQR.
 
 With --ab_rounds=N (no official code needed), our step alone with and without the CPU
-matmul / reduction forms of `avtext.ops`, in one process on the same batch: "plain" traces
-the step under `ops.lowering_for("tpu")`, which replaces `ops.dense_matmul` and
+matmul / reduction forms of `avtext.ops`, in one process on the same batch: "plain" builds
+the model with `config.model.backend="tpu"`, which replaces `ops.dense_matmul` and
 `ops.broadcast_leading` by the plain product and broadcast, "ops" as the code is on the
 CPU; after one untimed step each, N rounds time one step of each, the order flipping every
 round, so load on a shared machine hits both alike; the medians and their ratio.
@@ -163,10 +163,12 @@ def avtext_batch(examples) -> dict:
           "epoch": np.zeros(len(examples), np.int32)}  # before the hard-negative epochs
 
 
-def avtext_step_fn(examples, steps_per_epoch: int):
+def avtext_step_fn(examples, steps_per_epoch: int, backend: str | None = None):
+  """Our step on `examples`, its model built for `backend` (`config.model.backend`)."""
   import jax  # pylint: disable=g-import-not-at-top
   from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
   config = avtext_config()
+  config.model.backend = backend
   task = tasks.build_task(config)
   batch = avtext_batch(examples)
   step, num_params = side_by_side.avtext_step(config, task, batch, steps_per_epoch)
@@ -203,14 +205,12 @@ def run_side(flag) -> None:
 
 def ab(rounds: int, queries: int, seed: int) -> None:
   """Our step with ("ops") and without ("plain") the CPU forms of avtext.ops, alternating."""
-  from avtext import ops  # pylint: disable=g-import-not-at-top
   examples = make_batch(seed, queries)
   steps = {}
-  # "plain" is traced as for another backend (`ops.lowering_for`), which drops the CPU forms.
+  # "plain" is built for another backend (config.model.backend), which drops the CPU forms.
   for name, platform in (("plain", "tpu"), ("ops", "cpu")):
-    with ops.lowering_for(platform):
-      steps[name] = avtext_step_fn(examples, _STEPS_PER_EPOCH.value)[0]
-      print(f"{name}: step-1 loss {steps[name]():.6f}", flush=True)  # traced and compiled here
+    steps[name] = avtext_step_fn(examples, _STEPS_PER_EPOCH.value, backend=platform)[0]
+    print(f"{name}: step-1 loss {steps[name]():.6f}", flush=True)  # traced and compiled here
   times = {name: [] for name in steps}
   for i in range(rounds):
     for name in (list(steps) if i % 2 == 0 else list(steps)[::-1]):
