@@ -182,7 +182,8 @@ def map_examples(fn: Callable[[dict], Any], examples: Callable[[int], dict], n: 
 
   A process's batch is `collate` (default `stack_examples`) of its examples'
   array fields, padded to the per-process batch size by repeating the last
-  example; `fn`'s outputs must have one row per example.
+  example; `fn`'s outputs must have one row per example. `batch_field`: the config path
+  of `global_batch_size`, named when it does not split over the data shards.
 
   Returns (fn's output tree with the batches concatenated, [n, ...] per leaf;
   {host field: list of n values} for the examples' non-array fields).
