@@ -43,7 +43,8 @@ _LONG_FILES = (
     "test_train_rundir.py", "test_index.py", "test_serve.py", "test_models_scan_layers.py",
     "test_tasks_example_spec.py", "test_tasks_mmt.py", "test_tasks_coot.py",
     "test_models_gpt2.py", "test_models_coot.py", "test_weights_official_mmt.py",
-    "test_data_files.py", "test_cli.py", "test_mining.py", "test_notebook.py")
+    "test_data_files.py", "test_cli.py", "test_cli_faults.py", "test_mining.py",
+    "test_notebook.py")
 
 
 def pytest_collection_modifyitems(items):
