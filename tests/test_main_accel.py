@@ -169,10 +169,14 @@ def test_accelerator_pins_match_jax():
   assert pins["jax-cuda12-plugin"].extras == {"with-cuda"}
 
 
+# make's own variables out: under `make test` a nested make would print "Entering directory".
+_MAKE_ENV = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+
+
 def _make_n(venv, *args):
   proc = subprocess.run(["make", "-n", "venv", f"VENV={venv}", *args], cwd=REPO,
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                        check=False, timeout=60)
+                        check=False, timeout=60, env=_MAKE_ENV)
   return proc.returncode, proc.stdout
 
 
@@ -227,7 +231,8 @@ def test_make_venv_checks_the_python_and_rebuilds_another_ones_venv(tmp_path):
   py310.chmod(0o755)
   fresh = tmp_path / "fresh"
   proc = subprocess.run(["make", "venv", f"VENV={fresh}", f"PYTHON={py310}"], cwd=REPO,
-                        capture_output=True, text=True, check=False, timeout=60)
+                        capture_output=True, text=True, check=False, timeout=60,
+                        env=_MAKE_ENV)
   assert proc.returncode != 0 and not fresh.exists(), proc
   assert proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
   assert (f"PYTHON={py310} is Python 3.10, not Python 3.11" in proc.stderr

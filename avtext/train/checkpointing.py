@@ -33,6 +33,7 @@ import os
 import pathlib
 import re
 import shutil
+import time
 from typing import Any
 import zlib
 
@@ -57,6 +58,7 @@ _DATA_FILE = "data/metadata"  # where ocp.JsonCheckpointHandler puts the iterato
 # slices and 10 s; with this floor only arrays of 8 MiB and up (on 8 replicas) split.
 MIN_REPLICA_SLICE_BYTES = 1 << 20
 _PARTIAL = ".orbax-checkpoint-tmp"  # a step directory orbax has not renamed yet
+_REMOVE_ROUNDS = 10  # of 0.1 s: a failed save's partial directory, removed and checked
 _PRUNED_RETRIES = 3  # re-reads of the newest checkpoint when a running trainer pruned it
 
 
@@ -198,10 +200,20 @@ class Checkpointer:
     to do, as it commits them."""
     if jax.process_index() != 0:
       return []
-    partial = sorted(p for p in self.directory.glob(f"*{_PARTIAL}*") if p.is_dir())
-    for path in partial:
-      shutil.rmtree(path, ignore_errors=True)
-    return [str(p) for p in partial]
+    try:  # the save's other items may still be writing in orbax's background threads
+      self._manager.wait_until_finished()
+    except Exception:  # pylint: disable=broad-except
+      pass  # the same failure, already being reported
+    removed: set[str] = set()
+    for _ in range(_REMOVE_ROUNDS):  # until no writer recreates one
+      partial = [p for p in self.directory.glob(f"*{_PARTIAL}*") if p.is_dir()]
+      if not partial:
+        break
+      for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+        removed.add(str(path))
+      time.sleep(0.1)
+    return sorted(removed)
 
   def step_dir(self, step: int) -> pathlib.Path:
     return self.directory / str(step)
