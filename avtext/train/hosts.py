@@ -27,6 +27,7 @@ collectives (gloo: "Received data size doesn't match expected size"). A multi-pr
 CPU run therefore compiles without the persistent cache: every process compiles anyway,
 and process 0 was only ever waiting for the others.
 """
+import atexit
 import re
 import sys
 import threading
@@ -101,7 +102,6 @@ class Watchdog:
   def start(self) -> None:
     Watchdog.running = self
     self._thread.start()
-    import atexit  # pylint: disable=g-import-not-at-top
     atexit.register(self.stop)  # before JAX's shutdown (atexit runs in reverse order)
 
   def stop(self) -> None:
