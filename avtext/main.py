@@ -270,7 +270,7 @@ def main(argv):
     else:
       run.evaluate(_STEP.value, eval_dir=_EVAL_DIR.value)
       done = f"evaluated {workdir}"
-    results = run.results_dir and pathlib.Path(run.results_dir) / rundir.RESULTS_FILE
+    results = run.run_results.path
     if jax.process_index() == 0:  # the one line saying where the results are
       print(f"{done}; results in {results}" if results and results.exists()
             else f"{done}; no results written (no evaluator ran, or see the warning above)")

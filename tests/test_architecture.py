@@ -12,6 +12,7 @@ mining and builders ask a source for its ground truth (`avtext.data.ground_truth
 import ast
 import collections
 import pathlib
+import warnings
 
 import pytest
 
@@ -198,10 +199,14 @@ def test_world_writers_are_real_modules():
   assert [w for w in WORLD_WRITERS if w not in modules] == []
 
 
-def test_no_module_over_600_lines():
+def test_modules_over_600_lines_are_reported():
+  """A warning, not a failure: ~600 lines is a reading size (STYLE: split by concept, not
+  by size), so a module over it is a question to ask, never a reason to split a concept."""
   long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
           if (n := len(p.read_text().splitlines())) > MAX_LINES}
-  assert long == {}
+  if long:
+    warnings.warn(f"modules over {MAX_LINES} lines (split one if it holds two concepts): "
+                  + ", ".join(f"{p} {n} (+{n - MAX_LINES})" for p, n in sorted(long.items())))
 
 
 def test_the_walker_sees_lazy_and_relative_imports(tmp_path):

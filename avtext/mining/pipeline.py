@@ -14,7 +14,8 @@ Inputs
               it, recursively, is a corpus video whose id is its path relative to the
               directory without the extension.
 
-Stages (each a Beam transform; `avtext.mining.stages` holds the work of each)
+Stages (each a Beam transform of `avtext.mining.beam_graph`; `avtext.mining.stages`
+holds the work of each)
   1. seed features f(x_seed): each seed shard (`shard_seeds` rows of seeds.tsv) is one
      task: its images through the embedder (`avtext.mining.embed`) `embed_batch` at a
      time, or its rows of `--seed_features` (a [num_seeds, D] .npy computed elsewhere),
@@ -80,7 +81,7 @@ of N processes, started for the run). Both are exercised here: the tests mine th
 corpus on the direct runner and on a 2-process local Dask cluster and get the same files,
 byte for byte, as a brute-force loop; `benchmarks/speed/mining_dask_scale.py` measures both up
 to 10k videos and 1M seeds. The pipeline keeps to what Beam 2.77's DaskRunner executes
-(see `build_and_run`). Any other Beam runner takes the standard options, e.g. Dataflow
+(see `beam_graph.run`). Any other Beam runner takes the standard options, e.g. Dataflow
 (the embedder's run directory and the inputs must then be on GCS and avtext installed
 on the workers, e.g. --setup_file=./setup.py):
 
@@ -106,7 +107,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import time
 from typing import Sequence
 
@@ -114,9 +114,6 @@ from avtext.mining import files
 from avtext.mining import search as search_lib
 from avtext.mining import stages
 
-# The workers' progress and skips (`python -m avtext.mine` keeps this logger at INFO in
-# every worker while Beam's own loggers stay at WARNING).
-_LOG = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class MiningConfig:
@@ -151,12 +148,6 @@ class MiningConfig:
       raise ValueError(f'--center must be one of {self.CENTERS}, got {self.center!r}')
 
 
-def shard_of(video_id: str, num_shards: int) -> int:
-  return int(hashlib.sha1(video_id.encode()).hexdigest()[:8], 16) % num_shards
-
-
-
-
 def seed_shards(num_seeds: int, cfg: MiningConfig) -> list[tuple[int, int, int]]:
   """(shard, start row, stop row) of each seed shard: `shard_seeds` rows, the last fewer."""
   return [(j, a, min(num_seeds, a + cfg.shard_seeds))
@@ -168,13 +159,11 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
                   cfg: MiningConfig, beam_args: Sequence[str] = (), *,
                   seed_features: str | None = None, seeds: list | None = None,
                   videos: list | None = None) -> dict:
-  """Run the pipeline; write the outputs (`outputs.write`); return run info. `seeds` and
-  `videos`: `files.read_seeds` and `files.list_videos` of the first two, when the caller
-  has read them already."""
-  import apache_beam as beam  # pylint: disable=g-import-not-at-top
-  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
+  """Run the pipeline (`beam_graph.run`); write the outputs (`outputs.write`); return
+  run info. `seeds` and `videos`: `files.read_seeds` and `files.list_videos` of the
+  first two, when the caller has read them already."""
+  from avtext.mining import beam_graph  # pylint: disable=g-import-not-at-top
   from avtext.mining import outputs  # pylint: disable=g-import-not-at-top
-  from avtext.mining import runners  # pylint: disable=g-import-not-at-top
 
   seeds = files.read_seeds(seeds_tsv) if seeds is None else seeds
   videos = files.list_videos(videos_dir) if videos is None else videos
@@ -185,104 +174,16 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
     if shape[0] != len(seeds):
       raise ValueError(f'--seed_features {seed_features}: {shape[0]} rows for the '
                        f'{len(seeds)} seeds of {seeds_tsv}')
-  num_video_shards = max(1, -(-len(videos) // cfg.shard_videos))
-  num_seeds = len(seeds)
-  captions = {sid: cap for sid, _, cap in seeds}
   # Workers hand seed shards and results over through files under OUT/_beam/RUN (Beam's
   # FileSystems: a local path on one machine, shared or gs:// storage on a cluster).
   run_tag = hashlib.sha1(f'{time.time_ns()}'.encode()).hexdigest()[:8]
   staging = files.join(files.join(str(out), '_beam'), run_tag)
-  int_any = beam.typehints.Tuple[int, beam.typehints.Any]  # GroupByKey keys are ints
-
-  class SeedShard(beam.DoFn):
-
-    def process(self, shard):
-      j, start, stop, paths = shard
-      yield stages.seed_shard(staging, j, start, stop, paths, embedder_name, seed_features,
-                              cfg)
-
-  class DecodeEmbed(beam.DoFn):
-
-    def setup(self):
-      self.done = 0
-
-    def process(self, item):
-      video_id, path = item
-      record, skip = stages.decode_and_embed(video_id, path, embedder_name, cfg)
-      self.done += 1
-      if self.done % 50 == 0:
-        _LOG.info('mining: this worker decoded and embedded %d videos', self.done)
-      stages.note_peak_rss(staging)
-      if skip is not None:
-        _LOG.warning('mining: skipped %s (%s: %s)', video_id, skip['reason'],
-                     skip['detail'])
-        yield 'skip', -1, skip
-        return
-      yield 'video', shard_of(video_id, num_video_shards), record
-
-  def fan_out(seed_shard):  # a seed shard file, to every video shard
-    for v in range(num_video_shards):
-      yield v, ('seeds', seed_shard)
-
-  def search(video_shard, items):
-    items = list(items)
-    records = [x for kind, x in items if kind == 'video']
-    seed_files = [x for kind, x in items if kind == 'seeds']
-    yield from stages.search_video_shard(video_shard, records, seed_files, num_seeds, cfg,
-                                         staging)
-
-  def summary(_, items):
-    by_kind = {'skip': [], 'info': [], 'matches': []}
-    for kind, x in items:
-      by_kind[kind].append(x)
-    path = files.join(staging, 'summary.json')
-    files.write_bytes(path, json.dumps(by_kind, sort_keys=True).encode())
-    stages.note_peak_rss(staging)
-    return path
-
-  # One pipeline for every runner, within what Beam 2.77's DaskRunner executes: no side
-  # inputs (it recomputes their whole graph inside each task), no TaggedOutputs (it
-  # mixes them into the main output), no BatchElements or other output from
-  # finish_bundle (dropped), no metrics (not collected), and one sink (it computes only
-  # the last transform's bag): every branch ends in 'Summary'. Seed vectors go from the
-  # task that makes a shard to the searches through files, never through a shuffle,
-  # which would hold all of them in the workers' (Dask) or the runner's (FnApiRunner)
-  # memory at once.
   shards = [(j, a, b, None if seed_features else [seeds[r][1] for r in range(a, b)])
-            for j, a, b in seed_shards(num_seeds, cfg)]
-  beam_args = runners.partition_args(beam_args, len(videos))
-  p = beam.Pipeline(options=PipelineOptions(beam_args))
-  seed_files = (p | 'SeedShards' >> beam.Create(shards)
-                | 'EmbedSeedShards' >> beam.ParDo(SeedShard())
-                | 'ToVideoShards' >> beam.FlatMap(fan_out).with_output_types(int_any))
-  decoded = (p | 'Videos' >> beam.Create(videos)
-             | 'Spread' >> beam.Reshuffle()
-             | 'DecodeEmbed' >> beam.ParDo(DecodeEmbed()))
-  records = (decoded | 'Usable' >> beam.Filter(lambda x: x[0] == 'video')
-             | 'KeyByVideoShard' >> beam.Map(
-                 lambda x: (x[1], ('video', x[2]))).with_output_types(int_any))
-  searched = ((records, seed_files) | 'ShardInputs' >> beam.Flatten()
-              | 'ByVideoShard' >> beam.GroupByKey()
-              | 'Search' >> beam.FlatMapTuple(search))
-  match_files = (searched | 'Matches' >> beam.Filter(lambda x: x[0] == 'match')
-                 | 'KeyBySeed' >> beam.Map(lambda x: (x[1], x[2])).with_output_types(int_any)
-                 | 'BySeed' >> beam.GroupByKey()
-                 | 'Merge' >> beam.MapTuple(lambda row, ms: (
-                     row // cfg.shard_seeds, (row, search_lib.merge_top([list(ms)], cfg.top_k)))
-                     ).with_output_types(int_any)
-                 | 'ByMergedSeedShard' >> beam.GroupByKey()
-                 | 'WriteMatches' >> beam.MapTuple(
-                     lambda j, tops: ('matches', stages.write_matches(staging, j, tops))))
-  skips = decoded | 'Skips' >> beam.Filter(lambda x: x[0] == 'skip') | 'SkipRecords' >> beam.Map(
-      lambda x: ('skip', x[2]))
-  infos = searched | 'Infos' >> beam.Filter(lambda x: x[0] == 'info')
-  _ = ((match_files, skips, infos) | 'Results' >> beam.Flatten()
-       | 'OneKey' >> beam.Map(lambda x: (0, x)).with_output_types(int_any)
-       | 'AllResults' >> beam.GroupByKey()
-       | 'Summary' >> beam.MapTuple(summary))
+            for j, a, b in seed_shards(len(seeds), cfg)]
   t0 = time.perf_counter()
   try:
-    runners.run(p)
+    beam_graph.run(staging, shards, videos, len(seeds), embedder_name, cfg, beam_args,
+                   seed_features)
   except BaseException:  # failed or interrupted: the hand-over files go, OUT is as it was
     files.delete_tree(staging, missing_ok=True)
     raise
@@ -298,8 +199,7 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
                 for s in stages.seed_skips(staging)]
   files.delete_tree(staging)
   workers.append({'worker': 'driver', 'peak_rss_mb': stages.peak_rss_mb()})
-  return outputs.write(out, cfg=cfg, seeds=seeds, captions=captions, videos=videos,
-                       matches=matches, skipped=done['skip'], seed_skips=seed_skips,
-                       shards=done['info'],
-                       seconds=seconds, videos_dir=videos_dir, embedder=embedder_name,
-                       workers=workers)
+  return outputs.write(out, cfg=cfg, seeds=seeds, captions={sid: cap for sid, _, cap in seeds},
+                       videos=videos, matches=matches, skipped=done['skip'],
+                       seed_skips=seed_skips, shards=done['info'], seconds=seconds,
+                       videos_dir=videos_dir, embedder=embedder_name, workers=workers)

@@ -1,6 +1,6 @@
 """The mining pipeline's per-worker work, one function per Beam stage, free of Beam.
 
-The stages (`avtext.mining.pipeline` wires them) hand seed vectors to each other through
+The stages (`avtext.mining.beam_graph` wires them) hand seed vectors to each other through
 files under the run's staging directory (OUT/_beam/RUN), so a worker holds one seed shard
 at a time, never the seed table:
   seed_shard         one seed shard's rows -> unit vectors (embedded, or rows of a
@@ -18,6 +18,7 @@ goes through the same computation whatever bundle or runner it lands in.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -35,6 +36,11 @@ from avtext.mining import search as search_lib
 
 _EMBEDDERS: dict[str, embed.Embedder] = {}
 _PEAK_RSS_WRITTEN: dict[str, float] = {}
+
+
+def shard_of(video_id: str, num_shards: int) -> int:
+  """The video shard of `video_id`, one of `num_shards`."""
+  return int(hashlib.sha1(video_id.encode()).hexdigest()[:8], 16) % num_shards
 
 
 def embedder(name: str) -> embed.Embedder:

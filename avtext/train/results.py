@@ -1,12 +1,13 @@
-"""A run's results.json, as the trainer keeps it (`Trainer` inherits `RunResults`).
+"""A run's results.json, as the trainer keeps it (`Trainer.run_results`, a `RunResults`).
 
     {"<step>": {"<evaluator>/<metric>": value, ...}, "latest": {"step": N, ...},
      "best": {"metric", "step", "value"}, "train_data": {...}}
 
 Process 0 writes it, atomically (`rundir.write_json`); a lost or unreadable one is
 rebuilt from what the best checkpoints store. It also tells a resumed run which of the
-evaluations due at its step finished (`_recorded`): checkpoints are saved before them.
+evaluations due at its step finished (`recorded`): checkpoints are saved before them.
 """
+import pathlib
 from typing import Any
 
 from absl import logging
@@ -19,10 +20,27 @@ from avtext.train import rundir
 
 
 class RunResults:
-  """results.json of `self.results_dir` (None: nowhere) for a trainer that has
-  `workdir`, `select`, `best_checkpointer` and `evaluators`."""
+  """results.json in `results_dir` (None: nowhere) of the run in `workdir`.
 
-  def _reconcile_best(self) -> None:
+  `select`: (metric key, "max"|"min") of config.eval.select, or None;
+  `best_checkpointer`: the run's best_checkpoints/ Checkpointer (None: not open);
+  `evaluators`: the names of the run's evaluators.
+  """
+
+  def __init__(self, *, workdir: pathlib.Path, results_dir: pathlib.Path | None,
+               select: tuple[str, str] | None, best_checkpointer, evaluators: list[str]):
+    self.workdir = workdir
+    self.results_dir = results_dir
+    self.select = select
+    self.best_checkpointer = best_checkpointer
+    self.evaluators = list(evaluators)
+
+  @property
+  def path(self) -> pathlib.Path | None:
+    """results.json's path (None: nowhere)."""
+    return None if self.results_dir is None else self.results_dir / rundir.RESULTS_FILE
+
+  def reconcile_best(self) -> None:
     """Makes results.json's `best` name a checkpoint in best_checkpoints/: a run killed
     after a best save and before its record (or, before this order, the other way
     round) leaves them apart. The best one on disk wins; with none, `best` goes."""
@@ -43,9 +61,9 @@ class RunResults:
                            "value": self.best_checkpointer.metric(step)}
       logging.warning("results.json named best step %s, %s holds %s; best is now %s",
                       recorded, self.best_checkpointer.directory, sorted(on_disk), step)
-    self._update_results(reconcile)
+    self.update(reconcile)
 
-  def _recorded(self, step: int) -> dict[str, dict[str, Any]]:
+  def recorded(self, step: int) -> dict[str, dict[str, Any]]:
     """{evaluator: its metrics} of the evaluators whose results at `step` results.json
     holds. Process 0 reads the file; the others learn the names and the selected
     metric from it (all of them must run, and update the control with, the same)."""
@@ -73,9 +91,9 @@ class RunResults:
       found[key.split("/")[0]][key.partition("/")[2]] = float(shared[-1])
     return found
 
-  def _update_results(self, change) -> None:
+  def update(self, change) -> None:
     """Applies `change` to results.json; a lost or unreadable one is rebuilt first."""
-    path = self.results_dir / rundir.RESULTS_FILE
+    path = self.path
     if not path.exists():
       all_results = self._rebuilt_results()
     else:
@@ -107,7 +125,7 @@ class RunResults:
     sign = -1 if mode == "max" else 1
     best = min(values, key=lambda s: (sign * values[s], s))  # the first of equal values
     logging.info("%s rebuilt from %s: %s at steps %s, best %g at step %d",
-                 self.results_dir / rundir.RESULTS_FILE, directory, key, sorted(values),
+                 self.path, directory, key, sorted(values),
                  values[best], best)
     return {**{str(s): {key: v} for s, v in values.items()},
             "best": {"metric": key, "step": best, "value": values[best]}}

@@ -85,13 +85,13 @@ def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> N
     atomic.write_text(path, text)
 
 
-class Trainer(results_lib.RunResults):
+class Trainer:
   """Runs `task` as `config` says in `workdir`: `train()` or `evaluate()`.
 
   `evaluators`: {name: evaluator}, each with `run(variables, mesh=, step=)` -> metrics
   and optionally `skip_counts()` (`avtext.evals.base.Evaluator`); None stands in for
   one that is never run, e.g. when only compiling. `avtext.experiment` builds them from
-  `config.evals`.
+  `config.evals`. `run_results` (`results.RunResults`) keeps the run's results.json.
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, task,
@@ -107,8 +107,7 @@ class Trainer(results_lib.RunResults):
     config_rules.check_selected_evaluator(config, evaluators)
     # Training creates these (and the workdir); --mode=eval only reads checkpoints.
     self.checkpointer = self.best_checkpointer = None
-    # Where results.json and TensorBoard events go (None: nowhere; see `evaluate`).
-    self.results_dir = self.workdir
+    self._keep_results(self.workdir)
     self.total_steps = self.steps_per_epoch = None  # known once training opens its data
 
   # ---- state -------------------------------------------------------------
@@ -233,6 +232,14 @@ class Trainer(results_lib.RunResults):
       self.best_checkpointer = checkpointing.Checkpointer(
           self.workdir / checkpointing.BEST_DIR, keep=config.eval.get("keep_best", 1),
           async_save=async_save, best_mode=self.select[1])
+      self._keep_results(self.workdir)
+
+  def _keep_results(self, results_dir: pathlib.Path | None) -> None:
+    """results.json and TensorBoard events go to `results_dir` (None: nowhere; see
+    `evaluate`)."""
+    self.run_results = results_lib.RunResults(
+        workdir=self.workdir, results_dir=results_dir, select=self.select,
+        best_checkpointer=self.best_checkpointer, evaluators=list(self.evaluators))
 
   def restore_or_init(self):
     """(state, optimizer pieces, data iterator); resumes from the newest intact
@@ -250,13 +257,14 @@ class Trainer(results_lib.RunResults):
       if data_state:  # an imported checkpoint (avtext.import_checkpoint) has none
         data_iter.set_state(data_state)
       logging.info("resumed from %s at step %d", self.checkpointer.directory, step)
-    self._reconcile_best()
+    self.run_results.reconcile_best()
     return state, opt_pieces, data_iter
 
   def _writer(self):
-    quiet = self.results_dir is None or jax.process_index() > 0
+    results_dir = self.run_results.results_dir
+    quiet = results_dir is None or jax.process_index() > 0
     return metric_writers.create_default_writer(
-        None if quiet else str(self.results_dir), just_logging=quiet)
+        None if quiet else str(results_dir), just_logging=quiet)
 
   def train(self) -> TrainState:
     """Trains (or resumes) to the end, holding the run's writer lock (`rundir.lock`).
@@ -317,7 +325,7 @@ class Trainer(results_lib.RunResults):
     if bool(state.control.stopped) or start >= self.total_steps:
       logging.info("the run in %s is complete (step %d%s)", self.workdir, start,
                    ", early-stopped" if bool(state.control.stopped) else "")
-      rest = [name for name in self.evaluators if name not in self._recorded(start)]
+      rest = [name for name in self.evaluators if name not in self.run_results.recorded(start)]
       if not caught_up and not rest:
         logging.info("evaluating step %d again", start)
         rest = list(self.evaluators)
@@ -409,7 +417,7 @@ class Trainer(results_lib.RunResults):
     if skips and jax.process_index() == 0:
       logging.info("training data: %d examples; entries skipped by reason: %s",
                    self.task.num_train_examples(), skips)
-      self._update_results(lambda r: r.update(train_data={
+      self.run_results.update(lambda r: r.update(train_data={
           "examples": self.task.num_train_examples(), "skipped": skips}))
     writer.flush()
     return state
@@ -422,7 +430,7 @@ class Trainer(results_lib.RunResults):
     selected metric), the others are run now (`evaluate(state, step, names)`)."""
     if not due:
       return state, []
-    recorded = self._recorded(step)
+    recorded = self.run_results.recorded(step)
     missing = [name for name in due if name not in recorded]
     if missing:
       logging.info("step %d: evaluating %s, which did not finish before", step,
@@ -479,7 +487,7 @@ class Trainer(results_lib.RunResults):
       # that is not there.
       self.best_checkpointer.wait()
     if events["improved"] and jax.process_index() == 0:
-      self._update_results(lambda r: r.update(
+      self.run_results.update(lambda r: r.update(
           best={"metric": key, "step": step, "value": float(results[key])}))
     return state
 
@@ -507,11 +515,11 @@ class Trainer(results_lib.RunResults):
     if writer is not None:
       writer.write_scalars(step, {k: v for k, v in flat.items()
                                   if isinstance(v, (int, float)) and not isinstance(v, bool)})
-    if flat and jax.process_index() == 0 and self.results_dir is not None:
+    if flat and jax.process_index() == 0 and self.run_results.results_dir is not None:
       def add(all_results):
         all_results.setdefault(str(step), {}).update(flat)
         all_results["latest"] = {"step": step, **all_results[str(step)]}
-      self._update_results(add)
+      self.run_results.update(add)
     if failures:
       raise failures[0] from failures[0].__cause__
     return flat
@@ -544,7 +552,7 @@ class Trainer(results_lib.RunResults):
         logging.warning("--mode=eval writes nothing into %s (%s); pass --eval_dir=DIR to "
                         "keep the results and the evaluators' exports", self.workdir, e)
         out = None
-      self.results_dir = out
+      self._keep_results(out)
       for evaluator in self.evaluators.values():
         evaluator.workdir = out
       writer = self._writer()
