@@ -79,7 +79,7 @@ COOT_TRAIN ?= 1000
 COOT_VAL ?= 500
 demo-coot: $(STAMP)
 	$(PY) -m avtext.main --config=configs/synthetic_video_pretrain.py --workdir=$(WORKDIR)/video_pretrain
-	$(PY) -m avtext.tools.coot_synthetic --workdir=$(WORKDIR)/video_pretrain \
+	$(PY) -m avworld.tools.coot_synthetic --workdir=$(WORKDIR)/video_pretrain \
 	  --out=$(WORKDIR)/coot_data --num_train=$(COOT_TRAIN) --num_val=$(COOT_VAL)
 	$(PY) -m avtext.main --config=configs/coot_activitynet.py:demo --workdir=$(WORKDIR)/coot \
 	  --config.dataset.path=$(WORKDIR)/coot_data
@@ -108,7 +108,7 @@ TVC_TRAIN ?= 600
 TVC_VAL ?= 150
 TVC_TEST ?= 250
 demo-tvc: $(STAMP) $(WORKDIR)/video_pretrain/results.json
-	$(PY) -m avtext.tools.tvr_synthetic --workdir=$(WORKDIR)/video_pretrain \
+	$(PY) -m avworld.tools.tvr_synthetic --workdir=$(WORKDIR)/video_pretrain \
 	  --out=$(WORKDIR)/tvr_data --num_train=$(TVC_TRAIN) --num_val=$(TVC_VAL) --num_test=$(TVC_TEST)
 	$(PY) -m avtext.tools.caption_vocab --config=configs/mmt_tvc.py:demo \
 	  --config.dataset.path=$(WORKDIR)/tvr_data --out=$(WORKDIR)/tvc_word2idx.json
@@ -123,7 +123,7 @@ demo-tvc: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 # which answers test_public's queries (VCMR / SVMR / VR R@K beside a random-span baseline);
 # the official eval script's numbers are then recomputed from the written submission file.
 demo-xml: $(STAMP) $(WORKDIR)/video_pretrain/results.json
-	$(PY) -m avtext.tools.tvr_synthetic --workdir=$(WORKDIR)/video_pretrain \
+	$(PY) -m avworld.tools.tvr_synthetic --workdir=$(WORKDIR)/video_pretrain \
 	  --out=$(WORKDIR)/tvr_data --num_train=$(TVC_TRAIN) --num_val=$(TVC_VAL) --num_test=$(TVC_TEST)
 	$(PY) -m avtext.main --config=configs/xml_tvr.py:demo --workdir=$(WORKDIR)/xml \
 	  --config.dataset.path=$(WORKDIR)/tvr_data
@@ -164,7 +164,7 @@ demo-smit: $(STAMP) $(WORKDIR)/video_pretrain/results.json
 	  --config.init_from.workdir=$(WORKDIR)/video_pretrain
 	$(PY) -m avtext.main --config=configs/smit_spoken_amm.py:demo --workdir=$(WORKDIR)/smit_spoken_p1 \
 	  $(SMIT_SPOKEN) --mode=eval --step=best
-	$(PY) -m avtext.tools.smit_asr --config=configs/smit_language_amm.py:demo,asr $(SMIT_WORLD) \
+	$(PY) -m avworld.tools.smit_asr --config=configs/smit_language_amm.py:demo,asr $(SMIT_WORLD) \
 	  --config.features_source.num_eval=$(SMIT_ASR_TEST) --out=$(WORKDIR)/smit_asr
 	$(PY) -m avtext.features smit --config=configs/smit_language_amm.py:demo,asr $(SMIT_WORLD) \
 	  --config.features_source.num_eval=$(SMIT_ASR_TEST) --config.features_source.asr_transcripts=$(WORKDIR)/smit_asr \
@@ -196,7 +196,7 @@ MINING_CENTER ?= seed_mean
 MINING_TAU ?= 0.8
 MINING_TAUS ?= 0.6,0.7,0.75,0.8,0.85,0.9
 demo-mining: $(STAMP) $(WORKDIR)/video_pretrain/results.json
-	$(PY) -m avtext.tools.mining_world --out=$(WORKDIR)/mining/world --num_seeds=$(MINING_SEEDS) \
+	$(PY) -m avworld.tools.mining_world --out=$(WORKDIR)/mining/world --num_seeds=$(MINING_SEEDS) \
 	  --num_videos=$(MINING_VIDEOS) --seed_scene_rate=0.5 \
 	  --faults=truncated,empty,not_video,audio_only,short,no_audio
 	$(PY) -m avtext.mine --seeds=$(WORKDIR)/mining/world/seeds/seeds.tsv \

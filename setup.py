@@ -1,6 +1,10 @@
 """avtext: pip install -e .[dev]   (accelerators: .[tpu] or .[cuda12];
 official PyTorch checkpoint import: .[convert])
 
+Installs avtext, the configs and avworld, the demos' procedural world, which avtext
+learns of only through the entry points below (`avtext.registry`: the group
+`avtext.<kind>s` adds packages to that registry).
+
 Exact pins live in requirements.lock (the known-good set for CPU machines);
 `make test` / `make demo` install from it. install_requires names the direct
 dependencies with the same pins so `pip install -e .` alone is reproducible.
@@ -43,8 +47,13 @@ setuptools.setup(
     name="avtext",
     version="0.1.0",
     description="Joint audio-visual-text representation learning in JAX/Flax",
-    packages=setuptools.find_packages(include=["avtext", "avtext.*", "configs"]),
+    packages=setuptools.find_packages(
+        include=["avtext", "avtext.*", "avworld", "avworld.*", "configs"]),
     python_requires=">=3.11",
     install_requires=[_LOCK[n.lower().replace("_", "-")] for n in _DIRECT],
     extras_require={extra: list(_pins(path).values()) for extra, path in _EXTRAS.items()},
+    # The world's datasets (synthetic_clips, synthetic_smit) and the ground truth of the
+    # files it writes (world.json formats), found by avtext's registries.
+    entry_points={"avtext.datasets": ["avworld = avworld.datasets"],
+                  "avtext.worlds": ["avworld = avworld"]},
 )

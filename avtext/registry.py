@@ -3,8 +3,9 @@
 
 An entry registers itself with its registry's decorator in its own module, e.g.
 `@register_model("bert")`; adding one is adding that file. A registry knows its
-packages (one, or several: the dataset registry reads `avtext.data.builders` and the
-synthetic world's package) and reads (without importing) their modules for the decorator
+packages (its own, and those other installed distributions declare under the entry-point
+group `avtext.<kind>s`, e.g. `[avtext.datasets] name = package`: datasets and worlds
+that live outside avtext) and reads (without importing) their modules for the decorator
 calls, so it knows every name a config can use, and imports a module only when
 one of its names is looked up: a config string alone selects the code, and e.g.
 TensorFlow is imported only by a config that reads TFDS files. A prefix entry
@@ -13,6 +14,7 @@ starts with it and that no exact entry claims.
 """
 import ast
 import importlib
+import importlib.metadata
 import importlib.util
 import pathlib
 from typing import Any, Callable
@@ -26,7 +28,9 @@ class Registry:
   Args:
     kind: what an entry is ("task", "model", ...), for messages.
     package: the package whose modules register the entries ("avtext.models"), or a
-      tuple of packages, read in order (a name registered in two is the first's).
+      tuple of packages, read in order (a name registered in two is the first's); the
+      packages or modules of the entry-point group `avtext.<kind>s` (`plugins`) are
+      read after them.
     decorator: the name the modules call to register ("register_model"); a call
       `<x>.<decorator>("name", ...)` or `<decorator>("name", ...)` with a string
       first argument is an entry of that module.
@@ -90,14 +94,24 @@ class Registry:
   def restore(self, snapshot: tuple[dict, dict]) -> None:
     self._entries, self._prefixes = dict(snapshot[0]), dict(snapshot[1])
 
+  def plugins(self) -> tuple[str, ...]:
+    """The packages or modules installed distributions add to this registry: the values
+    of the entry-point group `avtext.<kind>s` (setup.py's entry_points), sorted; one
+    that is not importable here is left out."""
+    points = importlib.metadata.entry_points(group=f"avtext.{self.kind}s")
+    return tuple(sorted({p.value for p in points if _findable(p.value)}))
+
   def _modules(self) -> tuple[dict[str, str], dict[str, str]]:
     """({name: module}, {prefix: module}) of the packages' register calls, read once."""
     if self._found is None:
       exact, prefixes = {}, {}
-      for package in self.packages:
+      for package in self.packages + self.plugins():
         spec = importlib.util.find_spec(package)
-        for path in sorted(pathlib.Path(spec.origin).parent.glob("*.py")):
-          module = package if path.stem == "__init__" else f"{package}.{path.stem}"
+        paths = (sorted(pathlib.Path(spec.origin).parent.glob("*.py"))
+                 if spec.submodule_search_locations else [pathlib.Path(spec.origin)])
+        for path in paths:
+          module = (package if path.stem == "__init__" or not spec.submodule_search_locations
+                    else f"{package}.{path.stem}")
           for name, prefix in _register_calls(path, self.decorator):
             (prefixes if prefix else exact).setdefault(name, module)
       self._found = exact, prefixes
@@ -124,6 +138,13 @@ def _register_calls(path: pathlib.Path, decorator: str) -> list[tuple[str, bool]
                    for k in node.keywords)
       found.append((first.value, prefix))
   return found
+
+
+def _findable(name: str) -> bool:
+  try:
+    return importlib.util.find_spec(name) is not None
+  except ImportError:  # a parent package that is not there
+    return False
 
 
 def _qualname(entry: Any) -> str:

@@ -21,7 +21,7 @@ features can be built with
 Without them training stops with what to prepare.
 
 Variants:
-  demo     the synthetic paragraph videos (avtext/tools/coot_synthetic.py writes them in
+  demo     the synthetic paragraph videos (avworld/tools/coot_synthetic.py writes them in
            this layout to workdirs/demo/coot_data): per-frame features of the demo's
            pretrained video tower, MiniLM-L6's last two layers for the text
   tiny     seconds-long smoke run on a small synthetic dataset (tests)
@@ -208,7 +208,7 @@ def synthetic(config: ml_collections.ConfigDict, *, tiny: bool) -> None:
   config.data.static_shapes = False
   d = config.dataset
   d.path = DEMO_DATA
-  d.video_features = "synthetic_tower"  # avtext/data/synthetic/coot_layout.py's names
+  d.video_features = "synthetic_tower"  # avworld/coot_layout.py's names
   d.video_source = "h5"
   d.video_dim = 128  # the demo video tower's width (configs/videocc_avr.py:demo)
   d.text_features = "text_feat_synthetic_meta_all_transformers_minilm-l6_-2,-1"

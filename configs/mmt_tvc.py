@@ -38,7 +38,7 @@ Variants:
   mean_nll     our loss: cross-entropy to the uniformly smoothed target (eps/V),
                averaged over the batch's words (reason: avtext/losses/captioning.py)
   video, sub   the paper's Table 14 ablation (context without subtitles / video)
-  demo         the synthetic long videos (avtext/tools/tvr_synthetic.py writes them in
+  demo         the synthetic long videos (avworld/tools/tvr_synthetic.py writes them in
                this layout to workdirs/demo/tvr_data): clip features of the demo's
                pretrained video tower; a 256-wide MMT sized for this CPU
   tiny         seconds-long smoke run (tests)

@@ -39,7 +39,7 @@ Variants (after the colon, comma-separated):
            stage of make demo-smit, whose 15 minutes hold the spoken and ASR-text models).
   asr      with demo: the ASR-text model's test: the same world with the captions spoken
            by espeak-ng (features_source.speech='espeak') and transcribed by pocketsphinx
-           (avtext.tools.smit_asr -> features_source.asr_transcripts), features of the
+           (avworld.tools.smit_asr -> features_source.asr_transcripts), features of the
            test split only (workdirs/demo/smit_asr_features), evaluated by phase 1's
            checkpoint (`--mode=eval --step=best --eval_dir=...`; make demo-smit, which
            transcribes the first 1000 test clips).
@@ -200,7 +200,7 @@ def _synthetic(config, *, tiny: bool, phase2: bool) -> None:
   clips = ml_collections.ConfigDict(dict(
       name="synthetic_smit", world=world, world_seed=0, asr_wer=0.15,
       asr_substitution_share=0.7, num_train=3000, num_val=500, num_eval=2000,
-      speech="tones",  # or "espeak": real speech (avtext/data/synthetic/tts.py)
+      speech="tones",  # or "espeak": real speech (avworld/tts.py)
       asr_transcripts=ml_collections.config_dict.placeholder(str)))
   if phase2:
     config.dataset = clips

@@ -24,7 +24,7 @@ phase 2 by init_from); --config.model.speech.depth=34 for ResNet-34, or
 
 demo: the language demo's world and tower, the captions spoken by the world's tone
 renderer (a fixed sound per word; --config.features_source.speech=espeak for real speech
-by espeak-ng, `avtext/data/synthetic/tts.py`), with what the speech encoder, trained from
+by espeak-ng, `avworld/tts.py`), with what the speech encoder, trained from
 scratch, needs on a 2-core CPU (BENCHMARKS.md "S-MiT tables 2, 3 and 7"): 20k training clips (on the
 language demo's 3000 it stays at chance: it memorizes the utterances), a ResNet-34 of
 base width 8 (1/64 of the FLOPs of width 64; ResDAVEnet's widths / 8 with

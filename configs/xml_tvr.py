@@ -49,7 +49,7 @@ Linear none did and VCMR R@1 rose from 11.2 +- 8.0 to 16.3 +- 1.2 (BENCHMARKS.md
 variant `eq2` is the paper's form).
 
 Variants:
-  demo     the synthetic long videos (avtext/tools/tvr_synthetic.py writes them in
+  demo     the synthetic long videos (avworld/tools/tvr_synthetic.py writes them in
            this layout to workdirs/demo/tvr_data): 128-d clip features of the demo's
            RGB tower, 384-d MiniLM-L6 query and subtitle features; CPU-sized run
   video, sub   a single context stream (the paper's Table 4 ablation)

@@ -5,9 +5,13 @@ its own package and of any lower floor; packages that share a floor do not impor
 each other. Imports inside functions count too: a lazy import that runs back up a
 floor is still a dependency the lower floor cannot be read without.
 
-The synthetic world (`avtext.data.synthetic`) is a data source like any other: outside
-it, only the tools that write its files (`WORLD_WRITERS`) import it; evaluators, tasks,
-mining and builders ask a source for its ground truth (`avtext.data.ground_truth`).
+The demos' procedural world is a package beside avtext (`avworld`): it imports avtext,
+and avtext learns of it only through its registries' entry points (setup.py), so no
+module of avtext imports it, loads it by a string (a registry's packages, importlib) or
+names it; evaluators, tasks, mining and builders ask a source for its ground truth
+(`avtext.data.ground_truth`), and the evaluators, the oracle protocols, the builders and
+the feature extractors (`NEUTRAL`) name none of its attributes (`WORLD_WORDS`).
+Registries load modules by string: those edges count for the floors too.
 """
 import ast
 import collections
@@ -46,9 +50,16 @@ FLOORS = (
     ("serve",),      # the local web page over the search and caption CLIs' libraries
 )
 MAX_LINES = 600
-WORLD = "avtext.data.synthetic"
-WORLD_WRITERS = ("avtext.tools.coot_synthetic", "avtext.tools.mining_world",
-                 "avtext.tools.synthetic_layout", "avtext.tools.tvr_synthetic")
+WORLD = "avworld"
+NEUTRAL = ("evals", "data/builders", "data/ground_truth.py", "features")  # under avtext/
+# Words of the world those modules must not use in a name, an attribute, an argument or a
+# string (docstrings too), and config keys only the world reads (config.dataset.world,
+# .get("world"), ["world"]).
+WORLD_WORDS = ("synthetic", "mentions_sound", WORLD)
+WORLD_KEYS = ("world",)
+# Calls that load a module named by a string: the name's argument (position, keyword).
+LOADERS = {"Registry": (1, "package"), "import_module": (0, "name"),
+           "find_spec": (0, "name"), "__import__": (0, "name")}
 
 
 def _floor_of() -> dict[str, int]:
@@ -65,8 +76,29 @@ def _modules(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
   return out
 
 
-def _imports(module: str, path: pathlib.Path, known: set[str]) -> set[str]:
-  """Every avtext module `module` imports, at top level or inside a function."""
+def _string_loads(path: pathlib.Path) -> list[str]:
+  """The module names `path` loads by string: a registry's packages
+  (`Registry(kind, package, decorator)`) and importlib's argument."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if not isinstance(node, ast.Call):
+      continue
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if called not in LOADERS:
+      continue
+    index, keyword = LOADERS[called]
+    arg = (node.args[index] if len(node.args) > index else
+           next((k.value for k in node.keywords if k.arg == keyword), None))
+    parts = [] if arg is None else [arg, *getattr(arg, "elts", ())]  # a name or a tuple
+    found += [c.value for c in parts if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+  return found
+
+
+def _imports(module: str, path: pathlib.Path, known: set[str], *,
+             strings: bool = False) -> set[str]:
+  """Every avtext module `module` imports, at top level or inside a function; with
+  `strings`, also those it loads by string (`_string_loads`: a registry's packages)."""
   package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
   found = set()
   for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -87,24 +119,74 @@ def _imports(module: str, path: pathlib.Path, known: set[str]) -> set[str]:
         name = name.rpartition(".")[0]
       if name and name != module:
         found.add(name)
+  if strings:
+    found |= {name for name in _string_loads(path) if name in known and name != module}
   return found
 
 
-def _graph(root: pathlib.Path = ROOT) -> dict[str, set[str]]:
+def _graph(root: pathlib.Path = ROOT, *, strings: bool = False) -> dict[str, set[str]]:
   modules = _modules(root)
-  return {m: _imports(m, p, set(modules)) for m, p in modules.items()}
+  return {m: _imports(m, p, set(modules), strings=strings) for m, p in modules.items()}
 
 
-def _in_world(module: str) -> bool:
-  return module == WORLD or module.startswith(WORLD + ".")
+def _in_world(name: str) -> bool:
+  return name == WORLD or name.startswith(WORLD + ".")
 
 
-def _world_imports(graph: dict[str, set[str]]) -> list[str]:
-  """'<module> imports <world module>' for every import of the synthetic world from
-  outside it, the world writers excepted."""
-  return [f"{module} imports {other}" for module, imported in sorted(graph.items())
-          if not _in_world(module) and module not in WORLD_WRITERS
-          for other in sorted(imported) if _in_world(other)]
+def _world_uses(root: pathlib.Path = ROOT) -> list[str]:
+  """Every way an avtext module reaches the world: an import of it, a string load of it
+  (a registry's packages, importlib), or a string load of an avtext module that does not
+  exist (e.g. the world's old home, avtext.data.synthetic)."""
+  modules = _modules(root)
+  found = []
+  for module, path in modules.items():
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+               [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+               else [])
+      found += [f"{module} imports {n}" for n in names if _in_world(n)]
+    for name in _string_loads(path):
+      if _in_world(name):
+        found.append(f"{module} loads {name} by string")
+      elif name.split(".")[0] == "avtext" and name not in modules:
+        found.append(f"{module} loads {name} by string, which is no avtext module")
+  return sorted(found)
+
+
+def _world_words(path: pathlib.Path) -> list[tuple[int, str]]:
+  """(line, word) for each name, attribute, argument or string (docstrings too) in
+  `path` that holds one of `WORLD_WORDS`, and each read of a config key in `WORLD_KEYS`
+  (an attribute, a `.get` or a subscript)."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    key = (node.attr if isinstance(node, ast.Attribute) else
+           node.slice.value if isinstance(node, ast.Subscript)
+           and isinstance(node.slice, ast.Constant) else
+           node.args[0].value if isinstance(node, ast.Call) and node.args
+           and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+           and isinstance(node.args[0], ast.Constant) else None)
+    if key in WORLD_KEYS:
+      found.append((node.lineno, key))
+    text = (node.id if isinstance(node, ast.Name) else
+            node.attr if isinstance(node, ast.Attribute) else
+            node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else
+            node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                           ast.ClassDef)) else
+            node.arg if isinstance(node, (ast.arg, ast.keyword)) else None)
+    if not text:
+      continue
+    found += [(node.lineno, w) for w in WORLD_WORDS if w in text.lower()]
+  return found
+
+
+def _neutral_words(root: pathlib.Path = ROOT) -> list[str]:
+  """'<file>:<line> names <word>' for every world word in the `NEUTRAL` modules."""
+  paths = []
+  for place in NEUTRAL:
+    where = root / "avtext" / place
+    paths += [where] if where.suffix == ".py" else sorted(where.rglob("*.py"))
+  return [f"{p.relative_to(root)}:{line} names {word!r}" for p in paths if p.exists()
+          for line, word in _world_words(p)]
 
 
 def _room(module: str) -> str:
@@ -121,7 +203,7 @@ def test_every_package_has_a_floor():
 def test_imports_run_down_the_floors():
   floors = _floor_of()
   wrong = []
-  for module, imported in sorted(_graph().items()):
+  for module, imported in sorted(_graph(strings=True).items()):
     here = _room(module)
     for other in sorted(imported):
       there = _room(other)
@@ -169,40 +251,78 @@ def test_no_import_circles():
   assert circles == []
 
 
-def test_only_the_world_writers_import_the_synthetic_world():
-  assert _world_imports(_graph()) == [], (
-      "ask the source for its ground truth (avtext.data.ground_truth) instead")
+def test_avtext_reaches_the_world_only_through_entry_points():
+  assert _world_uses() == [], (
+      "avtext learns of the world through setup.py's entry points (avtext.registry); "
+      "ask a source for its ground truth (avtext.data.ground_truth)")
 
 
-def test_the_world_rule_reports_a_planted_import(tmp_path):
-  """The rule itself: a lazy import of the world in an evaluator is reported; the world's
-  own modules and a world writer may import it."""
+def test_avtext_never_names_the_world():
+  named = [str(p.relative_to(ROOT)) for p in sorted(PACKAGE.rglob("*.py"))
+           if WORLD in p.read_text()]
+  assert named == []
+
+
+def test_evaluators_builders_and_extractors_name_no_world_attribute():
+  assert _neutral_words() == [], (
+      "declare what the evaluator needs in a protocol (avtext.data.ground_truth, "
+      "avtext.evals.protocols) and let the world's sources answer it")
+
+
+def test_the_world_rules_report_planted_uses(tmp_path):
+  """The rules themselves: a registry string that loads the world (or its old home
+  inside avtext), an importlib string and a lazy import are each reported."""
   files = {"avtext/__init__.py": "",
+           "avtext/registry.py": "class Registry: ...\n",
            "avtext/data/__init__.py": "",
-           "avtext/data/synthetic/__init__.py": "from avtext.data.synthetic import captions\n",
-           "avtext/data/synthetic/captions.py": "",
+           "avtext/data/builders/__init__.py": (
+               "from avtext import registry\nDATASETS = registry.Registry(\n"
+               "    'dataset', ('avtext.data.builders', 'avworld'), 'register_dataset')\n"),
+           "avtext/data/ground_truth.py": (
+               "from avtext import registry\nWORLDS = registry.Registry("
+               "'world', package='avtext.data.synthetic', decorator='register_world')\n"),
            "avtext/evals/__init__.py": "",
-           "avtext/evals/captioning.py": "def f():\n  from avtext.data.synthetic import captions\n",
-           "avtext/evals/retrieval.py": "from avtext.data import synthetic\n",
-           "avtext/tools/__init__.py": "",
-           "avtext/tools/mining_world.py": "from avtext.data.synthetic import captions\n"}
+           "avtext/evals/captioning.py": "def f():\n  from avworld import captions\n",
+           "avtext/evals/retrieval.py": ("import importlib\n"
+                                         "importlib.import_module('avworld.datasets')\n"),
+           "avworld/__init__.py": "from avworld import captions\n",
+           "avworld/captions.py": "from avtext import registry\n"}
   for name, text in files.items():
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / name).write_text(text)
-  assert _world_imports(_graph(tmp_path)) == [
-      "avtext.evals.captioning imports avtext.data.synthetic.captions",
-      "avtext.evals.retrieval imports avtext.data.synthetic"]
+  assert _world_uses(tmp_path) == [
+      "avtext.data.builders loads avworld by string",
+      "avtext.data.ground_truth loads avtext.data.synthetic by string, which is no avtext "
+      "module",
+      "avtext.evals.captioning imports avworld",
+      "avtext.evals.retrieval loads avworld.datasets by string"]
 
 
-def test_world_writers_are_real_modules():
-  modules = _modules()
-  assert [w for w in WORLD_WRITERS if w not in modules] == []
+def test_the_neutral_rule_reports_planted_world_attributes(tmp_path):
+  """The rule itself, on copies of the real retrieval evaluator and tower extractor: the
+  world's sound flag read back into the evaluator and its config key read by the
+  extractor are reported; the real files are not."""
+  plants = {"evals/retrieval.py": ("\n\ndef _sound(oracle, n):\n"
+                                   "  return [oracle.describe(i)['mentions_sound'] "
+                                   "for i in range(n)]\n"),
+            "features/tower.py": "\n\ndef _frames(run):\n  return run.config.dataset.world\n"}
+  for name, plant in plants.items():
+    real = PACKAGE / name
+    copy = tmp_path / "avtext" / name
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text(real.read_text() + plant)
+    assert _world_words(real) == []
+  lines = {name: len((PACKAGE / name).read_text().splitlines()) for name in plants}
+  assert _neutral_words(tmp_path) == [
+      f"avtext/evals/retrieval.py:{lines['evals/retrieval.py'] + 4} names 'mentions_sound'",
+      f"avtext/features/tower.py:{lines['features/tower.py'] + 4} names 'world'"]
 
 
 def test_modules_over_600_lines_are_reported():
   """A warning, not a failure: ~600 lines is a reading size (STYLE: split by concept, not
   by size), so a module over it is a question to ask, never a reason to split a concept."""
-  long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+  long = {str(p.relative_to(ROOT)): n
+          for p in [*PACKAGE.rglob("*.py"), *(ROOT / WORLD).rglob("*.py")]
           if (n := len(p.read_text().splitlines())) > MAX_LINES}
   if long:
     warnings.warn(f"modules over {MAX_LINES} lines (split one if it holds two concepts): "

@@ -170,7 +170,7 @@ def _module_spec(name: str):
 
 
 def test_the_stores_commands_run_programs_that_exist():
-  programs = {m for r in ROWS for m in re.findall(r"python -m ((?:benchmarks|avtext)(?:\.\w+)+)",
+  programs = {m for r in ROWS for m in re.findall(r"python -m ((?:benchmarks|avtext|avworld)(?:\.\w+)+)",
                                                   r["command"])}
   missing = sorted(p for p in programs if _module_spec(p) is None)
   assert not missing, f"commands in benchmarks/results.jsonl name no module: {missing}"

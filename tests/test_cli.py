@@ -24,10 +24,10 @@ PROGRAMS = ("avtext.main", "avtext.aot", "avtext.index", "avtext.search_videos",
             "avtext.materialize",
             "avtext.import_checkpoint", "avtext.features coot_text",
             "avtext.features tvr_text", "avtext.features smit",
-            "avtext.tools.coot_synthetic", "avtext.tools.coot_meta",
-            "avtext.tools.tvr_synthetic",
+            "avworld.tools.coot_synthetic", "avtext.tools.coot_meta",
+            "avworld.tools.tvr_synthetic",
             "avtext.tools.caption_vocab", "avtext.tools.tvr_eval",
-            "avtext.tools.synthetic_layout", "avtext.tools.mining_world",
+            "avworld.tools.synthetic_layout", "avworld.tools.mining_world",
             "avtext.tools.mining_report")
 
 

@@ -25,9 +25,9 @@ import pytest
 from avtext.data import builders
 from avtext.data.builders import tvc
 from avtext.data.builders import tvr
-from avtext.data.synthetic import tvr_layout
 from avtext.text import vocab as vocab_lib
 from avtext.train import rundir
+from avworld import tvr_layout
 from tests.test_cli_failsoft import _one_error_line
 from tests.test_cli_failsoft import _run
 from tests.test_cli_failsoft import run_processes

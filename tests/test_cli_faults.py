@@ -32,7 +32,7 @@ from avtext import cli
 from avtext import index as index_lib
 from avtext.train import checkpointing
 from avtext.train import nonfinite
-from avtext.data.synthetic import mining_corpus
+from avworld import mining_corpus
 from tests.test_cli_failsoft import run_processes
 from tests.test_cli_failsoft import user_env
 from tests.test_mining import TINY

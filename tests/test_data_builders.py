@@ -7,7 +7,7 @@ import ml_collections
 import pytest
 
 from avtext.data import builders
-from avtext.data.synthetic import ClipCaptionSource
+from avworld import ClipCaptionSource
 
 
 def synthetic(**fields):
@@ -43,7 +43,7 @@ before = sorted(m for m in sys.modules if m.startswith("avtext.data.builders."))
 builders.get_source(ml_collections.ConfigDict(dict(name="synthetic_clips", num_eval=2)), "test")
 heavy = ("tensorflow_datasets", "tensorflow", "h5py", "array_record", "avtext.data.array_store",
          "avtext.data.builders.array_store", "avtext.data.builders.tfds_clips")
-print(json.dumps({"before": before, "synthetic": "avtext.data.synthetic.datasets" in sys.modules,
+print(json.dumps({"before": before, "synthetic": "avworld.datasets" in sys.modules,
                   "heavy": [m for m in heavy if m in sys.modules]}))
 """
   out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -69,7 +69,7 @@ def test_real_dataset_without_its_files_says_what_to_prepare(tmp_path):
     builders.get_source(ml_collections.ConfigDict({"name": "msrvtt"}), "test")
   message = str(e.value)
   assert message.startswith("config.dataset.path: set it to your MSR-VTT directory")
-  assert "MSRVTT_JSFUSION_test.csv" in message and "synthetic_layout --layout=msrvtt" in message
+  assert "MSRVTT_JSFUSION_test.csv" in message and "No download at hand" in message
   with pytest.raises(FileNotFoundError, match=r"MSRVTT_JSFUSION_test.csv: not found"):
     builders.get_source(ml_collections.ConfigDict({"name": "msrvtt", "path": str(tmp_path)}),
                         "test")

@@ -21,10 +21,10 @@ from avtext import cli
 from avtext.data import builders
 from avtext.data import coot_files
 from avtext.data import video as video_lib
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import multiscene
-from avtext.data.synthetic import world
 from avtext.features import coot_text
+from avworld import captions
+from avworld import multiscene
+from avworld import world
 
 # ---------------------------------------------------------------- frame sampler
 
@@ -559,7 +559,7 @@ def test_feature_windows_are_centred_and_clamped():
 
 
 def test_synthetic_text_features_follow_the_precompute_naming(tmp_path):
-  from avtext.data.synthetic import coot_layout  # pylint: disable=g-import-not-at-top
+  from avworld import coot_layout  # pylint: disable=g-import-not-at-top
   assert coot_layout.TEXT_FEATURES == coot_text.default_name(
       tmp_path / "synthetic", "all", None, (-2, -1))
   import importlib.util  # pylint: disable=g-import-not-at-top

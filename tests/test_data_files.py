@@ -11,9 +11,9 @@ from avtext.data import materialize
 from avtext.data import video_io
 from avtext.data.builders import files
 from avtext.data.builders import videocc3m
-from avtext.data.synthetic import clips
-from avtext.data.synthetic import layouts
-from avtext.data.synthetic import world
+from avworld import clips
+from avworld import layouts
+from avworld import world
 
 SPEC = world.WorldSpec(height=32, width=32, duration_s=2.0)
 SIZES = {'train': 8, 'val': 2, 'test': 8}

@@ -181,8 +181,8 @@ def test_errors_name_the_fix(stores, tmp_path):
 
 
 def test_audio_dataset_stores_no_frames(tmp_path):
-  from avtext.data.synthetic import layouts  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import world  # pylint: disable=g-import-not-at-top
+  from avworld import layouts  # pylint: disable=g-import-not-at-top
+  from avworld import world  # pylint: disable=g-import-not-at-top
   w = layouts.write('clotho', tmp_path / 'clotho', sizes={'train': 1, 'val': 1, 'test': 1},
                     spec=world.WorldSpec(height=32, width=32, duration_s=2.0), progress=False)
   ds = ml_collections.ConfigDict({'name': 'clotho', 'path': str(w.root), 'progress': False})

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from avtext.data import ground_truth
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import clips
-from avtext.data.synthetic import mining
-from avtext.data.synthetic import mining_corpus
-from avtext.data.synthetic import truth
-from avtext.data.synthetic import world
 from avtext.evals import captioning
+from avworld import captions
+from avworld import clips
+from avworld import mining
+from avworld import mining_corpus
+from avworld import truth
+from avworld import world
 
 SPEC = world.WorldSpec(height=32, width=32)
 

@@ -11,8 +11,8 @@ from avtext.data import audio
 from avtext.data import builders
 from avtext.data import pipelines
 from avtext.data import video
-from avtext.data.synthetic import ClipCaptionSource, WorldSpec
 from avtext.text import tokenizers
+from avworld import ClipCaptionSource, WorldSpec
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -61,7 +61,7 @@ def test_lazy_rendering_equals_full_example_path(tmp_path):
 
   The full-example path is the one TFDS-materialized (real) datasets take.
   """
-  from avtext.data.synthetic import tfds_builder  # pylint: disable=g-import-not-at-top
+  from avworld import tfds_builder  # pylint: disable=g-import-not-at-top
   builder = tfds_builder.SyntheticClipCaption(config="tiny", data_dir=str(tmp_path))
   builder.download_and_prepare()
   cfg = builder.builder_config

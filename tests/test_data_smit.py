@@ -8,10 +8,10 @@ import pytest
 from avtext.data import builders
 from avtext.data import video_io
 from avtext.data.builders import smit as smit_builder
-from avtext.data.synthetic import datasets
-from avtext.data.synthetic import layouts
-from avtext.data.synthetic import world
 from avtext.tasks import registry
+from avworld import datasets
+from avworld import layouts
+from avworld import world
 from configs import smit_language_amm
 from configs import smit_spoken_amm
 

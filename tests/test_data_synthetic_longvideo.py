@@ -1,11 +1,11 @@
-"""The synthetic TVR / TVC long-video variant (avtext/data/synthetic/longvideo.py)."""
+"""The synthetic TVR / TVC long-video variant (avworld/longvideo.py)."""
 import numpy as np
 import pytest
 
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import longvideo
-from avtext.data.synthetic import multiscene
-from avtext.data.synthetic import world
+from avworld import captions
+from avworld import longvideo
+from avworld import multiscene
+from avworld import world
 
 SPEC = world.WorldSpec(height=32, width=32)
 

@@ -4,8 +4,8 @@ import json
 import numpy as np
 import tensorflow_datasets as tfds
 
-from avtext.data.synthetic import clips
-from avtext.data.synthetic import tfds_builder
+from avworld import clips
+from avworld import tfds_builder
 
 
 def test_tiny_build_reads_back_identical_bytes(tmp_path):

@@ -1,13 +1,13 @@
-"""Spoken captions and ASR noise of the synthetic S-MiT variant (avtext/data/synthetic/tone_speech.py)."""
+"""Spoken captions and ASR noise of the synthetic S-MiT variant (avworld/tone_speech.py)."""
 import hashlib
 import json
 
 import numpy as np
 import pytest
 
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import tone_speech
-from avtext.data.synthetic.clips import ClipCaptionSource
+from avworld import captions
+from avworld import tone_speech
+from avworld.clips import ClipCaptionSource
 
 
 def _captions(n, split="train"):

@@ -1,4 +1,4 @@
-"""Real speech of the synthetic S-MiT (avtext/data/synthetic/tts.py) and the ASR engine that
+"""Real speech of the synthetic S-MiT (avworld/tts.py) and the ASR engine that
 hears it (avtext/data/asr.py)."""
 import dataclasses
 import hashlib
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from avtext.data import asr
-from avtext.data.synthetic import spoken_clips
-from avtext.data.synthetic import tts
-from avtext.data.synthetic import world
-from avtext.data.synthetic.clips import ClipCaptionSource
+from avworld import spoken_clips
+from avworld import tts
+from avworld import world
+from avworld.clips import ClipCaptionSource
 
 CAPTIONS = ("A scarlet object, accompanied by a siren-like sweep.",
             "The video shows one violet block sinking over a fading backdrop.")
@@ -30,7 +30,7 @@ def test_same_caption_and_voice_give_the_same_samples_in_another_process_and_ord
   order = [(0, 0), (1, 1), (0, 1), (1, 0)]
   here = dict(zip(order, _digests(order)))
   # Another process renders them in the reverse order, after an unrelated utterance.
-  script = (f"import json; from avtext.data.synthetic import tts; import test_data_synthetic_tts as t; "
+  script = (f"import json; from avworld import tts; import test_data_synthetic_tts as t; "
             f"tts.render_speech('a red ball', tts.Voice('en', 'm7')); "
             f"print(json.dumps(t._digests({order[::-1]})))")
   out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import clips
-from avtext.data.synthetic import world
+from avworld import captions
+from avworld import clips
+from avworld import world
 
 SPEC = world.WorldSpec()
 # Image coordinates: x grows to the right, y grows downwards.
@@ -111,7 +111,7 @@ def test_identical_bytes_in_another_process():
   code = (
       'import sys; sys.path.insert(0, "tests")\n'
       'from test_data_synthetic_world import _example_digest\n'
-      'from avtext.data.synthetic import clips\n'
+      'from avworld import clips\n'
       's = clips.ClipCaptionSource("test")\n'
       'print(" ".join(_example_digest(s[i]) for i in (0, 421)))\n')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True,

@@ -217,8 +217,8 @@ def test_retrieval_oracle_lines_by_brute_force_computed_once_per_source():
   """The synthetic world's oracle lines (whole split, sound-mentioning captions, the
   subset protocol's subsets) against caption_fits over every pair; a second evaluation
   of the same source reads no clip again and only its sound R@1 follows the new scores."""
-  from avtext.data.synthetic import captions  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import spoken_clips  # pylint: disable=g-import-not-at-top
+  from avworld import captions  # pylint: disable=g-import-not-at-top
+  from avworld import spoken_clips  # pylint: disable=g-import-not-at-top
   from avtext.evals import retrieval as retrieval_eval  # pylint: disable=g-import-not-at-top
   source = spoken_clips.SpokenClipSource("test", num_examples=60)
   attrs = [source.describe(i)["attributes"] for i in range(60)]

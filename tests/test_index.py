@@ -33,11 +33,11 @@ from avtext import cli
 from avtext import index as index_lib
 from avtext import search_videos
 from avtext.data import video_io
-from avtext.data.synthetic import layouts
-from avtext.data.synthetic import world
 from avtext.evals import base as evals_base
 from avtext.evals import retrieval as retrieval_eval
 from avtext.train import partitioning
+from avworld import layouts
+from avworld import world
 from tests.test_train_trainer import REPO
 from tests.test_train_trainer import make_trainer
 

@@ -11,10 +11,6 @@ import numpy as np
 import pytest
 
 from avtext.data import video_io
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import mining
-from avtext.data.synthetic import mining_corpus
-from avtext.data.synthetic import world
 from avtext.mining import embed
 from avtext.mining import files
 from avtext.mining import outputs
@@ -22,6 +18,10 @@ from avtext.mining import pipeline
 from avtext.mining import runners
 from avtext.mining import search
 from avtext.mining import stages
+from avworld import captions
+from avworld import mining
+from avworld import mining_corpus
+from avworld import world
 
 SPEC = world.WorldSpec(height=32, width=32, fps=25, duration_s=10.0)
 TINY = mining.MiningWorld(num_seeds=24, num_videos=9, seed_scene_rate=0.5,
@@ -477,7 +477,7 @@ def test_mining_does_not_import_the_trainer_or_tasks():
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   code = ('import sys, avtext.mining.pipeline, avtext.mining.embed, avtext.mining.outputs, '
-          'avtext.data.synthetic.mining_corpus, avtext.mining.search; '
+          'avworld.mining_corpus, avtext.mining.search; '
           'print(sorted(m for m in sys.modules if m.startswith(("avtext.train", "avtext.tasks"))))')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == '[]'

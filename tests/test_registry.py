@@ -79,3 +79,42 @@ def test_a_registry_reads_several_packages_in_order(fake_package, tmp_path):
   finally:
     for name in [m for m in sys.modules if m == "otherpkg" or m.startswith("otherpkg.")]:
       del sys.modules[name]
+
+
+def test_installed_packages_join_a_registry_through_entry_points(fake_package, tmp_path,
+                                                                   monkeypatch):
+  """The group `avtext.<kind>s` adds packages or single modules after the registry's own;
+  a value that is not importable here is left out."""
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  (tmp_path / "plugin_things.py").write_text(textwrap.dedent("""
+      import fakepkg
+
+      @fakepkg.register_thing("moth")
+      def moth():
+        return "moth"
+      """))
+  points = [importlib.metadata.EntryPoint("p", "plugin_things", "avtext.things"),
+            importlib.metadata.EntryPoint("gone", "no_such_package.mod", "avtext.things"),
+            importlib.metadata.EntryPoint("q", "plugin_things", "avtext.other")]
+  monkeypatch.setattr(importlib.metadata, "entry_points",
+                      lambda group: [p for p in points if p.group == group])
+  try:
+    import fakepkg  # pylint: disable=g-import-not-at-top
+    assert fakepkg.THINGS.plugins() == ("plugin_things",)
+    assert fakepkg.THINGS.names() == ["bee", "moth", "px:<name>"]
+    assert "plugin_things" not in sys.modules
+    assert fakepkg.THINGS.get("moth", where="config.thing")() == "moth"
+  finally:
+    sys.modules.pop("plugin_things", None)
+
+
+def test_the_demo_world_joins_through_setup_py():
+  """setup.py's entry points reach the world's datasets and world.json formats (the
+  installed metadata: `make venv` writes it)."""
+  from avtext.data import builders  # pylint: disable=g-import-not-at-top
+  from avtext.data import ground_truth  # pylint: disable=g-import-not-at-top
+  assert builders.DATASETS.plugins() == ("avworld.datasets",)
+  assert {"synthetic_clips", "synthetic_smit"} <= set(builders.registered_names())
+  assert ground_truth.WORLDS.plugins() == ("avworld",)
+  assert ground_truth.WORLDS.names() == ["avtext.mining_world/<name>",
+                                         "avtext.synthetic_world/<name>"]

@@ -11,11 +11,11 @@ import pytest
 from avtext import experiment
 from avtext.data import builders
 from avtext.data import pipelines
-from avtext.data.synthetic import captions, clips, world
 from avtext.losses import captioning as caption_losses
 from avtext.metrics import captioning as caption_metrics
 from avtext.tasks import captioning
 from avtext.text import tokenizers
+from avworld import captions, clips, world
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
 import videocc_avr  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -8,10 +8,10 @@ import pytest
 
 from avtext import experiment
 from avtext.data import ground_truth
-from avtext.data import synthetic
 from avtext.losses import classification as losses
 from avtext.metrics import classification as classification_metrics
 from avtext.tasks import classification
+import avworld as synthetic
 from configs import synthetic_video_pretrain  # pylint: disable=g-bad-import-order
 from tests import test_train_trainer  # noqa: F401  (puts the repo root on sys.path)
 

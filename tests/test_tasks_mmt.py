@@ -15,10 +15,6 @@ from avtext import experiment
 from avtext.data import builders
 from avtext.data import coot_files
 from avtext.data.builders import tvc
-from avtext.data.synthetic import longvideo
-from avtext.data.synthetic import truth
-from avtext.data.synthetic import tvr_layout
-from avtext.data.synthetic import world
 from avtext.inference import generate
 from avtext.metrics import captioning as caption_metrics
 from avtext.models import mmt
@@ -26,6 +22,10 @@ from avtext.tasks import mmt as mmt_task
 from avtext.tasks import registry
 from avtext.text import vocab as vocab_lib
 from avtext.train import optimizers
+from avworld import longvideo
+from avworld import truth
+from avworld import tvr_layout
+from avworld import world
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
 import mmt_tvc  # pylint: disable=g-import-not-at-top,wrong-import-position

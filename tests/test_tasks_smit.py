@@ -262,8 +262,8 @@ def test_configs_chain_phase1_then_phase2(tmp_path, caption):
 
 
 def test_oracle_on_a_subset_gallery_counts_fitting_clips_by_brute_force():
-  from avtext.data.synthetic import captions  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import spoken_clips  # pylint: disable=g-import-not-at-top
+  from avworld import captions  # pylint: disable=g-import-not-at-top
+  from avworld import spoken_clips  # pylint: disable=g-import-not-at-top
   from avtext.metrics import retrieval  # pylint: disable=g-import-not-at-top
   source = spoken_clips.SpokenClipSource("test", num_examples=80)
   idx = retrieval.subset_indices(80, n_subsets=1, subset_size=30, seed=3)[0]

@@ -20,15 +20,15 @@ from avtext import experiment
 from avtext.data import builders
 from avtext.data import coot_files
 from avtext.data.builders import tvr
-from avtext.data.synthetic import longvideo
-from avtext.data.synthetic import tvr_layout
-from avtext.data.synthetic import world
 from avtext.features import tvr_text
 from avtext.inference import vcmr
 from avtext.metrics import vcmr as moment_metrics
 from avtext.models import xml
-from avtext.tasks import xml as moments_task
 from avtext.tasks import registry
+from avtext.tasks import xml as moments_task
+from avworld import longvideo
+from avworld import tvr_layout
+from avworld import world
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 sys.path.insert(0, str(CONFIGS))

@@ -53,7 +53,7 @@ def test_table_rows_chance_oracle_and_wer(tmp_path):
   lines = smit_report.table([("spoken", str(run))], str(asr)).splitlines()
   assert lines[2].startswith("| spoken | 300 | 4.0±0.1 |")
   assert lines[3].startswith("| chance (1k subsets) | | 0.1 | 0.5 | 1.0 |")
-  assert lines[4].startswith("| synthetic oracle | | 24.4 |")
+  assert lines[4].startswith("| oracle | | 24.4 |")
   assert lines[5] == ("ASR (pocketsphinx, LM: trigram of 5000 train captions) on test: "
                       "WER 11.3 % over 12000 words of 1000 spoken captions")
 
@@ -64,5 +64,5 @@ def test_one_oracle_line_per_set_of_test_clips(tmp_path):
           ("language", str(_run(tmp_path / "b", {"1": _report(5.0)}))),
           ("ASR text", str(_run(tmp_path / "c", {"1": _report(4.0, oracle=23.0)})))]
   lines = smit_report.table(runs).splitlines()
-  assert lines[-2].startswith("| synthetic oracle (spoken, language) | | 24.4 |")
-  assert lines[-1].startswith("| synthetic oracle (ASR text) | | 23.0 |")
+  assert lines[-2].startswith("| oracle (spoken, language) | | 24.4 |")
+  assert lines[-1].startswith("| oracle (ASR text) | | 23.0 |")

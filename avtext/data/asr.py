@@ -111,7 +111,7 @@ class Recognizer:
       lm, dic = pathlib.Path(lm_dir) / "lm.arpa", pathlib.Path(lm_dir) / "words.dict"
       if not lm.is_file() or not dic.is_file():
         raise FileNotFoundError(f"{lm_dir}: no lm.arpa / words.dict; write them with "
-                                f"asr.build_language_model (avtext.tools.smit_asr does)")
+                                f"asr.build_language_model (the demo world's smit_asr tool does)")
     self._decoder = Decoder(hmm=str(model / "en-us"), lm=str(lm), dict=str(dic),
                             samprate=SAMPLE_RATE, logfn=os.devnull)
 

@@ -3,8 +3,7 @@
 h5 files of float32 arrays keyed by id, JSON side files written atomically,
 and ActivityNet's per-video .npz files. `builders.coot` reads this layout; TVR's
 files (`builders.tvr`) are written with the same h5 / JSON writers. The
-feature tools (`avtext.features`) and the synthetic writers
-(`avtext.data.synthetic`) write both.
+feature tools (`avtext.features`) and the demo world's writers write both.
 
 A COOT dataset directory `<path>` (COOT: `data/activitynet`, `data/youcook2`) holds:
 

@@ -1,7 +1,7 @@
 """Ground truth: what a data source knows about its items beyond their media and text.
 
 A real dataset knows what its files say (a caption, perhaps a label). A world that made
-its items (the synthetic world, `avtext.data.synthetic`) also knows what each item shows
+its items (a procedural generator, such as the demos') also knows what each item shows
 and can score a prediction against it: the attribute precision of a caption, the best
 reachable retrieval R@1, whether a mined clip shows its seed's caption. Evaluators, tasks,
 the mining pipeline and dataset builders ask for that knowledge here, through the
@@ -12,15 +12,20 @@ Items carry their ground truth as an 'attributes' dict (`describe(i)["attributes
 handed to evaluators as a host field); a `ClipTruth` reads it. Where to ask:
 
   of_source(source)      the `ClipTruth` a source offers as its `ground_truth`
-                         attribute (the world's clip sources; a `tvc` directory a
+                         attribute (a world's clip sources; a `tvc` directory a
                          world wrote, through its world.json)
   of_dataset(dataset)    the `ClipTruth` a registered dataset declares (`declare`),
-                         without opening it: e.g. `synthetic_clips`' class names
-  retrieval_oracle(s)    a source's `RetrievalOracle` (the best reachable R@1)
+                         without opening it: e.g. a world dataset's class names
+  retrieval_oracle(s)    a source's `RetrievalOracle` (the best reachable R@1, and
+                         the groups of queries it scores apart)
   world_meta(directory)  the world.json a world wrote beside its files (None: no world)
   open_world(meta, ...)  that world's ground truth, by the format the file names
                          (`register_world`): a `ClipTruth`, or a `CorpusTruth` for a
                          mining corpus
+
+The worlds themselves live outside avtext: a package registers its datasets and world.json
+formats through the entry-point groups `avtext.datasets` and `avtext.worlds`
+(`avtext.registry`).
 """
 import json
 import pathlib
@@ -59,8 +64,11 @@ class RetrievalOracle(Protocol):
     """Best R@1 (%) over the captions of `subset` (None: all) against the whole split,
     or against the subset with `gallery_is_subset`."""
 
-  def describe(self, index: int) -> dict[str, Any]:
-    """Item `index` without media; 'mentions_sound': does its caption state the sound."""
+  def query_groups(self, num_queries: int) -> dict[str, tuple[str, Sequence[int]]]:
+    """{key: (label, indices)}: groups among the first `num_queries` queries that the
+    evaluator scores apart (R@1 beside the oracle's on them, as `<key>_t2v_r1`,
+    `<key>_oracle_t2v_r1` and `<key>_num_captions`); `label` names the group in reports.
+    {} when the source has none."""
 
 
 @runtime_checkable
@@ -106,10 +114,11 @@ def retrieval_oracle(source: Any) -> RetrievalOracle | None:
   return source if callable(getattr(source, "oracle_recall_at_1", None)) else None
 
 
-# Every `@register_world("<format>/", prefix=True)` in avtext/data/synthetic/: a factory
-# `meta -> ground truth` of the world whose world.json names that format.
+# Every `@register_world("<format>/", prefix=True)` in the packages of the entry-point
+# group `avtext.worlds`: a factory `meta -> ground truth` of the world whose world.json
+# names that format.
 WORLDS = registry_lib.Registry(
-    "world", "avtext.data.synthetic", "register_world",
+    "world", (), "register_world",
     message="{where}={name!r} names no known world; known formats: {joined}")
 register_world = WORLDS.register
 

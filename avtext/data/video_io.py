@@ -20,8 +20,8 @@ app. C) are read through `avtext.data.builders.files.MediaClips`, built on these
 
 Writing: write_video(path, frames, fps, audio=None) encodes H.264 (libx264, yuv420p)
 and AAC mono; write_audio(path, wave) an audio-only file (.wav: 16-bit PCM, else AAC
-in .mp4/.m4a). The tests, the synthetic mining corpus and the synthetic layouts of the
-real datasets (`avtext.data.synthetic.layouts`) write their files with them.
+in .mp4/.m4a). The tests and the demo world (its mining corpus, its layouts of the real
+datasets) write their files with them.
 
 Bad input raises `VideoReadError(path, reason, detail)`, a ValueError whose message
 names the file and the problem; `reason` is one of REASONS, so callers that may skip

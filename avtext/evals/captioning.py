@@ -18,7 +18,7 @@ scale): BLEU-1..4, METEOR, ROUGE-L, CIDEr-D. References are the split's
 captions; when examples carry a `video_id` (several captions per video,
 MSR-VTT), they are grouped per video and each video is captioned once. On a
 source that knows its clips' ground truth (`avtext.data.ground_truth.of_source`:
-the synthetic world, or files it wrote), `attribute_precision` / `attribute_recall`
+a world that made its clips, or files it wrote), `attribute_precision` / `attribute_recall`
 (its `caption_scores`): the share of the attributes a generated caption names
 that its clip has, and the share of the clip's attributes it names; the
 ground-truth captions' own values are reported as `reference/...` for scale.

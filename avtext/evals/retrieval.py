@@ -18,7 +18,8 @@ R@K, MdR, MnR and mAP, and `mean_R@K` / `mean_mAP`, the two directions' mean (S-
 table 2); with one-to-many ground truth a caption's correct item
 is its video and a video's correct items are all its captions. Chance R@1 is
 100 / #videos; a source that knows the best reachable R@1
-(`avtext.data.ground_truth.RetrievalOracle`: the synthetic world) adds it.
+(`avtext.data.ground_truth.RetrievalOracle`: a world that made its clips) adds it, and
+R@1 beside the oracle's on each group of queries it names (`query_groups`).
 """
 from typing import Any
 
@@ -39,7 +40,8 @@ class RetrievalEvaluator(base.Evaluator):
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
-    self._references = {}  # the source's oracle numbers: the same at every evaluation
+    # The source's oracle numbers and query groups: the same at every evaluation.
+    self._references = {}
   predict_fn_keys = {"text_fn": "embed_text", "video_fn": "embed_video"}
 
   def evaluate(self, variables, *, mesh, step: int) -> dict[str, Any]:
@@ -75,9 +77,11 @@ class RetrievalEvaluator(base.Evaluator):
       ref += (f"   oracle t2v R@1 {results['oracle_t2v_r1']:.2f}   "
               f"model/oracle {100 * results['t2v_R@1'] / results['oracle_t2v_r1']:.1f}%")
     lines.append(ref)
-    if "sound_t2v_r1" in results:
-      lines.append(f"sound-mentioning captions ({results['sound_num_captions']}): t2v R@1 "
-                   f"{results['sound_t2v_r1']:.2f}  oracle {results['sound_oracle_t2v_r1']:.2f}")
+    for key, label in _group_labels(self._references).items():
+      if f"{key}_t2v_r1" in results:
+        lines.append(f"{label} ({results[f'{key}_num_captions']}): t2v R@1 "
+                     f"{results[f'{key}_t2v_r1']:.2f}  "
+                     f"oracle {results[f'{key}_oracle_t2v_r1']:.2f}")
     if "subset/mean/R@1" in results:  # S-MiT table 2 layout
       ks = [k.split("/")[-1] for k in sorted(results) if k.startswith("subset/mean/R@")
             and not k.endswith("_std")]
@@ -91,7 +95,7 @@ class RetrievalEvaluator(base.Evaluator):
             f"{results[f'subset/{d}/{c}']:7.1f}±{results[f'subset/{d}/{c}_std']:<4.1f} "
             for c in cols))
       if "subset/oracle_t2v_R@1" in results:
-        lines.append(f"synthetic oracle caption_to_video R@1 on the same subsets: "
+        lines.append(f"oracle caption_to_video R@1 on the same subsets: "
                      f"{results['subset/oracle_t2v_R@1']:.1f}")
     print("\n".join(lines), flush=True)
 
@@ -147,11 +151,17 @@ def retrieval_results(sim: np.ndarray, t2v_gt, v2t_gt, cfg, source=None, *,
     cached = references if references is not None else {}
     if key not in cached:
       cached[key] = _oracle_references(oracle, sim.shape[0], subset)
-    values, sound = cached[key]
+    values, groups = cached[key]
     results.update(values)
-    if len(sound):
-      results["sound_t2v_r1"] = float(metrics.retrieval_metrics(sim[sound], gt=sound)["R@1"])
+    for name, (_, rows) in groups.items():
+      results[f"{name}_t2v_r1"] = float(metrics.retrieval_metrics(sim[rows], gt=rows)["R@1"])
   return results
+
+
+def _group_labels(references: dict) -> dict[str, str]:
+  """{key: label} of the query groups in `retrieval_results`' references."""
+  return {key: label for _, groups in references.values()
+          for key, (label, _) in groups.items()}
 
 
 def _relevance(gt, shape) -> np.ndarray | None:
@@ -164,16 +174,19 @@ def _relevance(gt, shape) -> np.ndarray | None:
 
 
 def _oracle_references(oracle: source_truth.RetrievalOracle, n: int, subset: dict | None
-                       ) -> tuple[dict[str, float], np.ndarray]:
-  """({the oracle's R@1 on the n pairs, on the captions that mention the sound and on the
-  subset protocol's own subsets}, the indices of those captions)."""
+                       ) -> tuple[dict[str, float], dict[str, tuple[str, np.ndarray]]]:
+  """({the oracle's R@1 on the n pairs, on each of the source's query groups and on the
+  subset protocol's own subsets}, {key: (label, indices)} of the non-empty groups)."""
   out = {"oracle_t2v_r1": float(oracle.oracle_recall_at_1())}
-  sound = np.flatnonzero([oracle.describe(i)["mentions_sound"] for i in range(n)])
-  if len(sound):
-    out["sound_oracle_t2v_r1"] = float(oracle.oracle_recall_at_1(sound))
-    out["sound_num_captions"] = int(len(sound))
+  groups = {}
+  for key, (label, rows) in oracle.query_groups(n).items():
+    rows = np.asarray(rows, np.int64)
+    if len(rows):
+      out[f"{key}_oracle_t2v_r1"] = float(oracle.oracle_recall_at_1(rows))
+      out[f"{key}_num_captions"] = int(len(rows))
+      groups[key] = (label, rows)
   if subset:
     out["subset/oracle_t2v_R@1"] = float(np.mean([
         oracle.oracle_recall_at_1(idx, gallery_is_subset=True)
         for idx in metrics.subset_indices(n, **subset)]))
-  return out, sound
+  return out, groups

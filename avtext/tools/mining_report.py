@@ -54,7 +54,7 @@ def main(argv):
   print(f"mined at τ = {tau}: {at['matches']} pairs, {at['clips']} clips from {at['videos']} "
         f"videos, {at['captions']} captions; precision "
         f"{'-' if prec is None else f'{100 * prec:.1f} %'}; skipped {stats['skipped']}")
-  print('\nzero-shot on the held-out synthetic test split:')
+  print('\nzero-shot on the held-out test split:')
   print(f"{'trained on':<16} {'step':>5} {'t2v R@1':>8} {'R@5':>6} {'R@10':>6} {'v2t R@1':>8} "
         f"{'R@5':>6} {'R@10':>6}")
   chance = oracle = None
@@ -65,7 +65,7 @@ def main(argv):
           f"{m['test/t2v_R@10']:>6.1f} {m['test/v2t_R@1']:>8.1f} {m['test/v2t_R@5']:>6.1f} "
           f"{m['test/v2t_R@10']:>6.1f}")
   if chance is not None:
-    print(f"chance R@1 {chance:.1f}; synthetic oracle t2v R@1 {oracle:.1f}")
+    print(f"chance R@1 {chance:.1f}; oracle t2v R@1 {oracle:.1f}")
 
 
 if __name__ == '__main__':

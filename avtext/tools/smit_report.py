@@ -7,10 +7,10 @@ r"""`make demo-smit`'s closing table: the S-MiT caption models side by side on t
 Each --run is NAME=DIR, a run or --eval_dir whose results.json holds a test report in
 S-MiT's protocol (5 x 1k subsets): the best checkpoint on val's when it has one (the
 `--mode=eval --step=best` report; a training run also tests its last step), else the
-newest. One row each, then chance (1 / subset size) and the synthetic oracle's
+newest. One row each, then chance (1 / subset size) and the oracle's
 caption->video R@1 on the same subsets (a line per set of test clips where the runs'
-differ), and the ASR engine's WER against the captions (--asr: avtext.tools.smit_asr's
-directory).
+differ), and the ASR engine's WER against the captions (--asr: the directory
+of the demo world's ASR tool, `smit_asr`).
 """
 import json
 import pathlib
@@ -23,7 +23,7 @@ from avtext import errors
 FLAGS = flags.FlagValues()
 _RUNS = flags.DEFINE_multi_string("run", [], "NAME=DIR of a run with an S-MiT test report",
                                   flag_values=FLAGS)
-_ASR = cli.DEFINE_path("asr", None, "avtext.tools.smit_asr's output directory",
+_ASR = cli.DEFINE_path("asr", None, "the demo world's ASR tool's output directory",
                        flag_values=FLAGS)
 
 COLS = ("R@1", "R@5", "R@10", "mAP")
@@ -67,7 +67,7 @@ def table(runs: list[tuple[str, str]], asr_dir: str | None = None) -> str:
     by_value.setdefault(round(value, 1), []).append(name)
   for value, names in by_value.items():
     which = "" if len(by_value) == 1 else f" ({', '.join(names)})"
-    lines.append(f"| synthetic oracle{which} | | {value:.1f} |" + " |" * (3 * len(COLS) - 1))
+    lines.append(f"| oracle{which} | | {value:.1f} |" + " |" * (3 * len(COLS) - 1))
   out = "\n".join(lines)
   if asr_dir:
     for path in sorted(pathlib.Path(asr_dir).glob("*.json")):

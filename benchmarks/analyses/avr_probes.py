@@ -21,11 +21,11 @@ import numpy as np
 
 from avtext import runs
 from avtext.data import builders
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import clips as clips_lib
-from avtext.data.synthetic import world
 from avtext.evals import base as eval_base
 from avtext.train import partitioning
+from avworld import captions
+from avworld import clips as clips_lib
+from avworld import world
 from benchmarks import common
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (synthetic_clips dataset)",

@@ -27,7 +27,7 @@ scene was drawn from that seed; *fitting*: its scene fits the seed's caption
 the mean number of a seed's unrelated and fitting frames at >= τ.
 Also prints, for the oracle's reason, the share of (seed, scene) pairs showing exactly
 what the seed image shows whose scene fits the caption, by whether the caption states a
-motion (which no still shows: only a world written with `avtext.tools.mining_world
+motion (which no still shows: only a world written with `avworld.tools.mining_world
 --seed_caption_motion` has such captions; its precision is capped by them).
 --quick: the candidates raw and seed_mean at τ 0.8 only. Rows: each f's cosine percentiles
 and AUC, and the precision table.
@@ -39,14 +39,14 @@ from absl import flags
 import numpy as np
 
 from avtext.data import video_io
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import mining_corpus
-from avtext.data.synthetic import world
 from avtext.mining import embed
 from avtext.mining import files
 from avtext.mining import outputs
 from avtext.mining import pipeline
 from avtext.mining import search
+from avworld import captions
+from avworld import mining_corpus
+from avworld import world
 from benchmarks import common
 
 _WORLD = flags.DEFINE_string("world", "workdirs/demo/mining/world", "`make demo-mining`'s world")

@@ -31,9 +31,9 @@ import numpy as np
 
 from avtext import runs
 from avtext.data import builders
-from avtext.data.synthetic import longvideo
-from avtext.data.synthetic import tvr_layout
 from avtext.inference import vcmr
+from avworld import longvideo
+from avworld import tvr_layout
 from benchmarks import common
 
 _SPLIT = flags.DEFINE_enum("split", "test", ["train", "val", "test"], "world split")

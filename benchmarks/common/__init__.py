@@ -292,8 +292,8 @@ def own_videos(out: pathlib.Path, n: int, spec=None) -> dict[str, str]:
   """A folder `out`/videos of n mp4s of the synthetic world's test split (64x64, 10 s by
   default, MSR-VTT layout); {file name: its caption}."""
   import shutil  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import layouts  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import world  # pylint: disable=g-import-not-at-top
+  from avworld import layouts  # pylint: disable=g-import-not-at-top
+  from avworld import world  # pylint: disable=g-import-not-at-top
   spec = spec or world.WorldSpec()
   written = layouts.write("msrvtt", out / "layout", sizes={"test": n}, spec=spec)
   folder = out / "videos"

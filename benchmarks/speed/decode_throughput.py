@@ -3,7 +3,7 @@ r"""Decode throughput of real video files: clips/s into model inputs at the demo
     python -m benchmarks.speed.decode_throughput [--out=workdirs/bench/decode_throughput] \
         [--videos=8] [--repeats=3]
 
-Writes two synthetic MSR-VTT layouts with `avtext.data.synthetic.layouts` (H.264 + AAC
+Writes two synthetic MSR-VTT layouts with `avworld.layouts` (H.264 + AAC
 mp4s): 64x64 10 s videos (the demo's world) and 320x240 15 s videos (MSR-VTT's usual
 size and mean length), then reads them through the `msrvtt` builder
 (`builders.files.MediaClips`, PyAV) and the AVR task's example pipeline
@@ -24,8 +24,8 @@ from absl import flags
 
 from avtext.data import builders
 from avtext.data import pipelines
-from avtext.data.synthetic import layouts
-from avtext.data.synthetic import world
+from avworld import layouts
+from avworld import world
 from benchmarks import common
 
 _VIDEOS = flags.DEFINE_integer("videos", 8, "videos per shape")

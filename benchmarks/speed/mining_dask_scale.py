@@ -57,9 +57,9 @@ EMBEDDER = 'callable:benchmarks.speed.mining_dask_scale:project256'
 
 
 def base_world(scratch: pathlib.Path):
-  from avtext.data.synthetic import mining  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import mining_corpus  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import world  # pylint: disable=g-import-not-at-top
+  from avworld import mining  # pylint: disable=g-import-not-at-top
+  from avworld import mining_corpus  # pylint: disable=g-import-not-at-top
+  from avworld import world  # pylint: disable=g-import-not-at-top
   w = mining.MiningWorld(num_seeds=1000, num_videos=100, seed_scene_rate=0.5,
                          num_scenes=(3, 4), scene_seconds=(4.0, 6.0),
                          spec=world.WorldSpec(height=32, width=32, fps=25, duration_s=10.0))
@@ -159,8 +159,8 @@ def grid(kind, scratch, base):
 def unit_costs(tower_run, scratch):
   """Per-frame decode and embed, per-query search: the inputs of the extrapolation."""
   from avtext.data import video_io  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import mining  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import mining_corpus  # pylint: disable=g-import-not-at-top
+  from avworld import mining  # pylint: disable=g-import-not-at-top
+  from avworld import mining_corpus  # pylint: disable=g-import-not-at-top
   from avtext.mining import embed  # pylint: disable=g-import-not-at-top
   from avtext.mining import files  # pylint: disable=g-import-not-at-top
   root = scratch / 'demo_format'  # the demo world's 64x64, 64-144 s videos with AAC

@@ -6,7 +6,7 @@ r"""Input pipeline at paper scale (AVR): train clips/s per host core, and cores 
         [--per_chip_batch=16 --v5e_step_s=0.535,1.02 --gpu_clips_per_s=150,86.8]
 
 1. Writes `--clips` synthetic clips as H.264 + AAC mp4s in the videocc3m layout
-   (`avtext.data.synthetic.layouts`), `--width`x`--height` at 25 fps, `--duration_s` long
+   (`avworld.layouts`), `--width`x`--height` at 25 fps, `--duration_s` long
    (>= 25 s, so the paper's 24 s of log-mel windows and 17.9 s of frames fit), once per
    `--grains` value: 0 is the synthetic world as the layouts tool writes it (flat shapes,
    ~110 kbit/s: cheaper to decode than real footage); g > 0 adds Gaussian noise of std g
@@ -155,7 +155,7 @@ def write_clips(root: pathlib.Path, n: int, spec, grain: float) -> float:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   from avtext.data import video_io  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import layouts  # pylint: disable=g-import-not-at-top
+  from avworld import layouts  # pylint: disable=g-import-not-at-top
   if grain > 0:
     # Written first at the paths layouts.write uses (videos/train<i:05d>.mp4); it then
     # skips them (it writes no file that exists) and writes video_cc_public.csv.
@@ -185,7 +185,7 @@ def main(argv):
     print(json.dumps(measure(json.loads(_MEASURE.value), _WARMUP.value)))
     return
   from avtext.data import materialize  # pylint: disable=g-import-not-at-top
-  from avtext.data.synthetic import world  # pylint: disable=g-import-not-at-top
+  from avworld import world  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
 
   quick = common.quick()

@@ -23,12 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from avtext.data.synthetic import clips
-from avtext.data.synthetic import world
 from avtext.losses import classification as losses
 from avtext.metrics import classification as metrics
 from avtext.models import registry
 from avtext.tasks import classification
+from avworld import clips
+from avworld import world
 from benchmarks import common
 
 _LOSS = flags.DEFINE_enum("loss", "group_softmax_xent", ["sigmoid_xent", "group_softmax_xent"],

@@ -1,13 +1,12 @@
 """Dataset registry: `config.dataset.name` -> random-access source of examples.
 
-Built-in names (each registered by its module in this package, or, for the world's
-own two, by `avtext.data.synthetic.datasets`; a module is loaded the first time one of
-its names is looked up, so importing this package stays cheap and e.g. TensorFlow is
-imported only by a config that reads TFDS files):
+Built-in names (each registered by its module in this package; a module is loaded the
+first time one of its names is looked up, so importing this package stays cheap and e.g.
+TensorFlow is imported only by a config that reads TFDS files). Another installed package
+adds its own datasets through the entry-point group `avtext.datasets` (setup.py's
+`entry_points`; `avtext.registry`): the demos' procedural world, a package of its own,
+adds its datasets that way, and `registered_names()` lists them too.
 
-  synthetic_clips          the procedural world (avtext.data.synthetic), no files needed
-  synthetic_smit           its spoken-caption variant (S-MiT stand-in): 3 s clips with a
-                           caption, an ASR transcript and the spoken caption's audio
   smit_features            S-MiT phase-1 features (frozen backbones' embeddings, word
                            features, log-mels) in `builders.smit`'s layout
   smit                     the real S-MiT clips: DIR/<split>.csv of video, spoken caption
@@ -18,13 +17,12 @@ imported only by a config that reads TFDS files):
                            frames; the fast path for real clip datasets
   tfds:<name>[/config]     a materialized TFDS dataset in array_record format under
                            config.dataset.data_dir, a record per clip, read with random
-                           access (`materialize --format=tfds`; tests exercise it with
-                           the synthetic world's TFDS builder too)
+                           access (`materialize --format=tfds`)
   features:hdf5            precomputed per-item arrays (COOT / TVR style) under
   features:npz             config.dataset.path; layouts and config fields in
   features:array_record    `builders.array_store` and `avtext.data.array_store`
-  coot                     COOT's feature layout (ActivityNet-captions, YouCook2, the synthetic
-                           paragraph videos) under config.dataset.path, see
+  coot                     COOT's feature layout (ActivityNet-captions, YouCook2, or files
+                           written in that layout) under config.dataset.path, see
                            `builders.coot` and `avtext.data.coot_files`
   tvc                      TV show Captions (TVR app. D) in the official TVCaption layout
                            (annotation jsonl, TVQA subtitles, clip-feature h5) under
@@ -74,11 +72,11 @@ KINDS = (CLIPS, FEATURES)
 
 _SPLIT_ALIASES = {"validation": "val"}
 
-# Every `@register_dataset("<name>")` in avtext/data/builders/ and avtext/data/synthetic/
-# (the world's datasets, so no builder imports the world); a module is imported when one
-# of its names is looked up.
+# Every `@register_dataset("<name>")` in avtext/data/builders/ and in the packages of the
+# entry-point group `avtext.datasets`; a module is imported when one of its names is
+# looked up.
 DATASETS = registry_lib.Registry(
-    "dataset", ("avtext.data.builders", "avtext.data.synthetic"), "register_dataset",
+    "dataset", "avtext.data.builders", "register_dataset",
     message="{where}={name!r} is not a registered dataset; registered: {joined}")
 
 Factory = Callable[[ml_collections.ConfigDict, str], Any]

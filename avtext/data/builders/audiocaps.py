@@ -32,8 +32,8 @@ SEGMENT_S = 10.0
 PREPARE = ('Download AudioCaps\' train.csv / val.csv / test.csv into DIR and the AudioSet '
            'segments they list into DIR/media/<youtube_id>_<start_time>.wav (or .mp4 with '
            'video), and set --config.dataset.path=DIR; layout in '
-           'avtext/data/builders/audiocaps.py. The synthetic '
-           'world in this layout: python -m avtext.tools.synthetic_layout --layout=audiocaps')
+           'avtext/data/builders/audiocaps.py. No download at hand: the demo world writes '
+           'this layout (docs/videocc.md, "No download at hand?")')
 COLUMNS = ('audiocap_id', 'youtube_id', 'start_time', 'caption')
 
 

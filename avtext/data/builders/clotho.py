@@ -28,8 +28,9 @@ FOLDERS = {'train': 'development', 'val': 'validation', 'test': 'evaluation'}
 CAPTIONS = tuple(f'caption_{k}' for k in range(1, 6))
 PREPARE = ('Download Clotho v2 (clotho_captions_{development,validation,evaluation}.csv and '
            'the audio folders development/, validation/, evaluation/) into DIR and set '
-           '--config.dataset.path=DIR; layout in avtext/data/builders/clotho.py. The synthetic '
-           'world in this layout: python -m avtext.tools.synthetic_layout --layout=clotho')
+           '--config.dataset.path=DIR; layout in avtext/data/builders/clotho.py. No download '
+           'at hand: the demo world writes this layout (docs/videocc.md, "No download at '
+           'hand?")')
 
 
 def entries(root: pathlib.Path, split: str) -> list[files.Entry]:

@@ -56,7 +56,7 @@ _PREPARE = (
     "`python -m avtext.tools.coot_meta`, docs/coot.md) and downloads the video features into "
     "the dataset directory; "
     "`python -m avtext.features coot_text --dataset_dir=<path>` builds the text "
-    "features; `make demo-coot` writes the synthetic demo dataset. Layout: "
+    "features; `make demo-coot` writes the demo world's dataset. Layout: "
     "avtext/data/coot_files.py")
 
 

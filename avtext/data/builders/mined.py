@@ -13,12 +13,13 @@ VideoCC app. C) frames a second over [start, end), 16 kHz mono audio
 (`dataset.sample_rate`), has_audio False for a video without an audio stream. Frames
 and audio are read lazily (`describe` / `render_frames` / `render_audio`):
 
-  dataset.decode = "files"   decode the video files with PyAV (`avtext.data.video_io`)
+  dataset.decode = "files"   (default) decode the video files with PyAV
+                             (`avtext.data.video_io`)
                    "render"  render the corpus from the world that wrote its files (only
                              for a corpus with an origin: its `ground_truth.CorpusTruth`);
                              the same pixels and samples minus the codec's loss, at a
                              fraction of the cost (tests compare the two)
-                   "auto"    (default) render when a world wrote the corpus, else decode
+                   "auto"    render when a world wrote the corpus, else decode
 
 Optional: dataset.num_train keeps the first N lines.
 """
@@ -43,7 +44,7 @@ class MinedClips:
   """The mined (clip, caption) pairs as a lazy 'clips' source (module docstring)."""
   kind = builders.CLIPS
 
-  def __init__(self, path: str | pathlib.Path, *, decode: str = 'auto', fps: float = 25.0,
+  def __init__(self, path: str | pathlib.Path, *, decode: str = 'files', fps: float = 25.0,
                sample_rate: int = 16000, num_examples: int | None = None):
     root = pathlib.Path(path)
     meta_path = root / 'dataset.json'
@@ -154,6 +155,6 @@ def videocc_mined(dataset: ml_collections.ConfigDict, split: str) -> MinedClips:
   if not dataset.get('path'):
     raise errors.BadInput('config.dataset.path: set it to the --out directory of python -m '
                      'avtext.mining')
-  return MinedClips(dataset.path, decode=dataset.get('decode', 'auto'),
+  return MinedClips(dataset.path, decode=dataset.get('decode', 'files'),
                     fps=dataset.get('fps', 25.0), sample_rate=dataset.get('sample_rate', 16000),
                     num_examples=dataset.get('num_train'))

@@ -37,9 +37,9 @@ SPLITS = ('train', 'val', 'test', 'test_1ka', 'test_full')
 PREPARE = ('Download MSR-VTT (the videos and MSRVTT_data.json, MSRVTT_JSFUSION_test.csv, '
            'MSRVTT_train.9k.csv as CLIP4Clip distributes them) into DIR with the videos under '
            'DIR/videos/all/, and set --config.dataset.path=DIR (docs/videocc.md: "Evaluate '
-           'a run on MSR-VTT"); layout in avtext/data/builders/msrvtt.py. The synthetic '
-           'world in this layout: python -m avtext.tools.synthetic_layout --layout=msrvtt; '
-           'end to end on the synthetic world: configs/videocc_avr.py:demo')
+           'a run on MSR-VTT"); layout in avtext/data/builders/msrvtt.py. No download at '
+           'hand: the demo world writes this layout (docs/videocc.md, "No download at '
+           'hand?"); end to end on it: configs/videocc_avr.py:demo')
 
 
 def _annotations(root: pathlib.Path) -> tuple[dict[str, str], dict[str, list[str]]]:

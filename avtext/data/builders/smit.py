@@ -25,9 +25,9 @@ features themselves write the same datasets (either embedding may be absent when
 the model has no such backbone). A split is read into memory when it opens (S-MiT's
 500k clips are ~10 GB of words at D_w = 768 in float16; use a smaller D_w or fewer
 clips on a small machine). When `origin` names a dataset that declares its ground truth
-(`avtext.data.ground_truth.of_dataset`: the synthetic world's, which reopens without
-files), the source also answers `describe` and `oracle_recall_at_1` from it, for the
-evaluator's oracle line.
+(`avtext.data.ground_truth.of_dataset`: a world's, which reopens without files), the
+source also answers `describe`, `oracle_recall_at_1` and `query_groups` from it, for the
+evaluator's oracle lines.
 
 `smit` (kind 'clips'): the real Spoken Moments clips, read from the files (phase 2 from
 frames, and the input of `avtext.features.smit` for phase 1).
@@ -144,8 +144,9 @@ class SMiTFeatures:
     return self._origin.describe(index)
 
   def __getattr__(self, name):
-    if name == "oracle_recall_at_1" and self.__dict__.get("_origin") is not None:
-      return self._origin.oracle_recall_at_1
+    if (name in ("oracle_recall_at_1", "query_groups")
+        and self.__dict__.get("_origin") is not None):
+      return getattr(self._origin, name)
     raise AttributeError(name)
 
 
@@ -182,9 +183,9 @@ PREPARE = (
     "DIR/{train,val,test}.csv with the header video_id,video,spoken_caption,transcript "
     "(paths relative to DIR; layout in avtext/data/builders/smit.py), then set "
     "--config.dataset.path=DIR (phase 2) or --config.features_source.path=DIR "
-    "(`python -m avtext.features smit`, phase 1). The synthetic S-MiT in this layout: "
-    "python -m avtext.tools.synthetic_layout --layout=smit --out=DIR; the whole experiment "
-    "on the synthetic S-MiT: `make demo-smit` or the ':demo' variant")
+    "(`python -m avtext.features smit`, phase 1). No download at hand: the demo world "
+    "writes this layout (docs/smit.md); the whole experiment on the demo world's S-MiT: "
+    "`make demo-smit` or the ':demo' variant")
 
 
 class SpokenMomentsClips(files.MediaClips):

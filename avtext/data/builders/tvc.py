@@ -57,8 +57,8 @@ DEFAULT_SUBTITLES = "tvqa_preprocessed_subtitles.jsonl"
 SPLITS = ("train", "val", "test_public")
 _PREPARE = ("Download the TVC annotations (github.com/jayleicn/TVCaption, data/), the TVQA "
             "subtitles and the TVR video features (tvc_feature_release) into this layout "
-            "(avtext/data/builders/tvc.py), or write the synthetic dataset with "
-            "`python -m avtext.tools.tvr_synthetic` (make demo-tvc).")
+            "(avtext/data/builders/tvc.py), or write the demo world's dataset in it (make "
+            "demo-tvc, docs/tvr.md).")
 
 
 def annotation_path(path, split: str) -> pathlib.Path:

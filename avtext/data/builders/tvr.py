@@ -30,8 +30,8 @@ data/ and the tvr_feature_release archive):
       the query's token features without [CLS]/[SEP].
 
 Query and subtitle features are L2-normalized per row on reading (x / (||x|| +
-1e-5), `normalize_text`, the official default). `avtext.tools.tvr_synthetic`
-writes the synthetic long videos in this layout (MiniLM-L6 text features).
+1e-5), `normalize_text`, the official default). `make demo-xml` writes the demo world's long
+videos in this layout (MiniLM-L6 text features).
 
 config.dataset fields: path, video_features (a name or a tuple of names),
 normalize_video, video_dim, sub_features (None: no subtitle stream), sub_dim,
@@ -68,9 +68,8 @@ SPLITS = ("train", "val", "test_public")
 QUERY_TYPES = ("v", "t", "vt")
 _PREPARE = ("Download the TVR annotations (github.com/jayleicn/TVRetrieval, data/) and the "
             "released features (tvr_feature_release: video_feature/, bert_feature/) into this "
-            "layout (avtext/data/builders/tvr.py), or write the synthetic dataset with "
-            "`python -m avtext.tools.tvr_synthetic` and `avtext.features.tvr_text` "
-            "(make demo-xml).")
+            "layout (avtext/data/builders/tvr.py), or write the demo world's dataset in it "
+            "(make demo-xml, docs/tvr.md).")
 
 
 def annotation_path(path, split: str) -> pathlib.Path:

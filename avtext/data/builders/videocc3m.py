@@ -36,7 +36,7 @@ PREPARE = ('Download the VideoCC release CSV (video_cc_public.csv, from '
            'github.com/google-research-datasets/videoCC-data) into DIR, the videos it lists '
            'into DIR/videos/<youtube id>.mp4 (or the clips as <id>_<start µs>_<end µs>.mp4), '
            'and set --config.dataset.path=DIR; see avtext/data/builders/videocc3m.py. To '
-           'run end to end on the synthetic world instead: `make demo`, or python -m '
+           'run end to end on the demo world instead: `make demo`, or python -m '
            'avtext.main --config=configs/videocc_avr.py:demo --workdir=workdirs/demo')
 
 

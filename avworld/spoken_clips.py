@@ -18,7 +18,7 @@ random stream ('smit/<split>', so the clip itself is unchanged):
                     `render_speech(i)` alone skips the frames
 
 With `transcripts` (one per example, in order: a real engine's output on these
-spoken captions, `avtext.tools.smit_asr`), 'transcript' is that engine's instead of
+spoken captions, `avworld.tools.smit_asr`), 'transcript' is that engine's instead of
 the seeded word errors.
 
 The language-caption model reads 'transcript', the spoken-caption model
@@ -34,11 +34,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import clips
-from avtext.data.synthetic import tone_speech
-from avtext.data.synthetic import tts
-from avtext.data.synthetic import world
+from avworld import captions
+from avworld import clips
+from avworld import tone_speech
+from avworld import tts
+from avworld import world
 
 SPLIT_SIZES = {'train': 20_000, 'val': 1000, 'test': 2000}  # test: five 1k subsets differ
 CLIP_SECONDS = 3.0
@@ -63,7 +63,7 @@ class SpokenClipSource(clips.ClipCaptionSource):
     if transcripts is not None and len(transcripts) != self.num_examples:
       raise ValueError(f'SpokenClipSource({split}): {len(transcripts)} ASR transcripts for '
                        f'{self.num_examples} clips; transcribe this split with the same '
-                       f'sizes (avtext.tools.smit_asr)')
+                       f'sizes (avworld.tools.smit_asr)')
     self.wer, self.substitution_share = wer, substitution_share
     self.speech, self.transcripts = speech, transcripts
     self._waves: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()

@@ -1,6 +1,6 @@
-r"""Write the synthetic mining world (`avtext.data.synthetic.mining`) as files to mine.
+r"""Write the synthetic mining world (`avworld.mining`) as files to mine.
 
-    python -m avtext.tools.mining_world --out=DIR --num_seeds=2000 --num_videos=200 \
+    python -m avworld.tools.mining_world --out=DIR --num_seeds=2000 --num_videos=200 \
         [--faults=truncated,empty,not_video,audio_only,no_audio,short]
 
 DIR/seeds/seeds.tsv + DIR/seeds/<seed id>.png   the seed images and captions
@@ -34,8 +34,8 @@ from tqdm import tqdm
 
 from avtext import atomic
 from avtext.data import ground_truth
-from avtext.data.synthetic import mining
-from avtext.data.synthetic import world
+from avworld import mining
+from avworld import world
 
 FAULTS = ('truncated', 'empty', 'not_video', 'audio_only', 'short', 'no_audio')  # video_io's
 # /2: the world has `seed_caption_motion`; a /1 world.json was written before it, by a world

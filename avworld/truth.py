@@ -17,8 +17,8 @@ import numpy as np
 
 from avtext import atomic
 from avtext.data import ground_truth
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import world
+from avworld import captions
+from avworld import world
 
 FORMAT = 'avtext.synthetic_world/1'
 

@@ -12,9 +12,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import truth
-from avtext.data.synthetic import world
+from avworld import captions
+from avworld import truth
+from avworld import world
 
 DEFAULT_SPLIT_SIZES = {'train': 100_000, 'val': 1000, 'test': 1000}
 
@@ -175,6 +175,12 @@ class ClipCaptionSource:
     n = self.num_fitting_clips()
     return captions.oracle_recall_at_1(n if subset is None else n[
         np.asarray(subset, dtype=np.int64)])
+
+  def query_groups(self, num_queries: int) -> dict[str, tuple[str, np.ndarray]]:
+    """The captions (of the first `num_queries`) that state the clip's sound, which the
+    retrieval evaluator scores apart (`avtext.data.ground_truth.RetrievalOracle`)."""
+    sound = np.flatnonzero([self.describe(i)['mentions_sound'] for i in range(num_queries)])
+    return {'sound': ('sound-mentioning captions', sound)}
 
 
 def oracle_recall_at_1(split: str, *, seed: int = 0,

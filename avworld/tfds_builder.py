@@ -21,8 +21,8 @@ from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
 
-from avtext.data.synthetic import clips
-from avtext.data.synthetic import world
+from avworld import clips
+from avworld import world
 
 
 @dataclasses.dataclass(eq=False)

@@ -1,6 +1,6 @@
 r"""Transcribes an S-MiT config's spoken captions with a real ASR engine, once.
 
-    python -m avtext.tools.smit_asr --config=configs/smit_language_amm.py:demo,asr \
+    python -m avworld.tools.smit_asr --config=configs/smit_language_amm.py:demo,asr \
         [--out=workdirs/demo/smit_asr] [--splits=test] [--lm=train] [--num_workers=N]
 
 For each split of `config.features_source` (a synthetic_smit clips dataset, speech

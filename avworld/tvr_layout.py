@@ -29,7 +29,7 @@ The features come from the caller's encoders:
       (`avtext.features.tvr_text.write`)
 
 Clip ids and description ids are integers, unique over the splits.
-`python -m avtext.tools.tvr_synthetic` writes it with a trained RGB tower and
+`python -m avworld.tools.tvr_synthetic` writes it with a trained RGB tower and
 MiniLM-L6.
 """
 import json
@@ -42,9 +42,9 @@ from avtext import atomic
 from avtext.data import coot_files
 from avtext.data.builders import tvc
 from avtext.data.builders import tvr
-from avtext.data.synthetic import longvideo
-from avtext.data.synthetic import truth
-from avtext.data.synthetic import world
+from avworld import longvideo
+from avworld import truth
+from avworld import world
 
 VIDEO_FEATURES = f"synthetic_tower_cl-{tvc.CLIP_LENGTH}"
 SPLITS = (("train", "train"), ("val", "val"), ("test_public", "test"))  # file name, world split

@@ -1,7 +1,7 @@
 """The world's datasets, `synthetic_clips` and `synthetic_smit`: no files needed.
 
 Registered with the one dataset registry (`avtext.data.builders`, which reads this
-package too); each declares the world's ground truth (`truth.WORLD`,
+module through setup.py's entry point `avtext.datasets`); each declares the world's ground truth (`truth.WORLD`,
 `avtext.data.ground_truth.declare`).
 
 Config fields: dataset.world (WorldSpec fields), dataset.world_seed (default 0),
@@ -11,7 +11,7 @@ sizes take `clips.DEFAULT_SPLIT_SIZES` (`spoken_clips.SPLIT_SIZES` for synthetic
 dataset.asr_wer (0.15) and dataset.asr_substitution_share (0.7) and dataset.num_val (the
 val size, default num_eval), and its world defaults to 3 s clips; dataset.speech ('tones',
 the default, or 'espeak': real speech, `tts`) and dataset.asr_transcripts (a directory of
-`avtext.tools.smit_asr`: the real engine's transcripts, <dir>/<split>.json, replace the
+`avworld.tools.smit_asr`: the real engine's transcripts, <dir>/<split>.json, replace the
 seeded word errors).
 """
 import json
@@ -21,10 +21,10 @@ import ml_collections
 
 from avtext.data import builders
 from avtext.data import ground_truth
-from avtext.data.synthetic import clips
-from avtext.data.synthetic import spoken_clips
-from avtext.data.synthetic import truth
-from avtext.data.synthetic import world
+from avworld import clips
+from avworld import spoken_clips
+from avworld import truth
+from avworld import world
 
 
 class SyntheticClips(clips.ClipCaptionSource):
@@ -58,7 +58,7 @@ def synthetic_smit(dataset: ml_collections.ConfigDict, split: str) -> SyntheticS
     path = pathlib.Path(dataset.asr_transcripts) / f"{split}.json"
     if not path.is_file():
       raise FileNotFoundError(f"dataset.asr_transcripts: no {path}; transcribe the split with "
-                              f"python -m avtext.tools.smit_asr --splits={split}")
+                              f"python -m avworld.tools.smit_asr --splits={split}")
     transcripts = json.loads(path.read_text())["transcripts"]
   return SyntheticSpokenClips(split, seed=dataset.get("world_seed", 0), num_examples=num,
                               spec=world.WorldSpec(**spec), wer=dataset.get("asr_wer", 0.15),

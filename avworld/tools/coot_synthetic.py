@@ -1,9 +1,9 @@
 r"""Writes the synthetic paragraph videos in COOT's feature layout (`make demo-coot`).
 
-    python -m avtext.tools.coot_synthetic --workdir=workdirs/demo/video_pretrain \
+    python -m avworld.tools.coot_synthetic --workdir=workdirs/demo/video_pretrain \
         --out=workdirs/demo/coot_data --num_train=1000 --num_val=500 [--force]
 
-The layout and its names: `avtext.data.synthetic.coot_layout`. Video features:
+The layout and its names: `avworld.coot_layout`. Video features:
 one per time step at `--feature_fps` (default 1 per second, at the centre of each
 step; 2/s doubles the tower time and the sequence lengths), the [CLS] embedding of
 the trained RGB tower in `--workdir` (`configs/synthetic_video_pretrain.py`)
@@ -22,11 +22,11 @@ from absl import logging
 
 from avtext import cli
 from avtext import errors
-from avtext.data.synthetic import coot_layout
-from avtext.data.synthetic import world
 from avtext.features import coot_text
 from avtext.features import done
-from avtext.features import tower
+from avworld import coot_layout
+from avworld import tower
+from avworld import world
 
 
 def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, seed: int = 0,

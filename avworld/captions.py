@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from avtext.data.synthetic import world
+from avworld import world
 
 SOUND_MENTION_RATE = 0.4
 # Number of visual statements (count, background, object fields) in a

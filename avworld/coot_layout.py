@@ -15,15 +15,15 @@ _sentence_splits.json. The features come from the caller's encoders:
                                                     {key: sentences}
                                                     (`coot_text.encode_paragraphs`)
 
-`python -m avtext.tools.coot_synthetic` writes it with a trained RGB tower and
+`python -m avworld.tools.coot_synthetic` writes it with a trained RGB tower and
 MiniLM-L6.
 """
 import pathlib
 from typing import Callable
 
 from avtext.data import coot_files
-from avtext.data.synthetic import multiscene
-from avtext.data.synthetic import world
+from avworld import multiscene
+from avworld import world
 
 VIDEO_FEATURES = "synthetic_tower"
 # coot_text.default_name's scheme, so either command finds the other's file.

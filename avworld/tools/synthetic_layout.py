@@ -1,18 +1,18 @@
 r"""Write the synthetic world in the file layout of a real dataset (tests, demos, trying a
 config without the download).
 
-    python -m avtext.tools.synthetic_layout --layout=msrvtt --out=DIR \
+    python -m avworld.tools.synthetic_layout --layout=msrvtt --out=DIR \
         [--num_train=64 --num_val=16 --num_test=32] [--faults=missing,empty,...]
 
-Layouts and faults: `avtext.data.synthetic.layouts` (LAYOUTS, FAULTS). The directory
+Layouts and faults: `avworld.layouts` (LAYOUTS, FAULTS). The directory
 then reads as that dataset: --config.dataset.name=<layout> --config.dataset.path=DIR.
 """
 from absl import flags
 
 from avtext import cli
 from avtext import errors
-from avtext.data.synthetic import layouts
-from avtext.data.synthetic import world
+from avworld import layouts
+from avworld import world
 
 FLAGS = flags.FlagValues()
 _LAYOUT = flags.DEFINE_enum("layout", None, list(layouts.LAYOUTS), "the dataset whose "

@@ -12,7 +12,7 @@ what the image shows: the objects' shapes and colours, their count and the
 background (`STILL_FIELDS`). It states no sound (an image's caption cannot say
 what is heard) and, for the same reason, no motion: a still frame shows no
 motion (`world.render_frames` draws no motion cue in a frame). The option
-`seed_caption_motion=True` (`avtext.tools.mining_world --seed_caption_motion`)
+`seed_caption_motion=True` (`avworld.tools.mining_world --seed_caption_motion`)
 restores the earlier captions, which may also state the objects' motion (70 %
 of them do), for comparison: no image-only embedder can rank a still by a motion,
 so they cap any f's precision. The option changes the captions only (the
@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import multiscene
-from avtext.data.synthetic import world
+from avworld import captions
+from avworld import multiscene
+from avworld import world
 
 SEED_STREAM = 'mining/seeds'
 CORPUS_STREAM = 'mining/corpus'

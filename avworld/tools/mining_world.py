@@ -1,9 +1,9 @@
 r"""Write the synthetic mining world as files to mine (`make demo-mining`).
 
-    python -m avtext.tools.mining_world --out=DIR --num_seeds=2000 --num_videos=200 \
+    python -m avworld.tools.mining_world --out=DIR --num_seeds=2000 --num_videos=200 \
         [--faults=truncated,empty,not_video,audio_only,no_audio,short] [--seed_caption_motion]
 
-The layout and the faults: `avtext.data.synthetic.mining_corpus`. Writing is
+The layout and the faults: `avworld.mining_corpus`. Writing is
 deterministic (byte-identical files from the same flags) and skips files that exist
 with the same world.json.
 """
@@ -11,9 +11,9 @@ from absl import flags
 
 from avtext import cli
 from avtext import errors
-from avtext.data.synthetic import mining
-from avtext.data.synthetic import mining_corpus
-from avtext.data.synthetic import world
+from avworld import mining
+from avworld import mining_corpus
+from avworld import world
 
 FLAGS = flags.FlagValues()
 _OUT = cli.DEFINE_path("out", None, "the directory to write (seeds/, videos/)",

@@ -1,9 +1,9 @@
 r"""Writes the synthetic long videos in the official TVR / TVC layout (`make demo-tvc`).
 
-    python -m avtext.tools.tvr_synthetic --workdir=workdirs/demo/video_pretrain \
+    python -m avworld.tools.tvr_synthetic --workdir=workdirs/demo/video_pretrain \
         --out=workdirs/demo/tvr_data --num_train=1000 --num_val=200 --num_test=300 [--force]
 
-The layout and its names: `avtext.data.synthetic.tvr_layout`. Video features: one
+The layout and its names: `avworld.tvr_layout`. Video features: one
 row per 1.5 s clip, the trained RGB tower's embedding of its own input window
 centred on the clip (`avtext.features.tower`); query and subtitle token features:
 MiniLM-L6, 384-d (`avtext.features.tvr_text`). A finished directory (marker file
@@ -19,11 +19,11 @@ from absl import logging
 from avtext import cli
 from avtext import errors
 from avtext.data.builders import tvc
-from avtext.data.synthetic import tvr_layout
-from avtext.data.synthetic import world
 from avtext.features import done
-from avtext.features import tower
 from avtext.features import tvr_text
+from avworld import tower
+from avworld import tvr_layout
+from avworld import world
 
 
 def build_dataset(out_dir, *, tower_workdir, num_train: int, num_val: int, num_test: int,

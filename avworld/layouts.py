@@ -1,7 +1,7 @@
 r"""The synthetic world written as the real datasets' files: MSR-VTT, VideoCC3M, AudioCaps,
 Clotho, S-MiT.
 
-    python -m avtext.tools.synthetic_layout --layout=msrvtt --out=DIR \
+    python -m avworld.tools.synthetic_layout --layout=msrvtt --out=DIR \
         [--num_train=64 --num_val=16 --num_test=32] [--faults=truncated,empty,...]
 
 writes DIR in the layout the `msrvtt` / `videocc3m` / `audiocaps` / `clotho` / `smit` builder reads
@@ -34,11 +34,11 @@ from tqdm import tqdm
 
 from avtext import atomic
 from avtext.data import video_io
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import clips
-from avtext.data.synthetic import spoken_clips
-from avtext.data.synthetic import tone_speech
-from avtext.data.synthetic import world
+from avworld import captions
+from avworld import clips
+from avworld import spoken_clips
+from avworld import tone_speech
+from avworld import world
 
 LAYOUTS = ('msrvtt', 'videocc3m', 'audiocaps', 'clotho', 'smit')
 FAULTS = video_io.FAULTS + ('missing',)

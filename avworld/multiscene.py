@@ -28,8 +28,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import world
+from avworld import captions
+from avworld import world
 
 DEFAULT_SPLIT_SIZES = {'train': 20_000, 'val': 1000, 'test': 1000}
 

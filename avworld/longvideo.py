@@ -47,9 +47,9 @@ from typing import Any
 import numpy as np
 
 from avtext.data.builders import tvc
-from avtext.data.synthetic import captions
-from avtext.data.synthetic import multiscene
-from avtext.data.synthetic import world
+from avworld import captions
+from avworld import multiscene
+from avworld import world
 
 CAST = ('Alice', 'Bob', 'Carol', 'Dave', 'Erin', 'Frank', 'Grace', 'Henry')
 # topic -> (subtitle lines, description noun phrases). The lines never use the
