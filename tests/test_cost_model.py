@@ -139,6 +139,49 @@ def test_the_step_is_the_sum_of_its_kernels_and_mfu_follows():
   assert q["bound_by"] == "ICI" and q["step_s"] == pytest.approx(2 * 6144 / 1e3)
 
 
+def test_an_async_copy_takes_the_bandwidth_the_kernels_leave_idle():
+  """A TPU prefetch (`copy-start` of 4 MiB into on-chip memory, S(1)) beside a
+  compute-bound product: its bytes move while the product computes; only what does not
+  fit in the product's idle HBM time adds to the step."""
+  text = """\
+HloModule jit_prefetch
+
+%dot128 (a: bf16[256,128], w: bf16[128,128]) -> bf16[256,128] {
+  %a = bf16[256,128]{1,0} parameter(0)
+  %w = bf16[128,128]{1,0} parameter(1)
+  ROOT %d = bf16[256,128]{1,0} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (b: bf16[256,128], v: bf16[128,128], c: f32[1024,1024]) -> (bf16[256,128], f32[1024,1024]) {
+  %b = bf16[256,128]{1,0} parameter(0)
+  %v = bf16[128,128]{1,0} parameter(1)
+  %c = f32[1024,1024]{1,0} parameter(2)
+  %cs = (f32[1024,1024]{1,0:S(1)}, f32[1024,1024]{1,0}, u32[]{:S(2)}) copy-start(%c)
+  %d128 = bf16[256,128]{1,0} fusion(%b, %v), kind=kOutput, calls=%dot128
+  %cd = f32[1024,1024]{1,0:S(1)} copy-done(%cs)
+  ROOT %t = (bf16[256,128]{1,0}, f32[1024,1024]{1,0:S(1)}) tuple(%d128, %cd)
+}
+"""
+  cost = hlo_cost.analyze_hlo(text)
+  kernels = {k.name: k for k in cost.kernels}
+  assert kernels["cs"].async_copy and not kernels["d128"].async_copy
+  assert kernels["cs"].bytes == 1024 * 1024 * 4  # read from HBM once, into VMEM
+  copy_s = 1024 * 1024 * 4 / 1e11
+  dot = cost_model.kernel_time(kernels["d128"], CHIP)
+  idle = dot["compute_s"] - dot["memory_s"]  # the product's HBM-idle time
+  p = cost_model.predict(cost, CHIP, model_flops=0.0)
+  assert p["async_copies_s"] == pytest.approx(copy_s)
+  assert p["async_copies_exposed_s"] == pytest.approx(copy_s - idle)
+  assert p["step_s"] == pytest.approx(dot["time_s"] + copy_s - idle + 1e-6)
+  # A product 100 times slower hides the whole copy: the step is the product's (and
+  # the copy's launch).
+  slow = chips.dataclasses.replace(CHIP, bf16_flops=1e10)
+  q = cost_model.predict(cost, slow, model_flops=0.0)
+  assert q["async_copies_exposed_s"] == 0.0
+  assert q["step_s"] == pytest.approx(
+      cost_model.kernel_time(kernels["d128"], slow)["time_s"] + 1e-6)
+
+
 def test_attention_kernels_pay_their_softmax_on_the_special_function_units():
   """cuDNN's fused forward attention, [B, L, H, d] = [2, 256, 4, 64]: 2 products of
   B H L L d multiply-adds, one exp per score; on the H100's figures the exps take as

@@ -196,25 +196,28 @@ def test_save_attention_kernel_keeps_the_flash_forward_and_the_gradients():
 def test_heads_first_projections_equal_the_sliced_and_transposed_path():
   """The TPU path's projections written in the kernels' [B, H, L, d] layout
   (`attention.FLASH_HEADS_FIRST`) against the fused projection sliced, transposed and
-  padded per head, as before: self-attention with a key padding mask, and cross-attention
-  to a longer sequence with the heads concatenated (no output Linear); outputs and
+  padded per head, as before: self-attention with a key padding mask, cross-attention
+  to a longer sequence with the heads concatenated (no output Linear), and a prefix LM
+  over the first 7 positions (the splash kernel's own prefix-LM mask, against the
+  kernel's prefix rows beside the materialized rows after them); outputs and
   gradients within 1e-6 (float32, the splash kernel in Pallas' interpreter: the TPU
   interpret mode's callbacks can deadlock eager dispatch on 2 cores)."""
   rng = np.random.default_rng(6)
   x = jnp.asarray(rng.normal(size=(2, 11, 16)), jnp.float32)
   y = jnp.asarray(rng.normal(size=(2, 19, 16)), jnp.float32)
   keys = attention.make_padding_mask(jnp.asarray([[1] * 11, [1] * 7 + [0] * 4]))
-  cases = [(attention.Attention(num_heads=2, implementation="splash_tpu", backend="tpu"),
-            (x,), keys),
-           (attention.Attention(num_heads=2, implementation="splash_tpu", backend="tpu",
-                                output_projection=False), (x, y), None)]
-  for module, inputs, mask in cases:
+  splash = attention.Attention(num_heads=2, implementation="splash_tpu", backend="tpu")
+  cases = [(splash, (x,), keys, 0),
+           (splash.clone(output_projection=False), (x, y), None, 0),
+           (splash, (x,), attention.make_padding_mask(jnp.asarray([[1] * 11, [1] * 9 + [0] * 2])),
+            7)]
+  for module, inputs, mask, prefix_lm in cases:
     # The same parameters on every path: initialized on the CPU's.
     variables = module.clone(implementation="xla", backend=None).init(
         jax.random.PRNGKey(0), *inputs, mask=mask, deterministic=True)
 
-    def run(v, *inputs, module=module, mask=mask):
-      return module.apply(v, *inputs, mask=mask, deterministic=True)
+    def run(v, *inputs, module=module, mask=mask, prefix_lm=prefix_lm):
+      return module.apply(v, *inputs, mask=mask, deterministic=True, prefix_lm=prefix_lm)
 
     def loss(v, *inputs, run=run):
       return jnp.sum(jnp.sin(run(v, *inputs)))

@@ -19,7 +19,11 @@ which kernels running one after another on a TensorCore or a GPU do not.
   interconnect = the bytes a collective sends / ICI bandwidth; a collective XLA made
                  asynchronous overlaps the kernels around it and adds nothing to its
                  kernel's time
-  step         = max(sum of kernel times, all interconnect time)
+  async copies = a TPU's prefetches into on-chip memory and async slices (`copy-start`,
+                 `slice-start`), run by its DMA engines: their bytes take the HBM
+                 bandwidth the kernels leave idle (each kernel's time beyond its own
+                 memory time); only what does not fit there adds to the step
+  step         = max(sum of kernel times + exposed async copies, all interconnect time)
 
 The figures come from `avtext.aot.chips`, one public set per chip, never fitted. MFU at
 each is the model's FLOPs (counted once, no recomputation) over time x peak.
@@ -77,6 +81,13 @@ def predict(cost, chip: Chip, model_flops: float, top: int = 15) -> dict:
   {class: {time_s, share, kernels, compute_s, memory_s}}, costliest [the `top` kernels
   by predicted time]}."""
   times = [(k, kernel_time(k, chip)) for k in cost.kernels]
+  copies = [t for k, t in times if k.async_copy]
+  idle = sum(t["time_s"] - t["launch_s"] - t["memory_s"]
+             for k, t in times if not k.async_copy)
+  dma = sum(t["memory_s"] for t in copies)
+  exposed = max(0.0, dma - idle)
+  for t in copies:  # each async copy keeps its share of what is exposed
+    t["time_s"] = t["launch_s"] + (t["memory_s"] * exposed / dma if dma else 0.0)
   total = sum(t["time_s"] for _, t in times)
   ici = sum(t["comm_s"] for _, t in times)
   step = max(total, ici)
@@ -100,5 +111,6 @@ def predict(cost, chip: Chip, model_flops: float, top: int = 15) -> dict:
   launches = sum(k.runs for k in cost.kernels)
   return {"step_s": step, "mfu": model_flops / (step * chip.bf16_flops) if step else 0.0,
           "bound_by": "ICI" if ici > total else "kernels", "kernels_s": total, "ici_s": ici,
+          "async_copies_s": dma, "async_copies_exposed_s": exposed,
           "launches": launches, "launch_s": launches * chip.launch_s,
           "by_class": by_class, "costliest": costliest}

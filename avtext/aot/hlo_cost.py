@@ -77,6 +77,9 @@ class Kernel:
   dots: tuple = ()
   transcendentals: float = 0.0  # exp / log / tanh / ... results, all runs
   async_comm: bool = False  # a collective XLA made asynchronous (overlaps other kernels)
+  # A copy XLA made asynchronous (`copy-start`, `slice-start`: a TPU's prefetches into
+  # VMEM and async slices, run by its DMA engines while other kernels run).
+  async_copy: bool = False
 
 
 @dataclasses.dataclass
@@ -543,7 +546,8 @@ def analyze_hlo(text: str, num_devices: int = 1, *, all_spaces: bool = False) ->
       kernels.append(Kernel(
           i.name, i.opcode, _classify(i, fused), runs, runs * nbytes, runs * flops,
           runs * comm, i.op_name, tuple((runs * f, m, n, k) for f, m, n, k in dots),
-          runs * transcendentals, bool(comm) and is_async))
+          runs * transcendentals, bool(comm) and is_async,
+          i.opcode in ("copy-start", "slice-start")))
 
   walk(entry, 1)
   return HloCost(kernels, unreadable)

@@ -280,17 +280,16 @@ class Attention(nn.Module):
         nn.DenseGeneral, features=(self.num_heads, features // self.num_heads),
         kernel_init=self.kernel_init, dtype=self.dtype)
     projections = [dense(name=n) for n in ("query", "key", "value")]
-    if (FLASH_HEADS_FIRST and not (self.is_initializing() or decode or causal or prefix_lm
+    kernel = resolve_implementation(self.implementation, self.dtype, self.backend)
+    if (FLASH_HEADS_FIRST and not (self.is_initializing() or decode or causal
                                    or sow_weights or bias is not None)
-        and (deterministic or self.dropout_rate == 0)
-        and resolve_implementation(self.implementation, self.dtype, self.backend)
-        in TPU_KERNELS
+        and (deterministic or self.dropout_rate == 0) and kernel in TPU_KERNELS
+        and (not prefix_lm or kernel == "splash_tpu")
         and (mask is None or _as_4d(mask).shape[1:3] == (1, 1))):
       out = nn.DenseGeneral(features, axis=(-2, -1), kernel_init=self.kernel_init,
                             dtype=self.dtype, name="out") if self.output_projection else None
       return _flash_heads_first(projections, out, inputs_q, inputs_kv, mask, self.dtype,
-                                resolve_implementation(self.implementation, self.dtype,
-                                                       self.backend))
+                                kernel, prefix_lm)
     if self.is_initializing() or decode:
       # Initialization creates the parameters, as flax's attention does. Decoding reads
       # each kernel once per call anyway; the fused projection's stacked [D, 3, H, D/H]
@@ -407,10 +406,12 @@ FLASH_HEADS_FIRST = True
 
 def _flash_heads_first(projections: list[nn.Module], out: nn.Module | None, inputs_q: Array,
                        inputs_kv: Array, mask: Array | None, dtype: Any,
-                       implementation: str = "flash_tpu") -> Array:
+                       implementation: str = "flash_tpu", prefix_lm: int = 0) -> Array:
   """Attention through `fused_attention.tpu_heads_first` with the projections in
   its layout: `projections` the query, key and value `DenseGeneral`s ([D, H, d] kernels),
-  `out` the output one ([H, d, D]; None: the heads concatenated); `mask` keys only."""
+  `out` the output one ([H, d, D]; None: the heads concatenated); `mask` keys only;
+  `prefix_lm` P > 0: a prefix LM in the splash kernel's own mask (the rows after the
+  prefix too: no split into the kernel's rows and materialized ones)."""
   batch, length = inputs_q.shape[:2]
   kv_length = inputs_kv.shape[1]
   pad = lambda x: jnp.pad(x, ((0, 0), (0, -x.shape[1] % fused_attention.FUSED_PAD), (0, 0)))
@@ -426,7 +427,7 @@ def _flash_heads_first(projections: list[nn.Module], out: nn.Module | None, inpu
   query = project(projections[0], padded_q)
   key, value = project(projections[1], padded_kv), project(projections[2], padded_kv)
   valid = fused_attention.key_valid(_as_4d(mask), batch, kv_length, key.shape[2])
-  x = fused_attention.tpu_heads_first(query, key, value, valid, implementation)
+  x = fused_attention.tpu_heads_first(query, key, value, valid, implementation, prefix_lm)
   x = checkpoint_name(x, "attention_out")  # `layers.REMAT_POLICIES`
   if out is None:
     return jnp.swapaxes(x, 1, 2)[:, :length].reshape(batch, length, -1)

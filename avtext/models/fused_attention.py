@@ -57,17 +57,22 @@ def key_valid(mask: Array | None, batch: int, kv_length: int, padded: int) -> Ar
 
 
 def tpu_heads_first(query: Array, key: Array, value: Array, kv_valid: Array,
-                    implementation: str = "flash_tpu") -> Array:
+                    implementation: str = "flash_tpu", prefix_lm: int = 0) -> Array:
   """A Pallas TPU kernel in its own layout: query [B, H, L_q, d], key and value
   [B, H, L_kv, d], lengths multiples of `FUSED_PAD`; `kv_valid` [B, L_kv] bool, False for
   padded or masked keys (segment 0; queries and real keys are segment 1). Returns
   [B, H, L_q, d] (padded query rows included). `implementation`: "flash_tpu" (the flash
   kernel: a forward, a dK/dV and a dQ kernel) or "splash_tpu" (the splash kernel, its
-  backward one fused dQ/dK/dV kernel: `splash_block_sizes`)."""
+  backward one fused dQ/dK/dV kernel: `splash_block_sizes`). `prefix_lm` P > 0 (splash
+  only; self-attention): a prefix LM, query i attends to key j when j < P or j <= i
+  (`attention.make_prefix_lm_mask`), the mask computed inside the kernel."""
   batch, heads, length, depth = query.shape
   segments = (jnp.ones((batch, length), jnp.int32), kv_valid.astype(jnp.int32))
+  if prefix_lm and implementation != "splash_tpu":
+    raise ValueError(f"prefix_lm on the TPU kernels' layout needs the splash kernel, not "
+                     f"{implementation!r}")
   if implementation == "splash_tpu":
-    kernel = _splash_kernel(heads, length, key.shape[2], depth)
+    kernel = _splash_kernel(heads, length, key.shape[2], depth, prefix_lm)
   else:
     blocks = flash_block_sizes(length, key.shape[2])
 
@@ -109,13 +114,17 @@ def splash_block_sizes(q_length: int, kv_length: int):
       use_fused_bwd_kernel=True)
 
 
-def _splash_kernel(heads: int, q_length: int, kv_length: int, depth: int):
+def _splash_kernel(heads: int, q_length: int, kv_length: int, depth: int,
+                   prefix_lm: int = 0):
   """kernel(q, k, v, q_ids, kv_ids) on [B, H, L, d]: the splash kernel of a full mask
-  (padding is in the segment ids) per example, queries scaled by 1/sqrt(d) first (the
-  kernel takes no scale), its output and log-sum-exp named `KERNEL_RESIDUALS`."""
+  (padding is in the segment ids) or of a prefix LM over the first `prefix_lm` positions,
+  per example, queries scaled by 1/sqrt(d) first (the kernel takes no scale), its output
+  and log-sum-exp named `KERNEL_RESIDUALS`."""
   from jax.experimental.pallas.ops.tpu import splash_attention  # pylint: disable=g-import-not-at-top
-  mask = splash_attention.MultiHeadMask(
-      [splash_attention.FullMask((q_length, kv_length))] * heads)
+  shape = (q_length, kv_length)
+  one_head = (_prefix_lm_mask(shape, prefix_lm) if prefix_lm
+              else splash_attention.FullMask(shape))
+  mask = splash_attention.MultiHeadMask([one_head] * heads)
   splash = splash_attention.make_splash_mha(
       mask, block_sizes=splash_block_sizes(q_length, kv_length), head_shards=1,
       q_seq_shards=1, residual_checkpoint_name=KERNEL_RESIDUALS, interpret=SPLASH_INTERPRET)
@@ -126,6 +135,29 @@ def _splash_kernel(heads: int, q_length: int, kv_length: int, depth: int):
         q, k, v, segment_ids=splash_attention.SegmentIds(q=q_ids, kv=kv_ids))
     return jax.vmap(one)(q, k, v, q_ids, kv_ids)
   return kernel
+
+
+def _prefix_lm_mask(shape: tuple[int, int], prefix: int):
+  """The splash kernel's prefix-LM mask: (query i, key j) kept when j < prefix or j <= i,
+  computed in the kernel from the positions (no [L, L] array), blocks wholly masked
+  skipped. A splash mask is compared by value: equal shapes and prefixes are one mask."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask  # pylint: disable=g-import-not-at-top
+
+  class PrefixLMMask(splash_attention_mask._ComputableMask):  # pylint: disable=protected-access
+
+    def __init__(self):
+      super().__init__(shape, lambda q_ids, kv_ids: (kv_ids < prefix) | (q_ids >= kv_ids))
+
+    def __eq__(self, other):
+      return (type(other).__name__ == "PrefixLMMask" and self.shape == other.shape
+              and self.prefix == other.prefix)
+
+    def __hash__(self):
+      return hash(("PrefixLMMask", self.shape, prefix))
+
+    prefix = property(lambda self: prefix)
+
+  return PrefixLMMask()
 
 
 # What the remat policy "save_attention_kernel" (`layers.remat_policy`) keeps of a fused
