@@ -105,17 +105,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # MBT + GPT-2 at batch 512, the decoder over all 3,541 video tokens + the caption
   # (BENCHMARKS.md "Paper configs on their TPU slices"): bf16, each block rematerialized,
-  # the fused attention kernel (the decoder's prefix rows too: GPT2(prefix_lm=True)),
-  # layers scanned. State replicated: with FSDP the compiler needed 17.4 GiB a chip (over
-  # v5e's 15.75; measured 2026-11-27, full remat), without it 12.0 (38 % MFU at its
-  # predicted step).
+  # the fused attention kernel (the decoder's too: GPT2(prefix_lm=True), the prefix LM in
+  # the splash kernel's own mask, the projections in its layout), layers scanned. State
+  # replicated: with FSDP the compiler needed 17.4 GiB a chip (over v5e's 15.75; measured
+  # 2026-11-27, full remat), without it 12.8 (45 % MFU at its predicted step).
   common.paper_scale(config, "v5e:8x8", remat="full", attention="auto",
                           scan_layers=True)
   if synthetic:
     _synthetic(config, tiny="tiny" in variants)
   else:
     # The video tower keeps its attention kernels' residuals (the kernel's forward runs
-    # once). The decoder's as well would need 15.4 of v5e's 15.75 GiB a chip.
+    # once). The decoder's as well would need 14.5 of v5e's 15.75 GiB a chip (8 %
+    # headroom; 47.8 % MFU predicted, 2026-11-29).
     config.model.video.remat = "save_attention_kernel"
     # No attention dropout in the decoder at paper scale (GPT-2's attn_pdrop is 0.1; the
     # paper does not say): the fused kernels take no dropout, and with it the prefix-LM
