@@ -2,7 +2,7 @@
 official PyTorch checkpoint import: .[convert])
 
 Installs avtext, the configs and avworld, the demos' procedural world, which avtext
-learns of only through the entry points below (`avtext.registry`: the group
+learns of only through the entry points below (`avtext.config_registry`: the group
 `avtext.<kind>s` adds packages to that registry).
 
 Exact pins live in requirements.lock (the known-good set for CPU machines);

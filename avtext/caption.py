@@ -4,13 +4,13 @@ r"""Caption your own video files with a trained captioning run (VideoCC's GPT-2 
         video1.mp4 video2.mkv ...
 
 Each file is read as `avtext.index` reads one (`index.media_source`: a
-`builders.files.MediaClips` with the run's `config.data`, frames at its fps decoded at
+`builders.media_clips.MediaClips` with the run's `config.data`, frames at its fps decoded at
 the model's image size, 16 kHz audio, zeros when the file has none) and captioned as the
 captioning evaluator captions a test clip: `task.eval_examples` (the centre clip), the
 run's `captions` predict function, batched on the run's mesh. Greedy decoding by default
 (`config.generation.beam_size` = 1, VideoCC §4.2), beam search with --beam=N. Prints
 `file<TAB>caption` per file in the order given; a bad file is reported on stderr with
-its reason (`builders.files.SKIP_REASONS`) and skipped.
+its reason (`builders.media_clips.SKIP_REASONS`) and skipped.
 """
 from __future__ import annotations
 
@@ -51,11 +51,11 @@ class Captioner:
 
   def _task(self, beam: int):
     import jax  # pylint: disable=g-import-not-at-top
-    from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+    from avtext.tasks import task_registry  # pylint: disable=g-import-not-at-top
     if beam not in self._tasks:
       config = copy.deepcopy(self.run.config)
       config.generation.beam_size = int(beam)
-      task = registry.build_task(config)
+      task = task_registry.build_task(config)
       self._tasks[beam] = task, jax.jit(task.predict_fns()["captions"])
     return self._tasks[beam]
 

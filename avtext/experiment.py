@@ -36,11 +36,11 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, tas
   registry) and `evaluators` (default: every entry of `config.evals`, writing their
   exports under `workdir`) on `devices` (default: `jax.devices()`)."""
   from avtext import evals  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry  # pylint: disable=g-import-not-at-top
   from avtext.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top,redefined-outer-name
   workdir = pathlib.Path(workdir).absolute()
   if task is None:
-    task = tasks_registry.build_task(config)
+    task = task_registry.build_task(config)
   if evaluators is None:
     evaluators = evals.build_evaluators(config, task, workdir)
   return trainer_lib.Trainer(config, workdir, task, evaluators, devices=devices)

@@ -42,7 +42,7 @@ from ml_collections import config_flags
 from avtext import cli
 from avtext import errors
 from avtext import runs
-from avtext.tasks import registry as tasks
+from avtext.tasks import task_registry as tasks
 from avtext.train import checkpointing
 from avtext.train import control as control_lib
 from avtext.train import optimizers

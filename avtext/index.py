@@ -3,8 +3,8 @@ r"""Index a folder of your own videos with a trained retrieval run, for `avtext.
     python -m avtext.index --workdir=workdirs/demo/avr [--step=best] --videos=~/my_videos \
         --out=~/my_videos.index
 
-Every video under --videos (recursively; `builders.files.VIDEO_SUFFIXES`) is read through
-`builders.files.MediaClips` with the run's `config.data` (frames at its fps, decoded at
+Every video under --videos (recursively; `builders.media_clips.VIDEO_SUFFIXES`) is read through
+`builders.media_clips.MediaClips` with the run's `config.data` (frames at its fps, decoded at
 the model's image size; 16 kHz audio, zeros when a file has none) and embedded exactly as
 the retrieval evaluator embeds a test video: `task.eval_examples` takes K =
 `data.eval_num_clips` clips spread over the whole video (VideoCC §4.1), batched on the
@@ -53,7 +53,7 @@ from avtext import atomic
 from avtext import cli
 from avtext import errors
 from avtext.data import video_io
-from avtext.data.builders import files
+from avtext.data.builders import media_clips
 from avtext.train import rundir
 
 FORMAT = "avtext.video_index/1"
@@ -87,14 +87,14 @@ def global_batch(config, mesh, n: int) -> int:
 
 
 def media_source(data, paths: Sequence[str], where: str, *, names: Sequence[str] | None = None,
-                 progress: bool = True) -> files.MediaClips:
+                 progress: bool = True) -> media_clips.MediaClips:
   """Your files as a MediaClips source read with a run's `config.data` (its fps and sample
   rate, frames decoded at its image size); the bad ones are in its `skipped`."""
   names = paths if names is None else names
-  return files.MediaClips([files.Entry(str(p), "", n, n) for p, n in zip(paths, names)],
-                          where=where, fps=data.fps, sample_rate=data.sample_rate,
-                          short_side=data.image_size, min_seconds=MIN_SECONDS,
-                          progress=progress, allow_empty=True)
+  return media_clips.MediaClips([media_clips.Entry(str(p), "", n, n) for p, n in zip(paths, names)],
+                                where=where, fps=data.fps, sample_rate=data.sample_rate,
+                                short_side=data.image_size, min_seconds=MIN_SECONDS,
+                                progress=progress, allow_empty=True)
 
 
 def clip_ranges(data, duration_s: float) -> list[tuple[float, float]]:
@@ -189,10 +189,10 @@ class VideoEmbedder:
             "config_sha256": config_hash(self.workdir)}
 
   def source(self, paths: Sequence[str], names: Sequence[str], where: str, *,
-             progress: bool = True) -> files.MediaClips:
+             progress: bool = True) -> media_clips.MediaClips:
     return media_source(self.run.config.data, paths, where, names=names, progress=progress)
 
-  def embed_clips(self, source: files.MediaClips, *, progress: bool = True
+  def embed_clips(self, source: media_clips.MediaClips, *, progress: bool = True
                   ) -> tuple[np.ndarray, dict[int, video_io.VideoReadError]]:
     """(float32 [N, K, D]: the embeddings of each video's K clips, {row: error} for the
     files that passed the probe but failed when decoded; their rows are zeros)."""
@@ -208,7 +208,7 @@ class VideoEmbedder:
     clips[sorted(failed)] = 0.0
     return clips, failed
 
-  def embed_videos(self, source: files.MediaClips, *, progress: bool = True
+  def embed_videos(self, source: media_clips.MediaClips, *, progress: bool = True
                    ) -> tuple[np.ndarray, dict[int, video_io.VideoReadError]]:
     """(float32 [N, D]: each video's mean of its K clip embeddings, {row: error} for the
     files that passed the probe but failed when decoded; their rows are zeros)."""
@@ -243,7 +243,7 @@ class VideoEmbedder:
 def list_videos(root: pathlib.Path) -> list[str]:
   """Video files under root, relative, sorted."""
   return sorted(str(p.relative_to(root)) for p in root.rglob("*")
-                if p.is_file() and p.suffix.lower() in files.VIDEO_SUFFIXES)
+                if p.is_file() and p.suffix.lower() in media_clips.VIDEO_SUFFIXES)
 
 
 class VideoIndex:

@@ -245,8 +245,8 @@ def main(argv):
   # Every value, then the run's files (weights, vocabularies, dataset paths), before the
   # data is probed.
   experiment.check_config(config, jax.device_count())  # before the task's libraries load
-  from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
-  task = _config_errors(tasks_registry.build_task, config)
+  from avtext.tasks import task_registry  # pylint: disable=g-import-not-at-top
+  task = _config_errors(task_registry.build_task, config)
   experiment.check_inputs(config, task)
   from avtext.train import checkpointing  # pylint: disable=g-import-not-at-top
   if _MODE.value == "train":

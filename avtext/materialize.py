@@ -7,7 +7,7 @@ r"""Store a registered clips dataset as array_record files (decode once, read ma
 
 reads each split of the dataset `config.dataset` names (or `config.<dataset_of>.dataset`,
 with the evaluator's overrides) through the registry -- for the real datasets the
-user's media files, lazily, via `builders.files`, --workers clips at a time -- and stores
+user's media files, lazily, via `builders.media_clips`, --workers clips at a time -- and stores
 every clip (frames at the dataset's fps, resized on decode to --short_side; 16 kHz audio;
 has_audio, caption, clip_id, video_id) under --data_dir/<name>, with a progress bar per
 split, in the source's order. --format:
@@ -33,7 +33,7 @@ from ml_collections import config_flags
 
 from avtext import cli
 from avtext import errors
-from avtext.data import materialize as materialize_lib
+from avtext.data import clip_export
 from avtext.train import rundir
 
 FLAGS = flags.FlagValues()
@@ -50,7 +50,7 @@ _DATA_DIR = cli.DEFINE_path("data_dir", None, "the directory to write <name>/ un
                             flag_values=FLAGS)
 _SHORT_SIDE = flags.DEFINE_integer("short_side", None, "resize frames on decode to this "
                                    "shorter side (default: the dataset's)", flag_values=FLAGS)
-_FORMAT = flags.DEFINE_enum("format", materialize_lib.DEFAULT_FORMAT, materialize_lib.FORMATS,
+_FORMAT = flags.DEFINE_enum("format", clip_export.DEFAULT_FORMAT, clip_export.FORMATS,
                             "how to store the frames (see the module docstring)",
                             flag_values=FLAGS)
 _QUALITY = flags.DEFINE_integer("quality", 95, "JPEG quality of --format=frames_jpeg (1-100)",
@@ -64,7 +64,7 @@ def main(argv):
   if len(argv) > 1:
     raise errors.BadInput(f"unexpected arguments {list(argv[1:])}; see --help")
   config = cli.config_value(_CONFIG)
-  dataset = materialize_lib.dataset_config(config, _DATASET_OF.value)
+  dataset = clip_export.dataset_config(config, _DATASET_OF.value)
   if _SHORT_SIDE.value:
     dataset.short_side = _SHORT_SIDE.value
   cli.check_output_dir("data_dir", _DATA_DIR.value)
@@ -73,13 +73,13 @@ def main(argv):
   # stderr, stdout keeps the results.
   with rundir.output_lock(pathlib.Path(_DATA_DIR.value) / _NAME.value, "data_dir"), \
       contextlib.redirect_stdout(sys.stderr):
-    summary = materialize_lib.materialize(dataset, _SPLITS.value, name=_NAME.value,
-                                          data_dir=_DATA_DIR.value, fmt=_FORMAT.value,
-                                          quality=_QUALITY.value, workers=_WORKERS.value)
+    summary = clip_export.materialize(dataset, _SPLITS.value, name=_NAME.value,
+                                      data_dir=_DATA_DIR.value, fmt=_FORMAT.value,
+                                      quality=_QUALITY.value, workers=_WORKERS.value)
   for split, s in summary.items():
     skipped = ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "none"
     print(f"{split}: {s['records']} records; skipped: {skipped}")
-  read_name = materialize_lib.READ_NAME[_FORMAT.value].format(name=_NAME.value)
+  read_name = clip_export.READ_NAME[_FORMAT.value].format(name=_NAME.value)
   print(f"stored in {pathlib.Path(_DATA_DIR.value) / _NAME.value}: read it with "
         f"--config.dataset.name={read_name} --config.dataset.data_dir={_DATA_DIR.value}")
 

@@ -26,8 +26,8 @@ from absl import flags
 
 from avtext import cli
 from avtext import errors
+from avtext.mining import beam_files
 from avtext.mining import embed
-from avtext.mining import files
 from avtext.mining import pipeline
 from avtext.mining import runners
 from avtext.mining import search
@@ -264,16 +264,16 @@ def check_inputs() -> tuple[list, list, str, pipeline.MiningConfig]:
     cli.check_input_file("seed_features", _SEED_FEATURES.value)
   cli.check_input_dir("videos", _VIDEOS.value, "folder of videos")
   embedder = embedder_name()
-  seeds = files.read_seeds(_SEEDS.value)
+  seeds = beam_files.read_seeds(_SEEDS.value)
   if _SEED_FEATURES.value:
     shape, _, _ = stages.npy_header(_SEED_FEATURES.value)
     if shape[0] != len(seeds):
       raise errors.BadInput(f"--seed_features={_SEED_FEATURES.value}: {shape[0]} rows for the "
                             f"{len(seeds)} seeds of --seeds; row i must be line i's vector")
-  videos = files.list_videos(_VIDEOS.value)
+  videos = beam_files.list_videos(_VIDEOS.value)
   if not videos:
     raise errors.InputNotFound(f"--videos={_VIDEOS.value}: no video files in it (looked for "
-                               f"{', '.join(files.VIDEO_EXTENSIONS)}, in subfolders too); "
+                               f"{', '.join(beam_files.VIDEO_EXTENSIONS)}, in subfolders too); "
                                "give the folder that holds the corpus")
   return seeds, videos, embedder, cfg
 
@@ -325,7 +325,7 @@ def main(argv):
       beam_args += ["--default_sdk_harness_log_level=WARNING",
                     '--sdk_harness_log_level_overrides={"avtext": "INFO"}']
   # One process writes --out at a time (a remote one is the cluster's to guard).
-  lock = (contextlib.nullcontext() if files.is_remote(_OUT.value)
+  lock = (contextlib.nullcontext() if beam_files.is_remote(_OUT.value)
           else rundir.output_lock(_OUT.value, "out"))
   with lock, quiet_workers(_VERBOSE.value, _OUT.value), runners.beam_args_for(beam_args, dask_address=_DASK_ADDRESS.value,
                                    dask_local_workers=_DASK_LOCAL.value) as beam_args:

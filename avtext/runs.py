@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 
 from avtext import cli
-from avtext.models import registry as models_registry
+from avtext.models import model_registry
 from avtext.train import rundir
 
 
@@ -53,8 +53,8 @@ class Run:
 
   def task(self):
     """The run's task (tokenizer, example pipeline, predict functions); opens no data."""
-    from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
-    return registry.build_task(self.config)
+    from avtext.tasks import task_registry  # pylint: disable=g-import-not-at-top
+    return task_registry.build_task(self.config)
 
 
 def repo_root() -> pathlib.Path | None:
@@ -193,7 +193,7 @@ def load_run(workdir: str | pathlib.Path, step: int | str | None = None) -> Run:
   workdir = resolve_workdir(workdir)
   config = load_config(workdir)
   variables, step = read_variables(workdir, step)
-  return Run(config=config, model=models_registry.build_model(config.model),
+  return Run(config=config, model=model_registry.build_model(config.model),
              params=variables["params"], model_state=variables["model_state"],
              step=step, workdir=workdir)
 

@@ -30,7 +30,7 @@ from avtext import errors
 from avtext import runs as runs_lib
 from avtext.evals import vcmr as vcmr_eval
 from avtext.inference import vcmr
-from avtext.tasks import registry as tasks_registry
+from avtext.tasks import task_registry
 
 
 def check_corpus(store: vcmr.CorpusStore, run, corpus) -> None:
@@ -74,7 +74,7 @@ class Searcher:
         enc = dict(config.dataset.get("query_encoder") or {})
         config.dataset.query_encoder = {**enc, **({"bert_dir": bert_dir} if bert_dir else {}),
                                         **({} if layer is None else {"layer": layer})}
-    self.task = tasks_registry.build_task(config)
+    self.task = task_registry.build_task(config)
     self._encode_text = self.task.predict_fns()["encode_text"]
     self.cfg = vcmr_eval.run_search_config(config, **(search or {}))
     self._span = lambda v, q, h1, m: model.apply(v, q, h1, m, method=model.span_logits)

@@ -19,7 +19,7 @@ the world's, the others (MSR-VTT's, Clotho's several captions per clip) are furt
 captions of the same scene. `faults` adds one extra train entry per fault: the files
 `video_io.write_fault` writes (truncated, empty, not_video, audio_only, short (0.2 s),
 no_audio) and 'missing' (an entry without a file), with the outcome each gets from the
-builders (`builders.files`): skipped and counted by reason, except no_audio, which is
+builders (`builders.media_clips`): skipped and counted by reason, except no_audio, which is
 kept with zeros and has_audio False in a video dataset.
 """
 from __future__ import annotations

@@ -85,7 +85,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # ---- model ---------------------------------------------------------------
   config.model = ml_collections.ConfigDict()
-  config.model.name = "dual_encoder"  # avtext/models/registry.py
+  config.model.name = "dual_encoder"  # avtext/models/model_registry.py
   config.model.embed_dim = 256  # §4.1 / §5.2: D = 256
   config.model.video = ml_collections.ConfigDict()
   config.model.video.name = "mbt"

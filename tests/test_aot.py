@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.aot import chips
 from avtext.aot import programs as aot
 from avtext.aot import hlo_cost
@@ -98,7 +98,7 @@ def test_paper_options_compile_for_tpu_and_remat_recomputes():
   config.model.dtype, config.model.remat, config.model.attention = (
       "bfloat16", "full", "auto")
   config.partitioning.fsdp, config.partitioning.fsdp_min_size = True, 1
-  report = aot.analyze(config, "v5e:2x2", build_task=registry.build_task,
+  report = aot.analyze(config, "v5e:2x2", build_task=task_registry.build_task,
                         progress=lambda m: None)
   assert report["fits"] and report["dtype"] == "bfloat16"
   assert report["flops_per_chip"] > report["model_flops_per_chip"] > 0
@@ -124,7 +124,7 @@ def test_h100_target_compiles_with_cudnn_attention():
   config = videocc_avr.get_config("tiny")
   config.model.dtype, config.model.remat, config.model.attention = (
       "bfloat16", "full", "auto")
-  report = aot.analyze(config, "h100:1x8", build_task=registry.build_task,
+  report = aot.analyze(config, "h100:1x8", build_task=task_registry.build_task,
                         progress=lambda m: None)
   assert report["chips"] == 8 and report["chip"] == "NVIDIA H100 80GB HBM3"
   assert report["fits"] and report["hbm_per_chip_gib"] == pytest.approx(74.5, abs=0.1)
@@ -140,7 +140,7 @@ def test_unknown_topology_and_missing_topology_are_clear_errors():
   with pytest.raises(ValueError, match="unknown chip 'v9x'"):
     chips.chip_of("v9x:2x2")
   with pytest.raises(ValueError, match="no topology"):
-    aot.analyze(videocc_avr.get_config("tiny"), None, build_task=registry.build_task)
+    aot.analyze(videocc_avr.get_config("tiny"), None, build_task=task_registry.build_task)
   with pytest.raises(ValueError, match="h100:HOSTSxGPUS"):
     aot.gpu_topology_devices("h100:8")
 
@@ -207,9 +207,9 @@ def test_extrapolation_refuses_stacks_whose_layers_differ_and_configs_without_st
   # configs/videocc_avr.py:tiny freezes the text tower's layer 0 of 2: its layers differ
   # in cost (no backward pass below the trained ones).
   with pytest.raises(ValueError, match="text/encoderblock_<i>"):
-    aot.extrapolate(videocc_avr.get_config("tiny"), "v5e:2x2", build_task=registry.build_task,
+    aot.extrapolate(videocc_avr.get_config("tiny"), "v5e:2x2", build_task=task_registry.build_task,
                     progress=lambda m: None)
   config = videocc_avr.get_config("tiny")
   config.model.video.num_layers = config.model.text.num_layers = 1
   with pytest.raises(ValueError, match="no layer stack of 2 or more"):
-    aot.extrapolate(config, "v5e:2x2", build_task=registry.build_task)
+    aot.extrapolate(config, "v5e:2x2", build_task=task_registry.build_task)

@@ -26,8 +26,9 @@ PACKAGE = ROOT / "avtext"
 FLOORS = (
     ("errors", "atomic"),  # the user-error types every layer raises; files replaced
                            # whole or not at all
-    ("registry", "ops", "modalities", "assets", "cli"),  # tables, array helpers, asset
-                                                         # paths, the CLIs' shared pieces
+    ("config_registry", "ops", "modalities", "assets", "cli"),  # tables, array helpers,
+                                                                # asset paths, the CLIs'
+                                                                # shared pieces
     ("text",),       # tokenizers and vocabularies
     ("data",),       # reading, decoding and sampling examples; the synthetic world
     ("metrics",),    # pure numpy/jax scores
@@ -50,6 +51,10 @@ FLOORS = (
     ("serve",),      # the local web page over the search and caption CLIs' libraries
 )
 MAX_LINES = 600
+# Names of a paper or system, one module each in the parallel packages (models, tasks,
+# losses, metrics, evals, weights, data builders, features, inference).
+PER_PAPER = frozenset({"bert", "captioning", "classification", "coot", "gpt2", "mmt",
+                       "retrieval", "smit", "vcmr", "xml"})
 WORLD = "avworld"
 NEUTRAL = ("evals", "data/builders", "data/ground_truth.py", "features")  # under avtext/
 # Words of the world those modules must not use in a name, an attribute, an argument or a
@@ -253,7 +258,7 @@ def test_no_import_circles():
 
 def test_avtext_reaches_the_world_only_through_entry_points():
   assert _world_uses() == [], (
-      "avtext learns of the world through setup.py's entry points (avtext.registry); "
+      "avtext learns of the world through setup.py's entry points (avtext.config_registry); "
       "ask a source for its ground truth (avtext.data.ground_truth)")
 
 
@@ -273,20 +278,20 @@ def test_the_world_rules_report_planted_uses(tmp_path):
   """The rules themselves: a registry string that loads the world (or its old home
   inside avtext), an importlib string and a lazy import are each reported."""
   files = {"avtext/__init__.py": "",
-           "avtext/registry.py": "class Registry: ...\n",
+           "avtext/config_registry.py": "class Registry: ...\n",
            "avtext/data/__init__.py": "",
            "avtext/data/builders/__init__.py": (
-               "from avtext import registry\nDATASETS = registry.Registry(\n"
+               "from avtext import config_registry\nDATASETS = config_registry.Registry(\n"
                "    'dataset', ('avtext.data.builders', 'avworld'), 'register_dataset')\n"),
            "avtext/data/ground_truth.py": (
-               "from avtext import registry\nWORLDS = registry.Registry("
+               "from avtext import config_registry\nWORLDS = config_registry.Registry("
                "'world', package='avtext.data.synthetic', decorator='register_world')\n"),
            "avtext/evals/__init__.py": "",
            "avtext/evals/captioning.py": "def f():\n  from avworld import captions\n",
            "avtext/evals/retrieval.py": ("import importlib\n"
                                          "importlib.import_module('avworld.datasets')\n"),
            "avworld/__init__.py": "from avworld import captions\n",
-           "avworld/captions.py": "from avtext import registry\n"}
+           "avworld/captions.py": "from avtext import config_registry\n"}
   for name, text in files.items():
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / name).write_text(text)
@@ -316,6 +321,16 @@ def test_the_neutral_rule_reports_planted_world_attributes(tmp_path):
   assert _neutral_words(tmp_path) == [
       f"avtext/evals/retrieval.py:{lines['evals/retrieval.py'] + 4} names 'mentions_sound'",
       f"avtext/features/tower.py:{lines['features/tower.py'] + 4} names 'world'"]
+
+
+def test_module_names_are_unique():
+  """A module's file name says which file it is; a paper's or system's name repeats across
+  the parallel packages by design (docs/architecture.md, "Where a paper lives")."""
+  by_name = collections.defaultdict(list)
+  for path in PACKAGE.rglob("*.py"):
+    if path.stem not in ("__init__", "__main__") and path.stem not in PER_PAPER:
+      by_name[path.stem].append(str(path.relative_to(ROOT)))
+  assert {n: sorted(p) for n, p in by_name.items() if len(p) > 1} == {}
 
 
 def test_modules_over_600_lines_are_reported():

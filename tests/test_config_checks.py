@@ -17,7 +17,7 @@ from avtext import errors
 from avtext import evals
 from avtext import experiment
 from avtext.models import attention
-from avtext.tasks import registry as tasks_registry
+from avtext.tasks import task_registry
 from avtext.train import optimizers
 from tests.test_train_trainer import REPO
 from tests.test_train_trainer import tiny_config
@@ -99,7 +99,7 @@ def test_choices_come_from_the_tables_of_the_code_that_reads_them():
 def test_a_baseline_missing_its_run_is_refused_when_the_evaluators_are_built():
   config = _caption_config(**{"evals.test.baselines.nearest_neighbour": dict(
       run=None, step=None, num_train=32, num_clips=1)})
-  task = tasks_registry.build_task(config)
+  task = task_registry.build_task(config)
   with pytest.raises(ValueError, match=r"^config.evals.test.baselines.nearest_neighbour.run "
                                        "is not set: set it to the run directory"):
     evals.build_evaluators(config, task)
@@ -130,13 +130,13 @@ def test_every_tiny_variant_passes_the_checks_main_runs_before_training(variant,
   for devices in (1, 2, 8):
     experiment.check_config(config, devices)
   if TINY[variant] is None:  # what main checks before it makes the workdir, in its order
-    task = tasks_registry.build_task(config)
+    task = task_registry.build_task(config)
     experiment.check_inputs(config, task)
     assert len(task.train_source) >= config.train.batch_size
     assert evals.build_evaluators(config, task)
   else:
     with pytest.raises((ValueError, FileNotFoundError), match=TINY[variant]):
-      task = tasks_registry.build_task(config)
+      task = task_registry.build_task(config)
       experiment.check_inputs(config, task)
       task.train_source  # pylint: disable=pointless-statement
 

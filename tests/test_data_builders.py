@@ -42,7 +42,7 @@ from avtext.data import builders
 before = sorted(m for m in sys.modules if m.startswith("avtext.data.builders."))
 builders.get_source(ml_collections.ConfigDict(dict(name="synthetic_clips", num_eval=2)), "test")
 heavy = ("tensorflow_datasets", "tensorflow", "h5py", "array_record", "avtext.data.array_store",
-         "avtext.data.builders.array_store", "avtext.data.builders.tfds_clips")
+         "avtext.data.builders.feature_stores", "avtext.data.builders.tfds_clips")
 print(json.dumps({"before": before, "synthetic": "avworld.datasets" in sys.modules,
                   "heavy": [m for m in heavy if m in sys.modules]}))
 """

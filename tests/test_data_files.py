@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from avtext.data import builders
-from avtext.data import materialize
+from avtext.data import clip_export
 from avtext.data import video_io
-from avtext.data.builders import files
+from avtext.data.builders import media_clips
 from avtext.data.builders import videocc3m
 from avworld import clips
 from avworld import layouts
@@ -169,8 +169,8 @@ def test_a_file_failing_mid_read_is_replaced_in_training_only(msrvtt):
   assert again['caption'] == out['caption']
   np.testing.assert_array_equal(again['frames'], out['frames'])
   # An evaluation split does not substitute: the error names the file.
-  test = files.MediaClips([files.Entry(train.describe(idx)['path'], 'x', 'x')],
-                          where='an eval split', progress=False)
+  test = media_clips.MediaClips([media_clips.Entry(train.describe(idx)['path'], 'x', 'x')],
+                                where='an eval split', progress=False)
   with pytest.raises(video_io.VideoReadError, match='truncated'):
     pipelines.ClipReader(test).read(0, frame_fn, lambda i, n: [(0, 100)], ('rgb',))
 
@@ -178,29 +178,29 @@ def test_a_file_failing_mid_read_is_replaced_in_training_only(msrvtt):
 def test_probe_cache_is_reused_until_a_file_changes(msrvtt, tmp_path):
   cache = tmp_path / 'probe.json'
   paths = [str(p) for p in sorted((msrvtt.root / 'videos' / 'all').glob('test*.mp4'))]
-  first = files.probe_files(paths, cache=cache)
+  first = media_clips.probe_files(paths, cache=cache)
   assert json.loads(cache.read_text())[paths[0]]['result'] == first[paths[0]]
   stored = json.loads(cache.read_text())
   stored[paths[0]]['result'] = {'reason': 'empty', 'detail': 'from the cache'}
   cache.write_text(json.dumps(stored))
-  assert files.probe_files(paths, cache=cache)[paths[0]]['detail'] == 'from the cache'
+  assert media_clips.probe_files(paths, cache=cache)[paths[0]]['detail'] == 'from the cache'
   stored[paths[0]]['key'] = 'stale'
   cache.write_text(json.dumps(stored))
-  assert files.probe_files(paths, cache=cache)[paths[0]] == first[paths[0]]
+  assert media_clips.probe_files(paths, cache=cache)[paths[0]] == first[paths[0]]
 
 
 @pytest.mark.parametrize('fmt', ['tfds', 'frames_raw'])
 def test_materialized_split_reads_back_the_same_clips(msrvtt, tmp_path, fmt):
   ds = ml_collections.ConfigDict({'name': 'msrvtt', 'path': str(msrvtt.root),
                                   'progress': False})
-  summary = materialize.materialize(ds, ['train', 'test'], name='msrvtt_tiny',
+  summary = clip_export.materialize(ds, ['train', 'test'], name='msrvtt_tiny',
                                     data_dir=tmp_path, fmt=fmt)
   lazy_train = builders.get_source(ds, 'train')
   want = dict(lazy_train.skip_counts())
   want['truncated'] = 2  # found while writing
   assert summary['train'] == {'records': len(lazy_train) - 2, 'skipped': want}
   assert json.loads((tmp_path / 'msrvtt_tiny' / 'skipped.json').read_text())['splits'] == summary
-  read = ml_collections.ConfigDict({'name': materialize.READ_NAME[fmt].format(
+  read = ml_collections.ConfigDict({'name': clip_export.READ_NAME[fmt].format(
       name='msrvtt_tiny'), 'data_dir': str(tmp_path)})
   assert len(builders.get_source(read, 'train')) == summary['train']['records']
   stored = builders.get_source(read, 'test')

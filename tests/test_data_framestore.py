@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from avtext.data import builders
+from avtext.data import clip_export
 from avtext.data import framestore
-from avtext.data import materialize
 from avtext.data import pipelines
 from avtext.data import video_io
 from configs import videocc_avr
@@ -60,7 +60,7 @@ def _mp4_config(clips_dir):
 def stores(clips_dir, tmp_path_factory):
   data_dir = tmp_path_factory.mktemp('stores')
   for fmt in framestore.FORMATS:
-    summary = materialize.materialize(_mp4_config(clips_dir), ['train'], name=fmt,
+    summary = clip_export.materialize(_mp4_config(clips_dir), ['train'], name=fmt,
                                       data_dir=data_dir, fmt=fmt, workers=2)
     assert summary == {'train': {'records': NUM_CLIPS, 'skipped': {}}}
   return data_dir
@@ -176,7 +176,7 @@ def test_errors_name_the_fix(stores, tmp_path):
   with pytest.raises(ValueError, match=r"'frames:x' needs config.dataset.data_dir"):
     builders.get_source(ml_collections.ConfigDict({'name': 'frames:x'}), 'train')
   with pytest.raises(ValueError, match='--format=frames_gif: not a format'):
-    materialize.materialize(ml_collections.ConfigDict({'name': 'x'}), ['train'], name='x',
+    clip_export.materialize(ml_collections.ConfigDict({'name': 'x'}), ['train'], name='x',
                             data_dir=tmp_path, fmt='frames_gif')
 
 
@@ -186,7 +186,7 @@ def test_audio_dataset_stores_no_frames(tmp_path):
   w = layouts.write('clotho', tmp_path / 'clotho', sizes={'train': 1, 'val': 1, 'test': 1},
                     spec=world.WorldSpec(height=32, width=32, duration_s=2.0), progress=False)
   ds = ml_collections.ConfigDict({'name': 'clotho', 'path': str(w.root), 'progress': False})
-  materialize.materialize(ds, ['test'], name='clotho', data_dir=tmp_path, fmt='frames_jpeg')
+  clip_export.materialize(ds, ['test'], name='clotho', data_dir=tmp_path, fmt='frames_jpeg')
   lazy = builders.get_source(ds, 'test')
   stored = builders.get_source(ml_collections.ConfigDict(
       {'name': 'frames:clotho', 'data_dir': str(tmp_path)}), 'test')

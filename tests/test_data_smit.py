@@ -8,7 +8,7 @@ import pytest
 from avtext.data import builders
 from avtext.data import video_io
 from avtext.data.builders import smit as smit_builder
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avworld import datasets
 from avworld import layouts
 from avworld import world
@@ -58,7 +58,7 @@ def test_smit_task_reads_the_layout_as_the_world(smit):
   test = _open(smit.root, 'test')
   for get_config in (smit_spoken_amm.get_config, smit_language_amm.get_config):
     config = get_config('tiny,phase2')
-    task = registry.build_task(config)
+    task = task_registry.build_task(config)
     real, world_ex = task.examples(test, train=False), task.examples(ref, train=False)
     for i in (0, 2):
       a, b = real(i), world_ex(i)

@@ -16,8 +16,8 @@ import pytest
 from avtext import runs
 from avtext.data import builders
 from avtext.data import pipelines
-from avtext.models import registry as models_registry
-from avtext.tasks import registry
+from avtext.models import model_registry
+from avtext.tasks import task_registry
 from avtext.train import checkpointing
 from avtext.train import trainer as trainer_lib
 from avtext.train import warm_start
@@ -192,13 +192,13 @@ def test_eval_writes_to_eval_dir_while_another_process_writes_the_run(selected_r
 
 def test_model_registry_builds_from_config_alone():
   config = tiny_config()
-  model = models_registry.build_model(config.model)
+  model = model_registry.build_model(config.model)
   assert type(model).__name__ == "DualEncoder"
   assert type(model.video).__name__ == "MBT" and type(model.text).__name__ == "Bert"
-  assert {"mbt", "bert", "dual_encoder", "video_classifier"} <= set(models_registry.registered())
+  assert {"mbt", "bert", "dual_encoder", "video_classifier"} <= set(model_registry.registered())
   config.model.video.name = "vivit"
   with pytest.raises(ValueError, match=r"config.model.video.name='vivit'; registered models:.*'mbt'"):
-    models_registry.build_model(config.model)
+    model_registry.build_model(config.model)
 
 
 def test_train_package_imports_no_task():
@@ -217,14 +217,14 @@ class _BatchNormNet(nn.Module):
     return nn.Dense(1, name="out")(x)[:, 0]
 
 
-@models_registry.register_model("test_batchnorm_net")
+@model_registry.register_model("test_batchnorm_net")
 def _bn_net(cfg):
   del cfg
   return _BatchNormNet()
 
 
-@registry.register("test_batchnorm")
-class _BatchNormTask(registry.Task):
+@task_registry.register("test_batchnorm")
+class _BatchNormTask(task_registry.Task):
   """Regression of sum(x) from 3 features; 64 fixed examples."""
 
   @staticmethod

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from avtext.data import video_io
+from avtext.mining import beam_files
 from avtext.mining import embed
-from avtext.mining import files
 from avtext.mining import outputs
 from avtext.mining import pipeline
 from avtext.mining import runners
@@ -230,11 +230,11 @@ def mined(corpus, tmp_path_factory):
 @functools.lru_cache(maxsize=2)
 def _colour_histograms(corpus, clip_seconds):
   """The colour-histogram f of the seed images and of every readable video's frames."""
-  seeds = files.read_seeds(corpus / 'seeds' / 'seeds.tsv')
+  seeds = beam_files.read_seeds(corpus / 'seeds' / 'seeds.tsv')
   f = embed.colour_histogram
-  seed_vecs = f(np.stack([files.load_image(p, None) for _, p, _ in seeds]))
+  seed_vecs = f(np.stack([beam_files.load_image(p, None) for _, p, _ in seeds]))
   vecs, owner, times, videos = [], [], [], []
-  for vid, path in files.list_videos(corpus / 'videos'):
+  for vid, path in beam_files.list_videos(corpus / 'videos'):
     try:
       info = video_io.probe(path)
       if info.duration_s < clip_seconds:
@@ -387,10 +387,10 @@ def brute_force_outputs(corpus, mined, tmp_path_factory):
   and embedded in turn (`stages.decode_and_embed`), every (seed, video) pair's best frame
   by exhaustive numpy search, each seed's top_k >= the lowest τ, no shards, no Beam."""
   _, cfg, _ = mined
-  seeds = files.read_seeds(corpus / 'seeds' / 'seeds.tsv')
-  videos = files.list_videos(corpus / 'videos')
+  seeds = beam_files.read_seeds(corpus / 'seeds' / 'seeds.tsv')
+  videos = beam_files.list_videos(corpus / 'videos')
   f = embed.resolve(HIST)
-  seed_vecs = f(np.stack([files.load_image(p, None) for _, p, _ in seeds]))
+  seed_vecs = f(np.stack([beam_files.load_image(p, None) for _, p, _ in seeds]))
   records, skipped = [], []
   for vid, path in videos:
     record, skip = stages.decode_and_embed(vid, path, HIST, cfg)

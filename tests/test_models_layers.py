@@ -466,8 +466,8 @@ def test_the_backend_comes_from_the_config_and_is_written_into_it(tmp_path):
   backend into the config, so the run's config.json says what the program was traced
   for; `avtext.aot` builds for its target's platform without a wrapper."""
   from avtext.aot import programs  # pylint: disable=g-import-not-at-top
-  from avtext.models import registry  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
+  from avtext.models import model_registry  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry  # pylint: disable=g-import-not-at-top
   from tests.test_train_trainer import tiny_config  # pylint: disable=g-import-not-at-top
   config = tiny_config()
   assert config.model.get("backend") is None
@@ -481,10 +481,10 @@ def test_the_backend_comes_from_the_config_and_is_written_into_it(tmp_path):
   assert barriers("cpu") > 0 and barriers("tpu") == 0
   on_tpu = ml_collections.ConfigDict(config.model.to_dict())
   on_tpu.backend = "tpu"
-  assert registry.compute_from_config(on_tpu).backend == "tpu"
-  model = registry.build_model(on_tpu)
+  assert model_registry.compute_from_config(on_tpu).backend == "tpu"
+  model = model_registry.build_model(on_tpu)
   assert model.video.backend == model.text.backend == "tpu"  # inherited by the towers
-  task = tasks_registry.build_task(config)
+  task = task_registry.build_task(config)
   assert config.model.backend == "cpu" and task.model.video.backend == "cpu"
   assert '"backend": "cpu"' in config.to_json_best_effort()
   from avtext.train import rundir  # pylint: disable=g-import-not-at-top

@@ -18,7 +18,7 @@ import pytest
 from avtext.models import attention
 from avtext.models import fused_attention
 from avtext.models import layers
-from avtext.models import registry as models_registry
+from avtext.models import model_registry
 
 
 def _numpy_attention(q, k, v, mask):
@@ -66,7 +66,7 @@ def test_unknown_choices_are_errors():
   with pytest.raises(ValueError, match="config.model.attention='magic'"):
     layers.Compute(attention="magic")
   with pytest.raises(ValueError, match="config.model.dtype='float16'"):
-    models_registry.compute_from_config(ml_collections.ConfigDict({"dtype": "float16"}))
+    model_registry.compute_from_config(ml_collections.ConfigDict({"dtype": "float16"}))
 
 
 class _Stack(nn.Module):
@@ -300,7 +300,7 @@ def test_sub_models_inherit_compute_fields():
       text=dict(name="bert", weights=None, vocab_size=50, hidden_size=16, num_layers=1,
                 num_heads=2, intermediate_size=16, max_position_embeddings=16,
                 dropout_rate=0.0)))
-  model = models_registry.build_model(cfg)
+  model = model_registry.build_model(cfg)
   assert model.video.dtype == jnp.bfloat16 and model.video.attention == "blocked"
   assert model.video.remat == "none"  # its own setting wins
   assert model.text.dtype == jnp.bfloat16 and model.text.remat == "full"

@@ -53,8 +53,8 @@ from avtext.inference import generate
 from avtext.losses import captioning as caption_losses
 from avtext.models import gpt2 as gpt2_lib
 from avtext.models import mmt as mmt_lib
-from avtext.models import registry as models_registry
-from avtext.tasks import registry as tasks_registry
+from avtext.models import model_registry
+from avtext.tasks import task_registry
 from tests import test_tasks_mmt
 from tests import test_tasks_xml
 from tests.test_models_precision import relative_difference
@@ -99,7 +99,7 @@ def _task_case(config: ml_collections.ConfigDict, batch: dict, init_args: Callab
                **kwargs) -> Case:
   """A case whose loss is the task's own `loss_fn`."""
   def make(cfg):
-    task = tasks_registry.build_task(cfg)
+    task = task_registry.build_task(cfg)
     init = lambda rng: task.model.init({"params": rng, "dropout": rng, "sample": rng},
                                        *init_args(batch), **_init_kwargs(cfg))
     return init, lambda variables, rng: _loss_state(task.loss_fn(variables, batch, rng))
@@ -133,7 +133,7 @@ def _captioner_case() -> Case:
   mask = jnp.asarray([[1] * 7, [1] * 5 + [0] * 2, [1] * 3 + [0] * 4], jnp.float32)
 
   def make(cfg):
-    m = models_registry.build_model(cfg.model)
+    m = model_registry.build_model(cfg.model)
     def loss(variables, r):
       logits = m.apply(variables, {"rgb": rgb}, ids, train=True, rngs={"dropout": r})
       return caption_losses.sequence_nll(logits, targets, mask, 0.1)[0], {}
@@ -155,7 +155,7 @@ def _mmt_case() -> Case:
   mask = np.ones((3, 7), np.float32)
 
   def make(cfg):
-    m = models_registry.build_model(cfg.model)
+    m = model_registry.build_model(cfg.model)
     def loss(variables, r):
       logits = m.apply(variables, *ctx, caption, train=True, rngs={"dropout": r})
       return caption_losses.sequence_nll(logits, targets, mask, 0.1)[0], {}
@@ -169,7 +169,7 @@ def _coot_case() -> Case:
   config.data.pad_multiple, config.data.clip_pad_multiple = 4, 8
   config.model.dropout = 0.0  # hash dropout masks double the compile time (~10 s)
   config.data.pack_sequences = False  # the model's arguments below: the padded layout
-  task = tasks_registry.build_task(config)
+  task = task_registry.build_task(config)
   rng = np.random.default_rng(0)
   examples = []
   for i, clips in enumerate(([5, 3, 4], [6, 2])):
@@ -334,24 +334,24 @@ def test_bfloat16_and_remat_against_float32(name):
 
 def test_unset_fields_build_the_float32_model_and_sub_nodes_inherit():
   case = _smit_config(dict(name="resdavenet", widths=(8, 8, 8, 8, 8)))
-  model = models_registry.build_model(case.model)
+  model = model_registry.build_model(case.model)
   assert model.video.image.dtype == jnp.float32 and model.video.image.remat == "none"
   assert model.caption.head.dtype == jnp.float32
   config = _with(case, dtype="bfloat16", remat="full")
   config.model.speech.remat = "none"  # a node's own setting wins
-  model = models_registry.build_model(config.model)
+  model = model_registry.build_model(config.model)
   assert model.video.image.dtype == jnp.bfloat16 and model.video.image.remat == "full"
   assert model.video.head.dtype == model.caption.head.dtype == jnp.bfloat16
   assert model.caption.encoder.dtype == jnp.bfloat16 and model.caption.encoder.remat == "none"
-  captioner = models_registry.build_model(_with(_captioner_case().config,
-                                                dtype="bfloat16", attention="blocked").model)
+  captioner = model_registry.build_model(_with(_captioner_case().config,
+                                               dtype="bfloat16", attention="blocked").model)
   assert captioner.dtype == captioner.video.dtype == captioner.decoder.dtype == jnp.bfloat16
   assert captioner.decoder.attention == captioner.video.attention == "blocked"
   xml_config = _with(xml_tvr.get_config("tiny"), dtype="bfloat16", remat="full")
-  xml_model = models_registry.build_model(xml_config.model)
+  xml_model = model_registry.build_model(xml_config.model)
   assert (xml_model.dtype, xml_model.remat) == (jnp.bfloat16, "full")
   with pytest.raises(ValueError, match="unknown XML field"):
-    models_registry.build_model(_with(xml_config, span="x").model)
+    model_registry.build_model(_with(xml_config, span="x").model)
 
 
 def _teacher_forced_and_greedy(start, step, tokens, max_new, eos):
@@ -380,8 +380,8 @@ def _check_decoding(name: str, got, want):
 def test_bfloat16_decoding_gpt2_captioner():
   """start/step with a bfloat16 KV cache: float32 logits near the float32 teacher-forced ones."""
   case = _captioner_case()
-  f32 = models_registry.build_model(case.config.model)
-  bf16 = models_registry.build_model(_with(case.config, dtype="bfloat16").model)
+  f32 = model_registry.build_model(case.config.model)
+  bf16 = model_registry.build_model(_with(case.config, dtype="bfloat16").model)
   rgb = jax.random.normal(jax.random.PRNGKey(0), (2, 2, 16, 16, 3))
   ids = jax.random.randint(jax.random.PRNGKey(1), (2, 6), 0, 23).at[:, 0].set(0)  # BOS 0
   variables = _jit(f32.init, jax.random.PRNGKey(2), {"rgb": rgb}, ids)
@@ -399,8 +399,8 @@ def test_bfloat16_decoding_gpt2_captioner():
 def test_bfloat16_decoding_mmt():
   """MMT's cached decoding in bfloat16, logits near float32's; greedy bans UNK."""
   case = _mmt_case()
-  f32 = models_registry.build_model(case.config.model)
-  bf16 = models_registry.build_model(_with(case.config, dtype="bfloat16").model)
+  f32 = model_registry.build_model(case.config.model)
+  bf16 = model_registry.build_model(_with(case.config, dtype="bfloat16").model)
   rng = np.random.default_rng(3)
   ids, video, mask, types = test_tasks_mmt._context(rng)  # pylint: disable=protected-access
   caption = rng.integers(4, 23, size=(3, 7)).astype(np.int32)

@@ -19,7 +19,7 @@ from avtext import errors
 from avtext.aot import chips
 from avtext.data.builders import tvc
 from avtext.models import layers
-from avtext.models import registry
+from avtext.models import model_registry
 from avtext.train import config_rules
 from avtext.train import partitioning
 
@@ -234,7 +234,7 @@ def test_the_homes_hold_the_values_their_readers_get():
   assert "device_memory_size: 80000000000" in chips.H100_TARGET
   assert "memory_bandwidth: 3350000000000" in chips.H100_TARGET
   assert partitioning.FSDP_MIN_SIZE == 65536
-  compute = registry.compute_from_config(ml_collections.ConfigDict({}))
+  compute = model_registry.compute_from_config(ml_collections.ConfigDict({}))
   assert (np.dtype(compute.dtype).name, compute.remat, compute.attention, compute.scan_layers) == (
       "float32", "none", "xla", False)
   assert compute.backend == "cpu"  # named: the platform the tests run on

@@ -136,8 +136,8 @@ def run(official_dir: pathlib.Path, seed: int = 0):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from avtext.losses import coot as coot_losses  # pylint: disable=g-import-not-at-top
-  from avtext.models import registry as models_registry  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
+  from avtext.models import model_registry  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry as tasks  # pylint: disable=g-import-not-at-top
   max_abs_diff = official.max_abs_diff
   off = official.coot(official_dir)
   torch = off.torch
@@ -153,7 +153,7 @@ def run(official_dir: pathlib.Path, seed: int = 0):
     # Layer by layer against the official padded tensors: our padded layout too (packing
     # computes the same function: tests/test_tasks_coot.py).
     config.data.pack_sequences = False
-  model = models_registry.build_model(config.model)
+  model = model_registry.build_model(config.model)
   extra = [f"official: {yaml_file.relative_to(official_dir)}, RetrievalModelManager, "
            f"{sum(p.numel() for n in mgr.model_dict.values() for p in n.parameters())} "
            f"parameters; avtext: configs/coot_activitynet.py (masked_pool="

@@ -1,4 +1,4 @@
-"""avtext.registry: entries found by reading the package, imported only when looked up."""
+"""avtext.config_registry: entries found by reading the package, imported only when looked up."""
 import sys
 import textwrap
 
@@ -10,8 +10,8 @@ def fake_package(tmp_path, monkeypatch):
   pkg = tmp_path / "fakepkg"
   pkg.mkdir()
   (pkg / "__init__.py").write_text(textwrap.dedent("""
-      from avtext import registry
-      THINGS = registry.Registry("thing", "fakepkg", "register_thing")
+      from avtext import config_registry
+      THINGS = config_registry.Registry("thing", "fakepkg", "register_thing")
       register_thing = THINGS.register
       """))
   (pkg / "bees.py").write_text(textwrap.dedent("""
@@ -68,9 +68,9 @@ def test_a_registry_reads_several_packages_in_order(fake_package, tmp_path):
         return "wasp"
       """))
   try:
-    from avtext import registry  # pylint: disable=g-import-not-at-top
+    from avtext import config_registry  # pylint: disable=g-import-not-at-top
     import fakepkg  # pylint: disable=g-import-not-at-top
-    both = registry.Registry("thing", ("fakepkg", "otherpkg"), "register_thing")
+    both = config_registry.Registry("thing", ("fakepkg", "otherpkg"), "register_thing")
     assert both.names() == ["bee", "wasp", "px:<name>"]
     assert "otherpkg.more" not in sys.modules
     fakepkg.register_thing = both.register  # the modules register through the new table

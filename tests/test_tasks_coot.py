@@ -66,7 +66,7 @@ def write_tiny_dataset(path, *, num_train=24, num_val=8, video_dim=16, text_dim=
 
 
 def tiny_config(path, config_file="configs/coot_activitynet.py"):
-  from avtext.tasks import registry  # noqa: F401  (registers tasks on lookup)
+  from avtext.tasks import task_registry  # noqa: F401  (registers tasks on lookup)
   import importlib.util
   spec = importlib.util.spec_from_file_location("coot_cfg", config_file)
   module = importlib.util.module_from_spec(spec)
@@ -98,12 +98,12 @@ def test_dataset_segments_follow_the_official_rule(tmp_path):
 
 
 def test_collate_packs_clips_into_slots(tmp_path):
-  from avtext.tasks import registry
+  from avtext.tasks import task_registry
   write_tiny_dataset(tmp_path)
   config = tiny_config(tmp_path)
   config.data.pad_multiple, config.data.clip_pad_multiple = 8, 32
   config.data.pack_sequences = False  # the padded layout (packing: the test below)
-  task = registry.build_task(config)
+  task = task_registry.build_task(config)
   ex = [{"video": np.ones((5, 2)), "clip_frames": np.arange(12.0).reshape(6, 2),
          "clip_lengths": np.array([2, 4]), "paragraph": np.ones((3, 1)),
          "sentence_lengths": np.array([1, 2])},
@@ -143,7 +143,7 @@ def test_packed_sequences_give_the_unpacked_embeddings_loss_and_gradients(tmp_pa
   unpacked ones on the same batch."""
   import jax
   from avtext.data import array_store
-  from avtext.tasks import registry
+  from avtext.tasks import task_registry
   config = tiny_config(tmp_path)
   config.data.max_frames = 12
   rng = np.random.default_rng(0)
@@ -157,7 +157,7 @@ def test_packed_sequences_give_the_unpacked_embeddings_loss_and_gradients(tmp_pa
         "clip_frames": rng.normal(size=(int(clips.sum()), 16)).astype(np.float32),
         "clip_lengths": clips, "sentence_lengths": sentences,
         "paragraph": rng.normal(size=(int(sentences.sum()), 24)).astype(np.float32)})
-  task = registry.build_task(config)
+  task = task_registry.build_task(config)
   config.data.pack_sequences = False
   plain = task.collate(examples)
   config.data.pack_sequences = True  # the configs' default
@@ -195,10 +195,10 @@ def test_packed_sequences_give_the_unpacked_embeddings_loss_and_gradients(tmp_pa
 def test_tiny_run_trains_evaluates_and_exports(tmp_path, config_file):
   import h5py
   import jax
-  from avtext.tasks import registry
+  from avtext.tasks import task_registry
   write_tiny_dataset(tmp_path / "data")
   config = tiny_config(tmp_path / "data", config_file)
-  task = registry.build_task(config)
+  task = task_registry.build_task(config)
   trainer = experiment.build(config, tmp_path / "run", task=task)
   trainer.train()
   import json

@@ -17,7 +17,7 @@ from avtext.features import coot_text
 from avtext.features import smit as smit_features
 from avtext.inference import vcmr
 from avtext.tasks import coot as coot_task
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.text import vocab as vocab_lib
 from tests.test_train_trainer import REPO
 
@@ -106,7 +106,7 @@ def check_task(config, tmp_path, *, packed: bool = False) -> None:
   packed: batches are not stacked examples (COOT): the real arrays fit the spec's
   maximum lengths instead of equalling them.
   """
-  task = registry.build_task(config)
+  task = task_registry.build_task(config)
   # ---- training: batch 0 of the real stream
   batch = task.train_data(batch_size=BATCH, seed=0, process_index=0, process_count=1)[0]
   spec = task.batch_spec(BATCH, train=True)
@@ -216,7 +216,7 @@ def test_coot(tmp_path):
   assert coot_task.MAX_PARAGRAPH_TOKENS == default
   # A fixed clip axis: the rows of every batch are exactly max_clips_per_batch.
   config.data.max_clips_per_batch = 24
-  task = registry.build_task(config)
+  task = task_registry.build_task(config)
   batch = task.train_data(batch_size=BATCH, seed=0, process_index=0, process_count=1)[0]
   spec = task.batch_spec(BATCH, train=True)
   assert batch["clips"].shape[0] == spec["clips"].shape[0] == 24
@@ -286,23 +286,23 @@ def _configs(tmp_path):
 def test_specs_open_no_dataset(tmp_path, monkeypatch):
   monkeypatch.setattr(builders, "get_source", _no_dataset)
   for name, config in _configs(tmp_path).items():
-    task = registry.build_task(config)
+    task = task_registry.build_task(config)
     train = task.example_spec(train=True)
     assert train and all(isinstance(v, jax.ShapeDtypeStruct) for v in train.values()), name
     assert task.batch_spec(8, train=True), name
     spec = task.example_spec(train=False)
-    fns = sorted(spec) if registry.is_keyed_spec(spec) else [None]
+    fns = sorted(spec) if task_registry.is_keyed_spec(spec) else [None]
     for fn in fns:
       assert task.batch_spec(8, train=False, predict_fn=fn), (name, fn)
-    if registry.is_keyed_spec(spec):
+    if task_registry.is_keyed_spec(spec):
       with pytest.raises(ValueError, match="name one of"):
         task.batch_spec(8, train=False)
       with pytest.raises(ValueError, match="no example spec for predict function 'logits'"):
         task.predict_example_spec("logits")
   # The paper's widths, where the config names them.
   configs = _configs(tmp_path)
-  avr = registry.build_task(configs["avr"]).example_spec(train=False)
+  avr = task_registry.build_task(configs["avr"]).example_spec(train=False)
   assert avr["rgb"].shape == (4, 32, 224, 224, 3) and avr["audio"].shape == (4, 800, 128)
-  xml = registry.build_task(configs["xml"]).example_spec(train=False)
+  xml = task_registry.build_task(configs["xml"]).example_spec(train=False)
   assert xml["encode_context"]["video"].shape == (100, 3072)
   assert xml["encode_query"]["query"].shape == (30, 768)

@@ -19,7 +19,7 @@ from avtext.inference import generate
 from avtext.metrics import captioning as caption_metrics
 from avtext.models import mmt
 from avtext.tasks import mmt as mmt_task
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.text import vocab as vocab_lib
 from avtext.train import optimizers
 from avworld import longvideo
@@ -220,11 +220,11 @@ def test_vocab_size_alone_sizes_the_model_and_the_task_asks_for_the_vocab():
   config = mmt_tvc.get_config()
   config.model.vocab_size = 100
   assert config.model.vocab is None
-  assert registry.build_task.__module__  # the registry itself imports
+  assert task_registry.build_task.__module__  # the registry itself imports
   model = mmt.mmt_from_config(config.model)
   assert model.vocab_size == 100
   with pytest.raises(errors.BadInput, match=r"config\.model\.vocab is not set.*caption_vocab"):
-    registry.build_task(config)
+    task_registry.build_task(config)
   config.model.vocab_size = None
   with pytest.raises(errors.BadInput, match=r"config\.model\.vocab is not set"):
     mmt.mmt_from_config(config.model)
@@ -357,7 +357,7 @@ def test_context_example_layout(tvc_dir, tmp_path):
   vocab = vocab_lib.WordVocab.build(
       [d for i in range(len(src)) for d in src.describe(i)["descs"]], min_count=0)
   vocab.save(tmp_path / "w.json")
-  task = registry.build_task(_tiny_config(tvc_dir, tmp_path / "w.json"))
+  task = task_registry.build_task(_tiny_config(tvc_dir, tmp_path / "w.json"))
   item = src[1]
   ex = task.context_example(item)
   st, ed = mmt_task.moment_clips(item["ts"], len(item["video"]))
@@ -414,8 +414,8 @@ def test_default_config_says_what_to_prepare(tmp_path):
   with pytest.raises(ValueError, match=r"config.model.vocab is not set: .*a word2idx JSON "
                                        r"\(TVCaption's tvc_word2idx.json, or python -m "
                                        r"avtext.tools.caption_vocab\)"):
-    registry.build_task(config)
+    task_registry.build_task(config)
   vocab_lib.WordVocab.build([]).save(tmp_path / "w.json")
   config.model.vocab = str(tmp_path / "w.json")
   with pytest.raises(ValueError, match=r"config.dataset.path is not set: the TVC directory"):
-    registry.build_task(config).num_train_examples()
+    task_registry.build_task(config).num_train_examples()

@@ -15,7 +15,7 @@ import pytest
 from avtext.data import builders
 from avtext.features import smit as smit_features
 from avtext.losses import contrastive
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.train import checkpointing
 from avtext.train import optimizers
 from tests.test_train_trainer import REPO
@@ -86,7 +86,7 @@ def tiny_features(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_model(tiny_features):
   """(task, phase-1 variables) of the tiny language config."""
-  task = registry.build_task(tiny_features)
+  task = task_registry.build_task(tiny_features)
   return task, smit_features.phase1_variables(tiny_features, task)
 
 

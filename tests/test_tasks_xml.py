@@ -24,7 +24,7 @@ from avtext.features import tvr_text
 from avtext.inference import vcmr
 from avtext.metrics import vcmr as moment_metrics
 from avtext.models import xml
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.tasks import xml as moments_task
 from avworld import longvideo
 from avworld import tvr_layout
@@ -618,7 +618,7 @@ def test_default_config_says_what_to_prepare():
   assert (config.model.hidden_size, config.model.max_ctx_len, config.loss.span_weight,
           config.train.batch_size) == (256, 100, 0.01, 128)
   with pytest.raises(ValueError, match=r"config.dataset.path is not set: the TVR directory"):
-    registry.build_task(config).num_train_examples()
+    task_registry.build_task(config).num_train_examples()
 
 
 @pytest.mark.parametrize("config", ["xml_tvr.py:tiny", "xml_tvr.py:demo", "mmt_tvc.py:tiny"])
@@ -678,7 +678,7 @@ def test_encode_text_encodes_a_query_as_the_features_tool_wrote_it(tiny_bert, tm
   config.dataset.query_encoder = dict(bert_dir=str(directory), layer=-2)
   config.dataset.query_dim, config.dataset.video_dim, config.dataset.sub_dim = 8, 3, 8
   config.model.max_query_len = 4
-  task = registry.build_task(config)
+  task = task_registry.build_task(config)
   batch = {k: np.zeros((1,) + s.shape, s.dtype)
            for k, s in task.example_spec(train=True).items()}
   variables = task.init_variables(jax.random.PRNGKey(0), batch)

@@ -11,7 +11,7 @@ import pytest
 
 from avtext import runs
 from avtext.models import mmt
-from avtext.models import registry as models_registry
+from avtext.models import model_registry
 from avtext.text import vocab
 from avtext import import_checkpoint as import_tool
 from avtext.weights import official
@@ -90,7 +90,7 @@ def tiny(tmp_path_factory):
   config = mmt_tvc.get_config("tiny")
   config.model.vocab = str(_vocab(root / "vocab.json"))
   config.model.max_positions = 50
-  model = models_registry.build_model(config.model)
+  model = model_registry.build_model(config.model)
   n = 6
   ids = np.ones((1, n), np.int32)
   params = model.init(jax.random.PRNGKey(0), ids, np.zeros((1, n, config.model.video_dim),

@@ -314,7 +314,7 @@ def test_mismatches_name_the_key_and_the_config_field(reference, tmp_path):
 
 def test_config_init_from_vit_reaches_the_task(tmp_path):
   """configs/videocc_avr.py's model.video.init_from_vit through AVRTask.load_pretrained."""
-  from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
   from configs import videocc_avr  # pylint: disable=g-import-not-at-top
   paper = videocc_avr.get_config()
@@ -332,7 +332,7 @@ def test_config_init_from_vit_reaches_the_task(tmp_path):
                              np.float32),
            "input_ids": np.zeros((1, 8), np.int32),
            "attention_mask": np.ones((1, 8), np.int32)}
-  task = registry.build_task(config)
+  task = task_registry.build_task(config)
   shapes = jax.eval_shape(task.init_variables, jax.random.PRNGKey(0), batch)["params"]
   fresh = jax.tree.map(lambda s: np.full(s.shape, 7, s.dtype), shapes)
   assert task.load_pretrained(fresh) is fresh  # path None: nothing read
@@ -340,7 +340,7 @@ def test_config_init_from_vit_reaches_the_task(tmp_path):
   v.init_from_vit.path = str(tmp_path)
   v.init_from_vit.rgb_init = "average"
   v.init_from_vit.towers = ("rgb",)  # the tiny audio patch (8, 16) is not the ViT's 8 x 8
-  loaded = registry.build_task(config).load_pretrained(fresh)
+  loaded = task_registry.build_task(config).load_pretrained(fresh)
   rgb = loaded["video"]["rgb"]
   np.testing.assert_allclose(rgb["patch_embedding"]["kernel"],
                              np.stack([params["embeddings/patch_embeddings/projection/kernel"]
@@ -354,12 +354,12 @@ def test_config_init_from_vit_reaches_the_task(tmp_path):
   v.init_from_vit.towers = ("rgb", "audio")
   with pytest.raises(ValueError, match=r"audio tower's are 8x16; set config.model.video."
                      r"audio_patch=\(8, 8\)"):
-    registry.build_task(config).load_pretrained(fresh)
+    task_registry.build_task(config).load_pretrained(fresh)
   v.init_from_vit.towers = ("rgb",)
   v.rgb_stem = (4,)  # a conv stem has no counterpart in the ViT checkpoint
   with pytest.raises(ValueError, match=r"rgb_stem=\(4,\) puts a conv stem before it"):
-    registry.build_task(config).load_pretrained(fresh)
+    task_registry.build_task(config).load_pretrained(fresh)
   v.rgb_stem = ()
   v.init_from_vit.path = str(tmp_path / "ViT-B_16.npz")
   with pytest.raises(FileNotFoundError, match="init_from_vit.path=.*ViT-B_16.npz.*not found"):
-    registry.build_task(config).load_pretrained(fresh)
+    task_registry.build_task(config).load_pretrained(fresh)

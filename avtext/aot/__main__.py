@@ -118,17 +118,17 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   # Imported here so --help answers without initializing JAX.
   from avtext import evals  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry as tasks_registry  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry  # pylint: disable=g-import-not-at-top
   from avtext.aot import programs as aot_lib  # pylint: disable=g-import-not-at-top
   from avtext.aot import report as report_lib  # pylint: disable=g-import-not-at-top
   try:
     report = aot_lib.analyze(
-        config, _TOPOLOGY.value, build_task=tasks_registry.build_task,
+        config, _TOPOLOGY.value, build_task=task_registry.build_task,
         predict_fns=evals.predict_fn_names(config) if _EVALS.value else None,
         hlo_out=_HLO_OUT.value)
     if _EXTRAPOLATE.value:
       report["extrapolated"] = aot_lib.extrapolate(
-          config, _TOPOLOGY.value, build_task=tasks_registry.build_task,
+          config, _TOPOLOGY.value, build_task=task_registry.build_task,
           model_flops_per_chip=report["model_flops_per_chip"])
     if _PLAN.value:
       report["plan"] = report_lib.plan(report, config, examples=_EXAMPLES.value,

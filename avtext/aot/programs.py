@@ -287,8 +287,8 @@ def analyze(config, topology: str | None = None, *, build_task: BuildTask,
   roof = cost_model.bound(cost, chip, model_flops)
   predicted = cost_model.predict(cost, chip, model_flops)
   needed = hbm_needed(mem)
-  from avtext.models import registry as models_registry  # pylint: disable=g-import-not-at-top
-  compute = models_registry.compute_from_config(config.model)
+  from avtext.models import model_registry  # pylint: disable=g-import-not-at-top
+  compute = model_registry.compute_from_config(config.model)
   report = {
       "config": config.get("task"), "topology": topology, "chip": chip.name,
       "chips": chips, "mesh": dict(run.mesh.shape),

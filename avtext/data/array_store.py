@@ -15,7 +15,7 @@ comes back as `{"id": str, key: np.ndarray | str | list[str] (nested for
 str ranks > 1)}`.
 
 Three on-disk layouts, read with random access (`Hdf5Features`,
-`NpzFeatures`, `ArrayRecordFeatures`); `builders.array_store` opens them from
+`NpzFeatures`, `ArrayRecordFeatures`); `builders.feature_stores` opens them from
 a config. Every error names the file, the item and the key, and says what was
 expected. With `skip_missing=True`, items absent from the store or lacking a
 schema key are dropped when the source opens, counted and logged in one

@@ -25,7 +25,7 @@ handed to evaluators as a host field); a `ClipTruth` reads it. Where to ask:
 
 The worlds themselves live outside avtext: a package registers its datasets and world.json
 formats through the entry-point groups `avtext.datasets` and `avtext.worlds`
-(`avtext.registry`).
+(`avtext.config_registry`).
 """
 import json
 import pathlib
@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 import ml_collections
 import numpy as np
 
-from avtext import registry as registry_lib
+from avtext import config_registry
 from avtext.data import builders
 
 WORLD_FILE = "world.json"
@@ -117,7 +117,7 @@ def retrieval_oracle(source: Any) -> RetrievalOracle | None:
 # Every `@register_world("<format>/", prefix=True)` in the packages of the entry-point
 # group `avtext.worlds`: a factory `meta -> ground truth` of the world whose world.json
 # names that format.
-WORLDS = registry_lib.Registry(
+WORLDS = config_registry.Registry(
     "world", (), "register_world",
     message="{where}={name!r} names no known world; known formats: {joined}")
 register_world = WORLDS.register

@@ -86,7 +86,7 @@ class ClipReader:
 
     A file that fails to decode (`video_io.VideoReadError`) is replaced by the entry
     the source's `replacement(index, error)` names (file-backed training splits, see
-    `builders.files`), which counts it; without one the error propagates.
+    `builders.media_clips`), which counts it; without one the error propagates.
     """
     while True:
       try:

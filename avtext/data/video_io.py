@@ -16,7 +16,7 @@ Reading:
                                  short after a valid index, which probe cannot see
 Only the streams asked for are decoded. Clips of a dataset (a span of a file at 25 fps,
 audio zero-padded past the file's end, zeros + has_audio False without sound, as VideoCC
-app. C) are read through `avtext.data.builders.files.MediaClips`, built on these.
+app. C) are read through `avtext.data.builders.media_clips.MediaClips`, built on these.
 
 Writing: write_video(path, frames, fps, audio=None) encodes H.264 (libx264, yuv420p)
 and AAC mono; write_audio(path, wave) an audio-only file (.wav: 16-bit PCM, else AAC

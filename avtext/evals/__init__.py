@@ -21,10 +21,10 @@ finds it there.
 """
 import ml_collections
 
+from avtext import config_registry
 from avtext import errors
-from avtext import registry as registry_lib
 
-_EVALUATORS = registry_lib.Registry("evaluator", "avtext.evals", "register_evaluator")
+_EVALUATORS = config_registry.Registry("evaluator", "avtext.evals", "register_evaluator")
 register_evaluator = _EVALUATORS.register
 
 

@@ -116,7 +116,7 @@ class Evaluator:
 
   def skip_counts(self) -> dict[str, int] | None:
     """{reason: count} of the split's entries put aside so far (files missing or not
-    decoding, `avtext.data.builders.files`); None before the split is opened (this
+    decoding, `avtext.data.builders.media_clips`); None before the split is opened (this
     does not open it) and for sources that never skip."""
     counts = getattr(self._source, "skip_counts", None)
     return counts() if counts is not None else None

@@ -3,7 +3,7 @@
 Evaluators reach a task only through these members. Each evaluator class names its
 protocol (`base.Evaluator.protocol`); building it checks the task has every member
 (`check`), so a config that pairs an evaluator with a task that cannot serve it fails
-at once, naming what is missing. `avtext.tasks.registry.Task` subclasses provide
+at once, naming what is missing. `avtext.tasks.task_registry.Task` subclasses provide
 `Predicting`'s members; the others' come with the tasks that serve those evaluators.
 """
 from typing import Any, Callable, Protocol, Sequence

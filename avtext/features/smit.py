@@ -56,7 +56,7 @@ from avtext.data import audio
 from avtext.data import builders
 from avtext.data.builders import smit as smit_builder
 from avtext.features import done
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.train import rundir
 from avtext.train import warm_start
 
@@ -247,7 +247,7 @@ def extract(config: ml_collections.ConfigDict, out: str | pathlib.Path, *,
     logging.warning("config.init_from.workdir is unset: the backbones are random")
   if reuse is not None:
     _check_reusable(reuse, args)
-  task = registry.build_task(config)
+  task = task_registry.build_task(config)
   sources = {split: task.check_source(builders.get_source(origin, split)) for split in splits}
   copied = {}  # with --reuse, each split's rows and clip side, checked before any compute
   if reuse is not None:

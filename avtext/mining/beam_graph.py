@@ -14,7 +14,7 @@ from typing import Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from avtext.mining import files
+from avtext.mining import beam_files
 from avtext.mining import runners
 from avtext.mining import search as search_lib
 from avtext.mining import stages
@@ -131,8 +131,8 @@ class Summary(beam.DoFn):
     by_kind = {'skip': [], 'info': [], 'matches': []}
     for kind, x in element[1]:
       by_kind[kind].append(x)
-    path = files.join(self.staging, 'summary.json')
-    files.write_bytes(path, json.dumps(by_kind, sort_keys=True).encode())
+    path = beam_files.join(self.staging, 'summary.json')
+    beam_files.write_bytes(path, json.dumps(by_kind, sort_keys=True).encode())
     stages.note_peak_rss(self.staging)
     yield path
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from avtext import atomic
 from avtext.data import ground_truth
-from avtext.mining import files
+from avtext.mining import beam_files
 
 CSV_NAME = 'videocc.csv'
 DATASET_FORMAT = 'avtext.videocc_mined/1'
@@ -132,7 +132,7 @@ def corpus_truth(videos_dir: str | pathlib.Path):
 def write(out: str | pathlib.Path, **kwargs) -> dict:
   """Write every output file (module docstring) under `out`, local or remote (written
   locally, then copied with Beam's FileSystems); return run info (run.json)."""
-  if not files.is_remote(str(out)):
+  if not beam_files.is_remote(str(out)):
     return _write(pathlib.Path(out), **kwargs)
   import tempfile  # pylint: disable=g-import-not-at-top
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top

@@ -10,7 +10,7 @@ Inputs
   seeds.tsv   one seed image per line: `seed_id <TAB> image path <TAB> caption` (the
               path relative to the file's directory; PNG/JPEG). CC3M users write it
               from the release TSV (caption, url) and the images they downloaded.
-  videos      a directory; every file with a video extension (files.VIDEO_EXTENSIONS) under
+  videos      a directory; every file with a video extension (beam_files.VIDEO_EXTENSIONS) under
               it, recursively, is a corpus video whose id is its path relative to the
               directory without the extension.
 
@@ -110,7 +110,7 @@ import json
 import time
 from typing import Sequence
 
-from avtext.mining import files
+from avtext.mining import beam_files
 from avtext.mining import search as search_lib
 from avtext.mining import stages
 
@@ -160,15 +160,16 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
                   seed_features: str | None = None, seeds: list | None = None,
                   videos: list | None = None) -> dict:
   """Run the pipeline (`beam_graph.run`); write the outputs (`outputs.write`); return
-  run info. `seeds` and `videos`: `files.read_seeds` and `files.list_videos` of the
+  run info. `seeds` and `videos`: `beam_files.read_seeds` and `beam_files.list_videos` of the
   first two, when the caller has read them already."""
   from avtext.mining import beam_graph  # pylint: disable=g-import-not-at-top
   from avtext.mining import outputs  # pylint: disable=g-import-not-at-top
 
-  seeds = files.read_seeds(seeds_tsv) if seeds is None else seeds
-  videos = files.list_videos(videos_dir) if videos is None else videos
+  seeds = beam_files.read_seeds(seeds_tsv) if seeds is None else seeds
+  videos = beam_files.list_videos(videos_dir) if videos is None else videos
   if not videos:
-    raise ValueError(f'--videos {videos_dir}: no files with extensions {files.VIDEO_EXTENSIONS}')
+    raise ValueError(f'--videos {videos_dir}: no files with extensions '
+                     f'{beam_files.VIDEO_EXTENSIONS}')
   if seed_features:
     shape, _, _ = stages.npy_header(seed_features)
     if shape[0] != len(seeds):
@@ -177,7 +178,7 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
   # Workers hand seed shards and results over through files under OUT/_beam/RUN (Beam's
   # FileSystems: a local path on one machine, shared or gs:// storage on a cluster).
   run_tag = hashlib.sha1(f'{time.time_ns()}'.encode()).hexdigest()[:8]
-  staging = files.join(files.join(str(out), '_beam'), run_tag)
+  staging = beam_files.join(beam_files.join(str(out), '_beam'), run_tag)
   shards = [(j, a, b, None if seed_features else [seeds[r][1] for r in range(a, b)])
             for j, a, b in seed_shards(len(seeds), cfg)]
   t0 = time.perf_counter()
@@ -185,19 +186,20 @@ def build_and_run(seeds_tsv: str, videos_dir: str, embedder_name: str, out: str,
     beam_graph.run(staging, shards, videos, len(seeds), embedder_name, cfg, beam_args,
                    seed_features)
   except BaseException:  # failed or interrupted: the hand-over files go, OUT is as it was
-    files.delete_tree(staging, missing_ok=True)
+    beam_files.delete_tree(staging, missing_ok=True)
     raise
   seconds = time.perf_counter() - t0
 
-  done = json.loads(files.read_bytes(files.join(staging, 'summary.json')))
+  done = json.loads(beam_files.read_bytes(beam_files.join(staging, 'summary.json')))
   matches = []
   for path in sorted(done['matches']):
-    for row, top in json.loads(files.read_bytes(path)):
+    for row, top in json.loads(beam_files.read_bytes(path)):
       matches += [[seeds[row][0], m] for m in top]
-  workers = [json.loads(files.read_bytes(w)) for w in files.match(files.join(staging, 'workers/*'))]
+  workers = [json.loads(beam_files.read_bytes(w))
+             for w in beam_files.match(beam_files.join(staging, 'workers/*'))]
   seed_skips = [{'seed_id': seeds[s.pop('seed_row')][0], **s}
                 for s in stages.seed_skips(staging)]
-  files.delete_tree(staging)
+  beam_files.delete_tree(staging)
   workers.append({'worker': 'driver', 'peak_rss_mb': stages.peak_rss_mb()})
   return outputs.write(out, cfg=cfg, seeds=seeds, captions={sid: cap for sid, _, cap in seeds},
                        videos=videos, matches=matches, skipped=done['skip'],

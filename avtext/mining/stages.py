@@ -30,8 +30,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from avtext.mining import beam_files
 from avtext.mining import embed
-from avtext.mining import files
 from avtext.mining import search as search_lib
 
 _EMBEDDERS: dict[str, embed.Embedder] = {}
@@ -96,8 +96,8 @@ def note_peak_rss(staging: str) -> None:
     return
   _PEAK_RSS_WRITTEN[staging] = peak
   worker = f'{socket.gethostname()}-{os.getpid()}'
-  files.write_bytes(files.join(staging, f'workers/{worker}.json'),
-                    json.dumps({'worker': worker, 'peak_rss_mb': peak}).encode())
+  beam_files.write_bytes(beam_files.join(staging, f'workers/{worker}.json'),
+                         json.dumps({'worker': worker, 'peak_rss_mb': peak}).encode())
 
 
 # ------------------------------------------------------------------ seeds
@@ -148,9 +148,9 @@ def seed_shard(staging: str, shard: int, start: int, stop: int, paths: Sequence[
       images = []
       for r, p in enumerate(paths[a:a + cfg.embed_batch], start + a):
         try:
-          images.append(files.load_image(p, cfg.image_size))
+          images.append(beam_files.load_image(p, cfg.image_size))
           rows.append(r)
-        except files.ImageReadError as e:
+        except beam_files.ImageReadError as e:
           bad.append(r)
           skips.append({'seed_row': r, 'path': e.path, 'reason': e.reason, 'detail': e.detail})
       shapes = {im.shape for im in images}
@@ -164,15 +164,15 @@ def seed_shard(staging: str, shard: int, start: int, stop: int, paths: Sequence[
     if blocks:
       vecs[np.asarray(rows) - start] = np.concatenate(blocks)
     if skips:
-      files.write_bytes(files.join(staging, f'seed_skips-{shard:06d}.json'),
-                        json.dumps(skips).encode())
-  path = files.join(staging, f'seeds-{shard:06d}.npy')
+      beam_files.write_bytes(beam_files.join(staging, f'seed_skips-{shard:06d}.json'),
+                             json.dumps(skips).encode())
+  path = beam_files.join(staging, f'seeds-{shard:06d}.npy')
   vecs = np.ascontiguousarray(vecs, np.float32)
   total = embed.fixed_point_sum(vecs)  # the skipped rows are zeros: they add nothing
   buf = io.BytesIO()
   np.save(buf, vecs)
   del vecs
-  files.write_bytes(path, buf.getbuffer())
+  beam_files.write_bytes(path, buf.getbuffer())
   note_peak_rss(staging)
   return shard, start, path, total, stop - start - len(bad), tuple(bad)
 
@@ -180,8 +180,8 @@ def seed_shard(staging: str, shard: int, start: int, stop: int, paths: Sequence[
 def seed_skips(staging: str) -> list[dict]:
   """Every seed_shard's skipped seeds: [{seed_row, path, reason, detail}], by row."""
   found = []
-  for path in files.match(files.join(staging, 'seed_skips-*.json')):
-    found += json.loads(files.read_bytes(path))
+  for path in beam_files.match(beam_files.join(staging, 'seed_skips-*.json')):
+    found += json.loads(beam_files.read_bytes(path))
   return sorted(found, key=lambda s: s['seed_row'])
 
 
@@ -191,9 +191,9 @@ def seed_mean(seed_shards: Sequence[tuple]) -> np.ndarray:
 
 
 def load_npy(path: str) -> np.ndarray:
-  if not files.is_remote(path):
+  if not beam_files.is_remote(path):
     return np.load(path, allow_pickle=False)
-  return np.load(io.BytesIO(files.read_bytes(path)), allow_pickle=False)
+  return np.load(io.BytesIO(beam_files.read_bytes(path)), allow_pickle=False)
 
 
 # ------------------------------------------------------------------ videos
@@ -202,10 +202,10 @@ def decode_and_embed(video_id: str, path: str, embedder_name: str, cfg
   """(record, None) for a usable video, (None, skip) for a skipped one, where record
   holds id, path, duration, has_audio, frame times and unit frame vectors."""
   from avtext.data import video_io  # pylint: disable=g-import-not-at-top
-  if files.is_remote(path):  # PyAV reads local files: copy the video to the worker's disk
+  if beam_files.is_remote(path):  # PyAV reads local files: copy the video to the worker's disk
     import tempfile  # pylint: disable=g-import-not-at-top
     with tempfile.NamedTemporaryFile(suffix=pathlib.PurePosixPath(path).suffix) as tmp:
-      tmp.write(files.read_bytes(path))
+      tmp.write(beam_files.read_bytes(path))
       tmp.flush()
       record, skip = decode_and_embed(video_id, tmp.name, embedder_name, cfg)
     for r in (record, skip):
@@ -298,7 +298,7 @@ def search_video_shard(shard: int, records: Sequence[dict],
 def write_matches(staging: str, shard: int, tops: Iterable[tuple[int, list]]) -> str:
   """A seed shard's merged [(seed row, top matches)] -> STAGING/matches-SHARD.json."""
   rows = [[row, [list(m) for m in top]] for row, top in sorted(tops, key=lambda t: t[0])]
-  path = files.join(staging, f'matches-{shard:06d}.json')
-  files.write_bytes(path, json.dumps(rows).encode())
+  path = beam_files.join(staging, f'matches-{shard:06d}.json')
+  beam_files.write_bytes(path, json.dumps(rows).encode())
   note_peak_rss(staging)
   return path

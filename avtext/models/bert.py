@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from avtext.models import layers
-from avtext.models import registry
+from avtext.models import model_registry
 
 Array = jax.Array
 
@@ -216,7 +216,7 @@ class Bert(nn.Module):
     return outputs
 
 
-@registry.register_model("bert")
+@model_registry.register_model("bert")
 def bert_from_config(cfg) -> Bert:
   """`config.model.text` (name="bert") -> Bert.
 
@@ -236,6 +236,6 @@ def bert_from_config(cfg) -> Bert:
                   mlp_dim=cfg.intermediate_size,
                   max_position_embeddings=cfg.max_position_embeddings)
   kwargs["dropout_rate"] = kwargs["attention_dropout_rate"] = cfg.dropout_rate
-  compute = registry.compute_from_config(cfg)
+  compute = model_registry.compute_from_config(cfg)
   return Bert(**kwargs, dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
               scan_layers=compute.scan_layers, backend=compute.backend)

@@ -69,7 +69,7 @@ import numpy as np
 
 from avtext.models import attention as attention_lib
 from avtext.models import layers
-from avtext.models import registry
+from avtext.models import model_registry
 
 Array = jax.Array
 POOLERS = ("atn", "max", "avg")
@@ -363,9 +363,9 @@ class COOT(nn.Module):
                              packing=(packing.get("paragraph"), packing.get("sentences"))))
 
 
-@registry.register_model("coot")
+@model_registry.register_model("coot")
 def coot_from_config(cfg) -> COOT:
-  compute = registry.compute_from_config(cfg)
+  compute = model_registry.compute_from_config(cfg)
   return COOT(max_clips=int(cfg.max_clips), hidden_size=cfg.hidden_size,
               num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim, num_layers=cfg.num_layers,
               dropout=cfg.dropout, local_pooler=cfg.local_pooler, pool_hidden=cfg.pool_hidden,

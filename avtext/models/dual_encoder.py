@@ -10,7 +10,7 @@ embedding reads [CLS] alone, so its last layer computes that position only).
 import flax.linen as nn
 import jax
 
-from avtext.models import registry
+from avtext.models import model_registry
 from avtext.ops import l2_normalize
 
 
@@ -39,10 +39,10 @@ class DualEncoder(nn.Module):
             self.encode_text(input_ids, attention_mask, train=train))
 
 
-@registry.register_model("dual_encoder")
+@model_registry.register_model("dual_encoder")
 def dual_encoder_from_config(cfg) -> DualEncoder:
   """`config.model` with `video` and `text` sub-nodes, each naming its model."""
   return DualEncoder(
-      video=registry.build_model(cfg.video, where="config.model.video", parent=cfg),
-      text=registry.build_model(cfg.text, where="config.model.text", parent=cfg),
+      video=model_registry.build_model(cfg.video, where="config.model.video", parent=cfg),
+      text=model_registry.build_model(cfg.text, where="config.model.text", parent=cfg),
       embed_dim=cfg.embed_dim)

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 from avtext.models import attention
 from avtext.models import layers
-from avtext.models import registry
+from avtext.models import model_registry
 from avtext.text import tokenizers
 
 Array = jax.Array
@@ -285,23 +285,23 @@ def gpt2_from_config(cfg) -> GPT2:
 
 
 def _compute_kwargs(cfg) -> dict:
-  compute = registry.compute_from_config(cfg)
+  compute = model_registry.compute_from_config(cfg)
   return dict(dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
               scan_layers=compute.scan_layers, backend=compute.backend)
 
 
-registry.register_model("gpt2")(gpt2_from_config)
+model_registry.register_model("gpt2")(gpt2_from_config)
 
 
-@registry.register_model("video_captioner")
+@model_registry.register_model("video_captioner")
 def video_captioner_from_config(cfg) -> VideoCaptioner:
   """`config.model` with `video` (name "mbt") and `decoder` (name "gpt2") sub-nodes; both
   inherit the node's dtype / remat / attention unless they set their own."""
   return VideoCaptioner(
-      video=registry.build_model(cfg.video, where="config.model.video", parent=cfg),
-      decoder=registry.build_model(cfg.decoder, where="config.model.decoder", parent=cfg),
+      video=model_registry.build_model(cfg.video, where="config.model.video", parent=cfg),
+      decoder=model_registry.build_model(cfg.decoder, where="config.model.decoder", parent=cfg),
       context_groups=cfg.get("context_groups"), context_pool=cfg.get("context_pool") or "mean",
-      dtype=registry.compute_from_config(cfg).dtype)
+      dtype=model_registry.compute_from_config(cfg).dtype)
 
 
 def lm_decoding_fns(model: GPT2, params: Any, prompt: Array, max_new_tokens: int):

@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from avtext.models import registry
+from avtext.models import model_registry
 
 
 class VideoClassifier(nn.Module):
@@ -35,15 +35,15 @@ class VideoClassifier(nn.Module):
         embedding).astype(jnp.float32)
 
 
-@registry.register_model("video_classifier")
+@model_registry.register_model("video_classifier")
 def video_classifier_from_config(cfg) -> VideoClassifier:
   """`config.model` with a `video` sub-node (which inherits dtype / remat / attention)
   and `num_classes`."""
   if not cfg.get("num_classes"):
     raise ValueError("config.model.num_classes must be set for the video_classifier")
   return VideoClassifier(
-      video=registry.build_model(cfg.video, where="config.model.video", parent=cfg),
-      num_classes=cfg.num_classes, dtype=registry.compute_from_config(cfg).dtype)
+      video=model_registry.build_model(cfg.video, where="config.model.video", parent=cfg),
+      num_classes=cfg.num_classes, dtype=model_registry.compute_from_config(cfg).dtype)
 
 
 class GatedEmbedding(nn.Module):

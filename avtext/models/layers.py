@@ -22,7 +22,7 @@ onto their parameter names:
     mlp_norm              {scale, bias}
 
 Precision and memory (`Compute`, from `config.model` via
-`avtext.models.registry.compute_from_config`): `dtype` is the computation
+`avtext.models.model_registry.compute_from_config`): `dtype` is the computation
 dtype (float32, or bfloat16 on accelerators); parameters stay float32, and the
 softmax, LayerNorm statistics and everything after the model (losses, metrics)
 run in float32. `remat` rematerializes each `EncoderBlock` in the backward pass
@@ -99,7 +99,7 @@ def remat_policy(name: str) -> Callable | None:
 class Compute:
   """How a model computes: dtype, rematerialization, attention (module docstring).
 
-  Built from `config.model` by `avtext.models.registry.compute_from_config`; models
+  Built from `config.model` by `avtext.models.model_registry.compute_from_config`; models
   hand it to their blocks (`block_kwargs`). Its defaults: a config's that leaves them unset.
   """
   dtype: Any = jnp.float32

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from avtext.modalities import parse_modalities
 from avtext.models import layers
-from avtext.models import registry
+from avtext.models import model_registry
 
 Array = jax.Array
 
@@ -352,7 +352,7 @@ def _fuse(x: dict[str, Array], bottleneck: Array, layer) -> tuple[dict[str, Arra
   return x, jnp.mean(jnp.stack(updated), axis=0)
 
 
-@registry.register_model("mbt")
+@model_registry.register_model("mbt")
 def mbt_from_config(cfg) -> MBT:
   """`config.model.video` (name="mbt") -> MBT; field names as in configs/videocc_avr.py."""
   return MBT(
@@ -369,6 +369,6 @@ def mbt_from_config(cfg) -> MBT:
 
 
 def _compute_kwargs(cfg) -> dict:
-  compute = registry.compute_from_config(cfg)
+  compute = model_registry.compute_from_config(cfg)
   return dict(dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
               scan_layers=compute.scan_layers, backend=compute.backend)

@@ -79,7 +79,7 @@ import numpy as np
 from avtext import errors
 from avtext.models import attention
 from avtext.models import layers
-from avtext.models import registry
+from avtext.models import model_registry
 from avtext.text import vocab
 
 Array = jax.Array
@@ -237,7 +237,7 @@ class MMT(nn.Module):
                        cache_len=max_len)[:, 0]
 
 
-@registry.register_model("mmt")
+@model_registry.register_model("mmt")
 def mmt_from_config(cfg) -> MMT:
   """`config.model` (name="mmt").
 
@@ -252,7 +252,7 @@ def mmt_from_config(cfg) -> MMT:
                             "word2idx JSON (TVCaption's tvc_word2idx.json, or python -m "
                             "avtext.tools.caption_vocab)")
     vocab_size = len(vocab.WordVocab.load(cfg.vocab))
-  compute = registry.compute_from_config(cfg)
+  compute = model_registry.compute_from_config(cfg)
   return MMT(vocab_size=int(vocab_size), video_dim=int(cfg.video_dim),
              hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
              intermediate_size=cfg.intermediate_size, word_dim=cfg.word_dim,

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from avtext.models import layers
-from avtext.models import registry
+from avtext.models import model_registry
 
 DEPTHS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),
           50: ("bottleneck", (3, 4, 6, 3)), 101: ("bottleneck", (3, 4, 23, 3)),
@@ -121,12 +121,12 @@ class ResNet(nn.Module):
     return out
 
 
-@registry.register_model("resnet")
+@model_registry.register_model("resnet")
 def resnet_from_config(cfg) -> ResNet:
   """config.model: depth (50), width (64), in_channels (3), num_classes (None),
   zero_init_residual (False), stage_sizes (None: the depth's); dtype, remat
-  (`registry.compute_from_config`)."""
-  compute = registry.compute_from_config(cfg)
+  (`model_registry.compute_from_config`)."""
+  compute = model_registry.compute_from_config(cfg)
   return ResNet(depth=cfg.get("depth", 50), width=cfg.get("width", 64),
                 in_channels=cfg.get("in_channels", 3), num_classes=cfg.get("num_classes"),
                 zero_init_residual=cfg.get("zero_init_residual", False),
@@ -204,11 +204,11 @@ class ResDAVEnet(nn.Module):
     return {"features": x, "embedding": pooled}
 
 
-@registry.register_model("resdavenet")
+@model_registry.register_model("resdavenet")
 def resdavenet_from_config(cfg) -> ResDAVEnet:
   """config.model: widths ((128, 128, 256, 512, 1024)), blocks ((2, 2, 2, 2)), kernel (9);
-  dtype, remat (`registry.compute_from_config`)."""
-  compute = registry.compute_from_config(cfg)
+  dtype, remat (`model_registry.compute_from_config`)."""
+  compute = model_registry.compute_from_config(cfg)
   return ResDAVEnet(widths=tuple(cfg.get("widths", (128, 128, 256, 512, 1024))),
                     blocks=tuple(cfg.get("blocks", (2, 2, 2, 2))), kernel=cfg.get("kernel", 9),
                     dtype=compute.dtype, remat=compute.remat)

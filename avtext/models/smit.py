@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from avtext.models import heads
-from avtext.models import registry
+from avtext.models import model_registry
 
 NUM_SAMPLED_WORDS = 10
 
@@ -235,7 +235,7 @@ class SMiTModel(nn.Module):
     return self.encode_video(batch, train=train), self.encode_caption(batch, train=train)
 
 
-@registry.register_model("smit")
+@model_registry.register_model("smit")
 def smit_from_config(cfg) -> SMiTModel:
   """`config.model` (name="smit"), see configs/smit_language_amm.py:
 
@@ -245,14 +245,14 @@ def smit_from_config(cfg) -> SMiTModel:
     caption                   'language' (text: a `bert` node, max_words) or 'spoken'
                               (speech: a `resnet` node with in_channels=1, or `resdavenet`)
   """
-  dtype = registry.compute_from_config(cfg).dtype
+  dtype = model_registry.compute_from_config(cfg).dtype
 
   def head():
     return heads.GatedEmbedding(features=cfg.embed_dim, normalize=cfg.get("normalize", True),
                                 dtype=dtype)
 
   v = cfg.video
-  backbones = {k: registry.build_model(v[k], where=f"config.model.video.{k}", parent=cfg)
+  backbones = {k: model_registry.build_model(v[k], where=f"config.model.video.{k}", parent=cfg)
                if v.get(k) else None for k in ("image", "temporal")}
   video = VideoModel(image=backbones["image"], temporal=backbones["temporal"], head=head(),
                      image_mode=v.get("image_mode", "frames"),
@@ -262,14 +262,14 @@ def smit_from_config(cfg) -> SMiTModel:
   kind = cfg.get("caption", "language")
   if kind == "language":
     caption = LanguageCaptionModel(
-        text=registry.build_model(cfg.text, where="config.model.text", parent=cfg),
+        text=model_registry.build_model(cfg.text, where="config.model.text", parent=cfg),
         head=head(),
         max_words=cfg.get("max_words", 32), num_sampled=cfg.get("num_sampled_words",
                                                                 NUM_SAMPLED_WORDS))
   elif kind == "spoken":
     name = cfg.speech.get("name")
     caption = SpokenCaptionModel(
-        encoder=registry.build_model(cfg.speech, where="config.model.speech", parent=cfg),
+        encoder=model_registry.build_model(cfg.speech, where="config.model.speech", parent=cfg),
         head=head(),
         image_like=name != "resdavenet")
   else:

@@ -93,7 +93,7 @@ from avtext import ops
 from avtext.losses import xml as xml_losses
 from avtext.models import attention
 from avtext.models import layers
-from avtext.models import registry
+from avtext.models import model_registry
 
 Array = jax.Array
 CONTEXTS = ("video", "sub", "video_sub")
@@ -330,20 +330,20 @@ class XML(nn.Module):
     return {"vr_scores": vr, "query": q, **self.span_logits(q, h1, ctx_mask)}
 
 
-@registry.register_model("xml")
+@model_registry.register_model("xml")
 def xml_from_config(cfg: ml_collections.ConfigDict) -> XML:
   """config.model: context, hidden_size, num_heads, max_ctx_len, max_query_len,
   dropout_rate, input_dropout_rate, layer_norm_eps, conv_kernel_size,
   span_query_linear, cross_output_linear, masked_convse, use_tef, span_head, dropout_masks
   (XML's fields; defaults the official values);
-  dtype, remat, attention (`registry.compute_from_config`)."""
+  dtype, remat, attention (`model_registry.compute_from_config`)."""
   fields = [f for f in XML.__dataclass_fields__
-            if f not in ("parent", "name", *registry.COMPUTE_FIELDS)]
-  unknown = sorted(set(cfg.keys()) - set(fields) - {"name", *registry.COMPUTE_FIELDS})
+            if f not in ("parent", "name", *model_registry.COMPUTE_FIELDS)]
+  unknown = sorted(set(cfg.keys()) - set(fields) - {"name", *model_registry.COMPUTE_FIELDS})
   if unknown:
     raise ValueError(f"config.model: unknown XML field(s) {unknown}; XML takes {fields}")
   kwargs: dict[str, Any] = {k: cfg[k] for k in fields if cfg.get(k) is not None}
   modalities(kwargs.get("context", "video_sub"))
-  compute = registry.compute_from_config(cfg)
+  compute = model_registry.compute_from_config(cfg)
   return XML(**kwargs, dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
              backend=compute.backend)

@@ -26,7 +26,7 @@ from avtext import cli
 from avtext import errors
 from avtext import index as index_lib
 from avtext.data import video_io
-from avtext.data.builders import files
+from avtext.data.builders import media_clips
 
 MOMENTS = "moments"  # the collection of the moment videos (--moment_videos)
 PLAYABLE = (".mp4", ".m4v", ".webm")  # containers a browser's <video> plays; others as frames
@@ -302,9 +302,9 @@ class Served:
     written to a temporary file that is removed afterwards."""
     import tempfile  # pylint: disable=g-import-not-at-top
     suffix = pathlib.PurePosixPath(filename or "upload").suffix.lower()
-    if suffix not in files.VIDEO_SUFFIXES:
+    if suffix not in media_clips.VIDEO_SUFFIXES:
       raise RequestError(415, f"{filename or 'the upload'}: not a video file (give one of "
-                         f"{', '.join(files.VIDEO_SUFFIXES)})")
+                         f"{', '.join(media_clips.VIDEO_SUFFIXES)})")
     if not data:
       raise RequestError(400, f"{filename}: empty upload")
     with tempfile.TemporaryDirectory(prefix="avtext-upload-") as tmp:

@@ -22,7 +22,7 @@ from avtext.losses import captioning as caption_losses
 from avtext.modalities import parse_modalities
 from avtext.models import gpt2 as gpt2_lib
 from avtext.tasks import mmt
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.text import tokenizers
 from avtext.weights import pretrained
 
@@ -42,7 +42,7 @@ def caption_tokenizer(config: ml_collections.ConfigDict) -> tokenizers.CaptionTo
   return tok
 
 
-@registry.register("captioning")
+@task_registry.register("captioning")
 def captioning_task(config: ml_collections.ConfigDict):
   """The captioning task of `config.model.name` (`CAPTIONERS`)."""
   name = config.model.get("name")
@@ -52,7 +52,7 @@ def captioning_task(config: ml_collections.ConfigDict):
   return CAPTIONERS[name](config)
 
 
-class CaptioningTask(registry.ClipTask):
+class CaptioningTask(task_registry.ClipTask):
   """Clip -> caption (`config.model.name = "video_captioner"`)."""
 
   def __init__(self, config: ml_collections.ConfigDict):
@@ -75,16 +75,17 @@ class CaptioningTask(registry.ClipTask):
     target_ids / target_mask int32 [max_caption_len] (eval examples carry them too)."""
     n = self.config.data.max_caption_len
     return {**self.clip_spec(train=train),
-            **{k: registry.spec((n,), "int32") for k in ("input_ids", "target_ids", "target_mask")}}
+            **{k: task_registry.spec((n,), "int32")
+               for k in ("input_ids", "target_ids", "target_mask")}}
 
   def init_variables(self, rng, batch):
-    return self.model.init({"params": rng}, registry.video_inputs(batch), batch["input_ids"])
+    return self.model.init({"params": rng}, task_registry.video_inputs(batch), batch["input_ids"])
 
   def pretrained_towers(self):
     return (pretrained.Tower("model.decoder", ("decoder",), "gpt2"),)
 
   def loss_fn(self, variables, batch, rng):
-    logits = self.model.apply(variables, registry.video_inputs(batch), batch["input_ids"],
+    logits = self.model.apply(variables, task_registry.video_inputs(batch), batch["input_ids"],
                               train=True, rngs={"dropout": rng})
     loss, metrics = self.token_loss(logits, batch["target_ids"], batch["target_mask"],
                                     self.config.loss.get("label_smoothing", 0.0))
@@ -96,7 +97,7 @@ class CaptioningTask(registry.ClipTask):
     max_new = int(gen.max_new_tokens)
 
     def captions(variables, batch):  # {"tokens": [B, T], "lengths": [B], "scores": [B]}
-      inputs = {k: v[:, 0] for k, v in registry.video_inputs(batch).items()}  # K = 1
+      inputs = {k: v[:, 0] for k, v in task_registry.video_inputs(batch).items()}  # K = 1
       start, step = gpt2_lib.captioner_decoding_fns(model, variables, inputs, max_new, bos)
       return generate.from_config(gen, start, step, max_new_tokens=max_new, eos_id=eos)
 

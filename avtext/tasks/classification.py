@@ -26,7 +26,7 @@ from avtext.data import ground_truth
 from avtext.data import pipelines
 from avtext.losses import classification as losses
 from avtext.modalities import parse_modalities
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 
 
 def label_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -97,8 +97,8 @@ def group_loss(cfg: ml_collections.ConfigDict, names: tuple[str, ...]):
                            focal_gamma=gamma)
 
 
-@registry.register("video_cls")
-class VideoClassificationTask(registry.ClipTask):
+@task_registry.register("video_cls")
+class VideoClassificationTask(task_registry.ClipTask):
   """MBT + linear head (`config.model.name = "video_classifier"`); sigmoid, softmax or
   per-group softmax xent (`config.loss.group_weights`, `config.loss.focal_gamma`)."""
 
@@ -127,13 +127,13 @@ class VideoClassificationTask(registry.ClipTask):
     """`clip_spec` (eval: a K = eval_num_clips axis) + labels float32 [num classes]
     (no K axis; the evaluator reads them from the batch)."""
     return {**self.clip_spec(train=train),
-            "labels": registry.spec((len(self.label_names),), "float32")}
+            "labels": task_registry.spec((len(self.label_names),), "float32")}
 
   def init_variables(self, rng, batch):
-    return self.model.init({"params": rng}, registry.video_inputs(batch))
+    return self.model.init({"params": rng}, task_registry.video_inputs(batch))
 
   def loss_fn(self, variables, batch, rng):
-    logits = self.model.apply(variables, registry.video_inputs(batch), train=True,
+    logits = self.model.apply(variables, task_registry.video_inputs(batch), train=True,
                               rngs={"dropout": rng})
     labels = batch["labels"]
     loss = self._loss(logits, labels)
@@ -150,7 +150,7 @@ class VideoClassificationTask(registry.ClipTask):
     model = self.model
 
     def logits(variables, batch):  # [B, K, C]: every test clip of every video
-      return registry.fold_clips(lambda x: model.apply(variables, x),
-                                 registry.video_inputs(batch))
+      return task_registry.fold_clips(lambda x: model.apply(variables, x),
+                                      task_registry.video_inputs(batch))
 
     return {"logits": logits}

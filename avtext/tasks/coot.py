@@ -57,7 +57,7 @@ from avtext.data import pipelines
 from avtext.data import video as video_lib
 from avtext.losses import coot as coot_losses
 from avtext.models import coot as coot_model
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 
 
 # Most tokens of a paragraph: `coot_text.encode_paragraphs` (avtext.features.coot_text)
@@ -74,8 +74,8 @@ def _padded(n: int, multiple: int) -> int:
   return max(1, -(-n // multiple)) * multiple
 
 
-@registry.register("coot")
-class CootTask(registry.Task):
+@task_registry.register("coot")
+class CootTask(task_registry.Task):
   """COOT on a `features` source with the COOT layout (`config.model.name = "coot"`)."""
 
   def __init__(self, config: ml_collections.ConfigDict):
@@ -196,11 +196,11 @@ class CootTask(registry.Task):
     del train
     frames, n = int(self.config.data.max_frames), self.max_clips
     video_dim, text_dim = int(self.config.model.video_dim), int(self.config.model.text_dim)
-    return {"video": registry.spec((frames, video_dim), "float32"),
-            "clip_frames": registry.spec((n * frames, video_dim), "float32"),
-            "clip_lengths": registry.spec((n,), "int32"),
-            "paragraph": registry.spec((MAX_PARAGRAPH_TOKENS, text_dim), "float32"),
-            "sentence_lengths": registry.spec((n,), "int32")}
+    return {"video": task_registry.spec((frames, video_dim), "float32"),
+            "clip_frames": task_registry.spec((n * frames, video_dim), "float32"),
+            "clip_lengths": task_registry.spec((n,), "int32"),
+            "paragraph": task_registry.spec((MAX_PARAGRAPH_TOKENS, text_dim), "float32"),
+            "sentence_lengths": task_registry.spec((n,), "int32")}
 
   def batch_spec(self, batch_size: int, *, train: bool, predict_fn: str | None = None,
                  process_count: int = 1):
@@ -229,7 +229,7 @@ class CootTask(registry.Task):
     tokens = _padded(MAX_PARAGRAPH_TOKENS, mult)
     sentence_tokens = _padded(self.max_sentence_tokens, mult)
     video_dim, text_dim = int(self.config.model.video_dim), int(self.config.model.text_dim)
-    spec = registry.spec
+    spec = task_registry.spec
     packed = {}
     if d.get("pack_sequences", False):  # packed rows: at most one per sequence
       for key, n, length in (("clips", rows, frames), ("sentences", rows, sentence_tokens),

@@ -20,7 +20,7 @@ from avtext.data.builders import tvc
 from avtext.inference import generate
 from avtext.losses import captioning as caption_losses
 from avtext.models import mmt as mmt_lib
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.text import vocab as vocab_lib
 
 CONTEXTS = ("video_sub", "video", "sub")
@@ -57,7 +57,7 @@ def moment_subtitle(subtitles, st: int, ed: int,
   return " ".join(picked)
 
 
-class MmtCaptioningTask(registry.Task):
+class MmtCaptioningTask(task_registry.Task):
   """TVC moment -> caption with MMT (`config.model.name = "mmt"`, dataset `tvc`).
 
   Context (avtext/models/mmt.py): the moment's clips ([CLS] [VID] x n [SEP],
@@ -171,12 +171,12 @@ class MmtCaptioningTask(registry.Task):
     float32 [N, model.video_dim]; train adds the caption's input_ids / target_ids /
     target_mask int32 [max_cap_len - 1] (`WordVocab.caption`). Every length is fixed."""
     n = self.max_v_len + self.max_sub_len
-    out = {"ctx_ids": registry.spec((n,), "int32"),
-           "video": registry.spec((n, self.model.video_dim), "float32"),
-           "ctx_mask": registry.spec((n,), "int32"),
-           "token_type_ids": registry.spec((n,), "int32")}
+    out = {"ctx_ids": task_registry.spec((n,), "int32"),
+           "video": task_registry.spec((n, self.model.video_dim), "float32"),
+           "ctx_mask": task_registry.spec((n,), "int32"),
+           "token_type_ids": task_registry.spec((n,), "int32")}
     if train:
-      out.update({k: registry.spec((self.max_cap_len - 1,), "int32")
+      out.update({k: task_registry.spec((self.max_cap_len - 1,), "int32")
                   for k in ("input_ids", "target_ids", "target_mask")})
     return out
 

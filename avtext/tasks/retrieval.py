@@ -16,12 +16,12 @@ from avtext.data import pipelines
 from avtext.losses import contrastive
 from avtext.metrics import retrieval as retrieval_metrics
 from avtext.modalities import parse_modalities
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.weights import pretrained
 
 
-@registry.register("avr")
-class AVRTask(registry.ClipTask):
+@task_registry.register("avr")
+class AVRTask(task_registry.ClipTask):
   """VideoCC audio-visual retrieval (`config.model.name = "dual_encoder"`)."""
   LOSSES = ("nce",)  # config.loss.name: VideoCC §3.2's NCE, the one loss `combine` computes
 
@@ -43,11 +43,11 @@ class AVRTask(registry.ClipTask):
     caption's input_ids / attention_mask int32 [max_text_len]; one spec for both
     predict functions (the retrieval evaluator runs them on the same batch)."""
     n = self.config.data.max_text_len
-    return {**self.clip_spec(train=train), "input_ids": registry.spec((n,), "int32"),
-            "attention_mask": registry.spec((n,), "int32")}
+    return {**self.clip_spec(train=train), "input_ids": task_registry.spec((n,), "int32"),
+            "attention_mask": task_registry.spec((n,), "int32")}
 
   def init_variables(self, rng, batch):
-    return self.model.init({"params": rng}, registry.video_inputs(batch), batch["input_ids"],
+    return self.model.init({"params": rng}, task_registry.video_inputs(batch), batch["input_ids"],
                            batch["attention_mask"])
 
   def pretrained_towers(self):
@@ -56,7 +56,7 @@ class AVRTask(registry.ClipTask):
 
   def encode(self, variables, batch, rng):
     video, text = self.model.apply(
-        variables, registry.video_inputs(batch), batch["input_ids"],
+        variables, task_registry.video_inputs(batch), batch["input_ids"],
         batch["attention_mask"], train=True, rngs={"dropout": rng})
     return {"video": video.astype(jnp.float32), "text": text.astype(jnp.float32)}, {}
 
@@ -74,9 +74,9 @@ class AVRTask(registry.ClipTask):
     model = self.model
 
     def embed_video(variables, batch):  # [B, K, D]: every test clip of every video
-      return registry.fold_clips(
+      return task_registry.fold_clips(
           lambda x: model.apply(variables, x, method=model.encode_video),
-          registry.video_inputs(batch))
+          task_registry.video_inputs(batch))
 
     def embed_text(variables, batch):  # [B, D]
       return model.apply(variables, batch["input_ids"], batch["attention_mask"],

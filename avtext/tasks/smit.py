@@ -44,7 +44,7 @@ from avtext.data import builders
 from avtext.data import video as video_lib
 from avtext.losses import contrastive
 from avtext.metrics import retrieval as retrieval_metrics
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.weights import pretrained
 
 SPEECH_FPS = 100  # log-mel frames per second (10 ms hop)
@@ -141,8 +141,8 @@ class SMiTExamples:
     return out
 
 
-@registry.register("smit")
-class SMiTTask(registry.ClipTask):
+@task_registry.register("smit")
+class SMiTTask(task_registry.ClipTask):
   """S-MiT video <-> caption retrieval (module docstring)."""
 
   loss_needs_step = True  # the MMS margin grows with the step
@@ -228,7 +228,7 @@ class SMiTTask(registry.ClipTask):
       tool computed them with). The widths are the model's (`_feature_widths`).
     """
     del train
-    d, spec = self.config.data, registry.spec
+    d, spec = self.config.data, task_registry.spec
     video = self.config.model.video
     if self.config.dataset.name in self.FEATURE_DATASETS:
       widths = self._feature_widths()

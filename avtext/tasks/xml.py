@@ -39,7 +39,7 @@ from avtext.data import pipelines
 from avtext.data.builders import tvr
 from avtext.losses import xml as xml_losses
 from avtext.models import xml as xml_lib
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.weights import bert_encoder
 
 
@@ -66,8 +66,8 @@ def pad_rows(x: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
   return out, mask
 
 
-@registry.register("moments")
-class XMLTask(registry.Task):
+@task_registry.register("moments")
+class XMLTask(task_registry.Task):
   """XML on TVR-layout data (module docstring)."""
 
   def __init__(self, config: ml_collections.ConfigDict):
@@ -175,18 +175,19 @@ class XMLTask(registry.Task):
       store's dtype (`vcmr.search` calls it with leading [Q, N] axes; they broadcast).
     """
     lq, lc = self.max_query_len, self.max_ctx_len
-    query = {"query": registry.spec((lq, self._feature_dim("query_dim")), "float32"),
-             "query_mask": registry.spec((lq,), "int32")}
-    ctx = {m: registry.spec((lc, self._feature_dim(f"{m}_dim")), "float32")
+    query = {"query": task_registry.spec((lq, self._feature_dim("query_dim")), "float32"),
+             "query_mask": task_registry.spec((lq,), "int32")}
+    ctx = {m: task_registry.spec((lc, self._feature_dim(f"{m}_dim")), "float32")
            for m in self.streams}
-    ctx["ctx_mask"] = registry.spec((lc,), "int32")
+    ctx["ctx_mask"] = task_registry.spec((lc,), "int32")
     if train:
-      return {**query, **ctx, **{k: registry.spec((), "int32") for k in ("start", "end", "epoch")}}
+      return {**query, **ctx,
+              **{k: task_registry.spec((), "int32") for k in ("start", "end", "epoch")}}
     m, hidden = len(self.streams), int(self.model.hidden_size)
     return {"encode_query": query, "encode_context": ctx,
-            "span_logits": {"q": registry.spec((m, hidden), "float32"),
-                            "h1": registry.spec((m, lc, hidden), "float32"),
-                            "mask": registry.spec((lc,), "uint8")}}
+            "span_logits": {"q": task_registry.spec((m, hidden), "float32"),
+                            "h1": task_registry.spec((m, lc, hidden), "float32"),
+                            "mask": task_registry.spec((lc,), "uint8")}}
 
   def text_encoder(self) -> bert_encoder.TextEncoder:
     """The BERT that wrote the query features, loaded on first use:

@@ -9,7 +9,7 @@
       checkpoint (best-N when config.eval.select improves, on disk first; latest-N)
     early stop or the last step: every evaluator has run at the final step
 
-Everything task-specific comes from the task (`avtext.tasks.registry.Task`:
+Everything task-specific comes from the task (`avtext.tasks.task_registry.Task`:
 model, loss, data, predict functions) and the evaluators (`avtext.evals`,
 declared in `config.evals`), both handed in by `avtext.experiment`: this package imports
 nothing above it (`avtext.tasks`, `avtext.evals`). `config.eval.select`, reduce-on-plateau and early
@@ -204,7 +204,7 @@ class Trainer:
       return 1
     if self.task.encode is None or self.task.combine is None:
       raise ValueError(f"config.train.microbatches={k}: task {self.config.task!r} has no "
-                       "encode/combine split (avtext/tasks/registry.py, Task.encode), so its "
+                       "encode/combine split (avtext/tasks/task_registry.py, Task.encode), so its "
                        "loss cannot run on micro-batches; use more devices or FSDP instead")
     return k
 
@@ -459,7 +459,7 @@ class Trainer:
 
   def _train_skips(self) -> dict[str, int]:
     """{reason: count} of the train split's entries put aside (files that are missing or
-    do not decode, see `avtext.data.builders.files`); {} for sources that skip nothing."""
+    do not decode, see `avtext.data.builders.media_clips`); {} for sources that skip nothing."""
     return self.task.train_skip_counts()
 
   def _evaluate(self, state: TrainState, step: int, writer, names: list[str], *,
@@ -506,7 +506,7 @@ class Trainer:
         failures.append(EvaluatorError(name, step, e))
         continue
       results = {**results, "eval_seconds": timer.seconds}
-      # The split's entries whose files were bad (builders.files); evaluators that read
+      # The split's entries whose files were bad (builders.media_clips); evaluators that read
       # no files (the tests' stand-ins) need not have skip_counts.
       counts = getattr(self.evaluators[name], "skip_counts", lambda: None)()
       if counts is not None:

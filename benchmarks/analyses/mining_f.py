@@ -39,8 +39,8 @@ from absl import flags
 import numpy as np
 
 from avtext.data import video_io
+from avtext.mining import beam_files
 from avtext.mining import embed
-from avtext.mining import files
 from avtext.mining import outputs
 from avtext.mining import pipeline
 from avtext.mining import search
@@ -111,7 +111,7 @@ def main(argv):
   videos_dir = pathlib.Path(_WORLD.value) / "videos"
   meta = json.loads((videos_dir / "world.json").read_text())
   w = mining_corpus.world_from_meta(meta)
-  seeds = files.read_seeds(pathlib.Path(_WORLD.value) / "seeds" / "seeds.tsv")
+  seeds = beam_files.read_seeds(pathlib.Path(_WORLD.value) / "seeds" / "seeds.tsv")
   rows = [meta["seeds"][sid] for sid, _, _ in seeds]
   seed_attrs = [w._seed(i)[0].attributes() for i in rows]  # pylint: disable=protected-access
   mentions = [w.seed_mention(i) for i in rows]
@@ -120,7 +120,7 @@ def main(argv):
 
   # The readable videos of >= t seconds, frames at 1 fps, as the pipeline decodes them.
   records, scene_attrs, scene_seed, frame_raw = [], [], [], []
-  for vid, path in files.list_videos(videos_dir):
+  for vid, path in beam_files.list_videos(videos_dir):
     try:
       info = video_io.probe(path)
       if info.duration_s < cfg.clip_seconds:
@@ -140,7 +140,7 @@ def main(argv):
   fit = np.array([[captions.caption_fits(m, x) for x in all_scenes] for m in mentions])
   planted = np.asarray(rows)[:, None] == np.asarray(scene_seed)[None, :]
   frame_fit, frame_planted = fit[:, frame_scene], planted[:, frame_scene]
-  seed_raw = raw(np.stack([files.load_image(pth, None) for _, pth, _ in seeds]))
+  seed_raw = raw(np.stack([beam_files.load_image(pth, None) for _, pth, _ in seeds]))
   seed_oracle = np.stack([visible(x) for x in seed_attrs])
   frame_oracle = np.stack([visible(all_scenes[j]) for j in frame_scene])
 

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 
 from avtext.losses import contrastive
-from avtext.models import registry
+from avtext.models import model_registry
 from benchmarks import common
 
 
@@ -20,7 +20,7 @@ def build(setting: dict, abstract=False):
   config.model.dtype, config.model.remat, config.model.attention = (
       setting["dtype"], setting["remat"], setting["attention"])
   config.model.backend = setting.get("backend")
-  model = registry.build_model(config.model)
+  model = model_registry.build_model(config.model)
   d = config.data
   b = setting["batch"]
   batch = abstract_batch(config, b) if abstract else {

@@ -233,7 +233,7 @@ def xml_avtext_loss(run, batch: dict, seed: int = 0):
   `xml_official_loss`: model dropout 0, hard negatives with a pool of 1 from epoch 0."""
   import copy  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry as tasks  # pylint: disable=g-import-not-at-top
   config = copy.deepcopy(run.config)
   config.model.dropout_rate = config.model.input_dropout_rate = 0.0
   config.loss.hard_negatives_from_epoch, config.loss.hard_pool_size = 0, 1

@@ -55,15 +55,15 @@ def small_avr(batch: int, scan: bool):
 
 def readings(batch: int, topology: str) -> dict:
   """{unrolled, scanned, extrapolated: report} of `small_avr(batch)` on `topology`."""
-  from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry  # pylint: disable=g-import-not-at-top
   from avtext.aot import programs as aot  # pylint: disable=g-import-not-at-top
   quiet = lambda message: None  # noqa: E731
   out = {}
   for name, scan in (("unrolled", False), ("scanned", True)):
     out[name] = aot.analyze(small_avr(batch, scan), topology,
-                            build_task=registry.build_task, progress=quiet)
+                            build_task=task_registry.build_task, progress=quiet)
   out["extrapolated"] = aot.extrapolate(
-      small_avr(batch, True), topology, build_task=registry.build_task, progress=quiet,
+      small_avr(batch, True), topology, build_task=task_registry.build_task, progress=quiet,
       model_flops_per_chip=out["scanned"]["model_flops_per_chip"])
   return out
 
@@ -105,12 +105,12 @@ def record_paper(name: str, batch: int, got: dict) -> None:
 
 def paper(name: str) -> None:
   """The paper config's scanned reading and its per-layer extrapolation, recorded."""
-  from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry  # pylint: disable=g-import-not-at-top
   from avtext.aot import programs as aot  # pylint: disable=g-import-not-at-top
   config = common.load_config(f"configs/{name}.py")
-  got = {"scanned": aot.analyze(config, build_task=registry.build_task)}
+  got = {"scanned": aot.analyze(config, build_task=task_registry.build_task)}
   got["extrapolated"] = aot.extrapolate(
-      config, build_task=registry.build_task,
+      config, build_task=task_registry.build_task,
       model_flops_per_chip=got["scanned"]["model_flops_per_chip"])
   (common.out_dir() / f"{name}.json").write_text(json.dumps(got, indent=1, default=str))
   print(json.dumps({n: {k: r[k] for _, k, _ in FIELDS} for n, r in got.items()}), flush=True)

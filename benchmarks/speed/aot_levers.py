@@ -50,14 +50,14 @@ CLASSES = ("attention kernels", "matmul/conv", "copies/transposes", "elementwise
 def compile_one(index: int, config_spec: str, topology: str) -> dict:
   from avtext.aot import programs  # pylint: disable=g-import-not-at-top
   from avtext.models import attention  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry  # pylint: disable=g-import-not-at-top
   _, _, remat, attn, heads_first = SETTINGS[index]
   overrides = ("model.remat=" + remat, "model.attention=" + attn)
   if common.quick():
     overrides += ("optimizer.frozen=()",)
   config = common.load_config(config_spec, overrides)
   attention.FLASH_HEADS_FIRST = heads_first
-  r = programs.analyze(config, topology, build_task=registry.build_task,
+  r = programs.analyze(config, topology, build_task=task_registry.build_task,
                        progress=lambda m: print(m, file=sys.stderr, flush=True))
   p = r["predicted"]
   return {"hbm_needed_gib": r["hbm_needed_gib"], "hbm_per_chip_gib": r["hbm_per_chip_gib"],

@@ -89,7 +89,7 @@ def register_scenic_tower(scenic_dir: str) -> None:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
   from scenic.projects.mbt import model as scenic_mbt  # pylint: disable=g-import-not-at-top
-  from avtext.models import registry  # pylint: disable=g-import-not-at-top
+  from avtext.models import model_registry  # pylint: disable=g-import-not-at-top
 
   class ScenicMBTTower(nn.Module):
     """scenic's MBT on avtext's clip inputs: 'rgb' [B, T, H, W, 3], 'audio' [B, T_a, mel]."""
@@ -124,13 +124,13 @@ def register_scenic_tower(scenic_dir: str) -> None:
               {"rgb": inputs["rgb"], "spectrogram": inputs["audio"][..., None]}, train=train)
       return {"embedding": jnp.mean(jnp.stack([out["rgb"], out["spectrogram"]]), axis=0)}
 
-  @registry.register_model("scenic_mbt")
+  @model_registry.register_model("scenic_mbt")
   def _scenic_mbt(cfg):
     return ScenicMBTTower(
         hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
         mlp_dim=cfg.mlp_dim, rgb_patch=tuple(cfg.rgb_patch), audio_patch=tuple(cfg.audio_patch),
         n_bottlenecks=cfg.n_bottlenecks, fusion_layer=cfg.fusion_layer,
-        dtype=registry.compute_from_config(cfg).dtype)
+        dtype=model_registry.compute_from_config(cfg).dtype)
 
 
 def configs(topology: str) -> dict:
@@ -163,14 +163,14 @@ def _dumped(dump: pathlib.Path) -> set:
 
 def compile_side(side: str, config, devices, hlo_dir: pathlib.Path) -> dict:
   """Lowers and compiles `side`'s train step; its figures (HLO paths, memory) as a dict."""
-  from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry  # pylint: disable=g-import-not-at-top
   from avtext.aot import programs as aot  # pylint: disable=g-import-not-at-top
   dump = hlo_dir / "dump"
   before = _dumped(dump)
   log = lambda m: print(f"aot_scenic: {side}: {m}", flush=True)  # noqa: E731
   log(f"lowering the train step (global batch {config.train.batch_size})")
   t0 = time.perf_counter()
-  _, _, _, lowered = aot.train_step(config, devices, registry.build_task)
+  _, _, _, lowered = aot.train_step(config, devices, task_registry.build_task)
   log(f"lowered in {time.perf_counter() - t0:.0f} s; compiling (minutes)")
   t0 = time.perf_counter()
   out = {"side": side, "global_batch": int(config.train.batch_size), "chips": len(devices)}
@@ -190,7 +190,7 @@ def compile_side(side: str, config, devices, hlo_dir: pathlib.Path) -> dict:
   out["hlo"] = str(new[-1])  # the train step: the largest module of this compile
   log(f"compiled in {out['compile_s']:.0f} s ({'fits' if out['fits'] else out['error']}); "
       "counting the model's FLOPs (lowered without remat on the CPU)")
-  out["model_flops_per_step"] = aot.model_flops_per_step(config, registry.build_task)
+  out["model_flops_per_step"] = aot.model_flops_per_step(config, task_registry.build_task)
   return out
 
 

@@ -147,7 +147,7 @@ def official_step_fn(repo: pathlib.Path, examples, threads: int):
 def avtext_task(examples, *, pack: bool = True, config=None):
   """(config, task) of our side: `config` (default configs/coot_activitynet.py) at float32
   on the CPU, shapes as the official collate's, `data.pack_sequences` as given."""
-  from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry as tasks  # pylint: disable=g-import-not-at-top
   if config is None:
     config = common.load_config("configs/coot_activitynet.py")
   config.model.video_dim = examples[0]["video"].shape[-1]

@@ -6,7 +6,7 @@ r"""Decode throughput of real video files: clips/s into model inputs at the demo
 Writes two synthetic MSR-VTT layouts with `avworld.layouts` (H.264 + AAC
 mp4s): 64x64 10 s videos (the demo's world) and 320x240 15 s videos (MSR-VTT's usual
 size and mean length), then reads them through the `msrvtt` builder
-(`builders.files.MediaClips`, PyAV) and the AVR task's example pipeline
+(`builders.media_clips.MediaClips`, PyAV) and the AVR task's example pipeline
 (`pipelines.ClipExamples`) with the config's frame / audio sampling:
 
   demo   configs/videocc_avr.py:demo   4 frames at stride 8, 64 px, 2 x 48 log-mel frames

@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.train import partitioning
 from avtext.train import trainer as trainer_lib
 from benchmarks import common
@@ -167,7 +167,7 @@ def main(argv):
   with tempfile.TemporaryDirectory() as tmp:
     for dtype in dtypes:
       config = load_config(_CONFIG.value, dtype, overrides)
-      task = registry.build_task(config)
+      task = task_registry.build_task(config)
       run = trainer_lib.Trainer(config, pathlib.Path(tmp) / dtype, task, evaluators={})
       run.total_steps, run.steps_per_epoch = 1000, 1000
       host = random_batch(task.batch_spec(config.train.batch_size, train=True),

@@ -85,14 +85,14 @@ def corpus(scratch: pathlib.Path, base: pathlib.Path, n: int) -> pathlib.Path:
 
 def seeds(scratch: pathlib.Path, base: pathlib.Path, n: int) -> tuple[pathlib.Path, pathlib.Path]:
   """seeds.tsv and seed_features.npy of n seeds: the world's 1000, then random ones."""
+  from avtext.mining import beam_files  # pylint: disable=g-import-not-at-top
   from avtext.mining import embed  # pylint: disable=g-import-not-at-top
-  from avtext.mining import files  # pylint: disable=g-import-not-at-top
   tsv, npy = scratch / f'seeds_{n}.tsv', scratch / f'seeds_{n}.npy'
   if tsv.exists() and npy.exists():
     return tsv, npy
-  real = files.read_seeds(base / 'seeds' / 'seeds.tsv')
+  real = beam_files.read_seeds(base / 'seeds' / 'seeds.tsv')
   f = embed.resolve(EMBEDDER)
-  vecs = [f(np.stack([files.load_image(p, None) for _, p, _ in real]))]
+  vecs = [f(np.stack([beam_files.load_image(p, None) for _, p, _ in real]))]
   rng = np.random.default_rng(0)
   for a in range(len(real), n, 100_000):
     vecs.append(embed.l2_normalize(rng.normal(size=(min(100_000, n - a), 256))))
@@ -162,11 +162,11 @@ def unit_costs(tower_run, scratch):
   from avworld import mining  # pylint: disable=g-import-not-at-top
   from avworld import mining_corpus  # pylint: disable=g-import-not-at-top
   from avtext.mining import embed  # pylint: disable=g-import-not-at-top
-  from avtext.mining import files  # pylint: disable=g-import-not-at-top
+  from avtext.mining import beam_files  # pylint: disable=g-import-not-at-top
   root = scratch / 'demo_format'  # the demo world's 64x64, 64-144 s videos with AAC
   mining_corpus.write(root, mining.MiningWorld(num_seeds=10, num_videos=6), (), workers=2)
   frames, t_dec = [], 0.0
-  for _, path in files.list_videos(root / 'videos'):
+  for _, path in beam_files.list_videos(root / 'videos'):
     t = time.perf_counter()
     info = video_io.probe(path)
     x = video_io.read_frames(path, video_io.sample_times(info.duration_s, 1.0))

@@ -27,8 +27,8 @@ from absl import flags
 import numpy as np
 
 from avtext.data import video_io
+from avtext.mining import beam_files
 from avtext.mining import embed
-from avtext.mining import files
 from benchmarks import common
 from benchmarks.common import mining as mining_lib
 
@@ -79,7 +79,7 @@ def mine(world: pathlib.Path, videos_dir: pathlib.Path, embedder: str, out: path
 def main(argv):
   del argv
   world, scratch = pathlib.Path(_WORLD.value), common.out_dir()
-  videos = files.list_videos(world / "videos")
+  videos = beam_files.list_videos(world / "videos")
   tower = embed.resolve(f"run:{_TOWER.value}")
   frames, owner, vecs, dec_fps, emb_fps = decode_embed(videos, tower)
   print(f"decode: {dec_fps:.0f} frames/s at 1 fps ({len(frames)} frames of "
@@ -89,8 +89,8 @@ def main(argv):
                 table=rates, digits=3)
   common.record(SYSTEM, "the stage-1 tower on stills (batch 128, compiled)", emb_fps,
                 unit="frames/s", table=rates, digits=3)
-  seeds = files.read_seeds(world / "seeds" / "seeds.tsv")
-  seed_vecs = tower(np.stack([files.load_image(pth, None) for _, pth, _ in seeds]))
+  seeds = beam_files.read_seeds(world / "seeds" / "seeds.tsv")
+  seed_vecs = tower(np.stack([beam_files.load_image(pth, None) for _, pth, _ in seeds]))
   table = f"shard search: {len(seeds)} seed queries, top 10 videos a seed, one process"
   rows = mining_lib.search_rows(seed_vecs, vecs, owner, "corpus")
   if not common.quick():

@@ -12,7 +12,7 @@ r"""Input pipeline at paper scale (AVR): train clips/s per host core, and cores 
    ~110 kbit/s: cheaper to decode than real footage); g > 0 adds Gaussian noise of std g
    grey levels to every frame before encoding (2.5: ~400 kbit/s, 4: ~3.5 Mbit/s at 360p),
    standing in for the bits real footage costs.
-2. Stores the same clips with `avtext.data.materialize` (frames resized on decode to
+2. Stores the same clips with `avtext.data.clip_export` (frames resized on decode to
    `--short_side`, as `python -m avtext.materialize --short_side` does) in two formats:
    `tfds` (one record per clip, all its frames in one zlib'd tensor) and `frames_jpeg` at
    `--jpeg_quality` (one JPEG record per frame, `avtext.data.framestore`: a read decodes
@@ -89,10 +89,10 @@ def paper_config(dataset: dict):
 def measure(dataset: dict, warmup: int) -> dict:
   """{'read': ..., 'full': ...} rates of the AVR train examples of `dataset`."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry  # pylint: disable=g-import-not-at-top
   config = paper_config(dataset)
   t0 = time.perf_counter()
-  task = registry.build_task(config)
+  task = task_registry.build_task(config)
   source = task.train_source
   examples = task.examples(source, train=True)
   open_s = time.perf_counter() - t0
@@ -184,7 +184,7 @@ def main(argv):
   if _MEASURE.value:
     print(json.dumps(measure(json.loads(_MEASURE.value), _WARMUP.value)))
     return
-  from avtext.data import materialize  # pylint: disable=g-import-not-at-top
+  from avtext.data import clip_export  # pylint: disable=g-import-not-at-top
   from avworld import world  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
 
@@ -217,7 +217,7 @@ def main(argv):
         continue
       if not (data_dir / names[fmt] / done).exists():
         t = time.perf_counter()
-        summary = materialize.materialize(
+        summary = clip_export.materialize(
             ml_collections.ConfigDict({**datasets['files'], 'short_side': short_side,
                                        'progress': False}),
             ['train'], name=names[fmt], data_dir=data_dir, quality=quality,

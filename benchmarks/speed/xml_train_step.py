@@ -166,7 +166,7 @@ def avtext_batch(examples) -> dict:
 def avtext_step_fn(examples, steps_per_epoch: int, backend: str | None = None):
   """Our step on `examples`, its model built for `backend` (`config.model.backend`)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from avtext.tasks import registry as tasks  # pylint: disable=g-import-not-at-top
+  from avtext.tasks import task_registry as tasks  # pylint: disable=g-import-not-at-top
   config = avtext_config()
   config.model.backend = backend
   task = tasks.build_task(config)

@@ -27,7 +27,7 @@ import ml_collections
 from avtext import evals
 from avtext import runs
 from avtext.evals import base
-from avtext.tasks import registry
+from avtext.tasks import task_registry
 from avtext.train import partitioning
 from benchmarks import common
 
@@ -84,7 +84,7 @@ def main(argv):
   if not baselines_on:
     del cfg["baselines"]
   config.evals = ml_collections.ConfigDict({split: cfg})
-  task = registry.build_task(config)
+  task = task_registry.build_task(config)
   # Each clip rendered once for every setting.
   examples = task.eval_examples
   task.eval_examples = functools.lru_cache(maxsize=4)(

@@ -4,7 +4,7 @@ r"""Stage-1 recipes for the demo's RGB tower, compared on the same pre-rendered 
         --shape_weight=5 --rgb_pool=max --layer_scale=0.1 --batch=8 --steps=2400
 
 The model, loss and metrics are avtext's: configs/synthetic_video_pretrain.py's model and
-loss with the flags' overrides (`models.registry.build_model`, `tasks.classification.
+loss with the flags' overrides (`models.model_registry.build_model`, `tasks.classification.
 group_loss`, `metrics.classification`); only the data path is simpler than `avtext.main`'s: `--num_train`
 train clips of the synthetic world (4 frames at stride 8 from a random start, as the
 demo samples them) are rendered once into memory, and test accuracy is on the centre clip
@@ -25,7 +25,7 @@ import optax
 
 from avtext.losses import classification as losses
 from avtext.metrics import classification as metrics
-from avtext.models import registry
+from avtext.models import model_registry
 from avtext.tasks import classification
 from avworld import clips
 from avworld import world
@@ -80,7 +80,7 @@ def main(argv):
   tower.rgb_stem = tuple(int(c) for c in _STEM.value)
   config.loss.name, config.loss.focal_gamma = _LOSS.value, _FOCAL.value
   config.loss.group_weights.shape = _SHAPE_WEIGHT.value
-  model = registry.build_model(config.model)
+  model = model_registry.build_model(config.model)
   if _LOSS.value == "sigmoid_xent":
     loss_fn = losses.sigmoid_cross_entropy
   else:

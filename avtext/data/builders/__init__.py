@@ -4,7 +4,7 @@ Built-in names (each registered by its module in this package; a module is loade
 first time one of its names is looked up, so importing this package stays cheap and e.g.
 TensorFlow is imported only by a config that reads TFDS files). Another installed package
 adds its own datasets through the entry-point group `avtext.datasets` (setup.py's
-`entry_points`; `avtext.registry`): the demos' procedural world, a package of its own,
+`entry_points`; `avtext.config_registry`): the demos' procedural world, a package of its own,
 adds its datasets that way, and `registered_names()` lists them too.
 
   smit_features            S-MiT phase-1 features (frozen backbones' embeddings, word
@@ -20,7 +20,7 @@ adds its datasets that way, and `registered_names()` lists them too.
                            access (`materialize --format=tfds`)
   features:hdf5            precomputed per-item arrays (COOT / TVR style) under
   features:npz             config.dataset.path; layouts and config fields in
-  features:array_record    `builders.array_store` and `avtext.data.array_store`
+  features:array_record    `builders.feature_stores` and `avtext.data.array_store`
   coot                     COOT's feature layout (ActivityNet-captions, YouCook2, or files
                            written in that layout) under config.dataset.path, see
                            `builders.coot` and `avtext.data.coot_files`
@@ -38,7 +38,7 @@ adds its datasets that way, and `registered_names()` lists them too.
   audiocaps                AudioCaps captions + AudioSet segments (audio, video where present)
   clotho                   Clotho v2 captions + audio (audio only)
                            (these four read the user's media files lazily through
-                           `builders.files.MediaClips`: layouts in their modules; bad files
+                           `builders.media_clips.MediaClips`: layouts in their modules; bad files
                            are counted by reason; `python -m avtext.materialize`
                            stores them as `frames:` or `tfds:` array_record)
 
@@ -64,7 +64,7 @@ from typing import Any, Callable
 
 import ml_collections
 
-from avtext import registry as registry_lib
+from avtext import config_registry
 
 CLIPS = "clips"
 FEATURES = "features"
@@ -75,7 +75,7 @@ _SPLIT_ALIASES = {"validation": "val"}
 # Every `@register_dataset("<name>")` in avtext/data/builders/ and in the packages of the
 # entry-point group `avtext.datasets`; a module is imported when one of its names is
 # looked up.
-DATASETS = registry_lib.Registry(
+DATASETS = config_registry.Registry(
     "dataset", "avtext.data.builders", "register_dataset",
     message="{where}={name!r} is not a registered dataset; registered: {joined}")
 

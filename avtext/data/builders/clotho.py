@@ -13,7 +13,7 @@ captions is an entry (the paper, after [59], treats each test caption as a query
 share the file name as video_id. Audio only: use a model with
 config.model.video.modalities="audio". num_frames counts the clip at `dataset.fps` only
 to place the audio windows. Files without audio or bad are counted by reason
-(`builders.files`; shared fields in `files.options`).
+(`builders.media_clips`; shared fields in `media_clips.options`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pathlib
 import ml_collections
 
 from avtext.data import builders
-from avtext.data.builders import files
+from avtext.data.builders import media_clips
 
 FOLDERS = {'train': 'development', 'val': 'validation', 'test': 'evaluation'}
 CAPTIONS = tuple(f'caption_{k}' for k in range(1, 6))
@@ -33,24 +33,24 @@ PREPARE = ('Download Clotho v2 (clotho_captions_{development,validation,evaluati
            'hand?")')
 
 
-def entries(root: pathlib.Path, split: str) -> list[files.Entry]:
+def entries(root: pathlib.Path, split: str) -> list[media_clips.Entry]:
   if split not in FOLDERS:
     raise ValueError(f'clotho: no split {split!r}; splits: {", ".join(FOLDERS)}')
   folder = FOLDERS[split]
-  path = files.require_file(root / f'clotho_captions_{folder}.csv',
-                            f'the Clotho {folder} captions', PREPARE)
+  path = media_clips.require_file(root / f'clotho_captions_{folder}.csv',
+                                  f'the Clotho {folder} captions', PREPARE)
   out = []
-  for row in files.read_csv_rows(path, ('file_name',) + CAPTIONS):
+  for row in media_clips.read_csv_rows(path, ('file_name',) + CAPTIONS):
     name = row['file_name']
     for k, column in enumerate(CAPTIONS):
-      out.append(files.Entry(str(root / folder / name), row[column], f'{name}#{k}', name))
+      out.append(media_clips.Entry(str(root / folder / name), row[column], f'{name}#{k}', name))
   return out
 
 
 @builders.register_dataset('clotho')
-def clotho(dataset: ml_collections.ConfigDict, split: str) -> files.MediaClips:
-  root = files.require_path(dataset, 'Clotho', PREPARE)
+def clotho(dataset: ml_collections.ConfigDict, split: str) -> media_clips.MediaClips:
+  root = media_clips.require_path(dataset, 'Clotho', PREPARE)
   es = entries(root, split)
   keep = dataset.get('num_train') if split == 'train' else dataset.get('num_test')
-  return files.MediaClips(es[:keep] if keep else es, **files.options(
+  return media_clips.MediaClips(es[:keep] if keep else es, **media_clips.options(
       dataset, split, f"clotho {split!r} under {root}", need='audio'))

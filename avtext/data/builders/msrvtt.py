@@ -20,7 +20,7 @@ Splits:
              its video_id, so the retrieval evaluator scores a caption against its video
 Whole videos are clips (frames at `dataset.fps`, 25; audio 16 kHz; MSR-VTT videos
 without sound get zeros and has_audio False, VideoCC app. C). Bad or missing files are
-counted and logged by reason (`builders.files`; fields in `files.options`).
+counted and logged by reason (`builders.media_clips`; fields in `media_clips.options`).
 `dataset.num_train` / `dataset.num_test` keep the first N entries.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ import pathlib
 import ml_collections
 
 from avtext.data import builders
-from avtext.data.builders import files
+from avtext.data.builders import media_clips
 
 SPLITS = ('train', 'val', 'test', 'test_1ka', 'test_full')
 PREPARE = ('Download MSR-VTT (the videos and MSRVTT_data.json, MSRVTT_JSFUSION_test.csv, '
@@ -44,7 +44,7 @@ PREPARE = ('Download MSR-VTT (the videos and MSRVTT_data.json, MSRVTT_JSFUSION_t
 
 def _annotations(root: pathlib.Path) -> tuple[dict[str, str], dict[str, list[str]]]:
   """(video id -> split, video id -> captions in file order) from MSRVTT_data.json."""
-  path = files.require_file(root / 'MSRVTT_data.json', 'the MSR-VTT annotations', PREPARE)
+  path = media_clips.require_file(root / 'MSRVTT_data.json', 'the MSR-VTT annotations', PREPARE)
   try:
     data = json.loads(path.read_text())
   except ValueError as e:
@@ -65,24 +65,25 @@ def _annotations(root: pathlib.Path) -> tuple[dict[str, str], dict[str, list[str
   return split, captions
 
 
-def entries(root: pathlib.Path, split: str, videos_dir: pathlib.Path) -> list[files.Entry]:
+def entries(root: pathlib.Path, split: str, videos_dir: pathlib.Path) -> list[media_clips.Entry]:
   if split not in SPLITS:
     raise ValueError(f'msrvtt: no split {split!r}; splits: {", ".join(SPLITS)}')
-  video = lambda vid: str(files.find_media(videos_dir, vid))
+  video = lambda vid: str(media_clips.find_media(videos_dir, vid))
   if split in ('test', 'test_1ka'):
-    rows = files.read_csv_rows(files.require_file(root / 'MSRVTT_JSFUSION_test.csv',
-                                         'the 1k-A test list', PREPARE), ('video_id', 'sentence'))
-    return [files.Entry(video(r['video_id']), r['sentence'], f"{r['video_id']}#0",
-                        r['video_id']) for r in rows]
+    test_list = media_clips.require_file(root / 'MSRVTT_JSFUSION_test.csv', 'the 1k-A test list',
+                                         PREPARE)
+    rows = media_clips.read_csv_rows(test_list, ('video_id', 'sentence'))
+    return [media_clips.Entry(video(r['video_id']), r['sentence'], f"{r['video_id']}#0",
+                              r['video_id']) for r in rows]
   split_of, captions = _annotations(root)
   if split == 'train':
     nine_k = root / 'MSRVTT_train.9k.csv'
     if nine_k.exists():
-      vids = [r['video_id'] for r in files.read_csv_rows(nine_k, ('video_id',))]
+      vids = [r['video_id'] for r in media_clips.read_csv_rows(nine_k, ('video_id',))]
     else:
-      test = {r['video_id'] for r in files.read_csv_rows(
-          files.require_file(root / 'MSRVTT_JSFUSION_test.csv', 'the 1k-A test list', PREPARE),
-          ('video_id',))}
+      test_list = media_clips.require_file(root / 'MSRVTT_JSFUSION_test.csv',
+                                           'the 1k-A test list', PREPARE)
+      test = {r['video_id'] for r in media_clips.read_csv_rows(test_list, ('video_id',))}
       vids = [v for v in split_of if v not in test]
   else:
     want = {'val': 'validate', 'test_full': 'test'}[split]
@@ -91,15 +92,16 @@ def entries(root: pathlib.Path, split: str, videos_dir: pathlib.Path) -> list[fi
   for vid in vids:
     if vid not in captions:
       raise ValueError(f'{root / "MSRVTT_data.json"}: video {vid!r} has no sentence')
-    out += [files.Entry(video(vid), c, f'{vid}#{k}', vid) for k, c in enumerate(captions[vid])]
+    out += [media_clips.Entry(video(vid), c, f'{vid}#{k}', vid)
+            for k, c in enumerate(captions[vid])]
   return out
 
 
 @builders.register_dataset('msrvtt')
-def msrvtt(dataset: ml_collections.ConfigDict, split: str) -> files.MediaClips:
-  root = files.require_path(dataset, 'MSR-VTT', PREPARE)
+def msrvtt(dataset: ml_collections.ConfigDict, split: str) -> media_clips.MediaClips:
+  root = media_clips.require_path(dataset, 'MSR-VTT', PREPARE)
   videos = pathlib.Path(dataset.get('videos_dir') or root / 'videos' / 'all')
   es = entries(root, split, videos)
   keep = dataset.get('num_train') if split == 'train' else dataset.get('num_test')
-  return files.MediaClips(es[:keep] if keep else es,
-                          **files.options(dataset, split, f"msrvtt {split!r} under {root}"))
+  return media_clips.MediaClips(es[:keep] if keep else es, **media_clips.options(
+      dataset, split, f"msrvtt {split!r} under {root}"))

@@ -41,12 +41,12 @@ config.dataset.path = DIR holding, per split, DIR/<split>.csv ('validation' is r
                    rate: read as 16 kHz mono), relative to DIR or absolute
   transcript       its ASR transcript, the text the language-caption model reads
 
-Every file is probed when a split opens (`builders.files.MediaClips`): a bad video is
+Every file is probed when a split opens (`builders.media_clips.MediaClips`): a bad video is
 put aside and counted by reason (missing / empty / unreadable / no_video / truncated /
 short); with dataset.spoken (default True; the language configs set False, so no
 caption audio is opened) a bad spoken caption puts its row aside too, counted under the
 same reasons (no_audio: a caption file without sound). A row whose transcript is empty
-is an error naming the file and line. Other fields are `files.options`' (fps 25,
+is an error naming the file and line. Other fields are `media_clips.options`' (fps 25,
 short_side, min_seconds 1 s, on_bad, verify, probe_cache).
 """
 import json
@@ -61,7 +61,7 @@ from avtext import errors
 from avtext.data import builders
 from avtext.data import ground_truth
 from avtext.data import array_store
-from avtext.data.builders import files
+from avtext.data.builders import media_clips
 
 FORMAT = "avtext.smit_features/1"
 _PER_ITEM = ("image_embedding", "temporal_embedding")
@@ -188,7 +188,7 @@ PREPARE = (
     "`make demo-smit` or the ':demo' variant")
 
 
-class SpokenMomentsClips(files.MediaClips):
+class SpokenMomentsClips(media_clips.MediaClips):
   """S-MiT clips from the user's files (module docstring): `MediaClips` over the videos
   (caption = the ASR transcript), plus `describe(i)['transcript']` and `render_speech(i)`,
   the spoken caption as float32 16 kHz mono. The caption audio is a second `MediaClips`
@@ -200,14 +200,14 @@ class SpokenMomentsClips(files.MediaClips):
     self.has_speech = spoken
     self._speech, self._speech_index = None, {}
     if spoken:
-      self._speech = files.MediaClips(
-          [files.Entry(r["spoken_caption"], r["transcript"], r["video_id"], r["video_id"])
+      self._speech = media_clips.MediaClips(
+          [media_clips.Entry(r["spoken_caption"], r["transcript"], r["video_id"], r["video_id"])
            for r in rows], where=f"{where} spoken captions",
           **{**options, "need": "audio", "min_seconds": 0.0, "substitute": False,
              "allow_empty": True})
       self._speech_index = {e.clip_id: j for j, e in enumerate(self._speech.entries)}
       rows = [r for r in rows if r["video_id"] in self._speech_index]
-    super().__init__([files.Entry(r["video"], r["transcript"], r["video_id"], r["video_id"])
+    super().__init__([media_clips.Entry(r["video"], r["transcript"], r["video_id"], r["video_id"])
                       for r in rows], where=where, **options)
     if spoken:
       self.skipped = self._speech.skipped + self.skipped
@@ -241,9 +241,9 @@ def read_rows(root: pathlib.Path, split: str) -> list[dict[str, str]]:
     raise ValueError(f"smit: no split {split!r}; splits: {', '.join(SPLIT_FILES)}")
   names = SPLIT_FILES[split]
   path = next((root / n for n in names if (root / n).is_file()), root / names[0])
-  path = files.require_file(path, f"the S-MiT {split} list", PREPARE)
+  path = media_clips.require_file(path, f"the S-MiT {split} list", PREPARE)
   rows, seen = [], {}
-  for line, row in enumerate(files.read_csv_rows(path, COLUMNS), start=2):
+  for line, row in enumerate(media_clips.read_csv_rows(path, COLUMNS), start=2):
     for key in ("video_id", "video", "spoken_caption", "transcript"):
       if not row[key].strip():
         raise ValueError(f"{path}, line {line}: empty {key!r} (expected {', '.join(COLUMNS)})")
@@ -258,9 +258,9 @@ def read_rows(root: pathlib.Path, split: str) -> list[dict[str, str]]:
 
 @builders.register_dataset("smit")
 def smit_clips(dataset: ml_collections.ConfigDict, split: str) -> SpokenMomentsClips:
-  root = files.require_path(dataset, "S-MiT", PREPARE)
+  root = media_clips.require_path(dataset, "S-MiT", PREPARE)
   rows = read_rows(root, split)
   keep = dataset.get("num_train") if split == "train" else dataset.get("num_eval")
   rows = rows[:keep] if keep else rows
-  return SpokenMomentsClips(rows, spoken=dataset.get("spoken", True), **files.options(
+  return SpokenMomentsClips(rows, spoken=dataset.get("spoken", True), **media_clips.options(
       dataset, split, f"smit {split!r} under {root}"))

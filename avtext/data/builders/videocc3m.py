@@ -14,11 +14,11 @@ DIR/videos/               your downloads (`dataset.videos_dir` names another dir
                                                           downloaders write it)
                           ext: mp4, mkv, webm, avi, mov or m4v
 Rows whose file is missing (the release lists ~10M clips; many videos are gone) or bad are
-counted and logged by reason (`builders.files`); the rest train. Only a 'train' split
+counted and logged by reason (`builders.media_clips`); the rest train. Only a 'train' split
 (mined pairs are training data; evaluate on msrvtt / audiocaps / clotho).
 
 Frames at `dataset.fps` (25, VideoCC app. C) over [start, end), 16 kHz mono audio, zeros
-and has_audio False for a video without sound. Shared fields: `builders.files.options`
+and has_audio False for a video without sound. Shared fields: `builders.media_clips.options`
 (short_side, min_seconds, on_bad, verify, probe_cache). `dataset.num_train` keeps the
 first N rows. `python -m avtext.materialize` stores the clips as array_record.
 """
@@ -30,7 +30,7 @@ import pathlib
 import ml_collections
 
 from avtext.data import builders
-from avtext.data.builders import files
+from avtext.data.builders import media_clips
 
 PREPARE = ('Download the VideoCC release CSV (video_cc_public.csv, from '
            'github.com/google-research-datasets/videoCC-data) into DIR, the videos it lists '
@@ -74,28 +74,30 @@ def read_csv(path: str | pathlib.Path) -> list[tuple[str, int, int, str]]:
 
 
 def entries(root: pathlib.Path, csv_name: str, videos_dir: pathlib.Path,
-            num: int | None = None) -> list[files.Entry]:
-  rows = read_csv(files.require_file(root / csv_name, 'the VideoCC release CSV', PREPARE))
+            num: int | None = None) -> list[media_clips.Entry]:
+  rows = read_csv(media_clips.require_file(root / csv_name, 'the VideoCC release CSV', PREPARE))
   out = []
   for vid, start, end, caption in rows[:num]:
     yid = video_id(vid)
-    clip_file = files.find_media(videos_dir, f'{yid}_{start}_{end}')
+    clip_file = media_clips.find_media(videos_dir, f'{yid}_{start}_{end}')
     clip_id = f'{yid}@{start}-{end}'
     if clip_file.exists():
-      out.append(files.Entry(str(clip_file), caption, clip_id, yid, 0.0, (end - start) / 1e6))
+      out.append(media_clips.Entry(str(clip_file), caption, clip_id, yid, 0.0,
+                                   (end - start) / 1e6))
     else:
-      out.append(files.Entry(str(files.find_media(videos_dir, yid)), caption, clip_id, yid,
-                             start / 1e6, end / 1e6))
+      out.append(media_clips.Entry(str(media_clips.find_media(videos_dir, yid)), caption,
+                                   clip_id, yid, start / 1e6, end / 1e6))
   return out
 
 
 @builders.register_dataset('videocc3m')
-def videocc3m(dataset: ml_collections.ConfigDict, split: str) -> files.MediaClips:
+def videocc3m(dataset: ml_collections.ConfigDict, split: str) -> media_clips.MediaClips:
   if split != 'train':
     raise ValueError(f'videocc3m has only a train split, asked for {split!r}; evaluate on '
                      'msrvtt, audiocaps or clotho through config.evals.<name>.dataset')
-  root = files.require_path(dataset, 'VideoCC3M', PREPARE)
+  root = media_clips.require_path(dataset, 'VideoCC3M', PREPARE)
   videos = pathlib.Path(dataset.get('videos_dir') or root / 'videos')
   es = entries(root, dataset.get('csv') or 'video_cc_public.csv', videos,
                dataset.get('num_train'))
-  return files.MediaClips(es, **files.options(dataset, split, f"videocc3m 'train' under {root}"))
+  return media_clips.MediaClips(
+      es, **media_clips.options(dataset, split, f"videocc3m 'train' under {root}"))

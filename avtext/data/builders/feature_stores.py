@@ -40,7 +40,7 @@ def _open(layout: str, dataset: ml_collections.ConfigDict, split: str) -> array_
   for field in ("path", "features"):
     if not dataset.get(field):
       raise ValueError(f"config.dataset.name={name!r} needs config.dataset.{field} (see "
-                       "avtext/data/builders/array_store.py)")
+                       "avtext/data/builders/feature_stores.py)")
   root = os.fspath(dataset.path)
   files = dict(dataset.get("files") or {})
   path = os.path.join(root, files.get(split, _DEFAULT_FILES[layout].format(split=split)))

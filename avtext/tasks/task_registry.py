@@ -11,15 +11,15 @@ import jax
 import ml_collections
 import numpy as np
 
+from avtext import config_registry
 from avtext import ops
-from avtext import registry as registry_lib
 from avtext.data import builders
 from avtext.data import pipelines
-from avtext.models import registry as models_registry
+from avtext.models import model_registry
 from avtext.weights import pretrained
 
 # Every `@register("<name>")` in avtext/tasks/; a module is imported when its name is looked up.
-_TASKS = registry_lib.Registry("task", "avtext.tasks", "register")
+_TASKS = config_registry.Registry("task", "avtext.tasks", "register")
 register = _TASKS.register
 
 
@@ -55,7 +55,7 @@ class Task:
   def __init__(self, config: ml_collections.ConfigDict):
     self.config = config
     record_backend(config)
-    self.model = models_registry.build_model(config.model)
+    self.model = model_registry.build_model(config.model)
     self._train_source = None
 
   @property
@@ -71,7 +71,7 @@ class Task:
 
   def train_skip_counts(self) -> dict[str, int]:
     """{reason: count} of the train split's entries put aside so far (files missing or
-    not decoding, `avtext.data.builders.files`); {} before the split is opened (this
+    not decoding, `avtext.data.builders.media_clips`); {} before the split is opened (this
     does not open it) and for sources that skip nothing."""
     counts = getattr(self._train_source, "skip_counts", None)
     return counts() if counts is not None else {}

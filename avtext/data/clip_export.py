@@ -111,7 +111,7 @@ def materialize(dataset: ml_collections.ConfigDict, splits: list[str], *, name: 
     tfds.dataset_builders.store_as_tfds_dataset(
         name=name, version='1.0.0', features=_features(with_frames), split_datasets=records,
         data_dir=str(data_dir), file_format='array_record', disable_shuffling=True,
-        description=f'avtext.data.materialize of {dataset.name!r}')
+        description=f'avtext.materialize of {dataset.name!r}')
   else:
     for s, src in sources.items():
       framestore.write(pathlib.Path(data_dir) / name, s, _frame_records(src, records[s]),

@@ -27,13 +27,13 @@ from typing import Callable
 import flax.linen as nn
 import ml_collections
 
+from avtext import config_registry
 from avtext import ops
-from avtext import registry as registry_lib
 from avtext.models import layers
 
 Factory = Callable[[ml_collections.ConfigDict], nn.Module]
 
-_MODELS = registry_lib.Registry("model", "avtext.models", "register_model")
+_MODELS = config_registry.Registry("model", "avtext.models", "register_model")
 register_model = _MODELS.register
 registered = _MODELS.names
 
