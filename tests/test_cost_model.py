@@ -143,16 +143,8 @@ def test_an_async_copy_takes_the_bandwidth_the_kernels_leave_idle():
   """A TPU prefetch (`copy-start` of 4 MiB into on-chip memory, S(1)) beside a
   compute-bound product: its bytes move while the product computes; only what does not
   fit in the product's idle HBM time adds to the step."""
-  text = """\
-HloModule jit_prefetch
-
-%dot128 (a: bf16[256,128], w: bf16[128,128]) -> bf16[256,128] {
-  %a = bf16[256,128]{1,0} parameter(0)
-  %w = bf16[128,128]{1,0} parameter(1)
-  ROOT %d = bf16[256,128]{1,0} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-}
-
-ENTRY %main (b: bf16[256,128], v: bf16[128,128], c: f32[1024,1024]) -> (bf16[256,128], f32[1024,1024]) {
+  dot128 = MODULE[MODULE.index("%dot128"):MODULE.index("%add")]  # MODULE's product
+  text = "HloModule jit_prefetch\n\n" + dot128 + """ENTRY %main (b: bf16[256,128], v: bf16[128,128], c: f32[1024,1024]) -> (bf16[256,128], f32[1024,1024]) {
   %b = bf16[256,128]{1,0} parameter(0)
   %v = bf16[128,128]{1,0} parameter(1)
   %c = f32[1024,1024]{1,0} parameter(2)
