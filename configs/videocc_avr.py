@@ -106,11 +106,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # MBT's strided conv stem ("matmul": the same function as one matmul, layers.PatchMatmul;
   # on v5e it needs 2.7 GiB of temporaries a chip for 16 clips against the conv's 1.7).
   config.model.video.patch_embed = "conv"
-  # Channel widths of a convolutional stem before the RGB patches (models/layers.ConvStem,
-  # the hybrid ViT); () is ViT-B's linear patch embedding, as in the paper.
-  config.model.video.rgb_stem = ()
-  config.model.video.rgb_pool = "cls"
-  config.model.video.layer_scale = 0.0  # off (ViT); > 0: CaiT's LayerScale init
+  # The paper's MBT: ViT-B's linear patch embedding, the RGB embedding its [CLS] output, no
+  # LayerScale. The demos' options (rgb_stem, rgb_pool, layer_scale: models/mbt.DemoOptions)
+  # are set by the demo variants (`_synthetic`, `hybrid`).
   config.model.video.n_bottlenecks = 4  # §5.2: B = 4 fusion tokens
   config.model.video.fusion_layer = 8  # §5.2: l_f = 8
   config.model.video.dropout_rate = 0.0
@@ -205,6 +203,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                      short_side=config.data.image_size,
                      data_dir=ml_collections.config_dict.placeholder(str))))
   if "hybrid" in variants:
+    # Channel widths of a convolutional stem before the RGB patches (models/layers.ConvStem,
+    # the hybrid ViT); the paper's is ViT-B's linear patch embedding.
     config.model.video.rgb_stem = (32, 64)
   if "rgb" in variants:
     config.model.video.modalities = "rgb"

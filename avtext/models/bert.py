@@ -21,6 +21,7 @@ from avtext.models import layers
 from avtext.models import model_registry
 
 Array = jax.Array
+INIT_STDDEV = 0.02  # BERT's initializer_range: N(0, 0.02) kernels and embeddings
 
 # A pretrained text tower's architecture is its HF config.json (`bert_from_config`);
 # its weights are read by `avtext.weights.bert`.
@@ -75,9 +76,8 @@ def bert_kwargs_from_hf_config(config: dict[str, Any],
       type_vocab_size=config.get("type_vocab_size", 2),
       layer_norm_eps=config.get("layer_norm_eps", 1e-12),
       activation=_HF_ACTIVATIONS[act],
-      dropout_rate=config.get("hidden_dropout_prob", 0.1),
-      attention_dropout_rate=config.get("attention_probs_dropout_prob", 0.1),
-      initializer_range=config.get("initializer_range", 0.02),
+      dropout=layers.Dropout(config.get("hidden_dropout_prob", 0.1),
+                             config.get("attention_probs_dropout_prob", 0.1)),
   )
 
 
@@ -94,14 +94,14 @@ class Bert(nn.Module):
     type_vocab_size: number of segment (token type) ids.
     layer_norm_eps: LayerNorm epsilon (BERT: 1e-12).
     activation: `layers.ACTIVATIONS` key; BERT's `gelu` is the exact erf form.
-    dropout_rate: BERT's hidden dropout (embeddings and both branches).
-    attention_dropout_rate: dropout on attention probabilities.
-    initializer_range: stddev of the normal init of kernels and embeddings.
+    dropout: `layers.Dropout`: rate, BERT's hidden dropout (embeddings and both
+      branches); attention, on attention probabilities.
     add_pooler: also return `pooled` = tanh(Dense(cls)), BERT's NSP pooler.
-    return_hidden_states: also return every layer's output (COOT's text
-      features are BERT's last two layers).
-    dtype: computation dtype; remat, attention, scan_layers: see `layers.Compute`
+    compute: dtype, remat, attention, scan_layers, backend: see `layers.Compute`
       (scan_layers runs the layers as one `layers.scan_layers`; same parameters).
+
+  Kernels and embeddings start as N(0, 0.02) (BERT's initializer_range; imported
+  checkpoints replace them).
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -112,21 +112,20 @@ class Bert(nn.Module):
   type_vocab_size: int = 2
   layer_norm_eps: float = 1e-12
   activation: str = "gelu"
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1
-  initializer_range: float = 0.02
+  dropout: layers.Dropout = layers.Dropout(0.1, 0.1)
   add_pooler: bool = False
-  return_hidden_states: bool = False
-  dtype: Any = jnp.float32
-  remat: str = "none"
-  attention: str = "xla"
-  backend: str | None = None  # config.model.backend (`layers.Compute`)
-  scan_layers: bool = False
+  compute: layers.Compute = layers.Compute()
+
+  @property
+  def dropout_rate(self) -> float:
+    """BERT's hidden dropout rate (HF hidden_dropout_prob)."""
+    return self.dropout.rate
 
   @nn.compact
   def __call__(self, input_ids: Array, attention_mask: Array,
                token_type_ids: Array | None = None, *,
-               train: bool = False, cls_only: bool = False) -> dict[str, Array]:
+               train: bool = False, cls_only: bool = False,
+               hidden_states: bool = False) -> dict[str, Array]:
     """Encodes token ids.
 
     Args:
@@ -136,12 +135,14 @@ class Bert(nn.Module):
       train: enables dropout (needs the 'dropout' rng).
       cls_only: return `cls` only: the last layer computes the [CLS] position alone
         (`layers.EncoderBlock.query_positions`; the same value as the full pass).
+      hidden_states: also return every layer's output (COOT's text features are
+        BERT's last two layers).
 
     Returns:
       sequence: [B, L, D] final-layer outputs (HF `last_hidden_state`).
       cls: [B, D] final-layer output at position 0, the [CLS] token.
       pooled: [B, D], only with add_pooler.
-      hidden_states: only with return_hidden_states: the embeddings' output
+      hidden_states: only with hidden_states=True: the embeddings' output
         and every layer's, num_layers + 1 arrays [B, L, D] (HF's
         `hidden_states`: [-1] is `sequence`, [-2] the layer below).
     """
@@ -152,41 +153,39 @@ class Bert(nn.Module):
           f"{self.max_position_embeddings}; truncate the tokens")
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
-    init = nn.initializers.normal(self.initializer_range)
+    init = nn.initializers.normal(INIT_STDDEV)
+    dtype, dropout = self.compute.dtype, self.dropout
 
     def embed(num, name):
       return nn.Embed(num, self.hidden_size, embedding_init=init,
-                      dtype=self.dtype, name=name)
+                      dtype=dtype, name=name)
 
     x = (embed(self.vocab_size, "word_embeddings")(input_ids) +
          embed(self.type_vocab_size, "token_type_embeddings")(token_type_ids) +
          embed(self.max_position_embeddings, "position_embeddings")(
              jnp.arange(length)[None]))
-    x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
+    x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=dtype,
                      name="embeddings_norm")(x)
-    x = hidden_0 = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    x = hidden_0 = nn.Dropout(dropout.rate)(x, deterministic=not train)
     block = dict(
         num_heads=self.num_heads,
         mlp_dim=self.mlp_dim,
         pre_norm=False,
         activation=self.activation,
         layer_norm_eps=self.layer_norm_eps,
-        dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate,
+        dropout=dropout,
         kernel_init=init,
-        dtype=self.dtype,
-        remat=self.remat,
-        attention_impl=self.attention,
-        backend=self.backend)
+        compute=self.compute)
     names = [f"encoderblock_{i}" for i in range(self.num_layers)]
     # Dropout masks are drawn by shape, so a dropping layer computes all positions (the
     # same random draws with and without cls_only); so does the scanned stack.
-    drops = train and (self.dropout_rate or self.attention_dropout_rate)
+    drops = train and (dropout.rate or dropout.attention)
+    scan = self.compute.scan_layers
     last = {}
-    if (cls_only and not (drops or self.scan_layers or self.return_hidden_states or
+    if (cls_only and not (drops or scan or hidden_states or
                           self.add_pooler or self.is_initializing())):
       last = dict(query_positions=1)
-    if self.scan_layers and not self.is_initializing():
+    if scan and not self.is_initializing():
       layer = layers.EncoderBlock(**block, parent=None)
 
       def step(h, params, rng):
@@ -195,8 +194,7 @@ class Bert(nn.Module):
 
       x, stacked = layers.scan_layers(
           self.variables["params"], names, step, x, collect=True,
-          rng=layers.dropout_rng(self, not train, self.dropout_rate,
-                                 self.attention_dropout_rate))
+          rng=layers.dropout_rng(self, not train, dropout.rate, dropout.attention))
       hidden = [hidden_0] + [stacked[i] for i in range(self.num_layers)]
     else:
       hidden = [x]
@@ -207,11 +205,11 @@ class Bert(nn.Module):
     if last:
       return {"cls": x[:, 0]}
     outputs = {"sequence": x, "cls": x[:, 0]}
-    if self.return_hidden_states:
+    if hidden_states:
       outputs["hidden_states"] = tuple(hidden)
     if self.add_pooler:
       outputs["pooled"] = jnp.tanh(
-          nn.Dense(self.hidden_size, kernel_init=init, dtype=self.dtype,
+          nn.Dense(self.hidden_size, kernel_init=init, dtype=dtype,
                    name="pooler")(x[:, 0]))
     return outputs
 
@@ -235,7 +233,5 @@ def bert_from_config(cfg) -> Bert:
                   num_layers=cfg.num_layers, num_heads=cfg.num_heads,
                   mlp_dim=cfg.intermediate_size,
                   max_position_embeddings=cfg.max_position_embeddings)
-  kwargs["dropout_rate"] = kwargs["attention_dropout_rate"] = cfg.dropout_rate
-  compute = model_registry.compute_from_config(cfg)
-  return Bert(**kwargs, dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
-              scan_layers=compute.scan_layers, backend=compute.backend)
+  kwargs["dropout"] = layers.Dropout(cfg.dropout_rate, cfg.dropout_rate)
+  return Bert(**kwargs, compute=model_registry.compute_from_config(cfg))

@@ -9,10 +9,10 @@ Four T-Transformers (`TTransformer`), as the official `RetrievalModelManager`:
 
 A local T-Transformer is: COOT layer norm of the input features, Dense to the
 hidden size + GELU (official `input_fc`), sin-cos positions, one post-norm
-transformer layer (the shared `layers.EncoderBlock` with COOT's layer norm),
+transformer layer (`CootBlock`: the shared `layers.EncoderBlock` with COOT's layer norm),
 then a pooler: Attention-FA (eq. 4, official `GenPool`), or max / mean for
 the ablation. A global one has no input FC; its Contextual Transformer
-(eq. 5) is one cross-attention-only `EncoderBlock` with the local context as
+(eq. 5) is one cross-attention-only `CootBlock` (`ContextBlock`) with the local context as
 the single query over the clip sequence, whose output is concatenated to the
 mean of the clip sequence (official `avg_special`, below): theta =
 [mean_i h_i, CoT(g, h)]
@@ -60,6 +60,7 @@ projections compute in `dtype`; parameters stay float32, COOT's layer norm compu
 float32, Attention-FA's softmax and weighted sum run in float32, and every embedding
 the model returns is float32. `remat` rematerializes each transformer layer.
 """
+import dataclasses
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -84,6 +85,53 @@ class Packing(NamedTuple):
   segment: Array
   position: Array
   unpack: Array
+
+
+class CootLayerNorm(nn.Module):
+  """COOT's LayerNormalization: scale * (x - mean) / (std + eps) + bias.
+
+  The standard deviation is the unbiased one (N - 1) and eps sits outside the
+  square root (official `nntrainer/models/normalizations.py`, eps 1e-6), unlike
+  `nn.LayerNorm`. Parameters are named like nn.LayerNorm's.
+  """
+  epsilon: float = 1e-6
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale, bias = layers.norm_params(self, x.shape[-1])
+    y = x.astype(jnp.float32)
+    mean = jnp.mean(y, axis=-1, keepdims=True)
+    std = jnp.std(y, axis=-1, keepdims=True, ddof=1)
+    return (scale * (y - mean) / (std + self.epsilon) + bias).astype(self.dtype)
+
+
+class CootBlock(layers.EncoderBlock):
+  """The official post-norm TransformerEncoderLayer: the shared layer with COOT's
+  layer norm (`CootLayerNorm`)."""
+
+  def _norm(self, name: str) -> nn.Module:
+    return CootLayerNorm(epsilon=self.layer_norm_eps, dtype=self.compute.dtype, name=name)
+
+
+class ContextBlock(CootBlock):
+  """The Contextual Transformer (eq. 5, the official "TransformerDecoder"): cross-attention
+  only, the global context as the query over the clips."""
+  SELF_ATTENTION = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Pooling:
+  """A T-Transformer's pooler: `kind` one of POOLERS ("atn": Attention-FA with `hidden`
+  units in `heads` heads, eq. 4; "max"; "avg": the official avg_special, or with
+  masked_pool the mean of the real positions: ours, the module docstring)."""
+  kind: str = "atn"
+  hidden: int = 768
+  heads: int = 2
+
+  def __post_init__(self):
+    if self.kind not in POOLERS:
+      raise ValueError(f"pooler must be one of {POOLERS}, got {self.kind!r}")
 
 
 def sincos_table(length: int, dim: int) -> np.ndarray:
@@ -191,20 +239,15 @@ class TTransformer(nn.Module):
   num_heads: int = 8
   mlp_dim: int = 384
   num_layers: int = 1
-  dropout: float = 0.025
+  # COOT's one rate: branch outputs, attention probabilities, Attention-FA
+  dropout: layers.Dropout = layers.Dropout(0.025, 0.025)
   input_fc: bool = True
-  pooler: str = "atn"
-  pool_hidden: int = 768
-  pool_heads: int = 2
+  pooling: Pooling = Pooling()
   masked_pool: bool = False  # "avg": masked mean (ours) instead of official avg_special
   use_context: bool = False
   init_std: float = 0.01
   max_positions: int = 1000
-  dropout_masks: str = "jax"
-  dtype: Any = jnp.float32
-  remat: str = "none"
-  attention: str = "xla"
-  backend: str | None = None  # config.model.backend (`layers.Compute`)
+  compute: layers.Compute = layers.Compute()
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, context: Array | None = None, *,
@@ -220,49 +263,45 @@ class TTransformer(nn.Module):
     if x.shape[1] > self.max_positions:
       raise ValueError(f"sequence of {x.shape[1]} positions is longer than the sin-cos table "
                        f"(max_positions={self.max_positions})")
-    if self.pooler not in POOLERS:
-      raise ValueError(f"pooler must be one of {POOLERS}, got {self.pooler!r}")
     init = nn.initializers.truncated_normal(self.init_std)
     mask = mask.astype(bool)
-    x = layers.CootLayerNorm(dtype=self.dtype, name="norm_input")(x)
+    dtype, pooling = self.compute.dtype, self.pooling
+    x = CootLayerNorm(dtype=dtype, name="norm_input")(x)
     if self.input_fc:
-      x = nn.gelu(nn.Dense(self.hidden_size, kernel_init=init, dtype=self.dtype,
+      x = nn.gelu(nn.Dense(self.hidden_size, kernel_init=init, dtype=dtype,
                            name="input_fc")(x), approximate=False)
     elif x.shape[-1] != self.hidden_size:
       raise ValueError(f"input width {x.shape[-1]} != hidden_size {self.hidden_size} and "
                        "input_fc is off")
-    table = jnp.asarray(sincos_table(x.shape[1], self.hidden_size), self.dtype)
+    table = jnp.asarray(sincos_table(x.shape[1], self.hidden_size), dtype)
     attention_mask = None
     if packing is None:
       x = x + table[None]
     else:
       x = x + table[packing.position]
       attention_mask = (packing.segment[:, :, None] == packing.segment[:, None, :])[:, None]
-    block = lambda name, **kw: layers.EncoderBlock(
+    block = dict(
         num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=False, activation="gelu",
-        layer_norm="coot", layer_norm_eps=1e-6, dropout_rate=self.dropout,
-        attention_dropout_rate=self.dropout, dropout_masks=self.dropout_masks,
-        kernel_init=init, dtype=self.dtype, remat=self.remat, attention_impl=self.attention,
-        backend=self.backend, name=name, **kw)
+        layer_norm_eps=1e-6, dropout=self.dropout, kernel_init=init, compute=self.compute)
     for i in range(self.num_layers):
-      x = block(f"encoderblock_{i}")(x, mask, mask=attention_mask,
-                                     deterministic=deterministic)
+      x = CootBlock(**block, name=f"encoderblock_{i}")(x, mask, mask=attention_mask,
+                                                        deterministic=deterministic)
     unpack = None if packing is None else packing.unpack
-    if self.pooler == "atn":
-      pooled = AttentionFA(self.pool_hidden, self.pool_heads, self.dropout, self.init_std,
-                           self.dropout_masks, dtype=self.dtype,
+    if pooling.kind == "atn":
+      pooled = AttentionFA(pooling.hidden, pooling.heads, self.dropout.rate, self.init_std,
+                           self.dropout.masks, dtype=dtype,
                            name="pooler")(x, mask, deterministic=deterministic, unpack=unpack)
     if unpack is not None:  # the sequences, for the other poolers and the caller
       x, mask = unpack_rows(x, unpack), unpack >= 0
-    if self.pooler == "avg" and not self.masked_pool:
+    if pooling.kind == "avg" and not self.masked_pool:
       pooled = official_avg_pool(x.astype(jnp.float32), mask)
-    elif self.pooler != "atn":
-      pooled = masked_pool(x.astype(jnp.float32), mask, self.pooler)
+    elif pooling.kind != "atn":
+      pooled = masked_pool(x.astype(jnp.float32), mask, pooling.kind)
     if self.use_context:
       if context is None:
         raise ValueError("TTransformer(use_context=True) needs the context vector")
-      ctx = block("context", cross_attention=True, self_attention=False)(
-          context[:, None, :].astype(self.dtype), context=x, context_mask=mask,
+      ctx = ContextBlock(**block, cross_attention=True, name="context")(
+          context[:, None, :].astype(dtype), context=x, context_mask=mask,
           deterministic=deterministic)
       pooled = jnp.concatenate([pooled, ctx[:, 0].astype(jnp.float32)], axis=-1)
     return pooled, x.astype(jnp.float32)
@@ -284,30 +323,23 @@ class COOT(nn.Module):
   num_heads: int = 8
   mlp_dim: int = 384
   num_layers: int = 1
-  dropout: float = 0.025
-  local_pooler: str = "atn"
-  pool_hidden: int = 768
-  pool_heads: int = 2
+  dropout: layers.Dropout = layers.Dropout(0.025, 0.025)  # as TTransformer's
+  local_pooling: Pooling = Pooling()  # the local T-Transformers'; the global ones "avg"
   masked_pool: bool = False  # module docstring: False = official avg_special
   use_context: bool = True
   init_std: float = 0.01
   max_positions: int = 1000
-  dropout_masks: str = "jax"
-  dtype: Any = jnp.float32  # computation dtype; remat, attention: see `layers.Compute`
-  remat: str = "none"
-  attention: str = "xla"
-  backend: str | None = None  # config.model.backend (`layers.Compute`)
+  compute: layers.Compute = layers.Compute()  # dtype, remat, attention, backend
 
   def _net(self, name: str, *, local: bool) -> TTransformer:
     return TTransformer(
         hidden_size=self.hidden_size, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
         num_layers=self.num_layers, dropout=self.dropout, input_fc=local,
-        pooler=self.local_pooler if local else "avg", pool_hidden=self.pool_hidden,
-        pool_heads=self.pool_heads, masked_pool=self.masked_pool,
-        use_context=self.use_context and not local,
-        init_std=self.init_std, max_positions=self.max_positions,
-        dropout_masks=self.dropout_masks, dtype=self.dtype, remat=self.remat,
-        attention=self.attention, backend=self.backend, name=name)
+        pooling=(self.local_pooling if local else
+                 dataclasses.replace(self.local_pooling, kind="avg")),
+        masked_pool=self.masked_pool, use_context=self.use_context and not local,
+        init_std=self.init_std, max_positions=self.max_positions, compute=self.compute,
+        name=name)
 
   def setup(self):
     self.video_local = self._net("video_local", local=True)
@@ -365,12 +397,12 @@ class COOT(nn.Module):
 
 @model_registry.register_model("coot")
 def coot_from_config(cfg) -> COOT:
-  compute = model_registry.compute_from_config(cfg)
   return COOT(max_clips=int(cfg.max_clips), hidden_size=cfg.hidden_size,
               num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim, num_layers=cfg.num_layers,
-              dropout=cfg.dropout, local_pooler=cfg.local_pooler, pool_hidden=cfg.pool_hidden,
-              pool_heads=cfg.pool_heads, masked_pool=bool(cfg.get("masked_pool", False)),
+              dropout=layers.Dropout(cfg.dropout, cfg.dropout,
+                                     masks=cfg.get("dropout_masks", "jax")),
+              local_pooling=Pooling(cfg.local_pooler, cfg.pool_hidden, cfg.pool_heads),
+              masked_pool=bool(cfg.get("masked_pool", False)),
               use_context=cfg.use_context, init_std=cfg.init_std,
               max_positions=cfg.get("max_positions", 1000),
-              dropout_masks=cfg.get("dropout_masks", "jax"), dtype=compute.dtype,
-              remat=compute.remat, attention=compute.attention, backend=compute.backend)
+              compute=model_registry.compute_from_config(cfg))

@@ -63,7 +63,7 @@ class GPT2(nn.Module):
     dropout_rate: embedding and residual dropout [embd_pdrop, resid_pdrop].
     attention_dropout_rate: [attn_pdrop].
     dropout_masks: "jax" or "hash" (attention.dropout).
-    dtype: computation dtype; remat, attention, scan_layers: see `layers.Compute`
+    compute: dtype, remat, attention, scan_layers, backend: see `layers.Compute`
       (scan_layers runs the layers as one `layers.scan_layers` in full-sequence
       calls; decoding with the cache runs them one by one; same parameters).
   """
@@ -77,11 +77,7 @@ class GPT2(nn.Module):
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   dropout_masks: str = "jax"
-  dtype: Any = jnp.float32
-  remat: str = "none"
-  attention: str = "xla"
-  backend: str | None = None  # config.model.backend (`layers.Compute`)
-  scan_layers: bool = False
+  compute: layers.Compute = layers.Compute()
 
   def setup(self):
     init = nn.initializers.normal(0.02)
@@ -90,7 +86,8 @@ class GPT2(nn.Module):
                         name="wpe")
     self.blocks = [layers.EncoderBlock(**self._block_kwargs(), name=f"h_{i}")
                    for i in range(self.num_layers)]
-    self.ln_f = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="ln_f")
+    self.ln_f = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.compute.dtype,
+                             name="ln_f")
     if self.dropout_masks not in attention.DROPOUT_MASKS:
       raise ValueError(f"dropout_masks must be one of {attention.DROPOUT_MASKS}, got "
                        f"{self.dropout_masks!r}")
@@ -101,11 +98,9 @@ class GPT2(nn.Module):
     return dict(
         num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=True,
         activation="gelu_tanh", layer_norm_eps=self.layer_norm_eps,
-        dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate,
-        dropout_masks=self.dropout_masks, kernel_init=nn.initializers.normal(0.02),
-        dtype=self.dtype, remat=self.remat, attention_impl=self.attention,
-        backend=self.backend)
+        dropout=layers.Dropout(self.dropout_rate, self.attention_dropout_rate,
+                               masks=self.dropout_masks),
+        kernel_init=nn.initializers.normal(0.02), compute=self.compute)
 
   def __call__(self, input_ids: Array, *, positions: Array | None = None,
                prefix: Array | None = None, mask: Array | None = None,
@@ -148,7 +143,8 @@ class GPT2(nn.Module):
                          f"{self.hidden_size}; project it first")
       num_prefix = prefix.shape[1]
       x = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
-    x = layers.shard_batch(x.astype(self.dtype))
+    dtype = self.compute.dtype
+    x = layers.shard_batch(x.astype(dtype))
     if prefix_lm and (decode or mask is not None or not num_prefix):
       raise ValueError("GPT2(prefix_lm=True) needs a prefix and takes no mask or "
                        "decode=True (decode with a make_prefix_lm_mask mask)")
@@ -159,7 +155,7 @@ class GPT2(nn.Module):
                          "attention.make_causal_mask(cache length)")
       mask = attention.make_causal_mask(x.shape[1])
     x = self.embedding_dropout(x, deterministic=not train)
-    if self.scan_layers and not decode and not self.is_initializing():
+    if self.compute.scan_layers and not decode and not self.is_initializing():
       block = layers.EncoderBlock(**self._block_kwargs(), parent=None)
 
       def step(h, params, rng):
@@ -177,8 +173,8 @@ class GPT2(nn.Module):
                   prefix_lm=block_prefix)
     x = self.ln_f(x[:, -1:] if last_only else x[:, num_prefix:])
     # The tied projection (`wte.attend`) in the compute dtype; float32 logits for the softmax.
-    embedding = self.wte.embedding.astype(self.dtype)
-    return jnp.dot(x.astype(self.dtype), embedding.T).astype(jnp.float32)
+    embedding = self.wte.embedding.astype(dtype)
+    return jnp.dot(x.astype(dtype), embedding.T).astype(jnp.float32)
 
 
 class VideoCaptioner(nn.Module):
@@ -281,13 +277,7 @@ def gpt2_from_config(cfg) -> GPT2:
       dropout_rate=cfg.get("dropout_rate", 0.1),
       attention_dropout_rate=cfg.get("attention_dropout_rate", 0.1),
       dropout_masks=cfg.get("dropout_masks", "jax"),
-      **_compute_kwargs(cfg))
-
-
-def _compute_kwargs(cfg) -> dict:
-  compute = model_registry.compute_from_config(cfg)
-  return dict(dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
-              scan_layers=compute.scan_layers, backend=compute.backend)
+      compute=model_registry.compute_from_config(cfg))
 
 
 model_registry.register_model("gpt2")(gpt2_from_config)

@@ -5,7 +5,8 @@ kernels), one MLP, one transformer block and
 the learned ViT position embedding. `EncoderBlock` is the pre-LN ViT/GPT-2
 layer or the post-LN BERT layer; with `cross_attention=True` it is a decoder
 layer, self-attention -> cross-attention -> MLP, for captioners and
-cross-encoders. Models compose these; weight importers map public checkpoints
+cross-encoders. A paper's variant of the layer (COOT's norm, XML's and MMT's
+official sublayers, MBT's LayerScale) subclasses it in that paper's module. Models compose these; weight importers map public checkpoints
 onto their parameter names:
 
   EncoderBlock
@@ -95,12 +96,16 @@ def remat_policy(name: str) -> Callable | None:
   return policy
 
 
+PATCH_EMBEDS = ("conv", "matmul")
+
+
 @dataclasses.dataclass(frozen=True)
 class Compute:
-  """How a model computes: dtype, rematerialization, attention (module docstring).
+  """How a model computes, each choice the same function: dtype, rematerialization,
+  attention, the patch embedding's kernel (module docstring).
 
   Built from `config.model` by `avtext.models.model_registry.compute_from_config`; models
-  hand it to their blocks (`block_kwargs`). Its defaults: a config's that leaves them unset.
+  hand it to their blocks (`EncoderBlock.compute`). Its defaults: a config's that leaves them unset.
   """
   dtype: Any = jnp.float32
   remat: str = "none"
@@ -109,19 +114,20 @@ class Compute:
   # The platform traced for (`config.model.backend`): `avtext.ops`' CPU-only rewrites and
   # what "auto" attention stands for. None: JAX's default backend (`ops.platform`).
   backend: str | None = None
+  # Patch and tubelet embeddings (ViT, MBT): "conv" (nn.Conv) or "matmul" (`PatchMatmul`,
+  # the same parameters and function as one matmul).
+  patch_embed: str = "conv"
 
   def __post_init__(self):
     remat_policy(self.remat)
+    if self.patch_embed not in PATCH_EMBEDS:
+      raise ValueError(f"config.model.patch_embed={self.patch_embed!r}: expected one of "
+                       f"{PATCH_EMBEDS}")
     if self.attention not in attn.ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"config.model.attention={self.attention!r}: expected one of "
                        f"{attn.ATTENTION_IMPLEMENTATIONS}")
     if self.backend not in (None, *ops.PLATFORMS):
       raise ValueError(f"config.model.backend={self.backend!r}: expected one of {ops.PLATFORMS}")
-
-  def block_kwargs(self) -> dict[str, Any]:
-    """Keyword arguments of `EncoderBlock` that carry these choices."""
-    return dict(dtype=self.dtype, remat=self.remat, attention_impl=self.attention,
-                backend=self.backend)
 
 
 def remat(fn: Callable, name: str, static_argnums: tuple[int, ...] = ()) -> Callable:
@@ -236,29 +242,10 @@ class Mlp(nn.Module):
                     name="dense_out")(x)
 
 
-def _norm_params(module: nn.Module, width: int) -> tuple[Array, Array]:
+def norm_params(module: nn.Module, width: int) -> tuple[Array, Array]:
   """A norm's float32 `scale` (ones) and `bias` (zeros) [width], named as nn.LayerNorm's."""
   return (module.param("scale", nn.initializers.ones, (width,), jnp.float32),
           module.param("bias", nn.initializers.zeros, (width,), jnp.float32))
-
-
-class CootLayerNorm(nn.Module):
-  """COOT's LayerNormalization: scale * (x - mean) / (std + eps) + bias.
-
-  The standard deviation is the unbiased one (N - 1) and eps sits outside the
-  square root (official `nntrainer/models/normalizations.py`, eps 1e-6), unlike
-  `nn.LayerNorm`. Parameters are named like nn.LayerNorm's.
-  """
-  epsilon: float = 1e-6
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    scale, bias = _norm_params(self, x.shape[-1])
-    y = x.astype(jnp.float32)
-    mean = jnp.mean(y, axis=-1, keepdims=True)
-    std = jnp.std(y, axis=-1, keepdims=True, ddof=1)
-    return (scale * (y - mean) / (std + self.epsilon) + bias).astype(self.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -302,31 +289,46 @@ class LayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    scale, bias = _norm_params(self, x.shape[-1])
+    scale, bias = norm_params(self, x.shape[-1])
     return _layer_norm(x, scale, bias, self.epsilon, self.dtype)
 
 
-def make_layer_norm(kind: str, epsilon: float, dtype: Any, name: str) -> nn.Module:
-  """'standard' (`LayerNorm`, nn.LayerNorm's function) or 'coot' (`CootLayerNorm`)."""
-  if kind == "standard":
-    return LayerNorm(epsilon=epsilon, dtype=dtype, name=name)
-  if kind == "coot":
-    return CootLayerNorm(epsilon=epsilon, dtype=dtype, name=name)
-  raise ValueError(f"layer_norm must be 'standard' or 'coot', got {kind!r}")
+@dataclasses.dataclass(frozen=True)
+class Dropout:
+  """A block's dropout (`EncoderBlock`).
+
+  rate: on every residual branch's output (BERT's hidden dropout, ViT's residual dropout).
+  attention: on attention probabilities.
+  stochastic_depth: each residual branch dropped per example with this probability, the
+    kept ones rescaled (timm's DropPath), so eval needs no correction.
+  masks: "jax" (flax's) or "hash" (`attention.dropout`), for every dropout.
+  """
+  rate: float = 0.0
+  attention: float = 0.0
+  stochastic_depth: float = 0.0
+  masks: str = "jax"
+
+  def __post_init__(self):
+    if self.masks not in attn.DROPOUT_MASKS:
+      raise ValueError(f"dropout_masks must be one of {attn.DROPOUT_MASKS}, got "
+                       f"{self.masks!r}")
 
 
 class EncoderBlock(nn.Module):
-  """Transformer layer: self-attention, [cross-attention,] MLP, with residuals.
+  """Transformer layer: self-attention, [cross-attention,] feed-forward, with residuals.
 
   pre_norm=True is the ViT / GPT-2 layer, x + f(LN(x)); pre_norm=False is the
   BERT layer, LN(x + f(x)). With cross_attention=True a cross-attention
   sublayer (queries from x, keys/values from `context`) sits between the two,
   with the same residual and LayerNorm placement (the transformer decoder
-  layer). Dropout follows every branch's output (BERT's hidden dropout, ViT's
-  residual dropout); `attention_dropout_rate` drops attention probabilities.
-  `stochastic_depth` drops each residual branch per example with this
-  probability and rescales the kept ones (timm's DropPath), so eval needs no
-  correction.
+  layer). `dropout` (`Dropout`) drops every branch's output, the attention
+  probabilities, and whole branches per example (stochastic depth).
+
+  This class holds the one residual wiring; a paper's variant of the layer subclasses it
+  in that paper's model module and overrides the pieces it changes: `_attention` (the
+  attention sublayers), `_feed_forward`, `_norm`, `SELF_ATTENTION` (False: a
+  cross-attention-only layer), `_rescale` (each branch's output before dropout) and
+  `_cross_bias` (the cross-attention mask).
 
   Attributes:
     num_heads: attention heads; the width D must be divisible by it.
@@ -337,40 +339,12 @@ class EncoderBlock(nn.Module):
     causal: add `make_causal_mask` to self-attention (decoder layers); a
       prefix-LM passes `mask=make_prefix_lm_mask(...)` instead.
     cross_attention: add the cross-attention sublayer; calls need `context`.
-    self_attention: False (with cross_attention=True) drops the
-      self-attention sublayer: a cross-attention-only layer, COOT's context
-      "TransformerDecoder" (the global context as the query over the clips).
-    feed_forward: False drops the MLP sublayer (`mlp_dim` unused): XML's
-      Self-Encoder, attention -> linear -> residual -> LayerNorm (TVR sec. 4.1).
-    feed_forward_kind: "mlp" (Dense(mlp_dim) -> activation -> Dense(D)) or
-      "linear": one Dense(D) without activation (`mlp_dim` unused; the official
-      TVC decoder layer's BertOutput, LN(x + dropout(Linear(x)))).
-    cross_mask: "keys" (a query attends to the real context positions) or
-      "additive": the official TVR / BERT cross mask, (1 - m_q m_k) * -10000 added
-      to the logits in float32 (m_q: the call's padding_mask, m_k: its
-      context_mask): real rows as "keys" up to float rounding, while a padded
-      query row attends to every context position, padded ones included (the
-      official XML cross-encoder, whose padded rows reach ConvSE). Needs
-      padding_mask and context_mask; always the materialized "xla" attention.
-    attention_output: "dense" (the attention's output Linear, then dropout on the
-      branch) or "none": the concatenated heads go straight into the residual,
-      no output Linear and no branch dropout (attention-probability dropout
-      stays): the official TVR cross-encoder (LN(x + CrossAttn(x, c))) and TVC
-      decoder layer. Applies to every attention sublayer of the block.
-    layer_norm: "standard" (nn.LayerNorm) or "coot" (`CootLayerNorm`).
-    dropout_rate: dropout on every branch output.
-    attention_dropout_rate: dropout on attention probabilities.
-    dropout_masks: "jax" (flax's) or "hash" (`dropout`), for every dropout.
-    stochastic_depth: per-example drop probability of each residual branch.
-    layer_scale: 0 (off), or CaiT's LayerScale (Touvron et al. 2021, eq. 3): each
-      residual branch times a learned per-channel vector `<branch>_scale` [D] that starts
-      at this value, so a stack starts near the identity.
+    dropout: the rates and masks (`Dropout`).
     kernel_init: initializer of every kernel (xavier for ViT, normal(0.02)
       for BERT).
-    dtype: computation dtype; parameters stay float32.
-    remat: rematerialize the layer in the backward pass: "none", "full" or a
-      `jax.checkpoint_policies` name (`remat_policy`); decode calls never remat.
-    attention_impl: the attention core (`ATTENTION_IMPLEMENTATIONS`).
+    compute: dtype (computation; parameters stay float32), remat (the layer
+      rematerialized in the backward pass, `remat_policy`; decode calls never remat),
+      attention (the core, `ATTENTION_IMPLEMENTATIONS`) and backend (`Compute`).
     query_positions: 0 (all), or n > 0: the layer computes only the outputs of the first n
       positions, [B, n, D] (their queries attend to every key and value of x), the same
       values as the full layer's [:, :n]; for a last layer whose caller reads [CLS] only.
@@ -383,23 +357,51 @@ class EncoderBlock(nn.Module):
   layer_norm_eps: float = 1e-6
   causal: bool = False
   cross_attention: bool = False
-  self_attention: bool = True
-  feed_forward: bool = True
-  feed_forward_kind: str = "mlp"
-  attention_output: str = "dense"
-  cross_mask: str = "keys"
-  layer_norm: str = "standard"
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  dropout_masks: str = "jax"
-  stochastic_depth: float = 0.0
-  layer_scale: float = 0.0
+  dropout: Dropout = Dropout()
   kernel_init: Initializer = nn.initializers.xavier_uniform()
-  dtype: Any = jnp.float32
-  remat: str = "none"
-  attention_impl: str = "xla"
-  backend: str | None = None  # `Compute.backend`
+  compute: Compute = Compute()
   query_positions: int = 0
+
+  def __post_init__(self):
+    if self.query_positions and (self.causal or self.cross_attention or
+                                 not self.SELF_ATTENTION):
+      raise ValueError("EncoderBlock(query_positions > 0) is for self-attention layers "
+                       "without causal masking, prefix_lm, cross-attention or decode")
+    if not (self.SELF_ATTENTION or self.cross_attention):
+      raise ValueError(f"{type(self).__name__} has no self-attention: it needs "
+                       "cross_attention=True")
+    super().__post_init__()
+
+  # The pieces a paper's variant overrides (class docstring).
+  SELF_ATTENTION = True  # False: a cross-attention-only layer
+
+  def _attention(self, name: str, *, output_projection: bool = True) -> attn.Attention:
+    """An attention sublayer; output_projection=False: the concatenated heads go straight
+    into the residual (no output Linear, and no dropout on the branch)."""
+    return attn.Attention(
+        num_heads=self.num_heads, dropout_rate=self.dropout.attention,
+        dropout_masks=self.dropout.masks, kernel_init=self.kernel_init,
+        dtype=self.compute.dtype, implementation=self.compute.attention,
+        output_projection=output_projection, backend=self.compute.backend, name=name)
+
+  def _feed_forward(self, width: int) -> Callable[[Array], Array] | None:
+    """The feed-forward sublayer of a [.., width] input (None: the layer has none)."""
+    del width
+    return Mlp(mlp_dim=self.mlp_dim, activation=self.activation,
+               kernel_init=self.kernel_init, dtype=self.compute.dtype, name="mlp")
+
+  def _norm(self, name: str) -> nn.Module:
+    return LayerNorm(epsilon=self.layer_norm_eps, dtype=self.compute.dtype, name=name)
+
+  def _rescale(self, name: str, y: Array) -> Array:
+    del name
+    return y
+
+  def _cross_bias(self, padding_mask: Array | None, context_mask: Array | None
+                  ) -> tuple[Array | None, Array | None]:
+    """(a float bias added to the cross-attention logits, the context mask left to apply)."""
+    del padding_mask
+    return None, context_mask
 
   @nn.compact
   def __call__(self, x: Array, padding_mask: Array | None = None, *,
@@ -428,31 +430,19 @@ class EncoderBlock(nn.Module):
     Returns:
       [B, L, D] (with decode [B, T, D]; with query_positions = n, [B, n, D]).
     """
-    if self.query_positions and (self.causal or self.cross_attention or decode or
-                                 prefix_lm or not self.self_attention):
+    if self.query_positions and (decode or prefix_lm):
       raise ValueError("EncoderBlock(query_positions > 0) is for self-attention layers "
                        "without causal masking, prefix_lm, cross-attention or decode")
     if self.cross_attention != (context is not None):
       raise ValueError(
-          f"EncoderBlock(cross_attention={self.cross_attention}) was called "
+          f"{type(self).__name__}(cross_attention={self.cross_attention}) was called "
           f"{'without' if context is None else 'with'} a context; pass "
           f"context [B, L_c, D_c] exactly when cross_attention=True")
     if context_mask is not None and context is None:
       raise ValueError("context_mask given without context")
-    if not (self.self_attention or self.cross_attention):
-      raise ValueError("EncoderBlock(self_attention=False) needs cross_attention=True")
     cross_bias = None
-    if self.cross_mask not in ("keys", "additive"):
-      raise ValueError(f"EncoderBlock cross_mask={self.cross_mask!r}; expected 'keys' or "
-                       "'additive'")
-    if self.cross_mask == "additive" and self.cross_attention:
-      if padding_mask is None or context_mask is None:
-        raise ValueError("EncoderBlock(cross_mask='additive') needs padding_mask and "
-                         "context_mask (the official cross mask is their outer product)")
-      m_q = padding_mask.astype(jnp.float32)[:, None, :, None]
-      m_k = context_mask.astype(jnp.float32)[:, None, None, :]
-      cross_bias = (1.0 - m_q * m_k) * -10000.0
-      context_mask = None  # the bias masks the keys
+    if self.cross_attention:
+      cross_bias, context_mask = self._cross_bias(padding_mask, context_mask)
     if padding_mask is not None:
       # While decoding the keys are the whole cache, checked by `Attention`.
       mask = attn.combine_masks(
@@ -460,7 +450,7 @@ class EncoderBlock(nn.Module):
           mask)
     body = EncoderBlock._sublayers
     if not decode:
-      body = remat(body, self.remat, static_argnums=(5, 6, 8))
+      body = remat(body, self.compute.remat, static_argnums=(5, 6, 8))
     return body(self, x, mask, context, context_mask, deterministic, decode, cross_bias,
                 prefix_lm)
 
@@ -468,71 +458,63 @@ class EncoderBlock(nn.Module):
                  context_mask: Array | None, deterministic: bool,
                  decode: bool, cross_bias: Array | None = None,
                  prefix_lm: int = 0) -> Array:
-    if self.attention_output not in ("dense", "none"):
-      raise ValueError(f"EncoderBlock attention_output={self.attention_output!r}; expected "
-                       "'dense' or 'none'")
-    if self.feed_forward_kind not in ("mlp", "linear"):
-      raise ValueError(f"EncoderBlock feed_forward_kind={self.feed_forward_kind!r}; "
-                       "expected 'mlp' or 'linear'")
-    projected = self.attention_output == "dense"
-    attention = functools.partial(
-        attn.Attention, num_heads=self.num_heads,
-        dropout_rate=self.attention_dropout_rate,
-        dropout_masks=self.dropout_masks,
-        kernel_init=self.kernel_init, dtype=self.dtype,
-        implementation=self.attention_impl, output_projection=projected,
-        backend=self.backend)
+    # (name, f, whether dropout follows f's output): an attention sublayer without its
+    # output Linear feeds the residual undropped.
     branches = []
     n = self.query_positions
-    if self.self_attention and n:
-      if mask is not None and mask.shape[-2] != 1:
-        mask = mask[..., :n, :]
-      branches.append(("attention", lambda y: attention(name="attention")(
-          y[:, :n], y, mask=mask, deterministic=deterministic)))
-    elif self.self_attention:
-      branches.append(("attention", lambda y: attention(name="attention")(
-          y, mask=mask, causal=self.causal, decode=decode,
-          deterministic=deterministic, prefix_lm=prefix_lm)))
+    if self.SELF_ATTENTION:
+      attention = self._attention("attention")
+      if n:
+        if mask is not None and mask.shape[-2] != 1:
+          mask = mask[..., :n, :]
+        branches.append(("attention", lambda y: attention(
+            y[:, :n], y, mask=mask, deterministic=deterministic),
+                         attention.output_projection))
+      else:
+        branches.append(("attention", lambda y: attention(
+            y, mask=mask, causal=self.causal, decode=decode,
+            deterministic=deterministic, prefix_lm=prefix_lm),
+                         attention.output_projection))
     if self.cross_attention:
       context_keys = None
       if context_mask is not None:
         context_keys = attn.make_padding_mask(context_mask, context.shape[1])
-      branches.append(("cross_attention",
-                       lambda y: attention(name="cross_attention")(
-                           y, context, mask=context_keys, bias=cross_bias,
-                           deterministic=deterministic)))
-    if self.feed_forward and self.feed_forward_kind == "linear":
-      branches.append(("mlp", nn.Dense(x.shape[-1], kernel_init=self.kernel_init,
-                                       dtype=self.dtype, name="mlp")))
-    elif self.feed_forward:
-      branches.append(("mlp", Mlp(
-          mlp_dim=self.mlp_dim, activation=self.activation,
-          kernel_init=self.kernel_init, dtype=self.dtype, name="mlp")))
-    for name, branch in branches:
-      norm = make_layer_norm(self.layer_norm, self.layer_norm_eps, self.dtype,
-                             f"{name}_norm")
-      y = branch(norm(x) if self.pre_norm else x)
-      if self.layer_scale:
-        y = y * self.param(f"{name}_scale", nn.initializers.constant(self.layer_scale),
-                           (y.shape[-1],), jnp.float32).astype(y.dtype)
-      if name == "mlp" or projected:
-        y = attn.dropout(y, self.dropout_rate, deterministic=deterministic,
-                         masks=self.dropout_masks)
+      cross = self._attention("cross_attention")
+      branches.append(("cross_attention", lambda y: cross(
+          y, context, mask=context_keys, bias=cross_bias, deterministic=deterministic),
+                       cross.output_projection))
+    feed_forward = self._feed_forward(x.shape[-1])
+    if feed_forward is not None:
+      branches.append(("mlp", feed_forward, True))
+    dropout = self.dropout
+    for name, branch, drops in branches:
+      norm = self._norm(f"{name}_norm")
+      y = self._rescale(name, branch(norm(x) if self.pre_norm else x))
+      if drops:
+        y = attn.dropout(y, dropout.rate, deterministic=deterministic, masks=dropout.masks)
       # One keep/drop decision per example: broadcast over tokens and width.
-      y = attn.dropout(y, self.stochastic_depth, deterministic=deterministic,
-                       masks=self.dropout_masks, broadcast_dims=(1, 2))
+      y = attn.dropout(y, dropout.stochastic_depth, deterministic=deterministic,
+                       masks=dropout.masks, broadcast_dims=(1, 2))
       if n and name == "attention":
         x = x[:, :n]
       x = x + y if self.pre_norm else norm(x + y)
     return x
 
 
-class PatchMatmul(nn.Conv):
-  """`nn.Conv` with stride = kernel size (ViT patches, MBT tubelets) computed as a
-  reshape and one matmul: the same parameters (kernel [*patch, C, D], bias [D]) and
-  function, for backends whose convolutions are slow or absent for this shape (measured
-  on TPU v5e, 16 clips of 32 x 224^2: 2.7 GiB of temporaries against the conv's 1.7, so
-  the paper config keeps the conv)."""
+class PatchMatmul(nn.Module):
+  """`nn.Conv(features, kernel_size, strides=kernel_size, padding="VALID")` (ViT patches,
+  MBT tubelets) computed as a reshape and one matmul: the same parameters (kernel
+  [*patch, C, D], bias [D], nn.Conv's initializers) and function, for backends whose
+  convolutions are slow or absent for this shape (measured on TPU v5e, 16 clips of
+  32 x 224^2: 2.7 GiB of temporaries against the conv's 1.7, so the paper config keeps
+  the conv). Takes nn.Conv's arguments; strides and padding must be those."""
+  features: int
+  kernel_size: Sequence[int]
+  strides: Sequence[int] | None = None
+  padding: str = "VALID"
+  dtype: Any = jnp.float32
+  kernel_init: Initializer = nn.initializers.lecun_normal()  # nn.Conv's
+  bias_init: Initializer = nn.initializers.zeros
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -541,8 +523,8 @@ class PatchMatmul(nn.Conv):
       raise ValueError("PatchMatmul needs strides = kernel_size and padding='VALID'")
     channels = x.shape[-1]
     kernel = self.param("kernel", self.kernel_init, patch + (channels, self.features),
-                        self.param_dtype)
-    bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+                        jnp.float32)
+    bias = self.param("bias", self.bias_init, (self.features,), jnp.float32)
     batch, spatial, n = x.shape[0], x.shape[1:-1], len(patch)
     grid = [s // p for s, p in zip(spatial, patch)]
     x = x.reshape((batch,) + sum(((g, p) for g, p in zip(grid, patch)), ()) + (channels,))

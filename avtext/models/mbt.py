@@ -10,11 +10,12 @@ modalities produce are averaged (MBT eq. 8-9). Cross-modal information passes
 only through the bottleneck. The video embedding is the mean of the
 modalities' [CLS] outputs (VideoCC §4.1, "Joint embedding").
 
-Three options, all off in the paper config, are for the synthetic demos, whose objects
-cover ~5 % of a 64x64 frame (BENCHMARKS.md "Stage 1: a tower that sees shape"): `rgb_stem`,
-the hybrid ViT's convolutional stem before the tubelets; `rgb_pool="max"`, the RGB
-tower's embedding as the max over its output tokens instead of its [CLS]; `layer_scale`,
-CaiT's LayerScale on every block.
+Three options (`DemoOptions`), all off in the paper config and set by the demo config
+variants, are for the synthetic demos, whose objects cover ~5 % of a 64x64 frame
+(BENCHMARKS.md "Stage 1: a tower that sees shape"): `rgb_stem`, the hybrid ViT's
+convolutional stem before the tubelets; `rgb_pool="max"`, the RGB tower's embedding as
+the max over its output tokens instead of its [CLS]; `layer_scale`, CaiT's LayerScale on
+every block (`LayerScaleBlock`).
 
 Parameters:
   bottleneck            [1, n_bottlenecks, D]
@@ -24,9 +25,11 @@ Parameters:
                         rgb with an n-layer stem: [t, h / 2^n, w / 2^n, C_n, D]
     cls                 [1, 1, D]
     posembed            {pos_embedding [1 + N, D]}
-    encoderblock_<i>    layers.EncoderBlock, pre-LN
+    encoderblock_<i>    layers.EncoderBlock, pre-LN (with layer_scale: `LayerScaleBlock`,
+                        also attention_scale / mlp_scale [D])
     encoder_norm        final LayerNorm
 """
+import dataclasses
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -48,21 +51,59 @@ def _check_divisible(name: str, shape: Sequence[int],
         f"size {tuple(patch)}; crop or pad the input or change the patch size")
 
 
-def _block_kwargs(module: nn.Module, index: int) -> dict[str, Any]:
-  """`EncoderBlock` arguments of layer `index` of a tower (`module`: MBT or its tower)."""
-  # Stochastic depth grows linearly with depth, 0 at the first layer (MBT).
-  return dict(
-      num_heads=module.num_heads, mlp_dim=module.mlp_dim, pre_norm=True,
-      activation=module.activation, layer_norm_eps=module.layer_norm_eps,
-      dropout_rate=module.dropout_rate,
-      attention_dropout_rate=module.attention_dropout_rate,
-      stochastic_depth=module.stochastic_depth * index / max(module.num_layers - 1, 1),
-      layer_scale=module.layer_scale,
-      dtype=module.dtype, remat=module.remat, attention_impl=module.attention,
-      backend=module.backend)
-
-
+# ViT's layer (big_vision, scenic): tanh GELU, LayerNorm eps 1e-6.
+ACTIVATION = "gelu_tanh"
+LAYER_NORM_EPS = 1e-6
 RGB_POOLS = ("cls", "max")  # config.model.video.rgb_pool: the RGB embedding's pooling
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoOptions:
+  """The synthetic demos' options (module docstring), off in the paper config.
+
+  rgb_stem: channel widths of a convolutional stem before the RGB patch embedding
+    (`layers.ConvStem`, the hybrid ViT); () is ViT's linear patch embedding (the paper).
+    The token grid stays rgb_patch_size's, so each layer needs it divisible by 2.
+  rgb_pool: what the RGB tower gives the embedding: "cls" (its [CLS] output, the
+    paper) or "max" (the max over its final-LayerNorm patch tokens, channel by channel:
+    a small object anywhere in the clip reaches the embedding without the [CLS]
+    attention first learning where to look).
+  layer_scale: 0 (ViT, the paper) or the initial value of CaiT's LayerScale on every
+    residual branch (`LayerScaleBlock`).
+  """
+  rgb_stem: tuple[int, ...] = ()
+  rgb_pool: str = "cls"
+  layer_scale: float = 0.0
+
+  def __post_init__(self):
+    if self.rgb_pool not in RGB_POOLS:
+      raise ValueError(f"rgb_pool must be {' or '.join(map(repr, RGB_POOLS))}, "
+                       f"got {self.rgb_pool!r}")
+
+
+class LayerScaleBlock(layers.EncoderBlock):
+  """The shared layer with CaiT's LayerScale (Touvron et al. 2021, eq. 3): each residual
+  branch times a learned per-channel vector `<branch>_scale` [D] that starts at
+  `layer_scale`, so a stack starts near the identity."""
+  layer_scale: float = 0.1
+
+  def _rescale(self, name: str, y: Array) -> Array:
+    scale = self.param(f"{name}_scale", nn.initializers.constant(self.layer_scale),
+                       (y.shape[-1],), jnp.float32)
+    return y * scale.astype(y.dtype)
+
+
+def _block(module: nn.Module, index: int, **kwargs) -> layers.EncoderBlock:
+  """Layer `index` of a tower (`module`: a `ModalityTower`)."""
+  # Stochastic depth grows linearly with depth, 0 at the first layer (MBT).
+  rate = module.dropout.stochastic_depth * index / max(module.num_layers - 1, 1)
+  block = dict(num_heads=module.num_heads, mlp_dim=module.mlp_dim, pre_norm=True,
+               activation=module.activation, layer_norm_eps=module.layer_norm_eps,
+               dropout=dataclasses.replace(module.dropout, stochastic_depth=rate),
+               compute=module.compute, **kwargs)
+  if module.layer_scale:
+    return LayerScaleBlock(**block, layer_scale=module.layer_scale)
+  return layers.EncoderBlock(**block)
 
 
 class ModalityTower(nn.Module):
@@ -78,36 +119,29 @@ class ModalityTower(nn.Module):
   num_heads: int
   mlp_dim: int
   patch_size: tuple[int, ...]
-  activation: str
-  layer_norm_eps: float
-  dropout_rate: float
-  attention_dropout_rate: float
-  stochastic_depth: float
-  dtype: Any
-  layer_scale: float = 0.0
-  remat: str = "none"
-  attention: str = "xla"
-  backend: str | None = None  # config.model.backend (`layers.Compute`)
-  patch_embed: str = "conv"
-  stem_features: Sequence[int] = ()
+  activation: str = ACTIVATION
+  layer_norm_eps: float = LAYER_NORM_EPS
+  dropout: layers.Dropout = layers.Dropout()  # stochastic_depth: the last layer's
+  compute: layers.Compute = layers.Compute()
+  layer_scale: float = 0.0  # `DemoOptions`
+  stem_features: Sequence[int] = ()  # `DemoOptions.rgb_stem`, for the RGB tower
 
   def setup(self):
     # Non-overlapping patches (ViT), tubelets for frames (MBT's 3D-conv stem); after a
     # conv stem, patches of its feature map that cover the same pixels (same token grid).
-    embed = {"conv": nn.Conv, "matmul": layers.PatchMatmul}[self.patch_embed]
+    dtype = self.compute.dtype
+    embed = {"conv": nn.Conv, "matmul": layers.PatchMatmul}[self.compute.patch_embed]
     self.patch_embedding = embed(
         self.hidden_size, kernel_size=self._embed_patch(), strides=self._embed_patch(),
-        padding="VALID", dtype=self.dtype)
+        padding="VALID", dtype=dtype)
     if self.stem_features:
       self.stem = layers.ConvStem(tuple(self.stem_features),
-                                  layer_norm_eps=self.layer_norm_eps, dtype=self.dtype)
+                                  layer_norm_eps=self.layer_norm_eps, dtype=dtype)
     self.cls = self.param("cls", nn.initializers.zeros,
                           (1, 1, self.hidden_size), jnp.float32)
     self.posembed = layers.AddPositionEmbedding()
-    # Stochastic depth grows linearly with depth, 0 at the first layer (MBT).
-    self.encoderblock = [layers.EncoderBlock(**_block_kwargs(self, i))
-                         for i in range(self.num_layers)]
-    self.encoder_norm = layers.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype)
+    self.encoderblock = [_block(self, i) for i in range(self.num_layers)]
+    self.encoder_norm = layers.LayerNorm(epsilon=self.layer_norm_eps, dtype=dtype)
 
   def _embed_patch(self) -> tuple[int, ...]:
     if not self.stem_features:
@@ -134,7 +168,7 @@ class ModalityTower(nn.Module):
             f"{x.shape}")
       _check_divisible("audio", x.shape[1:3], self.patch_size, "(T, mel)")
       x = x[..., None]  # One-channel image (AST).
-    x = x.astype(self.dtype)
+    x = x.astype(self.compute.dtype)
     if self.stem_features:
       x = self.stem(x)
     x = self.patch_embedding(x)
@@ -163,24 +197,13 @@ class MBT(nn.Module):
     n_bottlenecks: B, fusion tokens (VideoCC §5.2: 4).
     fusion_layer: lf, first layer that fuses (VideoCC §5.2: 8); layers
       below it are unimodal; fusion_layer >= num_layers means no fusion.
-    activation, layer_norm_eps: ViT's tanh-GELU and 1e-6.
-    dropout_rate, attention_dropout_rate, stochastic_depth: regularization
-      (stochastic depth is the maximum, reached at the last layer).
-    layer_scale: 0 (ViT, the paper) or the initial value of CaiT's LayerScale on every
-      residual branch (`layers.EncoderBlock`).
-    dtype: computation dtype; remat, attention, scan_layers: see `layers.Compute`
+    dropout: `layers.Dropout`, the rates (stochastic depth: the maximum, reached at the
+      last layer). The layers are ViT's (tanh GELU, LayerNorm eps 1e-6).
+    compute: dtype, remat, attention, scan_layers, patch_embed: see `layers.Compute`
       (scan_layers runs the unimodal layers of each tower as one `layers.scan_layers`
       and the fusion layers as another; same parameters; training with
       stochastic_depth > 0 needs the unscanned layers, whose rates differ).
-    patch_embed: "conv" (nn.Conv) or "matmul" (`layers.PatchMatmul`: the same
-      parameters and function as one matmul).
-    rgb_stem: channel widths of a convolutional stem before the RGB patch embedding
-      (`layers.ConvStem`, the hybrid ViT); () is ViT's linear patch embedding (the paper).
-      The token grid stays rgb_patch_size's, so each layer needs it divisible by 2.
-    rgb_pool: what the RGB tower gives the embedding: "cls" (its [CLS] output, the
-      paper) or "max" (the max over its final-LayerNorm patch tokens, channel by channel:
-      a small object anywhere in the clip reaches the embedding without the [CLS]
-      attention first learning where to look).
+    demo: `DemoOptions`, off in the paper config.
   """
   modalities: str | Sequence[str] = ("rgb", "audio")
   hidden_size: int = 768
@@ -191,20 +214,9 @@ class MBT(nn.Module):
   audio_patch_size: Sequence[int] = (16, 16)
   n_bottlenecks: int = 4
   fusion_layer: int = 8
-  activation: str = "gelu_tanh"
-  layer_norm_eps: float = 1e-6
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  stochastic_depth: float = 0.0
-  dtype: Any = jnp.float32
-  remat: str = "none"
-  attention: str = "xla"
-  backend: str | None = None  # config.model.backend (`layers.Compute`)
-  patch_embed: str = "conv"
-  rgb_stem: Sequence[int] = ()
-  rgb_pool: str = "cls"
-  layer_scale: float = 0.0
-  scan_layers: bool = False
+  dropout: layers.Dropout = layers.Dropout()
+  compute: layers.Compute = layers.Compute()
+  demo: DemoOptions = DemoOptions()
 
   @nn.compact
   def __call__(self, inputs: dict[str, Array], *,
@@ -247,18 +259,10 @@ class MBT(nn.Module):
             num_heads=self.num_heads,
             mlp_dim=self.mlp_dim,
             patch_size=patch_sizes[m],
-            activation=self.activation,
-            layer_norm_eps=self.layer_norm_eps,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            stochastic_depth=self.stochastic_depth,
-            dtype=self.dtype,
-            layer_scale=self.layer_scale,
-            remat=self.remat,
-            attention=self.attention,
-            backend=self.backend,
-            patch_embed=self.patch_embed,
-            stem_features=tuple(self.rgb_stem) if m == "rgb" else (),
+            dropout=self.dropout,
+            compute=self.compute,
+            layer_scale=self.demo.layer_scale,
+            stem_features=tuple(self.demo.rgb_stem) if m == "rgb" else (),
             name=m) for m in modalities
     }
     x = {m: towers[m].tokens(inputs[m]) for m in modalities}
@@ -271,13 +275,13 @@ class MBT(nn.Module):
                               (1, self.n_bottlenecks, self.hidden_size),
                               jnp.float32)
       bottleneck = jnp.broadcast_to(
-          bottleneck.astype(self.dtype),
+          bottleneck.astype(self.compute.dtype),
           (batch, self.n_bottlenecks, self.hidden_size))
 
     deterministic = not train
     first_fusion = self.fusion_layer if fuses else self.num_layers
-    if self.scan_layers and not self.is_initializing():
-      x, bottleneck = self._scanned_layers(x, bottleneck, modalities, first_fusion,
+    if self.compute.scan_layers and not self.is_initializing():
+      x, bottleneck = self._scanned_layers(towers, x, bottleneck, modalities, first_fusion,
                                            deterministic)
     else:
       for i in range(self.num_layers):
@@ -289,11 +293,8 @@ class MBT(nn.Module):
 
     tokens = {m: towers[m].final(x[m]) for m in modalities}
     cls = {m: tokens[m][:, 0] for m in modalities}
-    if self.rgb_pool not in RGB_POOLS:
-      raise ValueError(f"rgb_pool must be {' or '.join(map(repr, RGB_POOLS))}, "
-                       f"got {self.rgb_pool!r}")
     pooled = dict(cls)
-    if "rgb" in modalities and self.rgb_pool == "max":
+    if "rgb" in modalities and self.demo.rgb_pool == "max":
       pooled["rgb"] = jnp.max(tokens["rgb"][:, 1:], axis=1)  # [B, D]
     outputs = {
         "embedding": jnp.mean(jnp.stack([pooled[m] for m in modalities]), axis=0),
@@ -305,17 +306,16 @@ class MBT(nn.Module):
     return outputs
 
 
-  def _scanned_layers(self, x, bottleneck, modalities, first_fusion, deterministic):
+  def _scanned_layers(self, towers, x, bottleneck, modalities, first_fusion, deterministic):
     """The layers as `layers.scan_layers`: each tower's unimodal layers, then the
     fusion layers (both towers and the bottleneck in one carry)."""
-    if not deterministic and self.stochastic_depth > 0:
+    if not deterministic and self.dropout.stochastic_depth > 0:
       raise ValueError(
           "config.model.video.scan_layers needs stochastic_depth = 0 in training: MBT's "
           "rate grows with depth, so its layers are not identical; unset scan_layers")
     params = self.variables["params"]
-    block = layers.EncoderBlock(**_block_kwargs(self, 0), parent=None)
-    rng = layers.dropout_rng(self, deterministic, self.dropout_rate,
-                             self.attention_dropout_rate)
+    block = _block(towers[modalities[0]], 0, parent=None)
+    rng = layers.dropout_rng(self, deterministic, self.dropout.rate, self.dropout.attention)
 
     def apply(layer_params, y, key):
       return block.apply({"params": layer_params}, y, deterministic=deterministic,
@@ -360,15 +360,9 @@ def mbt_from_config(cfg) -> MBT:
       num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim,
       rgb_patch_size=tuple(cfg.rgb_patch), audio_patch_size=tuple(cfg.audio_patch),
       n_bottlenecks=cfg.n_bottlenecks, fusion_layer=cfg.fusion_layer,
-      dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
-      stochastic_depth=cfg.get("stochastic_depth", 0.0),
-      patch_embed=cfg.get("patch_embed") or "conv",
-      rgb_stem=tuple(cfg.get("rgb_stem") or ()), rgb_pool=cfg.get("rgb_pool") or "cls",
-      layer_scale=cfg.get("layer_scale") or 0.0,
-      **_compute_kwargs(cfg))
-
-
-def _compute_kwargs(cfg) -> dict:
-  compute = model_registry.compute_from_config(cfg)
-  return dict(dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
-              scan_layers=compute.scan_layers, backend=compute.backend)
+      dropout=layers.Dropout(cfg.dropout_rate, cfg.attention_dropout_rate,
+                             stochastic_depth=cfg.get("stochastic_depth", 0.0)),
+      demo=DemoOptions(rgb_stem=tuple(cfg.get("rgb_stem") or ()),
+                       rgb_pool=cfg.get("rgb_pool") or "cls",
+                       layer_scale=cfg.get("layer_scale") or 0.0),
+      compute=model_registry.compute_from_config(cfg))

@@ -24,15 +24,15 @@ Encoder: `num_layers` post-LN BERT layers (`layers.EncoderBlock`,
 Decoder input: word_fc(E[caption ids]) + PE (the embedding shared with the
   encoder), no token type.
 Decoder: `num_layers` decoder layers, the shared `layers.EncoderBlock(causal=True,
-  cross_attention=True, pre_norm=False)`: causal self-attention, cross-attention to
+  cross_attention=True, pre_norm=False)` or its official form (`OfficialDecoderLayer`):
+  causal self-attention, cross-attention to
   the encoder output over the real context positions, a feed-forward part, each
   sublayer LN(x + f(x)). `decoder_layer` picks its form:
   "official" (default): the official BertDecoderLayerNoMemoryUntied. Neither
     attention has an output Linear (the concatenated heads go straight into the
     residual, no dropout on that branch; attention-probability dropout stays) and
     the feed-forward part is one Linear(D -> D) without activation, with dropout
-    (BertOutput on the cross-attention output): `attention_output="none",
-    feed_forward_kind="linear"`. `intermediate_size` is unused here (the official
+    (BertOutput on the cross-attention output): `OfficialDecoderLayer`. `intermediate_size` is unused here (the official
     code needs it equal to hidden_size, its BertOutput being Linear(intermediate ->
     hidden) applied to a hidden-wide input). This is what imports the released
     weights (avtext/weights/official_mmt.py).
@@ -89,6 +89,7 @@ Array = jax.Array
 PAD, CLS, SEP, VID, BOS, EOS, UNK = range(7)
 
 DECODER_LAYERS = ("official", "standard")
+TYPE_VOCAB_SIZE = 2  # token types: video (0), subtitles (1) [type_vocab_size]
 
 
 def sinusoidal_positions(length: int, width: int) -> np.ndarray:
@@ -117,6 +118,21 @@ class _Projection(nn.Module):
     return nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm_out")(x)
 
 
+class OfficialDecoderLayer(layers.EncoderBlock):
+  """The official decoder layer (BertDecoderLayerNoMemoryUntied, module docstring): no
+  output Linear after either attention (no dropout on those branches) and a
+  feed-forward part of one Linear(D -> D) without activation, then dropout
+  (`mlp_dim` unused)."""
+
+  def _attention(self, name: str, *, output_projection: bool = True) -> attention.Attention:
+    del output_projection
+    return super()._attention(name, output_projection=False)
+
+  def _feed_forward(self, width: int) -> nn.Module:
+    return nn.Dense(width, kernel_init=self.kernel_init, dtype=self.compute.dtype,
+                    name="mlp")
+
+
 class MMT(nn.Module):
   """TVC's MMT (see the module docstring). Defaults: the official TVCaption ones."""
   vocab_size: int
@@ -127,46 +143,39 @@ class MMT(nn.Module):
   intermediate_size: int = 768
   word_dim: int = 300
   max_positions: int = 50  # max(max_v_len + max_sub_len, max_cap_len)
-  type_vocab_size: int = 2
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1
+  dropout: layers.Dropout = layers.Dropout(0.1, 0.1)  # rate: hidden [hidden_dropout_prob]
   layer_norm_eps: float = 1e-12
   decoder_layer: str = "official"  # or "standard" (module docstring)
-  dtype: Any = jnp.float32  # computation dtype; remat, attention: see `layers.Compute`
-  remat: str = "none"
-  attention: str = "xla"
-  backend: str | None = None  # config.model.backend (`layers.Compute`)
+  compute: layers.Compute = layers.Compute()  # dtype, remat, attention, backend
 
-  def setup(self):
-    init = nn.initializers.normal(0.02)
-    dtype = self.dtype
-    self.word_embeddings = nn.Embed(self.vocab_size, self.word_dim, embedding_init=init,
-                                    dtype=dtype)
-    proj = dict(features=self.hidden_size, dropout_rate=self.dropout_rate,
-                layer_norm_eps=self.layer_norm_eps, dtype=dtype)
-    self.word_fc = _Projection(**proj)
-    self.video_fc = _Projection(**proj)
-    self.token_type_embeddings = nn.Embed(self.type_vocab_size, self.hidden_size,
-                                          embedding_init=init, dtype=dtype)
-    self.embedding_norm = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=dtype)
-    self.embedding_dropout = nn.Dropout(self.dropout_rate)
-    block = dict(num_heads=self.num_heads, mlp_dim=self.intermediate_size, pre_norm=False,
-                 activation="gelu", layer_norm_eps=self.layer_norm_eps,
-                 dropout_rate=self.dropout_rate,
-                 attention_dropout_rate=self.attention_dropout_rate, kernel_init=init,
-                 dtype=dtype, remat=self.remat, attention_impl=self.attention,
-                 backend=self.backend)
-    self.encoder = [layers.EncoderBlock(**block, name=f"encoder_{i}")
-                    for i in range(self.num_layers)]
+  def __post_init__(self):
     if self.decoder_layer not in DECODER_LAYERS:
       raise ValueError(f"MMT decoder_layer={self.decoder_layer!r} (config.model.decoder_layer); "
                        f"expected one of {DECODER_LAYERS}")
-    official = self.decoder_layer == "official"
-    self.decoder = [layers.EncoderBlock(
-        **block, causal=True, cross_attention=True,
-        attention_output="none" if official else "dense",
-        feed_forward_kind="linear" if official else "mlp",
-        name=f"decoder_{i}") for i in range(self.num_layers)]
+    super().__post_init__()
+
+  def setup(self):
+    init = nn.initializers.normal(0.02)
+    dtype = self.compute.dtype
+    self.word_embeddings = nn.Embed(self.vocab_size, self.word_dim, embedding_init=init,
+                                    dtype=dtype)
+    proj = dict(features=self.hidden_size, dropout_rate=self.dropout.rate,
+                layer_norm_eps=self.layer_norm_eps, dtype=dtype)
+    self.word_fc = _Projection(**proj)
+    self.video_fc = _Projection(**proj)
+    self.token_type_embeddings = nn.Embed(TYPE_VOCAB_SIZE, self.hidden_size,
+                                          embedding_init=init, dtype=dtype)
+    self.embedding_norm = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=dtype)
+    self.embedding_dropout = nn.Dropout(self.dropout.rate)
+    block = dict(num_heads=self.num_heads, mlp_dim=self.intermediate_size, pre_norm=False,
+                 activation="gelu", layer_norm_eps=self.layer_norm_eps,
+                 dropout=self.dropout, kernel_init=init, compute=self.compute)
+    self.encoder = [layers.EncoderBlock(**block, name=f"encoder_{i}")
+                    for i in range(self.num_layers)]
+    decoder = (OfficialDecoderLayer if self.decoder_layer == "official" else
+               layers.EncoderBlock)
+    self.decoder = [decoder(**block, causal=True, cross_attention=True, name=f"decoder_{i}")
+                    for i in range(self.num_layers)]
     self.head_transform = nn.Dense(self.hidden_size, kernel_init=init, dtype=dtype,
                                    name="head_transform")
     self.head_norm = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=dtype, name="head_norm")
@@ -175,7 +184,7 @@ class MMT(nn.Module):
 
   def _positions(self, start: Array | int, length: int) -> Array:
     table = jnp.asarray(sinusoidal_positions(self.max_positions, self.hidden_size))
-    return jax.lax.dynamic_slice_in_dim(table, start, length, axis=0).astype(self.dtype)
+    return jax.lax.dynamic_slice_in_dim(table, start, length, axis=0).astype(self.compute.dtype)
 
   def encode(self, ctx_ids: Array, video: Array, ctx_mask: Array, token_type_ids: Array, *,
              train: bool = False) -> Array:
@@ -252,16 +261,15 @@ def mmt_from_config(cfg) -> MMT:
                             "word2idx JSON (TVCaption's tvc_word2idx.json, or python -m "
                             "avtext.tools.caption_vocab)")
     vocab_size = len(vocab.WordVocab.load(cfg.vocab))
-  compute = model_registry.compute_from_config(cfg)
   return MMT(vocab_size=int(vocab_size), video_dim=int(cfg.video_dim),
              hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
              intermediate_size=cfg.intermediate_size, word_dim=cfg.word_dim,
-             max_positions=cfg.max_positions, dropout_rate=cfg.dropout_rate,
-             attention_dropout_rate=cfg.attention_dropout_rate,
+             max_positions=cfg.max_positions,
+             dropout=layers.Dropout(cfg.dropout_rate, cfg.attention_dropout_rate),
              layer_norm_eps=cfg.get("layer_norm_eps", 1e-12),
              # Absent: a run from before the option, trained with the standard layer.
-             decoder_layer=cfg.get("decoder_layer", "standard"), dtype=compute.dtype,
-             remat=compute.remat, attention=compute.attention, backend=compute.backend)
+             decoder_layer=cfg.get("decoder_layer", "standard"),
+             compute=model_registry.compute_from_config(cfg))
 
 
 def captioner_decoding_fns(model: MMT, variables: Any, ctx: dict[str, Array],

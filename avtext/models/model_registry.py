@@ -17,7 +17,7 @@ model. Adding a model: write the module, decorate a factory, add its module to
 the list in `_MODELS`.
 
 Precision, memory and the backend traced for (`config.model.dtype`, `.remat`, `.attention`,
-`.scan_layers`, `.backend`; see `avtext.models.layers.Compute`) are read by
+`.scan_layers`, `.backend`, `.patch_embed`; see `avtext.models.layers.Compute`) are read by
 `compute_from_config`. A sub-node
 inherits the fields it does not set from the node that builds it
 (`build_model(cfg.video, parent=cfg)`), so one `config.model.dtype` sets every tower.
@@ -38,7 +38,7 @@ register_model = _MODELS.register
 registered = _MODELS.names
 
 
-COMPUTE_FIELDS = ("dtype", "remat", "attention", "scan_layers", "backend")
+COMPUTE_FIELDS = ("dtype", "remat", "attention", "scan_layers", "backend", "patch_embed")
 
 
 def build_model(cfg: ml_collections.ConfigDict, *, where: str = "config.model",
@@ -58,7 +58,8 @@ def build_model(cfg: ml_collections.ConfigDict, *, where: str = "config.model",
 
 
 def compute_from_config(cfg: ml_collections.ConfigDict) -> layers.Compute:
-  """`layers.Compute` from a model node's dtype / remat / attention / scan_layers / backend;
+  """`layers.Compute` from a model node's dtype / remat / attention / scan_layers / backend /
+  patch_embed;
   a field the node leaves unset keeps `layers.Compute`'s default (the one home of the
   defaults), but the backend, which is JAX's default backend's platform (`ops.platform`)."""
   given = {k: cfg.get(k) for k in COMPUTE_FIELDS if cfg.get(k) not in (None, "")}

@@ -12,8 +12,8 @@ Backbone (sec. 4.1; names of the official code, jayleicn/TVRetrieval
   positions         LN(x + P[pos]) -> dropout, one learned table per query and
                     one shared by the two context streams  [TrainablePositionalEncoding]
   Self-Encoder      one post-LN attention layer without feed-forward part:
-                    LN(x + dropout(Linear(SelfAttention(x)))) (`layers.EncoderBlock`,
-                    feed_forward=False)                     [BertAttention]
+                    LN(x + dropout(Linear(SelfAttention(x)))) (`SelfEncoder`, the
+                    shared layer without its MLP)           [BertAttention]
   query             H_q = SelfEnc(E_q); modular attention a_m = softmax_r(w_m . h_r)
                     over the real tokens, q_m = sum_r a_mr h_r, m in {v, s}   (eq. 1)
   context           H^m_0 = SelfEnc_m(E_m); Cross-Encoder: LN(H^m_0 +
@@ -81,6 +81,7 @@ float32 accumulation); parameters stay float32, LayerNorm statistics and every s
 run in float32, and what the methods return (q, H_0, H_1, scores, logits) is float32.
 ConvSE (two one-channel filters) stays float32. `remat` rematerializes each encoder layer.
 """
+import dataclasses
 import functools
 from typing import Any
 
@@ -173,6 +174,76 @@ def _conv_init(key, shape, dtype=jnp.float32):
   return jax.random.uniform(key, shape, dtype, -bound, bound)
 
 
+class SelfEncoder(layers.EncoderBlock):
+  """The Self-Encoder: the shared post-LN layer without its feed-forward part (`mlp_dim`
+  unused), LN(x + dropout(Linear(SelfAttention(x)))) (TVR sec. 4.1)."""
+
+  def _feed_forward(self, width: int) -> None:
+    del width
+    return None
+
+
+class CrossEncoder(SelfEncoder):
+  """The official Cross-Encoder: LN(x + CrossAttn(x, c)), cross-attention only, the
+  concatenated heads straight into the residual (no output Linear, no dropout on the
+  branch; attention-probability dropout stays).
+
+  additive_mask: True, the official cross mask (1 - m_q m_k) * -10000 added to the
+  logits in float32 (m_q: the call's padding_mask, m_k: its context_mask): real rows
+  as a key-padding mask up to float rounding, while a padded query row attends to every
+  context position, padded ones included (their outputs reach ConvSE); always the
+  materialized "xla" attention. False: a key-padding mask (any attention implementation).
+  """
+  additive_mask: bool = True
+  SELF_ATTENTION = False
+  OUTPUT_LINEAR = False
+
+  def _attention(self, name: str, *, output_projection: bool = True) -> attention.Attention:
+    del output_projection
+    return super()._attention(name, output_projection=self.OUTPUT_LINEAR)
+
+  def _cross_bias(self, padding_mask: Array | None, context_mask: Array | None
+                  ) -> tuple[Array | None, Array | None]:
+    if not self.additive_mask:
+      return None, context_mask
+    if padding_mask is None or context_mask is None:
+      raise ValueError("XML's CrossEncoder(additive_mask=True) needs padding_mask and "
+                       "context_mask (the official cross mask is their outer product)")
+    m_q = padding_mask.astype(jnp.float32)[:, None, :, None]
+    m_k = context_mask.astype(jnp.float32)[:, None, None, :]
+    return (1.0 - m_q * m_k) * -10000.0, None  # the bias masks the keys
+
+
+class LinearCrossEncoder(CrossEncoder):
+  """Ours (`cross_output_linear`): the paper's Cross-Encoder, "a linear layer" after
+  cross-attention, then dropout on the branch."""
+  OUTPUT_LINEAR = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Dropout:
+  """XML's dropout: `hidden` on the encoders' branches and attention probabilities
+  [drop], `input` on the input projections and positions [input_drop]; masks "jax" or
+  "hash" (same distribution, cheaper on CPUs: `attention.dropout`)."""
+  hidden: float = 0.1
+  input: float = 0.1
+  masks: str = "jax"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variants:
+  """The forms beside the official model (module docstring): cross_output_linear (ours:
+  the paper's Linear after cross-attention), span_head ("convse", or "sliding": TVR
+  Fig. 6's sliding-window baseline), use_tef (the official TEF option)."""
+  cross_output_linear: bool = False
+  span_head: str = "convse"
+  use_tef: bool = False
+
+  def __post_init__(self):
+    if self.span_head not in ("convse", "sliding"):
+      raise ValueError(f"XML span_head={self.span_head!r}; expected 'convse' or 'sliding'")
+
+
 class ConvSE(nn.Module):
   """Start and end filters over the query-clip similarity S [..., L] (TVR eq. 3).
 
@@ -203,60 +274,48 @@ class XML(nn.Module):
   num_heads: int = 4
   max_ctx_len: int = 100
   max_query_len: int = 30
-  dropout_rate: float = 0.1  # hidden and attention dropout [drop]
-  input_dropout_rate: float = 0.1  # projections and positions [input_drop]
-  layer_norm_eps: float = 1e-5
   conv_kernel_size: int = 5
   span_query_linear: bool = False
-  cross_output_linear: bool = False  # ours: the paper's Linear after cross-attention
   masked_convse: bool = False  # ours: S zeroed at padded clips before ConvSE
-  use_tef: bool = False
-  span_head: str = "convse"  # or "sliding": TVR Fig. 6's sliding-window baseline
-  dropout_masks: str = "jax"  # or "hash": same distribution, cheaper on CPUs (attention.dropout)
-  dtype: Any = jnp.float32  # computation dtype; remat, attention: see `layers.Compute`
-  remat: str = "none"
-  attention: str = "xla"
-  backend: str | None = None  # config.model.backend (`layers.Compute`)
+  layer_norm_eps: float = 1e-5
+  dropout: Dropout = Dropout()
+  variants: Variants = Variants()
+  compute: layers.Compute = layers.Compute()  # dtype, remat, attention, backend
 
   def setup(self):
     self.streams = modalities(self.context)
     init = nn.initializers.normal(0.02)
-    dtype = self.dtype
-    proj = dict(features=self.hidden_size, dropout_rate=self.input_dropout_rate,
-                layer_norm_eps=self.layer_norm_eps, dropout_masks=self.dropout_masks,
-                dtype=dtype, backend=self.backend)
-    pos = dict(dropout_rate=self.input_dropout_rate, layer_norm_eps=self.layer_norm_eps,
-               dropout_masks=self.dropout_masks, dtype=dtype, backend=self.backend)
-    block = dict(num_heads=self.num_heads, mlp_dim=0, pre_norm=False, feed_forward=False,
-                 layer_norm_eps=self.layer_norm_eps, dropout_rate=self.dropout_rate,
-                 attention_dropout_rate=self.dropout_rate, dropout_masks=self.dropout_masks,
-                 kernel_init=init, dtype=dtype, remat=self.remat, attention_impl=self.attention,
-                 backend=self.backend)
+    dtype, backend, drop = self.compute.dtype, self.compute.backend, self.dropout
+    proj = dict(features=self.hidden_size, dropout_rate=drop.input,
+                layer_norm_eps=self.layer_norm_eps, dropout_masks=drop.masks,
+                dtype=dtype, backend=backend)
+    pos = dict(dropout_rate=drop.input, layer_norm_eps=self.layer_norm_eps,
+               dropout_masks=drop.masks, dtype=dtype, backend=backend)
+    block = dict(num_heads=self.num_heads, mlp_dim=0, pre_norm=False,
+                 layer_norm_eps=self.layer_norm_eps,
+                 dropout=layers.Dropout(drop.hidden, drop.hidden, masks=drop.masks),
+                 kernel_init=init, compute=self.compute)
     self.query_proj = _InputProjection(**proj)
     self.query_pos = _Positions(max_len=self.max_query_len, **pos)
-    self.query_encoder = layers.EncoderBlock(**block)
+    self.query_encoder = SelfEncoder(**block)
     self.modular = nn.Dense(len(self.streams), use_bias=False, kernel_init=init, dtype=dtype)
     self.ctx_pos = _Positions(max_len=self.max_ctx_len, **pos)  # shared by the streams (official)
     self.ctx_proj = {m: _InputProjection(**proj, name=f"{m}_proj") for m in self.streams}
-    self.encoder0 = {m: layers.EncoderBlock(**block, name=f"{m}_encoder0") for m in self.streams}
+    self.encoder0 = {m: SelfEncoder(**block, name=f"{m}_encoder0") for m in self.streams}
     if len(self.streams) == 2:
-      # Official: LN(x + CrossAttn(x -> c)), no output Linear and no dropout on the
-      # branch, with the official additive cross mask (a padded row attends to every
-      # context position, to the float; its outputs reach ConvSE). Ours
-      # (cross_output_linear): the paper's Linear + dropout; masked_convse: padded rows
-      # never reach an output, so a key-padding mask (any attention implementation).
-      self.cross = {m: layers.EncoderBlock(
-          **block, self_attention=False, cross_attention=True,
-          attention_output="dense" if self.cross_output_linear else "none",
-          cross_mask="keys" if self.masked_convse else "additive", name=f"{m}_cross")
+      # Official: `CrossEncoder`, with the official additive cross mask (a padded row
+      # attends to every context position, to the float; its outputs reach ConvSE).
+      # Ours: cross_output_linear, the paper's Linear + dropout (`LinearCrossEncoder`);
+      # masked_convse: padded rows never reach an output, so a key-padding mask.
+      cross = LinearCrossEncoder if self.variants.cross_output_linear else CrossEncoder
+      self.cross = {m: cross(**block, cross_attention=True,
+                             additive_mask=not self.masked_convse, name=f"{m}_cross")
                     for m in self.streams}
-    self.encoder1 = {m: layers.EncoderBlock(**block, name=f"{m}_encoder1") for m in self.streams}
+    self.encoder1 = {m: SelfEncoder(**block, name=f"{m}_encoder1") for m in self.streams}
     if self.span_query_linear:
       self.span_query = {m: nn.Dense(self.hidden_size, kernel_init=init, dtype=dtype,
                                      name=f"{m}_span_query") for m in self.streams}
-    if self.span_head not in ("convse", "sliding"):
-      raise ValueError(f"XML span_head={self.span_head!r}; expected 'convse' or 'sliding'")
-    if self.span_head == "convse":
+    if self.variants.span_head == "convse":
       self.convse = ConvSE(self.conv_kernel_size)
 
   # ------------------------------------------------------------ encoders
@@ -278,7 +337,7 @@ class XML(nn.Module):
     h0 = {}
     for m in self.streams:
       x = ctx[m]
-      if self.use_tef:
+      if self.variants.use_tef:
         x = jnp.concatenate([x, tef(ctx_mask).astype(x.dtype)], axis=-1)
       x = self.ctx_pos(self.ctx_proj[m](x, deterministic=det), deterministic=det)
       h0[m] = self.encoder0[m](x, ctx_mask, deterministic=det)
@@ -305,13 +364,14 @@ class XML(nn.Module):
     if self.span_query_linear:
       q = jnp.stack([self.span_query[m](q[..., i, :]) for i, m in enumerate(self.streams)],
                     axis=-2)
-    if self.dtype == jnp.float32:
+    dtype = self.compute.dtype
+    if dtype == jnp.float32:
       sim = jnp.einsum("...md,...mld->...ml", q, h1)
     else:  # in the compute dtype, accumulated and returned in float32
-      sim = jnp.einsum("...md,...mld->...ml", q.astype(self.dtype), h1.astype(self.dtype),
+      sim = jnp.einsum("...md,...mld->...ml", q.astype(dtype), h1.astype(dtype),
                        preferred_element_type=jnp.float32)
     sim = jnp.mean(sim, axis=-2)  # eq. 2
-    if self.span_head == "sliding":
+    if self.variants.span_head == "sliding":
       return {"clip": masked_logits(sim, ctx_mask)}
     if self.masked_convse:
       sim = sim * ctx_mask.astype(sim.dtype)
@@ -330,20 +390,31 @@ class XML(nn.Module):
     return {"vr_scores": vr, "query": q, **self.span_logits(q, h1, ctx_mask)}
 
 
+# config.model keys that fill XML's groups: key -> (XML field, the group's field)
+_GROUPED_KEYS = {"dropout_rate": ("dropout", "hidden"), "input_dropout_rate": ("dropout", "input"),
+                 "dropout_masks": ("dropout", "masks"),
+                 **{k: ("variants", k) for k in ("cross_output_linear", "span_head", "use_tef")}}
+
+
 @model_registry.register_model("xml")
 def xml_from_config(cfg: ml_collections.ConfigDict) -> XML:
   """config.model: context, hidden_size, num_heads, max_ctx_len, max_query_len,
   dropout_rate, input_dropout_rate, layer_norm_eps, conv_kernel_size,
   span_query_linear, cross_output_linear, masked_convse, use_tef, span_head, dropout_masks
-  (XML's fields; defaults the official values);
+  (XML's fields and those of its `Dropout` and `Variants`; defaults the official values);
   dtype, remat, attention (`model_registry.compute_from_config`)."""
-  fields = [f for f in XML.__dataclass_fields__
-            if f not in ("parent", "name", *model_registry.COMPUTE_FIELDS)]
-  unknown = sorted(set(cfg.keys()) - set(fields) - {"name", *model_registry.COMPUTE_FIELDS})
+  plain = [f for f in XML.__dataclass_fields__
+           if f not in ("parent", "name", "compute", *{g for g, _ in _GROUPED_KEYS.values()})]
+  keys = plain + list(_GROUPED_KEYS)
+  unknown = sorted(set(cfg.keys()) - set(keys) - {"name", *model_registry.COMPUTE_FIELDS})
   if unknown:
-    raise ValueError(f"config.model: unknown XML field(s) {unknown}; XML takes {fields}")
-  kwargs: dict[str, Any] = {k: cfg[k] for k in fields if cfg.get(k) is not None}
+    raise ValueError(f"config.model: unknown XML field(s) {unknown}; XML takes {keys}")
+  kwargs: dict[str, Any] = {k: cfg[k] for k in plain if cfg.get(k) is not None}
+  groups: dict[str, dict[str, Any]] = {"dropout": {}, "variants": {}}
+  for key, (group, field) in _GROUPED_KEYS.items():
+    if cfg.get(key) is not None:
+      groups[group][field] = cfg[key]
   modalities(kwargs.get("context", "video_sub"))
-  compute = model_registry.compute_from_config(cfg)
-  return XML(**kwargs, dtype=compute.dtype, remat=compute.remat, attention=compute.attention,
-             backend=compute.backend)
+  return XML(**kwargs, dropout=Dropout(**groups["dropout"]),
+             variants=Variants(**groups["variants"]),
+             compute=model_registry.compute_from_config(cfg))

@@ -6,6 +6,7 @@ weights stored [out, in]); no torch or hub access is needed. MiniLM-L6
 (`avtext.assets.minilm_l6_dir()`) ships keys without the `bert.`
 prefix; checkpoints saved from BertFor* heads carry it; both are accepted.
 """
+import dataclasses
 import json
 import pathlib
 from typing import Any, Callable
@@ -155,8 +156,13 @@ def bert_from_hf(path: str | pathlib.Path, *, add_pooler: bool = False,
                  **overrides: Any) -> tuple[Bert, dict[str, Any]]:
   """`Bert` module and params from an HF directory.
 
-  overrides replace config values that do not change parameter shapes,
-  e.g. dropout_rate=0.0 or dtype=jnp.bfloat16.
+  overrides replace `Bert` fields that do not change parameter shapes, e.g.
+  compute=layers.Compute(dtype=jnp.bfloat16); dropout_rate / attention_dropout_rate
+  replace those of its `dropout`.
   """
   kwargs, params = load_hf_bert(path, add_pooler=add_pooler)
+  dropout = kwargs["dropout"]
+  kwargs["dropout"] = dataclasses.replace(
+      dropout, rate=overrides.pop("dropout_rate", dropout.rate),
+      attention=overrides.pop("attention_dropout_rate", dropout.attention))
   return Bert(**{**kwargs, **overrides}), params

@@ -49,7 +49,7 @@ class TextEncoder:
                        f"[{-num_states}, {num_states - 1}]")
     self.layers = tuple(layers)
     self.dim = kwargs["hidden_size"] * len(self.layers)
-    self.model = bert_model.Bert(**{**kwargs, "return_hidden_states": True})
+    self.model = bert_model.Bert(**kwargs)
     vocab = self.directory / "vocab.txt"
     if not vocab.is_file():
       raise FileNotFoundError(f"{vocab} not found: the WordPiece vocabulary of {self.directory}")
@@ -91,7 +91,7 @@ class TextEncoder:
 
       @jax.jit
       def fn(ids, mask):
-        states = model.apply({"params": params}, ids, mask)["hidden_states"]
+        states = model.apply({"params": params}, ids, mask, hidden_states=True)["hidden_states"]
         return jnp.concatenate([states[i] for i in layers], axis=-1)
       self._fn = fn
 

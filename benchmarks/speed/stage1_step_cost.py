@@ -38,7 +38,8 @@ class _Classifier(nn.Module):
   @nn.compact
   def __call__(self, x):
     embedding = mbt.MBT(modalities="rgb", hidden_size=128, num_layers=4, num_heads=4,
-                        mlp_dim=256, rgb_patch_size=(2, 8, 8), **self.tower)(
+                        mlp_dim=256, rgb_patch_size=(2, 8, 8),
+                        demo=mbt.DemoOptions(**self.tower))(
                             {"rgb": x}, train=True)["embedding"]
     return nn.Dense(26)(embedding)
 
