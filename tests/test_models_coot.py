@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from avtext.models import coot
-from avtext.models import layers
 
 
 def _gelu(x):
@@ -35,7 +34,7 @@ def test_attention_fa_matches_eq4_by_hand():
 
 def test_coot_layer_norm_and_sincos_formulas():
   x = np.array([[1.0, 2.0, 4.0, 7.0]], np.float32)
-  norm = layers.CootLayerNorm()
+  norm = coot.CootLayerNorm()
   y = norm.apply(norm.init(jax.random.PRNGKey(0), x), x)
   np.testing.assert_allclose(y, (x - 3.5) / (np.std(x, ddof=1) + 1e-6), rtol=1e-6)
   table = coot.sincos_table(3, 4)
@@ -51,8 +50,7 @@ def test_contextual_transformer_layer_by_hand():
   q = rng.normal(size=(1, 1, 4)).astype(np.float32)
   h = rng.normal(size=(1, 3, 4)).astype(np.float32)
   ctx_mask = np.array([[True, False, True]])
-  block = layers.EncoderBlock(num_heads=1, mlp_dim=4, pre_norm=False, layer_norm="coot",
-                              cross_attention=True, self_attention=False)
+  block = coot.ContextBlock(num_heads=1, mlp_dim=4, pre_norm=False, cross_attention=True)
   params = block.init(jax.random.PRNGKey(0), q, context=h, deterministic=True)["params"]
   assert "attention" not in params and "cross_attention" in params
   params = jax.tree.map(lambda p: rng.normal(size=p.shape).astype(np.float32) * 0.5, params)
@@ -85,7 +83,8 @@ def test_official_global_mean_sums_padded_slots_up_to_the_batch_longest():
   for b, n in enumerate(lengths):
     x[b, :n] = rng.normal(size=(n, 8))
   mask = np.arange(7)[None] < lengths[:, None]
-  net = coot.TTransformer(hidden_size=8, num_heads=2, mlp_dim=8, input_fc=False, pooler="avg")
+  net = coot.TTransformer(hidden_size=8, num_heads=2, mlp_dim=8, input_fc=False,
+                          pooling=coot.Pooling("avg"))
   variables = net.init(jax.random.PRNGKey(0), x, mask, deterministic=True)
   pooled, seq = net.apply(variables, x, mask, deterministic=True)
   seq = np.asarray(seq)
@@ -106,8 +105,8 @@ def test_official_global_mean_sums_padded_slots_up_to_the_batch_longest():
                                     pytest.param("max", marks=pytest.mark.slow), "avg"])
 def test_masked_pool_padding_never_changes_embeddings(pooler):
   rng = np.random.default_rng(2)
-  model = coot.COOT(max_clips=4, hidden_size=16, num_heads=2, mlp_dim=16, pool_hidden=16,
-                    pool_heads=2, local_pooler=pooler, masked_pool=True)
+  model = coot.COOT(max_clips=4, hidden_size=16, num_heads=2, mlp_dim=16,
+                    local_pooling=coot.Pooling(pooler, hidden=16, heads=2), masked_pool=True)
   def batch(extra_frames, extra_clips, extra_videos):
     video = rng_v[:, :6]
     v = np.zeros((1 + extra_videos, 6 + extra_frames, 8), np.float32)
@@ -149,8 +148,8 @@ def test_masked_pool_padding_never_changes_embeddings(pooler):
 
 @pytest.mark.slow  # `make test-slow` (CI runs it): the default run's 12-minute budget
 def test_ablation_switches_and_official_parameter_count():
-  small = coot.COOT(max_clips=2, hidden_size=8, num_heads=2, mlp_dim=8, pool_hidden=8,
-                    use_context=False)
+  small = coot.COOT(max_clips=2, hidden_size=8, num_heads=2, mlp_dim=8,
+                    local_pooling=coot.Pooling(hidden=8), use_context=False)
   args = (np.ones((1, 3, 4)), np.ones((1, 3), bool), np.ones((2, 2, 4)), np.ones((2, 2), bool),
           np.array([0, 1]), np.ones((1, 3, 5)), np.ones((1, 3), bool), np.ones((2, 2, 5)),
           np.ones((2, 2), bool), np.array([0, 1]))

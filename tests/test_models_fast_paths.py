@@ -131,8 +131,7 @@ def test_block_query_positions_refuses_causal_and_cross_attention():
 @pytest.mark.parametrize("dropout", [0.0, pytest.param(0.2, marks=pytest.mark.slow)])
 def test_bert_cls_only_equals_the_full_tower_with_gradients(dropout):
   bert = Bert(vocab_size=50, hidden_size=WIDTH, num_layers=2, num_heads=HEADS, mlp_dim=32,
-              max_position_embeddings=16, dropout_rate=dropout,
-              attention_dropout_rate=dropout)
+              max_position_embeddings=16, dropout=layers.Dropout(dropout, dropout))
   ids = jnp.asarray(np.random.default_rng(6).integers(1, 50, (3, 9)), jnp.int32)
   mask = jnp.array([[1] * 9, [1] * 5 + [0] * 4, [1] + [0] * 8], jnp.int32)
   params = _params(bert, ids, mask)

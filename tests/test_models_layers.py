@@ -18,6 +18,9 @@ import scipy.special
 
 from avtext.models import attention as attention_lib
 from avtext.models import layers
+from avtext.models import mbt
+from avtext.models import mmt
+from avtext.models import xml
 
 VOCAB, WIDTH, HEADS, DEPTH, MAX_LEN, BATCH = 11, 16, 2, 2, 8, 2
 
@@ -474,7 +477,7 @@ def test_the_backend_comes_from_the_config_and_is_written_into_it(tmp_path):
   x = jnp.ones((2, 4, 8), jnp.float32)
 
   def barriers(backend):
-    block = layers.EncoderBlock(num_heads=2, mlp_dim=8, backend=backend)
+    block = layers.EncoderBlock(num_heads=2, mlp_dim=8, compute=layers.Compute(backend=backend))
     params = block.init(jax.random.PRNGKey(0), x, deterministic=True)
     grad = jax.make_jaxpr(jax.grad(lambda p: jnp.sum(block.apply(p, x, deterministic=True))))
     return sum(e.primitive.name == "optimization_barrier" for e in grad(params).jaxpr.eqns)
@@ -483,9 +486,10 @@ def test_the_backend_comes_from_the_config_and_is_written_into_it(tmp_path):
   on_tpu.backend = "tpu"
   assert model_registry.compute_from_config(on_tpu).backend == "tpu"
   model = model_registry.build_model(on_tpu)
-  assert model.video.backend == model.text.backend == "tpu"  # inherited by the towers
+  # inherited by the towers
+  assert model.video.compute.backend == model.text.compute.backend == "tpu"
   task = task_registry.build_task(config)
-  assert config.model.backend == "cpu" and task.model.video.backend == "cpu"
+  assert config.model.backend == "cpu" and task.model.video.compute.backend == "cpu"
   assert '"backend": "cpu"' in config.to_json_best_effort()
   from avtext.train import rundir  # pylint: disable=g-import-not-at-top
   assert "model.backend" not in rundir.identity(config)  # the run resumes on a GPU too
@@ -588,15 +592,15 @@ def _np_attention(q_in, kv_in, p, heads, kv_mask):
 
 
 def test_block_without_attention_output_and_with_linear_feed_forward_matches_numpy():
-  """attention_output="none" + feed_forward_kind="linear" is the official TVC decoder layer:
-  LN1(x + SelfAttn(x)), LN2(h + CrossAttn(h, c)), LN3(h + Linear(h)) (no output Linear)."""
+  """`mmt.OfficialDecoderLayer` is the official TVC decoder layer: LN1(x + SelfAttn(x)),
+  LN2(h + CrossAttn(h, c)), LN3(h + Linear(h)) (no output Linear)."""
   rng = np.random.default_rng(0)
   x = rng.standard_normal((2, 5, 8)).astype(np.float32)
   ctx = rng.standard_normal((2, 7, 8)).astype(np.float32)
   ctx_mask = np.array([[1] * 7, [1] * 4 + [0] * 3], np.float32)
-  block = layers.EncoderBlock(num_heads=2, mlp_dim=0, pre_norm=False, cross_attention=True,
-                              attention_output="none", feed_forward_kind="linear",
-                              layer_norm_eps=1e-12, dropout_rate=0.1)
+  block = mmt.OfficialDecoderLayer(num_heads=2, mlp_dim=0, pre_norm=False,
+                                   cross_attention=True, layer_norm_eps=1e-12,
+                                   dropout=layers.Dropout(0.1))
   variables = block.init(jax.random.PRNGKey(0), x, context=ctx, context_mask=ctx_mask,
                          deterministic=True)
   p = jax.tree.map(np.asarray, variables["params"])
@@ -608,27 +612,26 @@ def test_block_without_attention_output_and_with_linear_feed_forward_matches_num
   h = ln(h + _np_attention(h, ctx, p["cross_attention"], 2, ctx_mask), "cross_attention_norm")
   want = ln(h + h @ p["mlp"]["kernel"] + p["mlp"]["bias"], "mlp_norm")
   np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
-  # Training: no hidden dropout on an unprojected attention branch (the official
+  # Training: no hidden dropout on an unprojected attention branch (XML's official
   # cross-encoder), so without attention-probability dropout it equals eval.
-  cross = layers.EncoderBlock(num_heads=2, mlp_dim=0, pre_norm=False, self_attention=False,
-                              cross_attention=True, feed_forward=False,
-                              attention_output="none", dropout_rate=0.5)
+  cross = xml.CrossEncoder(num_heads=2, mlp_dim=0, pre_norm=False, cross_attention=True,
+                           additive_mask=False, dropout=layers.Dropout(0.5))
   cv = cross.init(jax.random.PRNGKey(2), x, context=ctx, deterministic=True)
   train = cross.apply(cv, x, context=ctx, deterministic=False,
                       rngs={"dropout": jax.random.PRNGKey(1)})
   np.testing.assert_array_equal(np.asarray(train),
                                 np.asarray(cross.apply(cv, x, context=ctx, deterministic=True)))
-  with pytest.raises(ValueError, match="attention_output"):
-    layers.EncoderBlock(num_heads=2, mlp_dim=4, attention_output="linear").init(
-        jax.random.PRNGKey(0), x, deterministic=True)
+  # A cross-attention-only layer without cross-attention fails when built, not when called.
+  with pytest.raises(ValueError, match="CrossEncoder has no self-attention"):
+    xml.CrossEncoder(num_heads=2, mlp_dim=0)
 
 
 def test_layer_scale_multiplies_each_pre_norm_branch_by_its_learned_vector():
-  """CaiT eq. 3: x1 = x + s_a * Attn(LN(x)), out = x1 + s_m * MLP(LN(x1)), s_a and s_m
-  per-channel vectors starting at layer_scale."""
+  """CaiT eq. 3 (`mbt.LayerScaleBlock`): x1 = x + s_a * Attn(LN(x)), out = x1 + s_m *
+  MLP(LN(x1)), s_a and s_m per-channel vectors starting at layer_scale."""
   rng = np.random.default_rng(0)
   x = rng.standard_normal((2, 5, 8)).astype(np.float32)
-  block = layers.EncoderBlock(num_heads=2, mlp_dim=16, layer_scale=0.1)
+  block = mbt.LayerScaleBlock(num_heads=2, mlp_dim=16, layer_scale=0.1)
   params = jax.tree.map(np.asarray, block.init(jax.random.PRNGKey(0), x,
                                                deterministic=True)["params"])
   for name in ("attention_scale", "mlp_scale"):
@@ -645,3 +648,51 @@ def test_layer_scale_multiplies_each_pre_norm_branch_by_its_learned_vector():
   h = 0.5 * h * (1 + scipy.special.erf(h / np.sqrt(2)))  # the default exact GELU
   want = x1 + p["mlp_scale"] * (h @ p["mlp"]["dense_out"]["kernel"] + p["mlp"]["dense_out"]["bias"])
   np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
+
+
+# ---- the size of a model's block --------------------------------------------------
+
+
+def test_every_model_module_takes_at_most_twelve_fields():
+  """Each flax module of avtext.models takes at most 12 dataclass fields (flax's parent and
+  name aside): a paper's variant of a shared block is a subclass in that paper's module,
+  and options travel in small frozen groups (`layers.Compute`, `layers.Dropout`, ...)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import importlib  # pylint: disable=g-import-not-at-top
+  import inspect  # pylint: disable=g-import-not-at-top
+  import pkgutil  # pylint: disable=g-import-not-at-top
+  import avtext.models  # pylint: disable=g-import-not-at-top
+  fields = {}
+  for info in pkgutil.iter_modules(avtext.models.__path__):
+    module = importlib.import_module(f"avtext.models.{info.name}")
+    for name, cls in vars(module).items():
+      if (inspect.isclass(cls) and issubclass(cls, nn.Module) and
+          cls.__module__ == module.__name__):
+        fields[f"{info.name}.{name}"] = [f.name for f in dataclasses.fields(cls)
+                                         if f.name not in ("parent", "name")]
+  # the walk reaches the shared block, the paper variants and the models
+  assert {"layers.EncoderBlock", "coot.CootBlock", "xml.CrossEncoder",
+          "mmt.OfficialDecoderLayer", "mbt.LayerScaleBlock", "mbt.MBT", "bert.Bert"} <= set(fields)
+  assert "num_heads" in fields["layers.EncoderBlock"]
+  assert {k: len(v) for k, v in fields.items() if len(v) > 12} == {}
+
+
+def test_shared_model_modules_name_no_paper_in_their_strings():
+  """The shared modules' string constants (docstrings aside: they may cite a paper) name
+  no paper: a mode that exists for one paper lives in that paper's module."""
+  import ast  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  paper = re.compile(r"\b(coot|xml|mmt|mbt|tvr|tvc|s-?mit|videocc)\b", re.IGNORECASE)
+  root = pathlib.Path(layers.__file__).parent
+  found = []
+  for file in ("layers.py", "attention.py", "fused_attention.py"):
+    tree = ast.parse((root / file).read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    found += [(file, node.lineno, node.value) for node in ast.walk(tree)
+              if isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in docstrings and paper.search(node.value)]
+  assert not found
+  assert paper.search("layer_norm must be 'standard' or 'coot'")  # what it would catch

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import scipy.special
 
+from avtext.models import layers
 from avtext.models import mbt as mbt_lib
 
 TINY = dict(hidden_size=32, num_layers=3, num_heads=4, mlp_dim=64,
@@ -235,7 +236,7 @@ def test_patch_embedding_equals_reshape_matmul():
 def test_rgb_conv_stem_matches_numpy_reference():
   """The hybrid stem (rgb_stem): its convolutions, norms and GELUs by loops, then the
   patch embedding on the [H/4, W/4] feature map, through fusion, against the reference."""
-  model = mbt_lib.MBT(**{**TINY, "rgb_stem": (4, 6)})
+  model = mbt_lib.MBT(**TINY, demo=mbt_lib.DemoOptions(rgb_stem=(4, 6)))
   inputs = _inputs()
   _check_fused_against_reference(model, _init(model, inputs), inputs)
 
@@ -247,7 +248,8 @@ def test_rgb_conv_stem_parameters_and_token_grid():
   inputs = _inputs()
   plain = jax.eval_shape(lambda: mbt_lib.MBT(**TINY).init(
       jax.random.PRNGKey(0), inputs, train=False))["params"]
-  hybrid = jax.eval_shape(lambda: mbt_lib.MBT(**{**TINY, "rgb_stem": (4, 6)}).init(
+  hybrid = jax.eval_shape(lambda: mbt_lib.MBT(
+      **TINY, demo=mbt_lib.DemoOptions(rgb_stem=(4, 6))).init(
       jax.random.PRNGKey(0), inputs, train=False))["params"]
   shapes = lambda tree: {"/".join(k.key for k in path): leaf.shape  # noqa: E731
                          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
@@ -263,7 +265,8 @@ def test_rgb_conv_stem_parameters_and_token_grid():
 
 
 def test_rgb_stem_needs_patches_divisible_by_its_strides():
-  model = mbt_lib.MBT(**{**TINY, "modalities": "rgb", "rgb_stem": (4, 4, 4, 4)})
+  model = mbt_lib.MBT(**{**TINY, "modalities": "rgb"},
+                      demo=mbt_lib.DemoOptions(rgb_stem=(4, 4, 4, 4)))
   with pytest.raises(ValueError, match=r"4-layer rgb_stem .* multiples of 16"):
     model.init(jax.random.PRNGKey(0), _inputs(), train=False)
 
@@ -278,7 +281,7 @@ def test_rgb_max_pool_replaces_the_rgb_cls_in_the_embedding(fused, modalities):
   if modalities != "rgb+audio":
     params.pop("bottleneck")
   base = _apply(mbt_lib.MBT(**cfg), params, inputs)
-  out = _apply(mbt_lib.MBT(**cfg, rgb_pool="max"), params, inputs)
+  out = _apply(mbt_lib.MBT(**cfg, demo=mbt_lib.DemoOptions(rgb_pool="max")), params, inputs)
   jax.tree.map(np.testing.assert_array_equal, out["tokens"], base["tokens"])
   tokens = {m: np.asarray(t) for m, t in base["tokens"].items()}
   parts = [tokens[m][:, 0] if m == "audio" else
@@ -286,7 +289,7 @@ def test_rgb_max_pool_replaces_the_rgb_cls_in_the_embedding(fused, modalities):
            for m in modalities.split("+")]
   np.testing.assert_allclose(out["embedding"], np.mean(parts, axis=0), rtol=1e-6, atol=1e-7)
   with pytest.raises(ValueError, match="rgb_pool must be 'cls' or 'max', got 'mean'"):
-    _apply(mbt_lib.MBT(**cfg, rgb_pool="mean"), params, inputs)
+    mbt_lib.DemoOptions(rgb_pool="mean")  # checked when built
 
 
 def _perturbed(inputs, key):
@@ -406,8 +409,7 @@ def test_jit_and_grad_are_finite():
 
 def test_dropout_only_in_train_mode():
   cfg = {**TINY, "modalities": "rgb", "num_layers": 2}
-  model = mbt_lib.MBT(**{**cfg, "dropout_rate": 0.3,
-                         "attention_dropout_rate": 0.3})
+  model = mbt_lib.MBT(**cfg, dropout=layers.Dropout(0.3, 0.3))
   inputs = _inputs()
   params = _init(model, inputs)
   eval_out = _apply(model, params, inputs)
@@ -435,7 +437,8 @@ def test_stochastic_depth_schedule_is_linear_in_depth():
   # Rates grow 0 -> stochastic_depth over the layers: with 2 layers and
   # rate 1.0 the first layer always runs and the last one is always skipped,
   # so training equals a 1-layer model with the same first layer.
-  cfg = {**TINY, "modalities": "rgb", "num_layers": 2, "stochastic_depth": 1.0}
+  cfg = {**TINY, "modalities": "rgb", "num_layers": 2,
+         "dropout": layers.Dropout(stochastic_depth=1.0)}
   model = mbt_lib.MBT(**cfg)
   inputs = _inputs()
   params = _init(model, inputs)
@@ -453,7 +456,7 @@ def test_stochastic_depth_schedule_is_linear_in_depth():
 
 def test_bfloat16_compute_keeps_float32_params(fused):
   _, params, inputs = fused
-  model = mbt_lib.MBT(**{**TINY, "dtype": jnp.bfloat16})
+  model = mbt_lib.MBT(**TINY, compute=layers.Compute(dtype=jnp.bfloat16))
   out = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))(
       params, inputs)
   assert out["embedding"].dtype == jnp.bfloat16

@@ -76,9 +76,9 @@ class _Stack(nn.Module):
   @nn.compact
   def __call__(self, x, padding_mask, train):
     for i in range(3):
-      x = layers.EncoderBlock(num_heads=2, mlp_dim=32, dropout_rate=0.1,
-                              attention_dropout_rate=0.1, causal=self.causal,
-                              remat=self.remat, name=f"encoderblock_{i}")(
+      x = layers.EncoderBlock(num_heads=2, mlp_dim=32, dropout=layers.Dropout(0.1, 0.1),
+                              causal=self.causal, compute=layers.Compute(remat=self.remat),
+                              name=f"encoderblock_{i}")(
                                   x, padding_mask, deterministic=not train)
     return x
 
@@ -139,8 +139,9 @@ class _FlashStack(nn.Module):
 
   @nn.compact
   def __call__(self, x, padding_mask):
-    return layers.EncoderBlock(num_heads=2, mlp_dim=32, remat=self.remat,
-                               attention_impl=self.attention, backend="tpu",
+    return layers.EncoderBlock(num_heads=2, mlp_dim=32,
+                               compute=layers.Compute(remat=self.remat,
+                                                      attention=self.attention, backend="tpu"),
                                name="encoderblock_0")(
                                    x, padding_mask, deterministic=True)
 
@@ -301,9 +302,10 @@ def test_sub_models_inherit_compute_fields():
                 num_heads=2, intermediate_size=16, max_position_embeddings=16,
                 dropout_rate=0.0)))
   model = model_registry.build_model(cfg)
-  assert model.video.dtype == jnp.bfloat16 and model.video.attention == "blocked"
-  assert model.video.remat == "none"  # its own setting wins
-  assert model.text.dtype == jnp.bfloat16 and model.text.remat == "full"
+  video, text = model.video.compute, model.text.compute
+  assert video.dtype == jnp.bfloat16 and video.attention == "blocked"
+  assert video.remat == "none"  # its own setting wins
+  assert text.dtype == jnp.bfloat16 and text.remat == "full"
 
 
 @pytest.mark.parametrize("shape,patch", [((2, 4, 32, 32, 3), (2, 8, 8)), ((2, 64, 32, 1), (8, 16))])

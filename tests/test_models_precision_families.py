@@ -345,11 +345,12 @@ def test_unset_fields_build_the_float32_model_and_sub_nodes_inherit():
   assert model.caption.encoder.dtype == jnp.bfloat16 and model.caption.encoder.remat == "none"
   captioner = model_registry.build_model(_with(_captioner_case().config,
                                                dtype="bfloat16", attention="blocked").model)
-  assert captioner.dtype == captioner.video.dtype == captioner.decoder.dtype == jnp.bfloat16
-  assert captioner.decoder.attention == captioner.video.attention == "blocked"
+  video, decoder = captioner.video.compute, captioner.decoder.compute
+  assert captioner.dtype == video.dtype == decoder.dtype == jnp.bfloat16
+  assert decoder.attention == video.attention == "blocked"
   xml_config = _with(xml_tvr.get_config("tiny"), dtype="bfloat16", remat="full")
   xml_model = model_registry.build_model(xml_config.model)
-  assert (xml_model.dtype, xml_model.remat) == (jnp.bfloat16, "full")
+  assert (xml_model.compute.dtype, xml_model.compute.remat) == (jnp.bfloat16, "full")
   with pytest.raises(ValueError, match="unknown XML field"):
     model_registry.build_model(_with(xml_config, span="x").model)
 

@@ -57,8 +57,8 @@ def test_bert_scan_equals_unrolled():
   mask = jnp.asarray([[1] * 7, [1] * 4 + [0] * 3])
   make = lambda scan: bert_lib.Bert(
       vocab_size=50, hidden_size=16, num_layers=3, num_heads=2, mlp_dim=32,
-      max_position_embeddings=16, return_hidden_states=True, scan_layers=scan)
-  _check(make, (ids, mask), lambda o: (o["sequence"], o["hidden_states"]))
+      max_position_embeddings=16, compute=layers.Compute(scan_layers=scan))
+  _check(make, (ids, mask), lambda o: (o["sequence"], o["hidden_states"]), hidden_states=True)
 
 
 @pytest.mark.parametrize("fusion_layer", [
@@ -74,7 +74,7 @@ def test_mbt_scan_equals_unrolled(fusion_layer):
   make = lambda scan: mbt_lib.MBT(
       hidden_size=16, num_layers=4, num_heads=2, mlp_dim=32, rgb_patch_size=(2, 4, 4),
       audio_patch_size=(4, 4), n_bottlenecks=2, fusion_layer=fusion_layer,
-      scan_layers=scan)
+      compute=layers.Compute(scan_layers=scan))
   _check(make, (inputs,), lambda o: (o["tokens"], o.get("bottleneck", 0.0)), train=False)
 
 
@@ -83,7 +83,8 @@ def test_gpt2_scan_equals_unrolled_and_decodes():
   ids = jnp.asarray(np.random.default_rng(2).integers(0, 40, (2, 6)))
   make = lambda scan: gpt2_lib.GPT2(
       vocab_size=40, max_positions=16, hidden_size=16, num_layers=3, num_heads=2,
-      mlp_dim=32, dropout_rate=0.0, attention_dropout_rate=0.0, scan_layers=scan)
+      mlp_dim=32, dropout_rate=0.0, attention_dropout_rate=0.0,
+      compute=layers.Compute(scan_layers=scan))
   _check(make, (ids,), lambda o: o)
 
 
@@ -94,8 +95,8 @@ def test_training_with_dropout_and_remat():
   ids = jnp.asarray(np.random.default_rng(3).integers(0, 50, (2, 7)))
   mask = jnp.ones((2, 7))
   model = bert_lib.Bert(vocab_size=50, hidden_size=16, num_layers=3, num_heads=2,
-                        mlp_dim=32, max_position_embeddings=16, scan_layers=True,
-                        remat="full", dtype=jnp.bfloat16)
+                        mlp_dim=32, max_position_embeddings=16,
+                        compute=layers.Compute(jnp.bfloat16, remat="full", scan_layers=True))
   params = jax.jit(model.init)(jax.random.key(0), ids, mask)["params"]
   run = jax.jit(lambda key, train: model.apply(
       {"params": params}, ids, mask, train=train,
@@ -116,8 +117,9 @@ def test_mismatched_layers_and_stochastic_depth_are_errors():
   with pytest.raises(ValueError, match="'b' differ"):
     layers.scan_layers(params, ["a", "b"], lambda c, p, k: c, 0.0)
   model = mbt_lib.MBT(modalities=("rgb",), hidden_size=16, num_layers=2, num_heads=2,
-                      mlp_dim=32, rgb_patch_size=(2, 4, 4), stochastic_depth=0.1,
-                      scan_layers=True)
+                      mlp_dim=32, rgb_patch_size=(2, 4, 4),
+                      dropout=layers.Dropout(stochastic_depth=0.1),
+                      compute=layers.Compute(scan_layers=True))
   x = {"rgb": jnp.zeros((1, 2, 8, 8, 3))}
   params = jax.eval_shape(functools.partial(model.init, train=False), jax.random.key(0), x)
   # evaluation ignores stochastic depth; training refuses it (both raised while tracing)

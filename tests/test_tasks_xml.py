@@ -147,7 +147,7 @@ def test_train_loss_and_gradients_equal_the_plain_matmul_step():
   rng = np.random.default_rng(0)
   b, length, lq = 6, 10, 6
   model = xml.XML(hidden_size=8, num_heads=2, max_ctx_len=length, max_query_len=lq,
-                  span_query_linear=True, dropout_masks="hash")
+                  span_query_linear=True, dropout=xml.Dropout(masks="hash"))
   clips, tokens = rng.integers(3, length + 1, b), rng.integers(2, lq + 1, b)
   cm = jnp.asarray(np.arange(length)[None] < clips[:, None], jnp.int32)
   qm = jnp.asarray(np.arange(lq)[None] < tokens[:, None], jnp.int32)
@@ -197,7 +197,7 @@ def test_official_default_convse_reads_the_padded_clips():
   masked), and a padded position's cross-attention attends to every context position;
   so the last k//2 real clips' logits depend on the padded length."""
   model = _tiny_xml()
-  assert not model.masked_convse and not model.cross_output_linear
+  assert not model.masked_convse and not model.variants.cross_output_linear
   q, qm, ctx, cm = _inputs(np.random.default_rng(2))
   v = model.init(jax.random.PRNGKey(0), q, qm, ctx, cm)
   assert "out" not in v["params"]["video_cross"]["cross_attention"]  # no Linear (official)
@@ -243,7 +243,7 @@ def test_official_default_convse_reads_the_padded_clips():
   np.testing.assert_allclose(s2[0, :2], start[1, :2], rtol=1e-5, atol=1e-5)
   assert np.max(np.abs(np.asarray(s2[0, 2:4]) - np.asarray(start[1, 2:4]))) > 1e-6
   # Ours (cross_linear): the paper's Linear after cross-attention, the block's "out".
-  lin = _tiny_xml(cross_output_linear=True)
+  lin = _tiny_xml(variants=xml.Variants(cross_output_linear=True))
   assert "out" in lin.init(jax.random.PRNGKey(0), q, qm, ctx, cm)["params"]["sub_cross"][
       "cross_attention"]
 

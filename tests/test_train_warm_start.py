@@ -110,7 +110,8 @@ def test_conv_stem_tower_round_trips_through_a_checkpoint(tmp_path):
   stem included, unchanged."""
   from avtext.models import mbt  # pylint: disable=g-import-not-at-top
   tower = dict(hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, rgb_patch_size=(2, 8, 8),
-               audio_patch_size=(4, 4), n_bottlenecks=2, fusion_layer=0, rgb_stem=(4, 8))
+               audio_patch_size=(4, 4), n_bottlenecks=2, fusion_layer=0,
+               demo=mbt.DemoOptions(rgb_stem=(4, 8)))
   inputs = {"rgb": np.zeros((1, 2, 16, 16, 3), np.float32),
             "audio": np.zeros((1, 8, 8), np.float32)}
   shapes = lambda m: jax.eval_shape(  # noqa: E731

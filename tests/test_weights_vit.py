@@ -17,6 +17,7 @@ import safetensors.numpy
 import scipy.ndimage
 import transformers
 
+from avtext.models import layers
 from avtext.models import mbt
 from avtext.weights import vit
 
@@ -122,8 +123,8 @@ def tower(modality="rgb", t=1, patch=None, **kw):
   return mbt.ModalityTower(
       modality=modality, **size,
       patch_size=patch or ((t, PATCH, PATCH) if modality == "rgb" else (PATCH, PATCH)),
-      activation="gelu_tanh", layer_norm_eps=1e-6, dropout_rate=0.0,
-      attention_dropout_rate=0.0, stochastic_depth=0.0, dtype=jnp.float32)
+      activation="gelu_tanh", layer_norm_eps=1e-6, dropout=layers.Dropout(0.0),
+      compute=layers.Compute(dtype=jnp.float32))
 
 
 def _stages(m, x):

@@ -6,8 +6,9 @@ the learned ViT position embedding. `EncoderBlock` is the pre-LN ViT/GPT-2
 layer or the post-LN BERT layer; with `cross_attention=True` it is a decoder
 layer, self-attention -> cross-attention -> MLP, for captioners and
 cross-encoders. A paper's variant of the layer (COOT's norm, XML's and MMT's
-official sublayers, MBT's LayerScale) subclasses it in that paper's module. Models compose these; weight importers map public checkpoints
-onto their parameter names:
+official sublayers, MBT's LayerScale) subclasses it in that paper's module.
+Models compose these; weight importers map public checkpoints onto their
+parameter names:
 
   EncoderBlock
     attention             Attention:

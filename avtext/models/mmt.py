@@ -32,9 +32,10 @@ Decoder: `num_layers` decoder layers, the shared `layers.EncoderBlock(causal=Tru
     attention has an output Linear (the concatenated heads go straight into the
     residual, no dropout on that branch; attention-probability dropout stays) and
     the feed-forward part is one Linear(D -> D) without activation, with dropout
-    (BertOutput on the cross-attention output): `OfficialDecoderLayer`. `intermediate_size` is unused here (the official
-    code needs it equal to hidden_size, its BertOutput being Linear(intermediate ->
-    hidden) applied to a hidden-wide input). This is what imports the released
+    (BertOutput on the cross-attention output): `OfficialDecoderLayer`.
+    `intermediate_size` is unused here (the official code needs it equal to
+    hidden_size, its BertOutput being Linear(intermediate -> hidden) applied to a
+    hidden-wide input). This is what imports the released
     weights (avtext/weights/official_mmt.py).
   "standard": the paper's "standard design [40]" (TVR app. D.2), the transformer
     decoder layer every other avtext model shares: an output Linear + dropout after

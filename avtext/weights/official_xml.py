@@ -162,7 +162,7 @@ def _heads(porter: official.Porter, name: str, path: str, num_heads: int) -> Non
 
 
 def _bert_attention(porter: official.Porter, name: str, path: str, num_heads: int) -> None:
-  """BertAttention (self + output) -> EncoderBlock(feed_forward=False)."""
+  """BertAttention (self + output) -> `models.xml.SelfEncoder` (no feed-forward part)."""
   _heads(porter, f"{name}.self", f"params/{path}/attention", num_heads)
   porter.copy(f"{name}.output.dense.weight", f"params/{path}/attention/out/kernel",
               lambda w: official.heads_out(w, num_heads))
