@@ -1,5 +1,6 @@
 """XML (TVR sec. 4): ConvSE and the modular query by hand, VCMR against a brute-force loop,
 the corpus store, the tvr dataset and text features, and a tiny end-to-end run."""
+import dataclasses
 import itertools
 import json
 import math
@@ -179,7 +180,7 @@ def test_train_loss_and_gradients_equal_the_plain_matmul_step():
   ours = step(model)
   assert barriers(model) > 0  # the CPU forms are in the traced step
   # Built for a TPU: traced without them, plain products and broadcasts.
-  on_tpu = model.clone(backend="tpu")
+  on_tpu = model.clone(compute=dataclasses.replace(model.compute, backend="tpu"))
   assert barriers(on_tpu) == 0
   plain = step(on_tpu)
   assert float(ours[0]) > 0
