@@ -167,17 +167,23 @@ def test_stage_one_and_avr_demo_share_the_rgb_tower():
   """Stage 1 hands `video/rgb/` to the AVR demo (init_from): both variants of the tower
   configure the same MBT fields; the paper config stays the pure ViT-B."""
   from configs import videocc_avr  # pylint: disable=g-import-not-at-top
+  from avtext.models import mbt  # pylint: disable=g-import-not-at-top
   fields = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "rgb_patch", "rgb_stem",
             "rgb_pool", "layer_scale", "patch_embed")
   for pretrain, avr in (("", "demo"), ("hybrid", "demo,hybrid")):
     tower = synthetic_video_pretrain.get_config(pretrain).model.video
     want = videocc_avr.get_config(avr).model.video
-    assert {f: tower[f] for f in fields} == {f: want[f] for f in fields}
+    assert {f: tower.get(f) for f in fields} == {f: want.get(f) for f in fields}
   demo = synthetic_video_pretrain.get_config().model.video
-  assert (demo.rgb_stem, demo.rgb_pool, demo.layer_scale) == ((), "max", 0.1)
+  assert "rgb_stem" not in demo  # MBT's default (): ViT's linear patch embedding
+  assert (demo.rgb_pool, demo.layer_scale) == ("max", 0.1)
   hybrid = synthetic_video_pretrain.get_config("hybrid").model.video
   assert (hybrid.rgb_stem, hybrid.rgb_pool, hybrid.layer_scale) == ((32, 64), "max", 0.1)
+  # The paper config leaves the demo's options to MBT's defaults: ViT's linear patch
+  # embedding, its [CLS] output, no LayerScale.
   paper = videocc_avr.get_config().model.video
-  assert (paper.rgb_stem, paper.rgb_pool, paper.layer_scale) == ((), "cls", 0.0)
+  assert not {"rgb_stem", "rgb_pool", "layer_scale"} & set(paper)
+  defaults = mbt.DemoOptions()
+  assert (tuple(defaults.rgb_stem), defaults.rgb_pool, defaults.layer_scale) == ((), "cls", 0.0)
   with pytest.raises(ValueError, match="'hybrid' is a variant of the demo's RGB tower"):
     synthetic_video_pretrain.get_config("tiny,hybrid")

@@ -38,6 +38,7 @@ it writes beside the annotations), None for the real TVC.
 Opening a split checks every line's fields and that every video has
 features and subtitles; errors name the file, the line and the field.
 """
+import collections
 import json
 import os
 import pathlib
@@ -204,11 +205,14 @@ class TvcSource:
     if absent:
       raise errors.BadInput(f"{self.video_file}: no features for {len(absent)} videos of {file}, "
                             f"e.g. {absent[:3]}")
-    width = h5[next(iter(wanted))].shape[-1]
-    if self.video_dim and int(self.video_dim) != width:
+    # The width most of the split's videos have (one odd file is a shape error of its own,
+    # named by its key below; a set's order is not the same from run to run).
+    widths = collections.Counter(h5[v].shape[-1] for v in sorted(wanted))
+    width = widths.most_common(1)[0][0]
+    if self.video_dim and int(self.video_dim) != width and len(widths) == 1:
       raise errors.BadInput(builders.width_mismatch("video_dim", self.video_dim, self.video_file,
                                                     width, model_reads_it=True))
-    self.video_dim = int(width)
+    self.video_dim = int(self.video_dim or width)
     self.video_h5.check_shapes(sorted(wanted), self.video_dim)
     self.video_h5.close()
     meta = ground_truth.world_meta(self.path)
